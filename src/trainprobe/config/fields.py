@@ -1,0 +1,188 @@
+"""Typed reading of one JSON object with errors that name the field's JSON path.
+
+Every config dialect reads its file through :class:`Section`, so that each mistake is reported
+the same way: ``<json.path>: <what is wrong>; <what is accepted>``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainprobe.errors import ConfigError
+
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+def join_path(parent: str, key: str | int) -> str:
+    """JSON path of ``key`` under ``parent`` (``monitors`` + ``ops`` → ``monitors.ops``)."""
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    return f"{parent}.{key}" if parent else key
+
+
+def type_name(value: Any) -> str:
+    """A JSON-flavoured name for the type of ``value``, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+def load_json_object(path: str | Path) -> dict[str, Any]:
+    """Read a JSON file whose top level is an object.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not JSON, or not an object.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(file)!r} does not exist; pass the path of a JSON file")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(file)!r} is not valid JSON: {exc.msg} at line {exc.lineno} "
+            f"column {exc.colno}"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(file)!r} cannot be read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(file)!r}: the top level must be a JSON object, not {type_name(data)}")
+    return data
+
+
+class Section:
+    """A JSON object being read, with its path for error messages.
+
+    Example:
+        >>> s = Section({"ops": ["min"]}, "monitors.module")
+        >>> s.str_list("ops")
+        ('min',)
+    """
+
+    def __init__(self, data: Any, path: str = "") -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path or '<top level>'}: must be an object, not {type_name(data)}")
+        self.data: Mapping[str, Any] = data
+        self.path = path
+
+    def where(self, key: str | int) -> str:
+        """JSON path of ``key`` in this section."""
+        return join_path(self.path, key)
+
+    def fail(self, key: str | int, message: str) -> ConfigError:
+        """An error about ``key``; raise it."""
+        return ConfigError(f"{self.where(key)}: {message}")
+
+    def check_keys(self, allowed: Iterable[str]) -> None:
+        """Reject keys that are not in ``allowed``, suggesting the closest known key."""
+        known = list(allowed)
+        for key in self.data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise self.fail(key, f"unknown field{hint} Known fields: {', '.join(known)}")
+
+    def has(self, key: str) -> bool:
+        """Whether ``key`` is present (``null`` counts as absent)."""
+        return self.data.get(key) is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        """The value as it is in the file (``default`` when absent or null)."""
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        """A ``true``/``false`` field."""
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, not {type_name(value)} {value!r}")
+        return value
+
+    def integer(self, key: str, default: int | None, *, minimum: int | None = None) -> int | None:
+        """An integer field, optionally bounded below."""
+        value = self.raw(key, default)
+        if value is None:
+            return None
+        return check_int(value, self.where(key), minimum)
+
+    def number(self, key: str, default: float, *, positive: bool = False) -> float:
+        """A finite number field (integers accepted)."""
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(key, f"must be a finite number, not {type_name(value)} {value!r}")
+        if positive and value <= 0:
+            raise self.fail(key, f"must be greater than 0, got {value!r}")
+        return float(value)
+
+    def string(self, key: str, default: str) -> str:
+        """A string field."""
+        value = self.raw(key, default)
+        if not isinstance(value, str):
+            raise self.fail(key, f"must be a string, not {type_name(value)} {value!r}")
+        return value
+
+    def choice(self, key: str, default: str, choices: Sequence[str], *, aliases: Mapping[str, str] | None = None) -> str:
+        """A string field restricted to ``choices`` (case-insensitive; ``aliases`` map to choices)."""
+        value = self.string(key, default)
+        return check_choice(value, self.where(key), choices, aliases)
+
+    def str_list(self, key: str) -> tuple[str, ...]:
+        """A list of strings (absent → empty)."""
+        value = self.raw(key, [])
+        if not isinstance(value, list):
+            raise self.fail(key, f"must be a list of strings, not {type_name(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ConfigError(f"{join_path(self.where(key), i)}: must be a string, not {type_name(item)} {item!r}")
+        return tuple(value)
+
+    def int_list(self, key: str, *, minimum: int | None = None, allow_scalar: bool = False) -> tuple[int, ...]:
+        """A list of integers (absent → empty); with ``allow_scalar`` one integer is accepted too."""
+        value = self.raw(key, [])
+        if allow_scalar and not isinstance(value, list):
+            return (check_int(value, self.where(key), minimum),)
+        if not isinstance(value, list):
+            raise self.fail(key, f"must be a list of integers, not {type_name(value)}")
+        return tuple(check_int(item, join_path(self.where(key), i), minimum) for i, item in enumerate(value))
+
+    def section(self, key: str) -> Section:
+        """A nested object (absent → empty)."""
+        return Section(self.raw(key, {}), self.where(key))
+
+
+def check_int(value: Any, where: str, minimum: int | None = None) -> int:
+    """``value`` as an int, or a ConfigError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: must be an integer, not {type_name(value)} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where}: must be >= {minimum}, got {value}")
+    return value
+
+
+def check_choice(value: str, where: str, choices: Sequence[str], aliases: Mapping[str, str] | None = None) -> str:
+    """``value`` normalised to one of ``choices``, or a ConfigError listing them."""
+    lowered = value.strip().lower()
+    if aliases and lowered in aliases:
+        return aliases[lowered]
+    if lowered in choices:
+        return lowered
+    accepted = list(choices) + sorted(aliases or {})
+    raise ConfigError(f"{where}: {value!r} is not one of {', '.join(accepted)}")

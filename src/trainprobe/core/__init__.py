@@ -1,0 +1,1 @@
+"""Compatibility import paths of the reference tool (``msprobe.core...``); re-exports only."""

@@ -1,0 +1,1 @@
+"""Compatibility path: ``trainprobe.core.monitor_v2``."""

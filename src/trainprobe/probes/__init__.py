@@ -1,0 +1,1 @@
+"""Probes attach to PyTorch through public hook APIs and turn tensors into rows."""

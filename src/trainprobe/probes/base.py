@@ -1,0 +1,105 @@
+"""What every probe shares: removable hook handles, fault isolation, a row buffer.
+
+A probe attaches to the framework through public hook APIs and keeps the handles, so
+:meth:`Probe.detach` leaves the model, the optimizer and torch as they were. Any exception in a
+probe's own code is caught by :meth:`Probe.guard`: it is logged once with the monitor's name, the
+probe stops producing rows, and training goes on. Handles are removed at the end of the step,
+never from inside a hook (PyTorch iterates its hook dicts while calling them).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from trainprobe.log import error_once
+from trainprobe.records import RowBuffer
+from trainprobe.sinks.csv_sink import TableLayout
+from trainprobe.stats.torch_stats import TensorStats
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(slots=True)
+class StepClock:
+    """The step being trained and whether it is collected; shared by a session's probes."""
+
+    step: int = 0
+    collecting: bool = False
+    micro_batches: int = 1
+
+
+class Probe:
+    """Base class of the monitors. Subclasses set ``name`` and ``with_micro_step`` and
+    implement :meth:`attach`; optimizer-driven probes override :meth:`before_optimizer_step`
+    and :meth:`after_optimizer_step`."""
+
+    name: str = "probe"
+    with_micro_step: bool = False
+
+    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float) -> None:
+        self.clock = clock
+        self.stats = TensorStats(ops, eps)
+        self.rows = RowBuffer()
+        self.layout = TableLayout(self.with_micro_step, tuple(ops))
+        self.disabled = False
+        self._handles: list[Any] = []
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def attach(self) -> None:
+        """Register hooks; the base probe has none."""
+
+    def detach(self) -> None:
+        """Remove every hook this probe registered and stop recording (idempotent); hooks that
+        autograd still holds on live tensors become no-ops."""
+        self.disabled = True
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+    def keep(self, handle: Any) -> None:
+        """Remember a handle (anything with ``remove()``) for :meth:`detach`."""
+        self._handles.append(handle)
+
+    @property
+    def active(self) -> bool:
+        """Whether hooks should record now."""
+        return self.clock.collecting and not self.disabled
+
+    # -- step events ---------------------------------------------------------------------
+    def before_optimizer_step(self) -> None:
+        """Called just before ``optimizer.step()`` on collected steps."""
+
+    def after_optimizer_step(self) -> None:
+        """Called just after ``optimizer.step()`` on collected steps."""
+
+    def end_step(self) -> None:
+        """Called once at the end of every step, collected or not, before the rows are taken."""
+
+    # -- fault isolation -----------------------------------------------------------------
+    def fail(self, exc: BaseException) -> None:
+        """Log ``exc`` once, stop this probe and drop its pending rows."""
+        self.disabled = True
+        self.rows.clear()
+        error_once(
+            f"probe-failed-{self.name}-{id(self)}",
+            f"trainprobe: the {self.name} monitor failed and is disabled for the rest of the run; "
+            f"training continues ({type(exc).__name__}: {exc})",
+        )
+
+    def guard(self, fn: F) -> F:
+        """Wrap a hook so that it never raises into training and returns None on failure."""
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.disabled:
+                return None
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a monitor must never break training
+                self.fail(exc)
+                return None
+
+        return guarded  # type: ignore[return-value]

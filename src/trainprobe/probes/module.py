@@ -1,0 +1,98 @@
+"""``module`` monitor: statistics of module inputs/outputs and of their gradients.
+
+Rows (``module_<a>-<b>.csv``): ``module_name`` is ``<module>.<input|output>.<i>`` with scope
+``forward`` and ``<module>.<grad_input|grad_output>.<i>`` with scope ``backward``; ``i`` counts
+the tensors of the call (positional arguments, then keyword arguments, nested tuples/lists
+flattened). ``micro_step`` is the index of the forward pass of the model chunk within the step.
+
+Gradients are read with tensor hooks (``Tensor.register_hook``), never with module full backward
+hooks, so the autograd graph is left exactly as it was and training stays bitwise identical.
+``grad_output.i`` is the gradient of output ``i``; ``grad_input.i`` is the gradient of input ``i``
+as autograd accumulates it for that tensor (it includes other uses of the same tensor, such as
+a residual connection). Modules in eval mode are skipped unless ``record_eval_mode`` is true.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainprobe.config.monitor_v2 import ModuleMonitorConfig
+from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.model_view import ModelView
+from trainprobe.probes.tensor_walk import call_tensors, tensors_in
+from trainprobe.records import RowKey
+
+
+class ModuleProbe(Probe):
+    """Forward/backward statistics of the target modules."""
+
+    name = "module"
+    with_micro_step = True
+
+    def __init__(self, clock: StepClock, config: ModuleMonitorConfig, view: ModelView) -> None:
+        super().__init__(clock, config.ops, config.eps)
+        self.config = config
+        self.view = view
+        self._micro = [0] * len(view.chunks)
+
+    def targets(self) -> list[tuple[int, str, nn.Module]]:
+        """The modules whose name contains one of ``targets`` (all modules when empty)."""
+        wanted = self.config.targets
+        return [(v, n, m) for v, n, m in self.view.modules() if not wanted or any(t in n for t in wanted)]
+
+    def attach(self) -> None:
+        for vpp, chunk in enumerate(self.view.chunks):
+            self.keep(chunk.register_forward_pre_hook(self.guard(self._counter(vpp)), prepend=True))
+        for vpp, name, module in self.targets():
+            self.keep(module.register_forward_pre_hook(self.guard(self._pre_hook(vpp, name)), with_kwargs=True))
+            self.keep(module.register_forward_hook(self.guard(self._post_hook(vpp, name)), with_kwargs=True))
+
+    def end_step(self) -> None:
+        self._micro = [0] * len(self._micro)
+
+    def _records(self, module: nn.Module) -> bool:
+        return self.active and (module.training or self.config.record_eval_mode)
+
+    def _counter(self, vpp: int) -> Any:
+        def count(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if self._records(module):
+                self._micro[vpp] += 1
+
+        return count
+
+    def _pre_hook(self, vpp: int, name: str) -> Any:
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if self._records(module):
+                self._record(vpp, name, "input", call_tensors(args, kwargs))
+            return None
+
+        return pre
+
+    def _post_hook(self, vpp: int, name: str) -> Any:
+        def post(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if self._records(module):
+                self._record(vpp, name, "output", list(tensors_in(output)))
+            return None
+
+        return post
+
+    def _record(self, vpp: int, name: str, kind: str, tensors: list[torch.Tensor]) -> None:
+        micro = max(self._micro[vpp] - 1, 0)
+        keys = [RowKey(vpp, f"{name}.{kind}.{i}", "forward", micro) for i in range(len(tensors))]
+        self.rows.extend(keys, self.stats.rows(tensors))
+        if not torch.is_grad_enabled():
+            return
+        for i, t in enumerate(tensors):
+            if t.requires_grad:
+                key = RowKey(vpp, f"{name}.grad_{kind}.{i}", "backward", micro)
+                t.register_hook(self.guard(self._grad_hook(key)))
+
+    def _grad_hook(self, key: RowKey) -> Any:
+        def on_grad(grad: torch.Tensor) -> None:
+            if not self.disabled and grad is not None:
+                self.rows.add(key, self.stats.row(grad))
+
+        return on_grad

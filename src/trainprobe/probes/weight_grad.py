@@ -1,0 +1,81 @@
+"""``weight_grad`` monitor: parameter gradients, ``unreduced`` and ``reduced``.
+
+* ``unreduced`` rows are taken in backward, from the gradient autograd hands to each parameter
+  (a tensor hook on the parameter, which runs before the gradient is accumulated into ``.grad``
+  and, under DistributedDataParallel, before it is all-reduced). With ``monitor_mbs_grad`` each
+  micro-batch's gradient is a row with ``micro_step`` = its index; otherwise one row per step is
+  written at the last micro-batch with the locally accumulated gradient (``.grad`` + the incoming
+  gradient) and ``micro_step`` = the number of micro-batches.
+* ``reduced`` rows are taken just before ``optimizer.step()`` from ``.grad`` (after DDP's
+  all-reduce, gradient clipping, loss-scale unscaling), with ``micro_step`` = the number of
+  micro-batches.
+
+The number of micro-batches is ``micro_batch_number``, else ``grad_acc_steps``, from the config
+or else from ``start(...)``; 1 by default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainprobe.config.monitor_v2 import WeightGradConfig
+from trainprobe.log import warn_once
+from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.model_view import NamedParam
+from trainprobe.records import RowKey
+
+
+class WeightGradProbe(Probe):
+    """Unreduced and reduced gradient statistics of every trainable parameter."""
+
+    name = "weight_grad"
+    with_micro_step = True
+
+    def __init__(self, clock: StepClock, config: WeightGradConfig, params: list[NamedParam], micro_batches: int) -> None:
+        super().__init__(clock, config.ops, config.eps)
+        self.per_micro_batch = config.monitor_mbs_grad
+        self.params = [p for p in params if p.param.requires_grad]
+        self.micro_batches = micro_batches
+        self._seen = [0] * len(self.params)
+
+    def attach(self) -> None:
+        for index, named in enumerate(self.params):
+            self.keep(named.param.register_hook(self.guard(self._on_grad(index))))
+
+    def _on_grad(self, index: int) -> Any:
+        named = self.params[index]
+
+        def on_grad(grad: torch.Tensor) -> None:
+            if not self.active or grad is None:
+                return
+            self._seen[index] += 1
+            seen = self._seen[index]
+            if self.per_micro_batch:
+                key = RowKey(named.vpp_stage, named.name, "unreduced", seen - 1)
+                self.rows.add(key, self.stats.row(grad))
+            elif seen == self.micro_batches:
+                local = grad if named.param.grad is None else named.param.grad + grad
+                key = RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches)
+                self.rows.add(key, self.stats.row(local))
+
+        return on_grad
+
+    def before_optimizer_step(self) -> None:
+        present = [p for p in self.params if p.param.grad is not None]
+        keys = [RowKey(p.vpp_stage, p.name, "reduced", self.micro_batches) for p in present]
+        self.rows.extend(keys, self.stats.rows([p.param.grad for p in present]))
+
+    def end_step(self) -> None:
+        if not self.per_micro_batch and self.clock.collecting:
+            short = max(self._seen, default=0)
+            if 0 < short < self.micro_batches:
+                warn_once(
+                    "weight_grad-micro-batches",
+                    f"trainprobe weight_grad: step {self.clock.step} ran {short} backward pass(es) but "
+                    f"the number of micro-batches is {self.micro_batches}, so no unreduced row was "
+                    "written; set grad_acc_steps (or micro_batch_number) to the micro-batches per "
+                    "optimizer step, in the config or in start(...)",
+                )
+        self._seen = [0] * len(self.params)

@@ -1,0 +1,122 @@
+"""Records: the rows a probe produces, kept apart from how they are written.
+
+A probe appends ``(RowKey, values)`` pairs to a :class:`RowBuffer` while the step runs. At the
+end of the step :meth:`RowBuffer.drain` hands them over as a :class:`StepBatch`; any values
+still on an accelerator are stacked and copied to the host with one non-blocking copy, and the
+background writer waits for that copy (:meth:`StepBatch.rows`) off the training thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trainprobe.stats.torch_stats import RowValues
+
+
+@dataclass(frozen=True, slots=True)
+class RowKey:
+    """Where a row belongs: ``vpp_stage``, object name, scope and micro-batch (or None)."""
+
+    vpp_stage: int
+    name: str
+    scope: str
+    micro_step: int | None = None
+
+
+class _DeviceCopy:
+    """Values of one device, stacked and on their way to the host."""
+
+    def __init__(self, values: list[torch.Tensor]) -> None:
+        stacked = torch.stack(values)
+        self.event = None
+        if stacked.device.type == "cuda":
+            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            host.copy_(stacked, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+            self.host = host
+        else:
+            self.host = stacked.to("cpu")
+
+    def tolist(self) -> list[list[float]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+@dataclass
+class StepBatch:
+    """The rows of one monitor for one step, ready for a sink.
+
+    ``rows()`` may block until the device-to-host copy is done, so sinks call it on the writer
+    thread, never on the training thread.
+    """
+
+    monitor: str
+    step: int
+    keys: list[RowKey]
+    _host: dict[int, list] = field(default_factory=dict)
+    _copies: list[tuple[list[int], _DeviceCopy]] = field(default_factory=list)
+
+    def rows(self) -> list[tuple[RowKey, list[float]]]:
+        """Every row as host floats, in the order the probe produced them."""
+        values = dict(self._host)
+        for indices, copy in self._copies:
+            for index, row in zip(indices, copy.tolist()):
+                values[index] = row
+        return [(key, values[i]) for i, key in enumerate(self.keys)]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class RowBuffer:
+    """Rows collected during a step; appends are thread-safe (collective callbacks may run on
+    a communication thread)."""
+
+    def __init__(self) -> None:
+        self._keys: list[RowKey] = []
+        self._values: list[RowValues] = []
+        self._lock = threading.Lock()
+
+    def add(self, key: RowKey, values: RowValues) -> None:
+        """Append one row."""
+        with self._lock:
+            self._keys.append(key)
+            self._values.append(values)
+
+    def extend(self, keys: Sequence[RowKey], values: Iterable[RowValues]) -> None:
+        """Append rows in order."""
+        values = list(values)
+        assert len(keys) == len(values)
+        with self._lock:
+            self._keys.extend(keys)
+            self._values.extend(values)
+
+    def clear(self) -> None:
+        """Drop every pending row."""
+        with self._lock:
+            self._keys, self._values = [], []
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def drain(self, monitor: str, step: int) -> StepBatch:
+        """Take every pending row as a batch; start device-to-host copies without waiting."""
+        with self._lock:
+            keys, values = self._keys, self._values
+            self._keys, self._values = [], []
+        batch = StepBatch(monitor, step, keys)
+        on_device: dict[torch.device, list[int]] = {}
+        for i, v in enumerate(values):
+            if isinstance(v, torch.Tensor):
+                on_device.setdefault(v.device, []).append(i)
+            else:
+                batch._host[i] = v
+        for indices in on_device.values():
+            batch._copies.append((indices, _DeviceCopy([values[i] for i in indices])))
+        return batch

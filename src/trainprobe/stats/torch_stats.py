@@ -1,0 +1,125 @@
+"""PyTorch kernels that turn tensors into the statistics named in :mod:`trainprobe.stats.ops`.
+
+Two strategies, picked per tensor by its device, both returning values in the order of ``ops``:
+
+* CPU tensors: the values are computed with as few passes as possible and read back at once
+  (on the CPU a read-back is not a device sync). NaN counting is lazy: min, max, mean and norm
+  propagate NaN, so when one of them is not NaN the tensor has no NaN and the counting pass is
+  skipped. Result: a ``list[float]``.
+* Accelerator tensors: every value stays on the device, with no host synchronisation; rows are
+  stacked and copied to the host once per monitor per step by :mod:`trainprobe.records`.
+  Result: a float64 tensor of shape ``[len(ops)]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Union
+
+import torch
+
+from trainprobe.stats.ops import ALL_OPS
+
+RowValues = Union[list, torch.Tensor]
+"""One row of statistics: host floats (CPU tensors) or a float64 device tensor."""
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_EMPTY = {"min": math.nan, "max": math.nan, "mean": math.nan, "norm": 0.0, "nans": 0.0, "zeros": 0.0}
+
+
+def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
+    """The real floating-point tensor whose statistics describe ``t`` (no copy for floats).
+
+    Gradients are detached; DTensor shards are summarised locally; integer and boolean tensors
+    become float64; complex tensors their magnitude; sparse tensors their stored values.
+    """
+    x = t.detach()
+    to_local = getattr(x, "to_local", None)
+    if to_local is not None and type(x) is not torch.Tensor:
+        x = to_local()
+    if x.layout != torch.strided:
+        x = x.coalesce().values() if x.is_sparse else x.to_dense()
+    if x.is_complex():
+        x = x.abs()
+    if not x.is_floating_point():
+        x = x.to(torch.float64)
+    return x
+
+
+def _accumulator(x: torch.Tensor) -> torch.dtype | None:
+    return torch.float32 if x.dtype in _LOW_PRECISION else None
+
+
+class TensorStats:
+    """Computes a fixed list of ops for tensors.
+
+    Args:
+        ops: op names from :data:`trainprobe.stats.ops.ALL_OPS`, in output order.
+        eps: threshold of the ``zeros`` op (fraction of elements with ``abs(x) < eps``).
+
+    Example:
+        >>> TensorStats(["min", "max", "nans"]).row(torch.tensor([1.0, float("nan"), 3.0]))
+        [nan, nan, 1.0]
+    """
+
+    def __init__(self, ops: Sequence[str], eps: float = 1e-8) -> None:
+        unknown = [op for op in ops if op not in ALL_OPS]
+        assert not unknown, f"unknown ops {unknown}"
+        self.ops = tuple(ops)
+        self.eps = float(eps)
+        self._empty = [_EMPTY[op] for op in self.ops]
+
+    def row(self, t: torch.Tensor) -> RowValues:
+        """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise."""
+        x = as_statistic_input(t)
+        if x.numel() == 0:
+            return list(self._empty)
+        if x.device.type == "cpu":
+            return self._host_row(x)
+        return self._device_row(x)
+
+    def rows(self, tensors: Sequence[torch.Tensor]) -> list[RowValues]:
+        """Statistics of several tensors, one row each, in order."""
+        return [self.row(t) for t in tensors]
+
+    def _host_row(self, x: torch.Tensor) -> list:
+        n = x.numel()
+        found: dict[str, float] = {}
+        ops = self.ops
+        if "min" in ops or "max" in ops:
+            lo, hi = torch.aminmax(x)
+            found["min"], found["max"] = lo.item(), hi.item()
+        if "mean" in ops:
+            found["mean"] = x.sum(dtype=_accumulator(x)).item() / n
+        if "norm" in ops:
+            found["norm"] = torch.linalg.vector_norm(x, dtype=_accumulator(x)).item()
+        if "nans" in ops:
+            found["nans"] = self._host_nan_count(x, found)
+        if "zeros" in ops:
+            found["zeros"] = torch.count_nonzero(x.abs() < self.eps).item() / n
+        return [found[op] for op in ops]
+
+    @staticmethod
+    def _host_nan_count(x: torch.Tensor, found: dict[str, float]) -> float:
+        # A computed max, mean or norm that is not NaN proves the tensor holds no NaN.
+        probes = [found[k] for k in ("max", "norm", "mean") if k in found]
+        if probes and not any(math.isnan(v) for v in probes):
+            return 0.0
+        return float(torch.count_nonzero(torch.isnan(x)).item())
+
+    def _device_row(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel()
+        found: dict[str, torch.Tensor] = {}
+        ops = self.ops
+        if "min" in ops or "max" in ops:
+            found["min"], found["max"] = torch.aminmax(x)
+        if "mean" in ops:
+            found["mean"] = x.sum(dtype=_accumulator(x)) / n
+        if "norm" in ops:
+            found["norm"] = torch.linalg.vector_norm(x, dtype=_accumulator(x))
+        if "nans" in ops:
+            found["nans"] = torch.count_nonzero(torch.isnan(x))
+        if "zeros" in ops:
+            found["zeros"] = torch.count_nonzero(x.abs() < self.eps) / n
+        return torch.stack([found[op].to(torch.float64) for op in ops])

@@ -1,0 +1,174 @@
+"""``TrainerMonitorV2``: the Monitor V2 front door.
+
+Example:
+    >>> mon = TrainerMonitorV2("monitor_v2_config.json")          # doctest: +SKIP
+    >>> mon.start(model=model, optimizer=optimizer, grad_acc_steps=4)  # doctest: +SKIP
+    >>> for batch in loader:                                       # doctest: +SKIP
+    ...     train_step(batch)   # optimizer.step() ends the monitored step
+    >>> mon.stop()                                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainprobe.config.monitor_v2 import MonitorV2Config, load_monitor_v2_config
+from trainprobe.dist_info import current_rank, distributed_ready
+from trainprobe.errors import ConfigError
+from trainprobe.log import logger, warn_once
+from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.collectives import CollectiveProbe
+from trainprobe.probes.model_view import ModelView, unwrap_optimizer
+from trainprobe.probes.module import ModuleProbe
+from trainprobe.probes.optimizer_state import OptimizerStateProbe
+from trainprobe.probes.param import ParamProbe
+from trainprobe.probes.weight_grad import WeightGradProbe
+from trainprobe.session import Session
+from trainprobe.sinks.background import Writer
+from trainprobe.sinks.csv_sink import CsvSink
+
+_NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
+
+
+class TrainerMonitorV2:
+    """Monitor V2: per-rank CSV statistics of modules, gradients, optimizer state, parameters
+    and collectives.
+
+    Args:
+        config_path: path of a ``monitor_v2_config.json`` (a dict is accepted too).
+        fr: framework, overriding the file's ``framework`` (pytorch, pt, torch).
+
+    Raises:
+        ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path).
+    """
+
+    def __init__(self, config_path: str | Path | dict[str, Any], fr: str | None = None) -> None:
+        self.config: MonitorV2Config = load_monitor_v2_config(config_path, framework=fr)
+        self._session: Session | None = None
+        self._clock = StepClock(step=0)
+        self._started = False
+
+    @property
+    def current_step(self) -> int:
+        """The step being trained (starts at 0, advanced by ``step()`` or ``optimizer.step()``)."""
+        return self._clock.step
+
+    @property
+    def output_dir(self) -> Path:
+        """This rank's output folder, ``<output_dir>/rank_<rank>``."""
+        return self.config.output_dir / f"rank_{current_rank()}"
+
+    def start(self, model: Any = None, optimizer: Any = None, **context: Any) -> None:
+        """Create the enabled monitors and attach them.
+
+        Args:
+            model: an ``nn.Module`` or a list of model chunks (``vpp_stage`` = list index).
+            optimizer: a ``torch.optim.Optimizer`` or a wrapper with ``.optimizer``; required
+                by weight_grad, optimizer and param.
+            context: ``grad_acc_steps`` / ``micro_batch_number`` (number of micro-batches per
+                optimizer step; the config's values win); other keys are accepted and ignored.
+
+        Raises:
+            ConfigError: a monitor needs a model or an optimizer that was not passed.
+            RuntimeError: already started.
+        """
+        if self._started:
+            raise RuntimeError("TrainerMonitorV2.start(): already started; call stop() first")
+        rank = current_rank()
+        if not self.config.monitors_rank(rank):
+            logger.info("trainprobe: rank %d is not in rank=%s, nothing is monitored here", rank, list(self.config.ranks))
+            self._started = True
+            return
+        self._session = self._build_session(model, optimizer, context, rank)
+        self._session.attach()
+        self._started = True
+
+    def step(self) -> None:
+        """End the current training step: write its rows and move to the next step.
+
+        Ignored (with one warning) when ``optimizer.step()`` already advances the step
+        (``patch_optimizer_step``).
+        """
+        session = self._session
+        if session is not None and session.patch_step and not session.closed:
+            warn_once(
+                "v2-manual-step",
+                "trainprobe: TrainerMonitorV2.step() is ignored because optimizer.step() advances "
+                "the step (patch_optimizer_step); set \"patch_optimizer_step\": false to call step() yourself",
+            )
+            return
+        if session is None:
+            self._clock.step += 1
+        else:
+            session.end_step()
+
+    def stop(self) -> None:
+        """Write what is pending, remove every hook and patch, close the files. Idempotent;
+        ``start()`` may be called again afterwards (the step count continues)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        self._started = False
+
+    # -- assembly ------------------------------------------------------------------------
+    def _build_session(self, model: Any, optimizer: Any, context: dict[str, Any], rank: int) -> Session:
+        cfg = self.config
+        enabled = cfg.enabled_monitors()
+        view = ModelView(model)
+        if "module" in enabled and not view.chunks:
+            raise ConfigError("start(): monitors.module is enabled but no model was passed; call start(model=...)")
+        missing = [name for name in enabled if name in _NEEDS_OPTIMIZER]
+        if missing and optimizer is None:
+            raise ConfigError(
+                f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
+            )
+        opt = unwrap_optimizer(optimizer) if optimizer is not None else None
+        rank_dir = cfg.output_dir / f"rank_{rank}"
+        clock = self._clock
+        clock.micro_batches = self._micro_batches(context)
+        probes = self._probes(enabled, view, opt, rank, rank_dir)
+        patch = cfg.patch_optimizer_step if cfg.patch_optimizer_step is not None else opt is not None
+        if patch and opt is None:
+            warn_once("v2-patch-no-optimizer", "trainprobe: patch_optimizer_step needs an optimizer; call step() yourself")
+            patch = False
+        sink = CsvSink(rank_dir, cfg.schedule, {p.name: p.layout for p in probes})
+        writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        return Session(probes=probes, schedule=cfg.schedule, writer=writer, clock=clock, optimizer=opt, patch_step=patch)
+
+    def _micro_batches(self, context: dict[str, Any]) -> int:
+        wg = self.config.weight_grad
+        for where, value in (
+            ("monitors.weight_grad.micro_batch_number", wg.micro_batch_number),
+            ("monitors.weight_grad.grad_acc_steps", wg.grad_acc_steps),
+            ("start(micro_batch_number=...)", context.get("micro_batch_number")),
+            ("start(grad_acc_steps=...)", context.get("grad_acc_steps")),
+        ):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigError(f"{where}: must be an integer >= 1, got {value!r}")
+                return value
+        return 1
+
+    def _probes(self, enabled: list[str], view: ModelView, opt: Any, rank: int, rank_dir: Path) -> list[Probe]:
+        cfg, clock = self.config, self._clock
+        params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
+        probes: list[Probe] = []
+        if "module" in enabled:
+            probes.append(ModuleProbe(clock, cfg.module, view))
+        if "weight_grad" in enabled:
+            probes.append(WeightGradProbe(clock, cfg.weight_grad, params, clock.micro_batches))
+        if "optimizer" in enabled:
+            probes.append(OptimizerStateProbe(clock, cfg.optimizer, opt, params))
+        if "param" in enabled:
+            probes.append(ParamProbe(clock, cfg.param, params))
+        if "cc" in enabled:
+            cc = cfg.cc
+            if not distributed_ready():
+                warn_once("v2-cc-no-dist", "trainprobe: monitors.cc is enabled but torch.distributed is not initialised; cc is skipped")
+            elif cc.module_ranks and rank not in cc.module_ranks:
+                logger.info("trainprobe: cc skipped on rank %d (module_ranks=%s)", rank, list(cc.module_ranks))
+            else:
+                probes.append(CollectiveProbe(clock, cc, rank, rank_dir))
+        return probes
