@@ -120,7 +120,9 @@ class Session:
             if probe.disabled:
                 probe.rows.clear()
                 continue
-            self.writer.submit(probe.rows.drain(probe.name, self.clock.step))
+            batch = probe.guard(probe.rows.drain)(probe.name, self.clock.step)
+            if batch is not None:
+                self.writer.submit(batch)
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.clock.collecting:

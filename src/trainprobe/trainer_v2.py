@@ -77,7 +77,9 @@ class TrainerMonitorV2:
             raise RuntimeError("TrainerMonitorV2.start(): already started; call stop() first")
         rank = current_rank()
         if not self.config.monitors_rank(rank):
-            logger.info("trainprobe: rank %d is not in rank=%s, nothing is monitored here", rank, list(self.config.ranks))
+            logger.info(
+                "trainprobe: rank %d is not in rank=%s, nothing is monitored here", rank, list(self.config.ranks)
+            )
             self._started = True
             return
         self._session = self._build_session(model, optimizer, context, rank)
@@ -95,7 +97,7 @@ class TrainerMonitorV2:
             warn_once(
                 "v2-manual-step",
                 "trainprobe: TrainerMonitorV2.step() is ignored because optimizer.step() advances "
-                "the step (patch_optimizer_step); set \"patch_optimizer_step\": false to call step() yourself",
+                'the step (patch_optimizer_step); set "patch_optimizer_step": false to call step() yourself',
             )
             return
         if session is None:
@@ -130,12 +132,16 @@ class TrainerMonitorV2:
         probes = self._probes(enabled, view, opt, rank, rank_dir)
         patch = cfg.patch_optimizer_step if cfg.patch_optimizer_step is not None else opt is not None
         if patch and opt is None:
-            warn_once("v2-patch-no-optimizer", "trainprobe: patch_optimizer_step needs an optimizer; call step() yourself")
+            warn_once(
+                "v2-patch-no-optimizer", "trainprobe: patch_optimizer_step needs an optimizer; call step() yourself"
+            )
             patch = False
         sink = CsvSink(rank_dir, cfg.schedule, {p.name: p.layout for p in probes})
         writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
         rank_dir.mkdir(parents=True, exist_ok=True)
-        return Session(probes=probes, schedule=cfg.schedule, writer=writer, clock=clock, optimizer=opt, patch_step=patch)
+        return Session(
+            probes=probes, schedule=cfg.schedule, writer=writer, clock=clock, optimizer=opt, patch_step=patch
+        )
 
     def _micro_batches(self, context: dict[str, Any]) -> int:
         wg = self.config.weight_grad
@@ -166,7 +172,10 @@ class TrainerMonitorV2:
         if "cc" in enabled:
             cc = cfg.cc
             if not distributed_ready():
-                warn_once("v2-cc-no-dist", "trainprobe: monitors.cc is enabled but torch.distributed is not initialised; cc is skipped")
+                warn_once(
+                    "v2-cc-no-dist",
+                    "trainprobe: monitors.cc is enabled but torch.distributed is not initialised; cc is skipped",
+                )
             elif cc.module_ranks and rank not in cc.module_ranks:
                 logger.info("trainprobe: cc skipped on rank %d (module_ranks=%s)", rank, list(cc.module_ranks))
             else:

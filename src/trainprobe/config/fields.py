@@ -58,8 +58,7 @@ def load_json_object(path: str | Path) -> dict[str, Any]:
         data = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(
-            f"config file {str(file)!r} is not valid JSON: {exc.msg} at line {exc.lineno} "
-            f"column {exc.colno}"
+            f"config file {str(file)!r} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {str(file)!r} cannot be read: {exc}") from None
@@ -77,11 +76,12 @@ class Section:
         ('min',)
     """
 
-    def __init__(self, data: Any, path: str = "") -> None:
+    def __init__(self, data: Any, path: str = "", *, present: bool = True) -> None:
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path or '<top level>'}: must be an object, not {type_name(data)}")
         self.data: Mapping[str, Any] = data
         self.path = path
+        self.present = present
 
     def where(self, key: str | int) -> str:
         """JSON path of ``key`` in this section."""
@@ -139,7 +139,9 @@ class Section:
             raise self.fail(key, f"must be a string, not {type_name(value)} {value!r}")
         return value
 
-    def choice(self, key: str, default: str, choices: Sequence[str], *, aliases: Mapping[str, str] | None = None) -> str:
+    def choice(
+        self, key: str, default: str, choices: Sequence[str], *, aliases: Mapping[str, str] | None = None
+    ) -> str:
         """A string field restricted to ``choices`` (case-insensitive; ``aliases`` map to choices)."""
         value = self.string(key, default)
         return check_choice(value, self.where(key), choices, aliases)
@@ -164,8 +166,8 @@ class Section:
         return tuple(check_int(item, join_path(self.where(key), i), minimum) for i, item in enumerate(value))
 
     def section(self, key: str) -> Section:
-        """A nested object (absent → empty)."""
-        return Section(self.raw(key, {}), self.where(key))
+        """A nested object (absent or null → empty, with ``present`` false)."""
+        return Section(self.raw(key, {}), self.where(key), present=self.has(key))
 
 
 def check_int(value: Any, where: str, minimum: int | None = None) -> int:

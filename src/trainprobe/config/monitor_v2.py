@@ -20,8 +20,18 @@ FRAMEWORKS = ("pytorch", "mindspore")
 FRAMEWORK_ALIASES = {"pt": "pytorch", "torch": "pytorch", "ms": "mindspore"}
 MONITOR_NAMES = ("module", "weight_grad", "optimizer", "param", "cc")
 TOP_LEVEL_KEYS = (
-    "framework", "output_dir", "format", "async_write", "rank", "start_step", "stop_step",
-    "step_interval", "step_count_per_record", "patch_optimizer_step", "collect_times", "monitors",
+    "framework",
+    "output_dir",
+    "format",
+    "async_write",
+    "rank",
+    "start_step",
+    "stop_step",
+    "step_interval",
+    "step_count_per_record",
+    "patch_optimizer_step",
+    "collect_times",
+    "monitors",
 )
 COMMON_KEYS = ("enabled", "ops", "eps")
 CC_KEYS = ("cc_codeline", "cc_log_only", "cc_pre_hook", "module_ranks")
@@ -168,10 +178,13 @@ def _schedule(top: Section) -> Schedule:
 
 
 def _common(section: Section, extra: tuple[str, ...], *, enabled_default: bool) -> dict[str, Any]:
+    """Common fields; a monitor whose key is absent is off, one present without ``enabled``
+    takes ``enabled_default`` (true for module only, as the reference documents)."""
     section.check_keys(COMMON_KEYS + extra)
-    enabled = section.boolean("enabled", enabled_default) if section.data else False
-    if section.data and not enabled and "enabled" not in section.data:
-        logger.warning("%s is configured but off: add \"enabled\": true to switch it on", section.path)
+    present = section.present
+    enabled = section.boolean("enabled", enabled_default) if present else False
+    if present and not enabled and "enabled" not in section.data:
+        logger.warning('%s is configured but off: add "enabled": true to switch it on', section.path)
     return {
         "enabled": enabled,
         "ops": parse_ops(section.raw("ops"), section.where("ops")),
@@ -181,7 +194,9 @@ def _common(section: Section, extra: tuple[str, ...], *, enabled_default: bool) 
 
 def _module(s: Section) -> ModuleMonitorConfig:
     common = _common(s, ("targets", "record_eval_mode"), enabled_default=True)
-    return ModuleMonitorConfig(**common, targets=s.str_list("targets"), record_eval_mode=s.boolean("record_eval_mode", False))
+    return ModuleMonitorConfig(
+        **common, targets=s.str_list("targets"), record_eval_mode=s.boolean("record_eval_mode", False)
+    )
 
 
 def _weight_grad(s: Section) -> WeightGradConfig:

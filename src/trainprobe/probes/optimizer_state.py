@@ -25,7 +25,9 @@ class OptimizerStateProbe(Probe):
 
     name = "optimizer"
 
-    def __init__(self, clock: StepClock, config: OptimizerConfig, optimizer: torch.optim.Optimizer, params: list[NamedParam]) -> None:
+    def __init__(
+        self, clock: StepClock, config: OptimizerConfig, optimizer: torch.optim.Optimizer, params: list[NamedParam]
+    ) -> None:
         super().__init__(clock, config.ops, config.eps)
         self.optimizer = optimizer
         self.params = params

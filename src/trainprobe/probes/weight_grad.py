@@ -33,7 +33,9 @@ class WeightGradProbe(Probe):
     name = "weight_grad"
     with_micro_step = True
 
-    def __init__(self, clock: StepClock, config: WeightGradConfig, params: list[NamedParam], micro_batches: int) -> None:
+    def __init__(
+        self, clock: StepClock, config: WeightGradConfig, params: list[NamedParam], micro_batches: int
+    ) -> None:
         super().__init__(clock, config.ops, config.eps)
         self.per_micro_batch = config.monitor_mbs_grad
         self.params = [p for p in params if p.param.requires_grad]

@@ -4,7 +4,7 @@
 |-------|------------------------------------------------------|--------------------------------|
 | min   | smallest element                                     | the tensor's dtype (exact)     |
 | max   | largest element                                      | the tensor's dtype (exact)     |
-| mean  | arithmetic mean                                      | float32 (float64 for float64)  |
+| mean  | arithmetic mean                                      | float64                        |
 | norm  | L2 norm, sqrt(sum x^2)                               | float32 (float64 for float64)  |
 | nans  | number of NaN elements (an exact count)              | int64                          |
 | zeros | fraction of elements with abs(x) < eps (extension)   | int64 count / numel            |
@@ -29,7 +29,9 @@ COUNT_OPS: frozenset[str] = frozenset({"nans"})
 DEFAULT_EPS = 1e-8
 
 
-def parse_ops(value: Any, where: str, accepted: Sequence[str] = ALL_OPS, default: Sequence[str] = DEFAULT_OPS) -> tuple[str, ...]:
+def parse_ops(
+    value: Any, where: str, accepted: Sequence[str] = ALL_OPS, default: Sequence[str] = DEFAULT_OPS
+) -> tuple[str, ...]:
     """Validate a user's ``ops`` list, keeping its order and dropping repeats.
 
     An absent or empty list means ``default``.

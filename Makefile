@@ -1,0 +1,33 @@
+# Two commands for a newcomer:  `make demo`  and  `make test`.
+# Each creates .venv/ and installs what it needs (torch CPU build first, so that no
+# multi-GB CUDA build is pulled in; override TORCH_SPEC for a GPU machine).
+PY ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[all,test]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+demo: setup
+	$(BIN)/trainprobe demo --out ./trainprobe_demo
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/bench_monitor_v2.py
+
+clean:
+	rm -rf $(VENV) trainprobe_demo .pytest_cache

@@ -1,0 +1,7 @@
+"""``python -m trainprobe``."""
+
+import sys
+
+from trainprobe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,49 @@
+"""The ``trainprobe`` command.
+
+Exit codes: 0 success, 2 bad input (message on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainprobe.errors import ConfigError
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from trainprobe.demo.run import print_summary, run_demo
+
+    if args.steps < 1:
+        raise ConfigError("--steps: must be >= 1")
+    out = Path(args.out)
+    files = run_demo(out, steps=args.steps)
+    print_summary(out, files)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command."""
+    parser = argparse.ArgumentParser(prog="trainprobe", description="Training monitoring and precision debugging.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="train a small GPT on CPU with Monitor V2 on and summarise the output")
+    demo.add_argument("--out", default="./trainprobe_demo", help="output folder (default ./trainprobe_demo)")
+    demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trainprobe`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ConfigError, FileNotFoundError, NotADirectoryError) as exc:
+        print(f"trainprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

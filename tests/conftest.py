@@ -1,0 +1,65 @@
+"""Shared helpers for the tests: writing configs and reading monitor CSVs back."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+def write_config(tmp_path: Path, config: dict[str, Any], name: str = "config.json") -> Path:
+    """Write ``config`` as JSON under ``tmp_path`` and return its path."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / name
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows of a CSV file."""
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
+
+
+def rows_of(out: Path, monitor: str, rank: int = 0) -> list[dict[str, str]]:
+    """Every row every ``<monitor>_step*.csv`` of ``rank`` holds, files in step order."""
+    files = sorted(
+        (out / f"rank_{rank}").glob(f"{monitor}_step*.csv"), key=lambda p: int(p.stem.split("step")[1].split("-")[0])
+    )
+    rows: list[dict[str, str]] = []
+    for f in files:
+        rows.extend(read_csv(f)[1])
+    return rows
+
+
+def stats64(t: torch.Tensor) -> dict[str, float]:
+    """Float64 reference statistics of ``t``."""
+    x = t.detach().to(torch.float64).flatten()
+    return {
+        "min": x.min().item(),
+        "max": x.max().item(),
+        "mean": x.mean().item(),
+        "norm": x.norm().item(),
+        "nans": float(torch.isnan(x).sum().item()),
+    }
+
+
+def assert_row_matches(row: dict[str, str], t: torch.Tensor, rel: float = 1e-6) -> None:
+    """The row's statistics equal ``t``'s float64 reference to ``rel`` relative."""
+    ref = stats64(t)
+    for op, value in ref.items():
+        if op not in row:
+            continue
+        got = float(row[op])
+        assert got == pytest.approx(value, rel=rel, abs=1e-12), f"{row['module_name']} {op}: {got} vs {value}"
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

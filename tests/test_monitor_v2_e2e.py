@@ -1,0 +1,468 @@
+"""Monitor V2 end to end: real models train, the CSVs are read back and checked."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from conftest import assert_row_matches, read_csv, rows_of, write_config
+from models import MLP, TinyTransformer, no_hooks_left
+from trainprobe import TrainerMonitorV2
+from trainprobe.core.monitor_v2.trainer import TrainerMonitorV2 as CompatTrainer
+
+OPS = ["min", "max", "mean", "norm", "nans"]
+ALL_ON = {
+    "module": {"enabled": True, "ops": OPS},
+    "weight_grad": {"enabled": True, "ops": OPS},
+    "optimizer": {"enabled": True, "ops": OPS},
+    "param": {"enabled": True, "ops": OPS},
+}
+
+
+def make_monitor(tmp_path, monitors, **top):
+    out = tmp_path / "out"
+    cfg = {"output_dir": str(out), "monitors": monitors, **top}
+    return TrainerMonitorV2(write_config(tmp_path, cfg)), out
+
+
+def train_mlp(model, opt, steps, *, capture=None, acc=1):
+    """Plain loop; ``capture`` collects per-step snapshots of grads and params."""
+    for _ in range(steps):
+        for _ in range(acc):
+            loss = model(torch.randn(4, 6)).pow(2).mean()
+            loss.backward()
+        if capture is not None:
+            capture.append(
+                {
+                    "grad": {n: p.grad.clone() for n, p in model.named_parameters()},
+                    "origin": {n: p.detach().clone() for n, p in model.named_parameters()},
+                }
+            )
+        opt.step()
+        if capture is not None:
+            capture[-1]["updated"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+            capture[-1]["state"] = {
+                n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in model.named_parameters()
+            }
+        opt.zero_grad(set_to_none=True)
+
+
+def test_compat_import_path_is_the_same_class():
+    assert CompatTrainer is TrainerMonitorV2
+
+
+def test_mlp_all_monitors_headers_names_and_values(tmp_path):
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mon, out = make_monitor(tmp_path, ALL_ON)
+    mon.start(model=model, optimizer=opt)
+    snaps = []
+    train_mlp(model, opt, 3, capture=snaps)
+    mon.stop()
+
+    rank_dir = out / "rank_0"
+    names = sorted(p.name for p in rank_dir.iterdir())
+    expected = [f"{m}_step{s}-{s}.csv" for m in ("module", "optimizer", "param", "weight_grad") for s in range(3)]
+    assert names == sorted(expected)
+    assert read_csv(rank_dir / "module_step0-0.csv")[0] == [
+        "vpp_stage",
+        "step",
+        "module_name",
+        "scope",
+        "micro_step",
+        *OPS,
+    ]
+    assert read_csv(rank_dir / "weight_grad_step1-1.csv")[0] == [
+        "vpp_stage",
+        "step",
+        "module_name",
+        "scope",
+        "micro_step",
+        *OPS,
+    ]
+    assert read_csv(rank_dir / "optimizer_step2-2.csv")[0] == ["vpp_stage", "step", "module_name", "scope", *OPS]
+    assert read_csv(rank_dir / "param_step0-0.csv")[0] == ["vpp_stage", "step", "module_name", "scope", *OPS]
+
+    for step, snap in enumerate(snaps):
+        wg = [r for r in rows_of(out, "weight_grad") if int(r["step"]) == step]
+        reduced = {r["module_name"]: r for r in wg if r["scope"] == "reduced"}
+        unreduced = {r["module_name"]: r for r in wg if r["scope"] == "unreduced"}
+        assert set(reduced) == set(unreduced) == set(snap["grad"])
+        for name, grad in snap["grad"].items():
+            assert_row_matches(reduced[name], grad)
+            assert_row_matches(unreduced[name], grad)
+            assert reduced[name]["micro_step"] == unreduced[name]["micro_step"] == "1"
+        params = [r for r in rows_of(out, "param") if int(r["step"]) == step]
+        for row in params:
+            source = snap["origin"] if row["scope"] == "param_origin" else snap["updated"]
+            assert_row_matches(row, source[row["module_name"]])
+        moments = [r for r in rows_of(out, "optimizer") if int(r["step"]) == step]
+        assert {r["module_name"] for r in moments} == {
+            f"{n}.{k}" for n in snap["grad"] for k in ("exp_avg", "exp_avg_sq")
+        }
+        for row in moments:
+            name, moment = row["module_name"].rsplit(".", 1)
+            assert row["scope"] == moment
+            assert_row_matches(row, snap["state"][name][moment])
+
+    module_rows = rows_of(out, "module")
+    step0 = {(r["module_name"], r["scope"]) for r in module_rows if r["step"] == "0"}
+    for name in ("root", "fc1", "act", "fc2"):
+        assert (f"{name}.input.0", "forward") in step0
+        assert (f"{name}.output.0", "forward") in step0
+        assert (f"{name}.grad_output.0", "backward") in step0
+    assert ("fc2.grad_input.0", "backward") in step0
+    assert ("root.grad_input.0", "backward") not in step0  # the data does not require grad
+
+
+def test_module_values_match_forward_tensors(tmp_path):
+    model = MLP()
+    seen = {}
+    model.fc1.register_forward_hook(
+        lambda m, a, o: seen.update(fc1_in=a[0].detach().clone(), fc1_out=o.detach().clone())
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"module": {"targets": ["fc1"], "ops": OPS}}, patch_optimizer_step=False)
+    mon.start(model=model)
+    x = torch.randn(5, 6)
+    model(x).sum().backward()
+    opt.step()
+    mon.step()
+    mon.stop()
+    rows = {r["module_name"]: r for r in rows_of(out, "module")}
+    assert set(rows) == {"fc1.input.0", "fc1.output.0", "fc1.grad_output.0"}
+    assert_row_matches(rows["fc1.input.0"], seen["fc1_in"])
+    assert_row_matches(rows["fc1.output.0"], seen["fc1_out"])
+
+
+def run_transformer(steps, monitor_factory=None, acc=2):
+    torch.manual_seed(1)
+    model = TinyTransformer()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mon = None
+    if monitor_factory is not None:
+        mon = monitor_factory()
+        mon.start(model=model, optimizer=opt, grad_acc_steps=acc)
+    losses = []
+    data = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        for _ in range(acc):
+            loss = model.loss(torch.randint(0, 50, (4, 7), generator=data)) / acc
+            loss.backward()
+            losses.append(loss.detach().clone())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if mon is not None:
+        mon.stop()
+    return losses, model
+
+
+@pytest.mark.parametrize("mbs", [True, False])
+def test_monitoring_does_not_change_training_bitwise(tmp_path, mbs):
+    """Every monitor on (module on every module, incl. nn.MultiheadAttention(x, x, x)):
+    losses and final parameters are bitwise identical to an unmonitored run."""
+    monitors = copy.deepcopy(ALL_ON)
+    monitors["weight_grad"]["monitor_mbs_grad"] = mbs
+    monitors["module"]["ops"] = ["min", "max", "mean", "norm", "nans", "zeros"]
+    ref_losses, ref_model = run_transformer(4)
+    losses, model = run_transformer(4, lambda: make_monitor(tmp_path, monitors)[0])
+    assert all(torch.equal(a, b) for a, b in zip(ref_losses, losses))
+    for (name, a), (_, b) in zip(ref_model.named_parameters(), model.named_parameters()):
+        assert torch.equal(a, b), name
+    assert len(rows_of(tmp_path / "out", "module")) > 0
+    assert no_hooks_left(model)
+
+
+def test_gradient_accumulation_micro_steps(tmp_path):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(
+        tmp_path, {"weight_grad": {"enabled": True, "monitor_mbs_grad": True}, "module": {"targets": ["fc2"]}}
+    )
+    mon.start(model=model, optimizer=opt, grad_acc_steps=3)
+    micro_grads = []
+    for _ in range(3):
+        before = (
+            model.fc2.weight.grad.clone() if model.fc2.weight.grad is not None else torch.zeros_like(model.fc2.weight)
+        )
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        micro_grads.append(model.fc2.weight.grad - before)
+    total = model.fc2.weight.grad.clone()
+    opt.step()
+    opt.zero_grad()
+    mon.stop()
+    wg = [r for r in rows_of(out, "weight_grad") if r["module_name"] == "fc2.weight"]
+    unreduced = [r for r in wg if r["scope"] == "unreduced"]
+    assert [r["micro_step"] for r in unreduced] == ["0", "1", "2"]
+    for row, grad in zip(unreduced, micro_grads):
+        assert_row_matches(row, grad, rel=1e-5)
+    (reduced,) = [r for r in wg if r["scope"] == "reduced"]
+    assert reduced["micro_step"] == "3"
+    assert_row_matches(reduced, total)
+    module_micro = sorted({r["micro_step"] for r in rows_of(out, "module")})
+    assert module_micro == ["0", "1", "2"]
+
+
+def test_accumulated_unreduced_once_per_step(tmp_path):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "grad_acc_steps": 2}})
+    mon.start(model=model, optimizer=opt)
+    snaps = []
+    train_mlp(model, opt, 2, capture=snaps, acc=2)
+    mon.stop()
+    rows = rows_of(out, "weight_grad")
+    for step, snap in enumerate(snaps):
+        unreduced = [r for r in rows if r["scope"] == "unreduced" and int(r["step"]) == step]
+        assert len(unreduced) == 4 and {r["micro_step"] for r in unreduced} == {"2"}
+        for row in unreduced:
+            assert_row_matches(row, snap["grad"][row["module_name"]], rel=1e-5)
+
+
+def test_model_chunks_vpp_stage_and_prefix(tmp_path):
+    chunks = [MLP(6, 8, 6), MLP(6, 8, 3)]
+    opt = torch.optim.Adam([p for c in chunks for p in c.parameters()])
+    mon, out = make_monitor(
+        tmp_path, {"module": {"targets": ["fc1"]}, "weight_grad": {"enabled": True}, "param": {"enabled": True}}
+    )
+    mon.start(model=chunks, optimizer=opt)
+    for _ in range(2):
+        chunks[1](chunks[0](torch.randn(3, 6))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    module_names = {(r["vpp_stage"], r["module_name"]) for r in rows_of(out, "module")}
+    assert ("0", "0:fc1.input.0") in module_names and ("1", "1:fc1.output.0") in module_names
+    wg = {(r["vpp_stage"], r["module_name"]) for r in rows_of(out, "weight_grad")}
+    assert ("0", "0:fc1.weight") in wg and ("1", "1:fc2.bias") in wg
+    assert all(r["module_name"].startswith(r["vpp_stage"] + ":") for r in rows_of(out, "param"))
+
+
+def test_stop_leaves_no_hooks_and_training_goes_on(tmp_path):
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters())
+    mon, out = make_monitor(tmp_path, ALL_ON)
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 2)
+    mon.stop()
+    assert no_hooks_left(model, opt)
+    files = sorted(p.name for p in (out / "rank_0").iterdir())
+    train_mlp(model, opt, 2)  # optimizer.step() still works, nothing more is written
+    assert sorted(p.name for p in (out / "rank_0").iterdir()) == files
+    mon.start(model=model, optimizer=opt)  # and the monitor starts again, continuing the step count
+    train_mlp(model, opt, 1)
+    mon.stop()
+    assert (out / "rank_0" / "weight_grad_step2-2.csv").exists()
+    assert no_hooks_left(model, opt)
+
+
+def test_schedule_windows_and_truncated_window(tmp_path):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, out = make_monitor(
+        tmp_path,
+        {"weight_grad": {"enabled": True}},
+        start_step=1,
+        step_interval=2,
+        step_count_per_record=2,
+        collect_times=10,
+    )
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 8)  # collected: 1 3 | 5 7 ; stop inside the window 9-11? no: stop at step 8
+    mon.stop()
+    names = sorted(p.name for p in (out / "rank_0").iterdir())
+    assert names == ["weight_grad_step1-3.csv", "weight_grad_step5-7.csv"]
+    assert sorted({r["step"] for r in rows_of(out, "weight_grad")}, key=int) == ["1", "3", "5", "7"]
+
+    mon2, out2 = make_monitor(tmp_path / "b", {"weight_grad": {"enabled": True}}, step_count_per_record=4)
+    mon2.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 6)
+    mon2.stop()
+    names = sorted(p.name for p in (out2 / "rank_0").iterdir())
+    assert names == ["weight_grad_step0-3.csv", "weight_grad_step4-5.csv"]
+
+
+def test_stop_step_and_collect_times_detach_hooks(tmp_path):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}, "module": {}}, start_step=0, stop_step=2)
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 2)
+    assert no_hooks_left(model, opt)  # nothing left to collect: every hook is gone already
+    train_mlp(model, opt, 2)
+    mon.stop()
+    assert sorted({r["step"] for r in rows_of(out, "weight_grad")}) == ["0", "1"]
+
+
+def test_manual_step_mode_and_ignored_manual_step(tmp_path, caplog):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, out = make_monitor(tmp_path, {"param": {"enabled": True}}, patch_optimizer_step=False)
+    mon.start(model=model, optimizer=opt)
+    for _ in range(2):
+        train_mlp(model, opt, 1)
+        train_mlp(model, opt, 1)
+        mon.step()  # two optimizer steps make one monitor step
+    mon.stop()
+    steps = [r["step"] for r in rows_of(out, "param")]
+    assert steps.count("0") == 2 * 2 * 4 and steps.count("1") == 16
+
+    mon2, out2 = make_monitor(tmp_path / "b", {"param": {"enabled": True}})
+    mon2.start(model=model, optimizer=opt)
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        train_mlp(model, opt, 1)
+        mon2.step()
+        mon2.step()
+    mon2.stop()
+    assert sum("TrainerMonitorV2.step() is ignored" in r.getMessage() for r in caplog.records) <= 1
+    assert sorted({r["step"] for r in rows_of(out2, "param")}) == ["0"]
+
+
+def test_non_adam_optimizer_skips_optimizer_monitor_with_warning(tmp_path, caplog):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    mon, out = make_monitor(tmp_path, {"optimizer": {"enabled": True}, "weight_grad": {"enabled": True}})
+    mon.start(model=model, optimizer=opt)
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        train_mlp(model, opt, 2)
+    mon.stop()
+    assert any("SGD" in r.getMessage() and "optimizer monitor" in r.getMessage() for r in caplog.records)
+    assert not list((out / "rank_0").glob("optimizer_*.csv"))
+    assert rows_of(out, "weight_grad")
+
+
+def test_rank_filter_skips_unlisted_rank(tmp_path):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}}, rank=[1])
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 2)
+    mon.stop()
+    assert not out.exists() or not any(out.rglob("*.csv"))
+    assert no_hooks_left(model, opt)
+
+
+def test_eval_mode_modules_skipped_unless_asked(tmp_path):
+    model = MLP()
+    mon, out = make_monitor(tmp_path, {"module": {}}, patch_optimizer_step=False)
+    mon.start(model=model)
+    model.eval()
+    model(torch.randn(2, 6))
+    mon.step()
+    model.train()
+    model(torch.randn(2, 6))
+    mon.step()
+    mon.stop()
+    assert {r["step"] for r in rows_of(out, "module")} == {"1"}
+    mon2, out2 = make_monitor(tmp_path / "b", {"module": {"record_eval_mode": True}}, patch_optimizer_step=False)
+    mon2.start(model=model)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(2, 6))
+    mon2.step()
+    mon2.stop()
+    assert rows_of(out2, "module")
+
+
+def test_integer_and_low_precision_tensors(tmp_path):
+    model = TinyTransformer(dropout=0.0).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters())
+    mon, out = make_monitor(tmp_path, {"module": {"targets": ["emb", "head"]}, "weight_grad": {"enabled": True}})
+    mon.start(model=model, optimizer=opt)
+    idx = torch.randint(0, 50, (2, 5))
+    model.loss(idx).backward()
+    opt.step()
+    mon.stop()
+    rows = {r["module_name"]: r for r in rows_of(out, "module")}
+    emb_in = rows["emb.input.0"]
+    assert float(emb_in["min"]) == idx.min().item() and float(emb_in["max"]) == idx.max().item()
+    assert float(emb_in["mean"]) == pytest.approx(idx.double().mean().item(), rel=1e-12)
+    for r in rows_of(out, "weight_grad"):
+        assert float(r["norm"]) == float(r["norm"])  # finite, not NaN
+
+
+def test_nan_counted_exactly_and_training_unaffected(tmp_path):
+    model = MLP()
+    mon, out = make_monitor(tmp_path, {"module": {"targets": ["fc1"]}}, patch_optimizer_step=False)
+    mon.start(model=model)
+    x = torch.randn(4, 6)
+    x[0, :3] = float("nan")
+    model(x)
+    mon.step()
+    mon.stop()
+    row = {r["module_name"]: r for r in rows_of(out, "module")}["fc1.input.0"]
+    assert row["nans"] == "3" and row["max"] == "nan"
+
+
+class MetaOutput(torch.nn.Module):
+    """A module whose output lives on the meta device: an odd tensor no statistic can read."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, torch.empty(3, device="meta")
+
+
+class WithOdd(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.odd = MetaOutput()
+        self.fc = torch.nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.odd(x)[0])
+
+
+def test_fault_in_a_hook_disables_that_monitor_only(tmp_path, caplog):
+    torch.manual_seed(0)
+    ref = WithOdd()
+    model = copy.deepcopy(ref)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"module": {}, "weight_grad": {"enabled": True}})
+    mon.start(model=model, optimizer=opt)
+    xs = [torch.randn(3, 6) for _ in range(3)]
+    with caplog.at_level(logging.ERROR, logger="trainprobe"):
+        for x in xs:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    mon.stop()
+    for x in xs:
+        ref(x).sum().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    assert torch.equal(ref.fc.weight, model.fc.weight)
+    failures = [r for r in caplog.records if "module monitor failed" in r.getMessage()]
+    assert len(failures) == 1
+    assert len({r["step"] for r in rows_of(out, "weight_grad")}) == 3
+    assert no_hooks_left(model, opt)
+
+
+def test_write_error_disables_that_monitor_only(tmp_path, caplog):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}, "param": {"enabled": True}})
+    (out / "rank_0" / "weight_grad_step0-0.csv").mkdir(parents=True)  # the file cannot be created
+    mon.start(model=model, optimizer=opt)
+    with caplog.at_level(logging.ERROR, logger="trainprobe"):
+        train_mlp(model, opt, 3)
+        mon.stop()
+    assert sum("writing the weight_grad output failed" in r.getMessage() for r in caplog.records) == 1
+    assert not list((out / "rank_0").glob("weight_grad_step1*.csv"))
+    assert len({r["step"] for r in rows_of(out, "param")}) == 3
+
+
+@pytest.mark.parametrize("async_write", [True, False])
+def test_async_write_modes_write_the_same_rows(tmp_path, async_write):
+    torch.manual_seed(3)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}}, async_write=async_write)
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 3)
+    mon.stop()
+    assert len(rows_of(out, "weight_grad")) == 3 * 8

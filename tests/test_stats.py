@@ -1,0 +1,561 @@
+"""TensorStats, parse_ops and format_value against float64 references."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from trainprobe.errors import ConfigError
+from trainprobe.stats.ops import ALL_OPS, COUNT_OPS, DEFAULT_EPS, DEFAULT_OPS, format_value, parse_ops
+from trainprobe.stats.torch_stats import TensorStats, as_statistic_input
+
+ALL = list(ALL_OPS)
+RTOL = 1e-6
+
+
+def reference(t: torch.Tensor, eps: float = DEFAULT_EPS) -> dict[str, float]:
+    """Every op in float64 NumPy, from the tensor's exact values."""
+    x = t.detach()
+    if x.is_complex():
+        a = np.abs(x.to(torch.complex128).numpy()).ravel()
+    else:
+        a = x.to(torch.float64).numpy().ravel()
+    if a.size == 0:
+        return {"min": math.nan, "max": math.nan, "mean": math.nan, "norm": 0.0, "nans": 0.0, "zeros": 0.0}
+    with np.errstate(invalid="ignore", over="ignore"):
+        return {
+            "min": float(np.min(a)),
+            "max": float(np.max(a)),
+            "mean": float(np.mean(a)),
+            "norm": float(np.sqrt(np.sum(a * a))),
+            "nans": float(np.count_nonzero(np.isnan(a))),
+            "zeros": float(np.count_nonzero(np.abs(a) < eps)) / a.size,
+        }
+
+
+def as_dict(ops, row) -> dict[str, float]:
+    assert isinstance(row, list)
+    assert len(row) == len(ops)
+    assert all(type(v) is float for v in row), [type(v) for v in row]
+    return dict(zip(ops, row, strict=True))
+
+
+def same(a: float, b: float) -> bool:
+    """Equal, with nan == nan and inf == inf."""
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def assert_close(got: dict[str, float], ref: dict[str, float], rtol: float = RTOL, mean_scale: float | None = None):
+    for op in ("min", "max", "nans", "zeros"):
+        if op in got:
+            assert same(got[op], ref[op]), (op, got[op], ref[op])
+    if "norm" in got:
+        if math.isfinite(ref["norm"]):
+            assert got["norm"] == pytest.approx(ref["norm"], rel=rtol, abs=0), ("norm", got["norm"], ref["norm"])
+        else:
+            assert same(got["norm"], ref["norm"])
+    if "mean" in got:
+        if math.isfinite(ref["mean"]):
+            # a mean near 0 is only as accurate as the sum of |x| allows
+            abs_tol = rtol * mean_scale if mean_scale is not None else 0
+            assert got["mean"] == pytest.approx(ref["mean"], rel=rtol, abs=abs_tol), ("mean", got["mean"], ref["mean"])
+        else:
+            assert same(got["mean"], ref["mean"])
+
+
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
+
+
+def _fp32_cases() -> dict[str, torch.Tensor]:
+    g = gen()
+    return {
+        "single": torch.tensor([3.25]),
+        "single_negative": torch.tensor([[-7.5]]),
+        "normal_vector": torch.randn(1000, generator=g),
+        "normal_matrix": torch.randn(31, 17, generator=g),
+        "normal_3d": torch.randn(4, 5, 6, generator=g),
+        "uniform_positive": torch.rand(64, 64, generator=g) * 10 + 1,
+        "lognormal": torch.exp(torch.randn(5000, generator=g) * 3),
+        "large_magnitude": torch.randn(2000, generator=g) * 1e15,
+        "small_magnitude": torch.randn(2000, generator=g) * 1e-12,
+        "large_n": torch.randn(200_000, generator=g) + 3.0,
+        "constant": torch.full((123,), 0.1),
+        "all_zero": torch.zeros(10, 10),
+        "with_inf": torch.tensor([1.0, math.inf, -2.0]),
+        "with_both_infs": torch.tensor([1.0, math.inf, -math.inf]),
+    }
+
+
+FP32_CASES = _fp32_cases()
+
+
+@pytest.mark.parametrize("name", list(FP32_CASES))
+def test_fp32_against_float64_reference(name: str) -> None:
+    x = FP32_CASES[name]
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert_close(got, reference(x))
+
+
+def test_mean_near_zero_with_large_spread() -> None:
+    g = gen()
+    a = torch.randn(50_000, generator=g) * 1e6
+    x = torch.cat([a, -a, torch.tensor([0.5])])[torch.randperm(100_001, generator=g)]
+    ref = reference(x)
+    assert abs(ref["mean"]) < 1e-4  # essentially 0 compared with the spread
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    scale = float(x.double().abs().mean())
+    assert_close(got, ref, mean_scale=scale)
+
+
+def test_float64_tensor_is_exact_enough() -> None:
+    g = gen()
+    x = torch.randn(10_000, dtype=torch.float64, generator=g) * 1e100
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert_close(got, reference(x), rtol=1e-12)
+    # float64 accumulation: no overflow where float32 would
+    big = torch.full((4,), 1e150, dtype=torch.float64)
+    got = as_dict(ALL, TensorStats(ALL).row(big))
+    assert got["norm"] == pytest.approx(2e150, rel=1e-12)
+    assert got["mean"] == pytest.approx(1e150, rel=1e-12)
+
+
+# -- NaN counting ----------------------------------------------------------------------
+
+
+def _nan_cases() -> dict[str, torch.Tensor]:
+    g = gen()
+    many = torch.randn(1000, generator=g)
+    many[::7] = math.nan
+    return {
+        "none": torch.randn(100, generator=g),
+        "one": torch.tensor([1.0, math.nan, 3.0]),
+        "one_first": torch.tensor([math.nan, 1.0]),
+        "many": many,
+        "all": torch.full((37,), math.nan),
+        "single_nan": torch.tensor([math.nan]),
+        "nan_and_inf": torch.tensor([math.inf, math.nan, -math.inf, 2.0, math.nan]),
+        "inf_only": torch.tensor([math.inf, -math.inf]),  # mean is nan, but there is no NaN element
+        "pos_inf_only": torch.tensor([math.inf, math.inf]),
+    }
+
+
+NAN_CASES = _nan_cases()
+
+
+@pytest.mark.parametrize("name", list(NAN_CASES))
+def test_nan_count_is_exact_and_propagates(name: str) -> None:
+    x = NAN_CASES[name]
+    ref = reference(x)
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert got["nans"] == ref["nans"]
+    if ref["nans"]:
+        for op in ("min", "max", "mean", "norm"):
+            assert math.isnan(got[op]), op
+    else:
+        assert_close(got, ref)
+
+
+@pytest.mark.parametrize("name", list(NAN_CASES))
+def test_nan_count_exact_for_every_op_subset(name: str) -> None:
+    """The lazy NaN count must not depend on which other ops are asked for."""
+    x = NAN_CASES[name]
+    expected = reference(x)["nans"]
+    others = [op for op in ALL if op != "nans"]
+    for k in range(len(others) + 1):
+        for combo in itertools.combinations(others, k):
+            for ops in (list(combo) + ["nans"], ["nans"] + list(combo)):
+                got = as_dict(ops, TensorStats(ops).row(x))
+                assert got["nans"] == expected, ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_nan_count_other_float_dtypes(dtype: torch.dtype) -> None:
+    x = torch.tensor([1.0, math.nan, math.nan, -1.0, math.nan], dtype=dtype)
+    assert TensorStats(["nans"]).row(x) == [3.0]
+    assert TensorStats(["max", "nans"]).row(x)[1] == 3.0
+
+
+# -- zeros -----------------------------------------------------------------------------
+
+
+def test_zeros_fraction_uses_eps() -> None:
+    x = torch.tensor([0.0, -0.0, 1e-9, -1e-9, 1e-7, 1.0, math.nan, math.inf], dtype=torch.float64)
+    assert TensorStats(["zeros"]).row(x) == [4 / 8]  # default eps 1e-8
+    assert TensorStats(["zeros"], eps=1e-6).row(x) == [5 / 8]
+    assert TensorStats(["zeros"], eps=1e-10).row(x) == [2 / 8]
+    assert TensorStats(["zeros"], eps=2.0).row(x) == [6 / 8]  # NaN and inf never count
+
+
+def test_zeros_is_strictly_less_than_eps() -> None:
+    x = torch.tensor([0.5, -0.5, 0.25], dtype=torch.float32)
+    assert TensorStats(["zeros"], eps=0.5).row(x) == [1 / 3]
+
+
+def test_zeros_against_reference_random() -> None:
+    g = gen()
+    x = torch.randn(10_000, generator=g) * 1e-3
+    for eps in (1e-8, 1e-5, 1e-4, 1e-3):
+        got = TensorStats(["zeros"], eps=eps).row(x)[0]
+        assert got == reference(x, eps=eps)["zeros"]
+
+
+# -- dtypes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.tensor([1, -2, 3, 100], dtype=torch.int8),
+        torch.tensor([0, 200, 255], dtype=torch.uint8),
+        torch.tensor([2**40, -(2**40), 7], dtype=torch.int64),
+        torch.tensor([[5, 6], [7, 8]], dtype=torch.int32),
+        torch.tensor([True, False, True, True]),
+        torch.tensor([0, 0, 0], dtype=torch.int16),
+    ],
+    ids=["int8", "uint8", "int64_big", "int32_2d", "bool", "int16_zeros"],
+)
+def test_integer_and_bool_summarised_as_float(x: torch.Tensor) -> None:
+    assert as_statistic_input(x).dtype == torch.float64
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert_close(got, reference(x), rtol=1e-12)
+
+
+def test_int8_sum_does_not_wrap() -> None:
+    x = torch.full((1000,), 127, dtype=torch.int8)
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert got["mean"] == 127.0
+    assert got["norm"] == pytest.approx(127.0 * math.sqrt(1000), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_summarised_by_magnitude(dtype: torch.dtype) -> None:
+    g = gen()
+    x = torch.complex(torch.randn(300, generator=g), torch.randn(300, generator=g)).to(dtype)
+    x[0] = 3 - 4j
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    ref = reference(x)
+    assert ref["min"] >= 0
+    # |z| of complex64 is rounded to float32, so even min/max are only float32-accurate
+    for op in ("min", "max", "mean", "norm"):
+        assert got[op] == pytest.approx(ref[op], rel=1e-6, abs=0), op
+    assert got["nans"] == 0.0 and got["zeros"] == ref["zeros"]
+    small = torch.tensor([3 - 4j, 0j, 1j], dtype=dtype)
+    got = as_dict(ALL, TensorStats(ALL).row(small))
+    assert got["min"] == 0.0 and got["max"] == 5.0 and got["zeros"] == pytest.approx(1 / 3)
+    assert got["norm"] == pytest.approx(math.sqrt(26), rel=1e-6)
+
+
+def test_complex_nan_counts() -> None:
+    x = torch.tensor([complex(math.nan, 0), 1 + 1j, complex(0, math.nan)], dtype=torch.complex64)
+    assert TensorStats(["nans"]).row(x) == [2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_typical_values(dtype: torch.dtype) -> None:
+    g = gen()
+    x = (torch.randn(4096, generator=g) * 3 + 1).to(dtype)
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert_close(got, reference(x), rtol=1e-5)
+    assert as_statistic_input(x).dtype == dtype  # no copy: accumulated, not converted
+
+
+def test_float16_near_max_accumulates_in_float32() -> None:
+    fmax = torch.finfo(torch.float16).max
+    g = gen()
+    x = (torch.rand(10_000, generator=g) * 0.1 + 0.9) * fmax
+    x = x.to(torch.float16)
+    x[0] = fmax
+    ref = reference(x)
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert math.isfinite(got["norm"]) and math.isfinite(got["mean"])
+    assert_close(got, ref, rtol=1e-5)
+    assert got["max"] == fmax
+
+
+BF16_OVERFLOW = pytest.mark.xfail(
+    strict=True,
+    reason="BUG: norm/mean of bfloat16 accumulate in float32, which has the same exponent range as "
+    "bfloat16: sums overflow near the bf16 max and x*x overflows for |x| > ~1.8e19 (torch_stats._accumulator)",
+)
+
+
+@BF16_OVERFLOW
+def test_bfloat16_near_max_norm_and_mean_finite() -> None:
+    bmax = torch.finfo(torch.bfloat16).max
+    x = torch.full((16,), bmax, dtype=torch.bfloat16)
+    x[1] = -bmax / 2
+    ref = reference(x)
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert got["max"] == bmax
+    assert math.isfinite(got["norm"]) and math.isfinite(got["mean"])
+    assert_close(got, ref, rtol=1e-5)
+
+
+@BF16_OVERFLOW
+def test_bfloat16_large_values_norm_finite() -> None:
+    # the true norm (2e20) is far below the float32 maximum; only the squares overflow
+    x = torch.full((4,), 1e20, dtype=torch.bfloat16)
+    got = as_dict(["norm"], TensorStats(["norm"]).row(x))
+    assert got["norm"] == pytest.approx(reference(x)["norm"], rel=1e-5, abs=0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: float32 norm squares in float32; values > ~1.8e19 overflow (true norm is representable)",
+)
+def test_float32_large_values_norm_finite() -> None:
+    x = torch.full((4,), 1e20, dtype=torch.float32)
+    got = TensorStats(["norm"]).row(x)[0]
+    assert got == pytest.approx(reference(x)["norm"], rel=1e-6, abs=0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: float32 norm squares in float32; values < ~1e-23 underflow to 0 (true norm is representable)",
+)
+def test_float32_tiny_values_norm_nonzero() -> None:
+    x = torch.full((4,), 1e-25, dtype=torch.float32)
+    got = TensorStats(["norm"]).row(x)[0]
+    assert got == pytest.approx(reference(x)["norm"], rel=1e-6, abs=0)
+
+
+# -- shapes and layouts ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.empty(0),
+        torch.empty(3, 0),
+        torch.empty(0, dtype=torch.bfloat16),
+        torch.empty(0, dtype=torch.float16),
+        torch.empty(0, dtype=torch.float64),
+        torch.empty(0, dtype=torch.int64),
+        torch.empty(0, dtype=torch.bool),
+        torch.empty(0, dtype=torch.complex64),
+    ],
+    ids=["f32", "f32_2d", "bf16", "f16", "f64", "int64", "bool", "complex64"],
+)
+def test_empty_tensor(x: torch.Tensor) -> None:
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert math.isnan(got["min"]) and math.isnan(got["max"]) and math.isnan(got["mean"])
+    assert got["norm"] == 0.0 and got["nans"] == 0.0 and got["zeros"] == 0.0
+
+
+def test_empty_row_is_a_fresh_list() -> None:
+    s = TensorStats(["norm"])
+    r = s.row(torch.empty(0))
+    r.append(1.0)
+    assert s.row(torch.empty(0)) == [0.0]
+
+
+def test_zero_dim_scalar() -> None:
+    got = as_dict(ALL, TensorStats(ALL).row(torch.tensor(-2.5)))
+    assert got == {"min": -2.5, "max": -2.5, "mean": -2.5, "norm": 2.5, "nans": 0.0, "zeros": 0.0}
+
+
+def _non_contiguous() -> dict[str, torch.Tensor]:
+    g = gen()
+    base = torch.randn(40, 30, generator=g)
+    return {
+        "transpose": base.t(),
+        "step_slice": base[:, ::3],
+        "column": base[:, 7],
+        "expand": torch.randn(5, 3, generator=g).expand(4, 5, 3),
+        "permute": torch.randn(3, 4, 5, generator=g).permute(2, 0, 1),
+        "negative_values_slice": (base - 10)[1::2, 2::5],
+    }
+
+
+NON_CONTIGUOUS = _non_contiguous()
+
+
+@pytest.mark.parametrize("name", list(NON_CONTIGUOUS))
+def test_non_contiguous(name: str) -> None:
+    x = NON_CONTIGUOUS[name]
+    assert not x.is_contiguous()
+    got = as_dict(ALL, TensorStats(ALL).row(x))
+    assert_close(got, reference(x.contiguous()))
+
+
+def test_requires_grad_leaf_and_non_leaf() -> None:
+    g = gen()
+    leaf = torch.randn(50, 4, generator=g, requires_grad=True)
+    before = leaf.detach().clone()
+    non_leaf = leaf * 2 + 1
+    s = TensorStats(ALL)
+    for t in (leaf, non_leaf):
+        got = as_dict(ALL, s.row(t))
+        assert_close(got, reference(t))
+    assert torch.equal(leaf.detach(), before)
+    assert leaf.grad is None and leaf.requires_grad
+    # the graph of non_leaf is untouched: backward still works and gives the usual gradient
+    non_leaf.sum().backward()
+    assert torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
+
+
+def test_no_graph_built_from_statistic_input() -> None:
+    t = torch.randn(8, requires_grad=True)
+    x = as_statistic_input(t)
+    assert not x.requires_grad and x.grad_fn is None
+    assert x.data_ptr() == t.data_ptr()  # a view, no copy for floats
+
+
+def test_row_under_no_grad_and_inference_mode() -> None:
+    x = torch.randn(20, requires_grad=True)
+    ref = TensorStats(ALL).row(x)
+    with torch.no_grad():
+        assert TensorStats(ALL).row(x) == ref
+    with torch.inference_mode():
+        y = torch.randn(20)
+        assert_close(as_dict(ALL, TensorStats(ALL).row(y)), reference(y))
+
+
+# -- op order, rows --------------------------------------------------------------------
+
+
+def test_column_order_follows_ops() -> None:
+    x = torch.tensor([1.0, -2.0, 0.0, math.nan, 4.0, 1e-9])
+    full = as_dict(ALL, TensorStats(ALL).row(x))
+    for ops in itertools.permutations(ALL, 3):
+        row = TensorStats(list(ops)).row(x)
+        assert len(row) == 3
+        assert all(same(v, full[op]) for v, op in zip(row, ops, strict=True)), ops
+    for ops in (list(reversed(ALL)), ["nans", "norm", "zeros", "min", "mean", "max"]):
+        row = TensorStats(ops).row(x)
+        assert all(same(v, full[op]) for v, op in zip(row, ops, strict=True)), ops
+
+
+def test_default_ops_order() -> None:
+    x = torch.tensor([3.0, 4.0])
+    assert TensorStats(DEFAULT_OPS).row(x) == [3.0, 4.0, 3.5, 5.0, 0.0]
+    assert TensorStats(["norm", "min"]).row(x) == [5.0, 3.0]
+    assert TensorStats(["max"]).row(x) == [4.0]
+    assert TensorStats(["mean"]).row(x) == [3.5]
+
+
+def test_rows_one_per_tensor() -> None:
+    s = TensorStats(["min", "nans"])
+    rows = s.rows([torch.tensor([1.0, 2.0]), torch.empty(0), torch.tensor([math.nan])])
+    assert rows[0] == [1.0, 0.0]
+    assert math.isnan(rows[1][0]) and rows[1][1] == 0.0
+    assert math.isnan(rows[2][0]) and rows[2][1] == 1.0
+    assert s.rows([]) == []
+
+
+def test_unknown_op_rejected() -> None:
+    with pytest.raises(AssertionError, match="unknown ops"):
+        TensorStats(["min", "nrom"])
+
+
+def test_eps_stored_as_float() -> None:
+    s = TensorStats(["zeros"], eps=1)
+    assert s.eps == 1.0 and s.ops == ("zeros",)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_row_matches_host_row() -> None:
+    g = gen()
+    cases = [
+        torch.randn(1000, generator=g),
+        torch.tensor([1.0, math.nan, -3.0, 0.0]),
+        (torch.randn(300, generator=g) * 100).to(torch.bfloat16),
+        torch.tensor([1, 2, 3], dtype=torch.int32),
+        torch.tensor([3 - 4j, 1j]),
+    ]
+    ops = ["nans", "zeros", "max", "min", "norm", "mean"]
+    s = TensorStats(ops)
+    for x in cases:
+        host = s.row(x)
+        dev = s.row(x.cuda())
+        assert isinstance(dev, torch.Tensor) and dev.dtype == torch.float64 and dev.shape == (len(ops),)
+        for h, d in zip(host, dev.cpu().tolist(), strict=True):
+            assert same(h, d) or d == pytest.approx(h, rel=1e-5)
+    empty = s.row(torch.empty(0, device="cuda"))
+    assert isinstance(empty, list)
+
+
+# -- parse_ops -------------------------------------------------------------------------
+
+
+def test_parse_ops_default_for_absent_and_empty() -> None:
+    assert parse_ops(None, "ops") == DEFAULT_OPS
+    assert parse_ops([], "ops") == DEFAULT_OPS
+    assert "zeros" not in DEFAULT_OPS and "zeros" in ALL_OPS
+
+
+def test_parse_ops_keeps_order_drops_duplicates_normalises() -> None:
+    assert parse_ops(["norm", "min", "norm", "max", "min"], "x") == ("norm", "min", "max")
+    assert parse_ops(["NANS", " Zeros ", "nans"], "x") == ("nans", "zeros")
+    assert parse_ops(list(reversed(ALL_OPS)), "x") == tuple(reversed(ALL_OPS))
+
+
+def test_parse_ops_unknown_name() -> None:
+    msg = "monitors.weight_grad.ops[1]: 'nrom' is not one of min, max, mean, norm, nans, zeros"
+    with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
+        parse_ops(["min", "nrom"], "monitors.weight_grad.ops")
+
+
+def test_parse_ops_non_string_entry() -> None:
+    with pytest.raises(ConfigError, match=re.escape("m.ops[0]: 3 is not one of min, max")):
+        parse_ops([3], "m.ops")
+    with pytest.raises(ConfigError, match=re.escape("m.ops[2]: None is not one of")):
+        parse_ops(["min", "max", None], "m.ops")
+
+
+@pytest.mark.parametrize("value,kind", [("min", "a string"), ({"min": 1}, "an object"), (3, "an integer")])
+def test_parse_ops_not_a_list(value, kind: str) -> None:
+    msg = f"m.ops: must be a list of op names (min, max, mean, norm, nans, zeros), not {kind}"
+    with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
+        parse_ops(value, "m.ops")
+
+
+def test_parse_ops_custom_accepted_and_default() -> None:
+    assert parse_ops(None, "x", accepted=("min", "max"), default=("max",)) == ("max",)
+    with pytest.raises(ConfigError, match=re.escape("x[0]: 'norm' is not one of min, max")):
+        parse_ops(["norm"], "x", accepted=("min", "max"))
+
+
+# -- format_value ----------------------------------------------------------------------
+
+
+def test_format_value_counts_are_integers() -> None:
+    assert COUNT_OPS == {"nans"}
+    assert format_value("nans", 0.0) == "0"
+    assert format_value("nans", 3.0) == "3"
+    assert format_value("nans", 123456789.0) == "123456789"
+    assert format_value("nans", math.nan) == "nan"
+
+
+def test_format_value_floats_round_trip() -> None:
+    g = np.random.default_rng(7)
+    values = [0.1, 1 / 3, -2.5, 0.0, -0.0, 1e-300, 5e-324, 1.7976931348623157e308, 123456789.123456789]
+    values += list(g.standard_normal(200) * 10.0 ** g.integers(-30, 30, 200))
+    values += [float(torch.tensor(v, dtype=torch.bfloat16)) for v in (0.1, 3.3e38, -7.7)]
+    for op in ("min", "max", "mean", "norm", "zeros"):
+        for v in values:
+            text = format_value(op, v)
+            assert float(text) == v, (op, v, text)
+            assert text == repr(float(v))
+
+
+def test_format_value_non_finite_and_numpy_scalars() -> None:
+    assert format_value("max", math.inf) == "inf"
+    assert format_value("min", -math.inf) == "-inf"
+    assert format_value("mean", math.nan) == "nan"
+    assert format_value("norm", np.float32(0.1)) == repr(float(np.float32(0.1)))
+    assert float(format_value("norm", np.float32(0.1))) == float(np.float32(0.1))
+    assert format_value("zeros", 0.5) == "0.5"
+
+
+def test_format_value_of_computed_row_round_trips() -> None:
+    ops = list(ALL_OPS)
+    row = TensorStats(ops).row(torch.randn(1000, generator=gen()))
+    for op, v in zip(ops, row, strict=True):
+        assert float(format_value(op, v)) == v
