@@ -148,5 +148,5 @@ class TensorStats:
         if "nans" in ops:
             found["nans"] = torch.count_nonzero(torch.isnan(x))
         if "zeros" in ops:
-            found["zeros"] = torch.count_nonzero(x.abs() < self.eps) / n
+            found["zeros"] = torch.count_nonzero(x.abs() < self.eps).to(torch.float64) / n
         return torch.stack([found[op].to(torch.float64) for op in ops])

@@ -1,0 +1,91 @@
+"""Rows, batches, the CSV sink and the background writer, without a model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import read_csv
+
+from trainprobe.records import RowBuffer, RowKey
+from trainprobe.schedule import Schedule
+from trainprobe.sinks.background import Writer
+from trainprobe.sinks.csv_sink import CsvSink, TableLayout
+from trainprobe.stats.torch_stats import TensorStats
+
+OPS = ("min", "max", "mean", "norm", "nans", "zeros")
+
+
+def test_device_strategy_matches_host_strategy():
+    """The accelerator code path (values kept as tensors) agrees with the CPU path."""
+    stats = TensorStats(OPS, eps=1e-3)
+    for t in (torch.randn(1000), torch.tensor([1.0, float("nan"), -2.0, 0.0]), torch.randn(3, 4, dtype=torch.bfloat16)):
+        x = t.float() if t.dtype == torch.bfloat16 else t
+        device_row = stats._device_row(x).tolist()
+        host_row = stats._host_row(x)
+        assert device_row == pytest.approx(host_row, rel=1e-12, nan_ok=True)
+
+
+def test_row_buffer_keeps_order_across_host_and_device_values():
+    buf = RowBuffer()
+    keys = [RowKey(0, f"t{i}", "s", i) for i in range(4)]
+    buf.add(keys[0], [1.0, 2.0])
+    buf.add(keys[1], torch.tensor([3.0, 4.0], dtype=torch.float64))
+    buf.extend(keys[2:], [[5.0, 6.0], torch.tensor([7.0, 8.0], dtype=torch.float64)])
+    batch = buf.drain("m", 3)
+    assert len(buf) == 0 and batch.step == 3
+    assert [(k.name, v) for k, v in batch.rows()] == [("t0", [1.0, 2.0]), ("t1", [3.0, 4.0]), ("t2", [5.0, 6.0]), ("t3", [7.0, 8.0])]
+
+
+def test_row_buffer_is_thread_safe():
+    buf = RowBuffer()
+
+    def add_many(tag: int) -> None:
+        for i in range(500):
+            buf.add(RowKey(0, f"{tag}.{i}", "s"), [float(i)])
+
+    threads = [threading.Thread(target=add_many, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(buf.drain("m", 0).rows()) == 2000
+
+
+def batch_of(monitor: str, step: int, rows: list[tuple[str, list[float]]], micro: int | None = None):
+    buf = RowBuffer()
+    for name, values in rows:
+        buf.add(RowKey(0, name, "scope", micro), values)
+    return buf.drain(monitor, step)
+
+
+def test_csv_sink_windows_header_and_precision(tmp_path):
+    schedule = Schedule(step_count_per_record=2)
+    sink = CsvSink(tmp_path, schedule, {"wg": TableLayout(True, ("min", "nans")), "p": TableLayout(False, ("norm",))})
+    value = 0.1 + 1e-17
+    for step in range(3):
+        sink.write(batch_of("wg", step, [("a", [value, 2.0])], micro=1))
+        sink.write(batch_of("p", step, [("a", [1 / 3])]))
+    sink.close(reached=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p_step0-1.csv", "p_step2-2.csv", "wg_step0-1.csv", "wg_step2-2.csv"]
+    header, rows = read_csv(tmp_path / "wg_step0-1.csv")
+    assert header == ["vpp_stage", "step", "module_name", "scope", "micro_step", "min", "nans"]
+    assert [r["step"] for r in rows] == ["0", "1"]
+    assert float(rows[0]["min"]) == value and rows[0]["nans"] == "2"
+    header, rows = read_csv(tmp_path / "p_step2-2.csv")
+    assert header == ["vpp_stage", "step", "module_name", "scope", "norm"]
+    assert float(rows[0]["norm"]) == 1 / 3
+
+
+def test_writer_reports_a_failing_monitor_once_and_keeps_the_others(tmp_path):
+    errors: list[tuple[str, str]] = []
+    sink = CsvSink(tmp_path, Schedule(), {"bad": TableLayout(False, ("max",)), "good": TableLayout(False, ("max",))})
+    (tmp_path / "bad_step0-0.csv").mkdir()
+    writer = Writer(sink, background=True, on_error=lambda m, e: errors.append((m, type(e).__name__)))
+    for step in range(3):
+        writer.submit(batch_of("bad", step, [("x", [1.0])]))
+        writer.submit(batch_of("good", step, [("x", [1.0])]))
+    writer.close(reached=2)
+    assert errors == [("bad", "IsADirectoryError")]
+    assert sorted(p.name for p in tmp_path.glob("good*")) == ["good_step0-0.csv", "good_step1-1.csv", "good_step2-2.csv"]
