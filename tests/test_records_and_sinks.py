@@ -6,8 +6,8 @@ import threading
 
 import pytest
 import torch
-from conftest import read_csv
 
+from conftest import read_csv
 from trainprobe.records import RowBuffer, RowKey
 from trainprobe.schedule import Schedule
 from trainprobe.sinks.background import Writer
