@@ -169,14 +169,26 @@ def test_unknown_monitor_name_fsdp_grad() -> None:
         ),
         ({"monitors": {"module": {"eps": "x"}}}, "monitors.module.eps: must be a finite number, not a string 'x'"),
         ({"monitors": {"module": {"eps": True}}}, "monitors.module.eps: must be a finite number, not a boolean True"),
-        ({"monitors": {"module": {"targets": "mlp"}}}, "monitors.module.targets: must be a list of strings, not a string"),
+        (
+            {"monitors": {"module": {"targets": "mlp"}}},
+            "monitors.module.targets: must be a list of strings, not a string",
+        ),
         (
             {"monitors": {"module": {"targets": ["mlp", 1]}}},
             "monitors.module.targets[1]: must be a string, not an integer 1",
         ),
-        ({"monitors": {"cc": {"cc_codeline": "a.py[1]"}}}, "monitors.cc.cc_codeline: must be a list of strings, not a string"),
-        ({"monitors": {"cc": {"cc_pre_hook": "y"}}}, "monitors.cc.cc_pre_hook: must be true or false, not a string 'y'"),
-        ({"monitors": {"cc": {"module_ranks": 0}}}, "monitors.cc.module_ranks: must be a list of integers, not an integer"),
+        (
+            {"monitors": {"cc": {"cc_codeline": "a.py[1]"}}},
+            "monitors.cc.cc_codeline: must be a list of strings, not a string",
+        ),
+        (
+            {"monitors": {"cc": {"cc_pre_hook": "y"}}},
+            "monitors.cc.cc_pre_hook: must be true or false, not a string 'y'",
+        ),
+        (
+            {"monitors": {"cc": {"module_ranks": 0}}},
+            "monitors.cc.module_ranks: must be a list of integers, not an integer",
+        ),
         ({"monitors": []}, "monitors: must be an object, not a list"),
         ({"monitors": {"module": True}}, "monitors.module: must be an object, not a boolean"),
         ({"monitors": {"cc": "on"}}, "monitors.cc: must be an object, not a string"),
@@ -223,7 +235,8 @@ def test_ops_not_a_list(tmp_path: Path) -> None:
 
 def test_ops_order_preserved_and_duplicates_dropped(tmp_path: Path) -> None:
     cfg = load_both_ways(
-        tmp_path, {"monitors": {"weight_grad": {"enabled": True, "ops": ["norm", "nans", "min", "norm", "NANS", "zeros"]}}}
+        tmp_path,
+        {"monitors": {"weight_grad": {"enabled": True, "ops": ["norm", "nans", "min", "norm", "NANS", "zeros"]}}},
     )
     assert cfg.weight_grad.ops == ("norm", "nans", "min", "zeros")
 
@@ -252,8 +265,14 @@ def test_every_monitor_has_default_ops_and_eps() -> None:
     [
         ({"start_step": -1}, "start_step: must be >= 0, got -1"),
         ({"stop_step": -3}, "stop_step: must be >= 0, got -3"),
-        ({"start_step": 5, "stop_step": 5}, "stop_step: must be greater than start_step (5), got 5; stop_step is exclusive"),
-        ({"start_step": 5, "stop_step": 3}, "stop_step: must be greater than start_step (5), got 3; stop_step is exclusive"),
+        (
+            {"start_step": 5, "stop_step": 5},
+            "stop_step: must be greater than start_step (5), got 5; stop_step is exclusive",
+        ),
+        (
+            {"start_step": 5, "stop_step": 3},
+            "stop_step: must be greater than start_step (5), got 3; stop_step is exclusive",
+        ),
         ({"stop_step": 0}, "stop_step: must be greater than start_step (0), got 0; stop_step is exclusive"),
         ({"step_interval": 0}, "step_interval: must be >= 1, got 0"),
         ({"collect_times": 0}, "collect_times: must be >= 1, got 0"),
@@ -286,7 +305,8 @@ def test_schedule_fields_parsed(tmp_path: Path) -> None:
 
 def test_null_fields_mean_default() -> None:
     cfg = load_monitor_v2_config({"stop_step": None, "collect_times": None, "rank": None, "monitors": None})
-    assert cfg == MonitorV2Config()
+    assert cfg == load_monitor_v2_config({})
+    assert cfg.schedule == Schedule() and cfg.ranks == ()
 
 
 # -- format / framework ----------------------------------------------------------------
@@ -422,7 +442,8 @@ def test_not_utf8_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "text,kind", [("[1, 2]", "a list"), ('"csv"', "a string"), ("3", "an integer"), ("null", "null"), ("true", "a boolean")]
+    "text,kind",
+    [("[1, 2]", "a list"), ('"csv"', "a string"), ("3", "an integer"), ("null", "null"), ("true", "a boolean")],
 )
 def test_top_level_not_an_object(tmp_path: Path, text: str, kind: str) -> None:
     path = write(tmp_path, text)
@@ -434,9 +455,11 @@ def test_top_level_not_an_object(tmp_path: Path, text: str, kind: str) -> None:
 def test_path_may_be_str_or_pathlib(tmp_path: Path) -> None:
     path = write(tmp_path, {"output_dir": "out", "rank": 0})
     assert load_monitor_v2_config(str(path)) == load_monitor_v2_config(path)
-    assert TrainerMonitorV2(str(path)).config == TrainerMonitorV2(path).config == TrainerMonitorV2(
-        {"output_dir": "out", "rank": 0}
-    ).config
+    assert (
+        TrainerMonitorV2(str(path)).config
+        == TrainerMonitorV2(path).config
+        == TrainerMonitorV2({"output_dir": "out", "rank": 0}).config
+    )
 
 
 def test_config_error_is_a_value_error() -> None:
@@ -476,13 +499,13 @@ def test_quick_start_example(tmp_path: Path) -> None:
 
 def test_defaults() -> None:
     cfg = load_monitor_v2_config({})
-    assert cfg == MonitorV2Config()
+    assert cfg.framework == "pytorch"
     assert cfg.output_dir == Path("./") and cfg.format == "csv" and cfg.ranks == ()
     assert cfg.schedule == Schedule()
     assert cfg.enabled_monitors() == []
     assert cfg.optimizer.mv_distribution is True and cfg.param.param_distribution is True
     assert cfg.weight_grad.micro_batch_number is None and cfg.weight_grad.grad_acc_steps is None
-    assert cfg.cc == CcConfig()
+    assert cfg.cc == CcConfig(ops=DEFAULT_OPS)
 
 
 def test_optional_booleans_keep_absent_as_none() -> None:
@@ -503,7 +526,13 @@ def test_all_monitor_fields(tmp_path: Path) -> None:
             "weight_grad": {"enabled": True, "monitor_mbs_grad": True, "micro_batch_number": 4, "grad_acc_steps": 8},
             "optimizer": {"enabled": True, "mv_distribution": False, "ops": ["norm"]},
             "param": {"enabled": True, "param_distribution": False},
-            "cc": {"enabled": True, "cc_codeline": ["train.py[23]"], "cc_log_only": True, "cc_pre_hook": True, "module_ranks": [0, 1]},
+            "cc": {
+                "enabled": True,
+                "cc_codeline": ["train.py[23]"],
+                "cc_log_only": True,
+                "cc_pre_hook": True,
+                "module_ranks": [0, 1],
+            },
         }
     }
     cfg = load_both_ways(tmp_path, data)
@@ -516,7 +545,12 @@ def test_all_monitor_fields(tmp_path: Path) -> None:
     assert cfg.optimizer.mv_distribution is False and cfg.optimizer.ops == ("norm",)
     assert cfg.param.param_distribution is False
     assert cfg.cc == CcConfig(
-        enabled=True, cc_codeline=("train.py[23]",), cc_log_only=True, cc_pre_hook=True, module_ranks=(0, 1)
+        enabled=True,
+        ops=DEFAULT_OPS,
+        cc_codeline=("train.py[23]",),
+        cc_log_only=True,
+        cc_pre_hook=True,
+        module_ranks=(0, 1),
     )
     assert isinstance(cfg.module.eps, float)
 
@@ -562,13 +596,31 @@ def test_enabled_monitors_fixed_order() -> None:
     assert cfg.enabled_monitors() == ["module", "weight_grad", "optimizer", "param", "cc"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='BUG: "module": {} is present without "enabled" but is not enabled (config/monitor_v2.py _common: '
-    "`... if section.data else False`); the spec says module is enabled by default",
-)
-def test_module_empty_object_enabled() -> None:
-    assert load_monitor_v2_config({"monitors": {"module": {}}}).module.enabled
+def test_empty_monitor_objects_count_as_present(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        cfg = load_monitor_v2_config({"monitors": {"module": {}, "weight_grad": {}}})
+    assert cfg.module.enabled and not cfg.weight_grad.enabled
+    assert "monitors.weight_grad is configured but off" in caplog.text
+    assert "monitors.module" not in caplog.text
+
+
+def test_null_monitor_is_absent(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        cfg = load_monitor_v2_config({"monitors": {"module": None, "param": None}})
+    assert cfg.enabled_monitors() == []
+    assert caplog.text == ""
+
+
+def test_legacy_cc_enable_does_not_warn_off(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        cfg = load_monitor_v2_config({"monitors": {"cc": {"cc_distribution": {"enable": True}}}})
+    assert cfg.cc.enabled
+    assert "configured but off" not in caplog.text
+
+
+def test_cc_field_error_path_with_legacy_block() -> None:
+    with pytest.raises(ConfigError, match=exact("monitors.cc.cc_log_only: must be true or false, not a string 'y'")):
+        load_monitor_v2_config({"monitors": {"cc": {"cc_log_only": "y", "cc_distribution": {"enable": True}}}})
 
 
 # -- cc, legacy cc_distribution --------------------------------------------------------
@@ -589,7 +641,11 @@ def test_legacy_cc_distribution(tmp_path: Path) -> None:
     }
     cfg = load_both_ways(tmp_path, data)
     assert cfg.cc == CcConfig(
-        enabled=True, cc_codeline=("train.py[23]", "model.py[7]"), cc_pre_hook=True, cc_log_only=False
+        enabled=True,
+        ops=DEFAULT_OPS,
+        cc_codeline=("train.py[23]", "model.py[7]"),
+        cc_pre_hook=True,
+        cc_log_only=False,
     )
     assert cfg.enabled_monitors() == ["cc"]
 
@@ -721,7 +777,9 @@ def test_start_twice_raises(tmp_path: Path) -> None:
     model, optimizer = _model_and_optimizer()
     mon.start(model=model, optimizer=optimizer)
     try:
-        with pytest.raises(RuntimeError, match=re.escape("TrainerMonitorV2.start(): already started; call stop() first")):
+        with pytest.raises(
+            RuntimeError, match=re.escape("TrainerMonitorV2.start(): already started; call stop() first")
+        ):
             mon.start(model=model, optimizer=optimizer)
     finally:
         mon.stop()

@@ -24,7 +24,7 @@ def test_device_strategy_matches_host_strategy():
         x = t.float() if t.dtype == torch.bfloat16 else t
         device_row = stats._device_row(x).tolist()
         host_row = stats._host_row(x)
-        assert device_row == pytest.approx(host_row, rel=1e-12, nan_ok=True)
+        assert device_row == pytest.approx(host_row, rel=1e-6, nan_ok=True)
 
 
 def test_row_buffer_keeps_order_across_host_and_device_values():

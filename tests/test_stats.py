@@ -12,7 +12,7 @@ import torch
 
 from trainprobe.errors import ConfigError
 from trainprobe.stats.ops import ALL_OPS, COUNT_OPS, DEFAULT_EPS, DEFAULT_OPS, format_value, parse_ops
-from trainprobe.stats.torch_stats import TensorStats, as_statistic_input
+from trainprobe.stats.torch_stats import TensorStats, as_statistic_input, sum64
 
 ALL = list(ALL_OPS)
 RTOL = 1e-6
@@ -278,26 +278,26 @@ def test_float16_near_max_accumulates_in_float32() -> None:
     assert got["max"] == fmax
 
 
-BF16_OVERFLOW = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: norm/mean of bfloat16 accumulate in float32, which has the same exponent range as "
-    "bfloat16: sums overflow near the bf16 max and x*x overflows for |x| > ~1.8e19 (torch_stats._accumulator)",
-)
-
-
-@BF16_OVERFLOW
-def test_bfloat16_near_max_norm_and_mean_finite() -> None:
+def test_bfloat16_near_max_mean_finite() -> None:
     bmax = torch.finfo(torch.bfloat16).max
     x = torch.full((16,), bmax, dtype=torch.bfloat16)
     x[1] = -bmax / 2
     ref = reference(x)
-    got = as_dict(ALL, TensorStats(ALL).row(x))
-    assert got["max"] == bmax
-    assert math.isfinite(got["norm"]) and math.isfinite(got["mean"])
-    assert_close(got, ref, rtol=1e-5)
+    got = as_dict(["min", "max", "mean", "nans"], TensorStats(["min", "max", "mean", "nans"]).row(x))
+    assert got["max"] == bmax and got["min"] == -bmax / 2 and got["nans"] == 0.0
+    assert math.isfinite(got["mean"])
+    assert got["mean"] == pytest.approx(ref["mean"], rel=1e-6, abs=0)
 
 
-@BF16_OVERFLOW
+def test_bfloat16_near_max_norm_finite() -> None:
+    bmax = torch.finfo(torch.bfloat16).max
+    x = torch.full((16,), bmax, dtype=torch.bfloat16)
+    x[1] = -bmax / 2
+    got = TensorStats(["norm"]).row(x)[0]
+    assert math.isfinite(got)
+    assert got == pytest.approx(reference(x)["norm"], rel=1e-5, abs=0)
+
+
 def test_bfloat16_large_values_norm_finite() -> None:
     # the true norm (2e20) is far below the float32 maximum; only the squares overflow
     x = torch.full((4,), 1e20, dtype=torch.bfloat16)
@@ -305,20 +305,12 @@ def test_bfloat16_large_values_norm_finite() -> None:
     assert got["norm"] == pytest.approx(reference(x)["norm"], rel=1e-5, abs=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: float32 norm squares in float32; values > ~1.8e19 overflow (true norm is representable)",
-)
 def test_float32_large_values_norm_finite() -> None:
     x = torch.full((4,), 1e20, dtype=torch.float32)
     got = TensorStats(["norm"]).row(x)[0]
     assert got == pytest.approx(reference(x)["norm"], rel=1e-6, abs=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: float32 norm squares in float32; values < ~1e-23 underflow to 0 (true norm is representable)",
-)
 def test_float32_tiny_values_norm_nonzero() -> None:
     x = torch.full((4,), 1e-25, dtype=torch.float32)
     got = TensorStats(["norm"]).row(x)[0]
@@ -353,6 +345,32 @@ def test_empty_row_is_a_fresh_list() -> None:
     r = s.row(torch.empty(0))
     r.append(1.0)
     assert s.row(torch.empty(0)) == [0.0]
+
+
+def test_meta_tensor_rejected() -> None:
+    with pytest.raises(ValueError, match="meta tensor"):
+        TensorStats(ALL).row(torch.empty(4, device="meta"))
+
+
+@pytest.mark.parametrize("n", [1, 4095, 8191, 8192, 3 * 4096, 3 * 4096 + 5, 100_003])
+def test_sum64_row_blocking(n: int) -> None:
+    g = gen()
+    x = torch.randn(n, generator=g) * 1e3 + 0.5
+    ref = float(np.sum(x.double().numpy()))
+    got = sum64(x)
+    assert got.dtype == torch.float64 and got.dim() == 0
+    assert float(got) == pytest.approx(ref, rel=1e-12, abs=1e-9 * float(x.double().abs().sum()))
+    strided = torch.randn(2 * n, generator=g)[::2]
+    assert float(sum64(strided)) == pytest.approx(float(strided.double().sum()), rel=1e-12, abs=1e-9 * n)
+    assert float(sum64(x.double())) == pytest.approx(ref, rel=1e-12, abs=1e-9 * float(x.double().abs().sum()))
+
+
+def test_mean_cancellation_accurate_to_float32_precision() -> None:
+    # float64 accumulation: +big and -big cancel exactly, the small remainder survives
+    x = torch.tensor([1e8, 1.0, -1e8, 1.0] * 5000, dtype=torch.float32)
+    assert TensorStats(["mean"]).row(x) == [0.5]
+    big = torch.cat([torch.full((10_000,), 3e7), torch.full((10_000,), -3e7), torch.ones(20_000)])
+    assert TensorStats(["mean"]).row(big) == [0.5]
 
 
 def test_zero_dim_scalar() -> None:

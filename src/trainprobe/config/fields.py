@@ -98,7 +98,7 @@ class Section:
             if key not in known:
                 close = difflib.get_close_matches(str(key), known, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise self.fail(key, f"unknown field{hint} Known fields: {', '.join(known)}")
+                raise self.fail(key, f"unknown field{hint or '.'} Known fields: {', '.join(known)}")
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is present (``null`` counts as absent)."""

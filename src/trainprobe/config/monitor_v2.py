@@ -14,7 +14,7 @@ from trainprobe.config.fields import Section, check_choice, load_json_object
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger
 from trainprobe.schedule import Schedule
-from trainprobe.stats.ops import DEFAULT_EPS, parse_ops
+from trainprobe.stats.ops import DEFAULT_EPS, DEFAULT_OPS, parse_ops
 
 FRAMEWORKS = ("pytorch", "mindspore")
 FRAMEWORK_ALIASES = {"pt": "pytorch", "torch": "pytorch", "ms": "mindspore"}
@@ -42,7 +42,7 @@ class MonitorCommon:
     """Fields every monitor has."""
 
     enabled: bool = False
-    ops: tuple[str, ...] = ()
+    ops: tuple[str, ...] = DEFAULT_OPS
     eps: float = DEFAULT_EPS
 
 
@@ -123,7 +123,12 @@ def load_monitor_v2_config(source: str | Path | dict[str, Any], framework: str |
     Raises:
         ConfigError: any invalid field, named by its JSON path.
     """
-    data = source if isinstance(source, dict) else load_json_object(source)
+    if isinstance(source, dict):
+        data = source
+    elif isinstance(source, (str, Path)):
+        data = load_json_object(source)
+    else:
+        raise ConfigError(f"config_path: expected a path to a JSON file or a dict, got {type(source).__name__}")
     top = Section(data)
     top.check_keys(TOP_LEVEL_KEYS)
     fr = _framework(top, framework)
@@ -220,20 +225,22 @@ def _param(s: Section) -> ParamConfig:
 
 
 def _cc(s: Section) -> CcConfig:
-    common = _common(s, CC_KEYS + ("cc_distribution",), enabled_default=False)
-    fields = s
-    if s.has("cc_distribution"):
-        legacy = s.section("cc_distribution")
-        legacy.check_keys(("enable",) + CC_KEYS)
-        if legacy.has("enable"):
-            common["enabled"] = common["enabled"] or legacy.boolean("enable", False)
-        merged = {k: v for k, v in s.data.items() if k in CC_KEYS}
-        merged.update({k: v for k, v in legacy.data.items() if k != "enable"})
-        fields = Section(merged, legacy.path)
+    """``monitors.cc``; the legacy nested ``cc_distribution`` object is accepted too. Its
+    ``enable`` switches cc on unless ``enabled`` is given explicitly, and a field given in both
+    places takes the nested value."""
+    legacy = s.section("cc_distribution")
+    legacy.check_keys(("enable",) + CC_KEYS)
+    legacy_on = legacy.boolean("enable", False)
+    default_on = legacy_on if legacy.present and legacy.has("enable") else False
+    common = _common(s, CC_KEYS + ("cc_distribution",), enabled_default=default_on)
+
+    def source(key: str) -> Section:
+        return legacy if legacy.has(key) else s
+
     return CcConfig(
         **common,
-        cc_codeline=fields.str_list("cc_codeline"),
-        cc_log_only=fields.boolean("cc_log_only", False),
-        cc_pre_hook=fields.boolean("cc_pre_hook", False),
-        module_ranks=fields.int_list("module_ranks", minimum=0),
+        cc_codeline=source("cc_codeline").str_list("cc_codeline"),
+        cc_log_only=source("cc_log_only").boolean("cc_log_only", False),
+        cc_pre_hook=source("cc_pre_hook").boolean("cc_pre_hook", False),
+        module_ranks=source("module_ranks").int_list("module_ranks", minimum=0),
     )

@@ -5,12 +5,14 @@
 | min   | smallest element                                     | the tensor's dtype (exact)     |
 | max   | largest element                                      | the tensor's dtype (exact)     |
 | mean  | arithmetic mean                                      | float64                        |
-| norm  | L2 norm, sqrt(sum x^2)                               | float32 (float64 for float64)  |
+| norm  | L2 norm, sqrt(sum x^2)                               | float32, float64 near over/underflow |
 | nans  | number of NaN elements (an exact count)              | int64                          |
 | zeros | fraction of elements with abs(x) < eps (extension)   | int64 count / numel            |
 
 Integer and boolean tensors are summarised as float64; complex tensors by their magnitude;
-bfloat16/float16 tensors are accumulated in float32 so sums and norms never overflow.
+sums and norms of bfloat16/float16/float32 tensors never overflow or underflow: the mean is
+accumulated in float64, and a norm whose float32 value is above 1e18 or below 1e-15 is
+recomputed in float64 (on accelerators the norm is always accumulated in float64).
 An empty tensor gives min = max = mean = nan, norm = 0, nans = 0, zeros = 0.
 NaN propagates into min, max, mean and norm, as in PyTorch.
 """

@@ -23,7 +23,6 @@ from trainprobe.stats.ops import ALL_OPS
 RowValues = list | torch.Tensor
 """One row of statistics: host floats (CPU tensors) or a float64 device tensor."""
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 _EMPTY = {"min": math.nan, "max": math.nan, "mean": math.nan, "norm": 0.0, "nans": 0.0, "zeros": 0.0}
 
 
@@ -51,11 +50,19 @@ def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _accumulator(x: torch.Tensor) -> torch.dtype | None:
-    return torch.float32 if x.dtype in _LOW_PRECISION else None
-
-
 _ROW = 4096
+_NORM_SAFE = (1e-15, 1e18)
+
+
+def _host_norm(x: torch.Tensor) -> float:
+    """L2 norm of a CPU tensor: float32 accumulation (fast), redone in float64 when the result is
+    so large or so small that float32 squares may have overflowed or underflowed."""
+    if x.dtype == torch.float64:
+        return torch.linalg.vector_norm(x).item()
+    norm = torch.linalg.vector_norm(x, dtype=torch.float32).item()
+    if _NORM_SAFE[0] < norm < _NORM_SAFE[1] or math.isnan(norm):
+        return norm
+    return torch.linalg.vector_norm(x, dtype=torch.float64).item()
 
 
 def sum64(x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +127,7 @@ class TensorStats:
         if "mean" in ops:
             found["mean"] = sum64(x).item() / n
         if "norm" in ops:
-            found["norm"] = torch.linalg.vector_norm(x, dtype=_accumulator(x)).item()
+            found["norm"] = _host_norm(x)
         if "nans" in ops:
             found["nans"] = self._host_nan_count(x, found)
         if "zeros" in ops:
@@ -144,7 +151,7 @@ class TensorStats:
         if "mean" in ops:
             found["mean"] = sum64(x) / n
         if "norm" in ops:
-            found["norm"] = torch.linalg.vector_norm(x, dtype=_accumulator(x))
+            found["norm"] = torch.linalg.vector_norm(x, dtype=torch.float64)
         if "nans" in ops:
             found["nans"] = torch.count_nonzero(torch.isnan(x))
         if "zeros" in ops:
