@@ -164,7 +164,8 @@ class TrainerMonitorV2:
         if "module" in enabled:
             probes.append(ModuleProbe(clock, cfg.module, view))
         if "weight_grad" in enabled:
-            probes.append(WeightGradProbe(clock, cfg.weight_grad, params, clock.micro_batches))
+            modules = [(name, module) for _, name, module in view.modules()]
+            probes.append(WeightGradProbe(clock, cfg.weight_grad, params, clock.micro_batches, modules))
         if "optimizer" in enabled:
             probes.append(OptimizerStateProbe(clock, cfg.optimizer, opt, params))
         if "param" in enabled:

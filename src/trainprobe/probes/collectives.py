@@ -43,9 +43,11 @@ COLLECTIVES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "all_gather": (("tensor",), ("tensor_list",)),
     "all_gather_into_tensor": (("input_tensor",), ("output_tensor",)),
     "_all_gather_base": (("input_tensor",), ("output_tensor",)),
+    "all_gather_single": (("input_tensor",), ("output_tensor",)),
     "reduce_scatter": (("input_list",), ("output",)),
     "reduce_scatter_tensor": (("input",), ("output",)),
     "_reduce_scatter_base": (("input",), ("output",)),
+    "reduce_scatter_single": (("input",), ("output",)),
     "broadcast": (("tensor",), ("tensor",)),
     "reduce": (("tensor",), ("tensor",)),
     "all_to_all": (("input_tensor_list",), ("output_tensor_list",)),
@@ -126,6 +128,7 @@ class CollectiveProbe(Probe):
         self._pending: list[Any] = []
         self._sites: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._nesting = threading.local()
 
     def attach(self) -> None:
         self._patch.install(self._wrap)
@@ -137,8 +140,16 @@ class CollectiveProbe(Probe):
         after = self.guard(self._after)
 
         def collective(*args: Any, **kwargs: Any) -> Any:
+            if getattr(self._nesting, "depth", 0):
+                # called by another collective (all_gather_into_tensor -> all_gather_single):
+                # the outer call is the one recorded
+                return original(*args, **kwargs)
             call = before(op, args, kwargs, sys._getframe(1)) if not self.disabled else None
-            result = original(*args, **kwargs)
+            self._nesting.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._nesting.depth = 0
             if call is not None:
                 after(call, result)
             return result
@@ -195,7 +206,9 @@ class CollectiveProbe(Probe):
         for item in pending:
             if isinstance(item, tuple):
                 work, call = item
-                work.wait()
+                if not work.is_completed():
+                    # never wait twice: a second wait() on a gloo irecv blocks for another message
+                    work.wait()
                 self._record_call(call)
             else:
                 item.wait()

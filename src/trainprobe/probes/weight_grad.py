@@ -12,6 +12,12 @@
 
 The number of micro-batches is ``micro_batch_number``, else ``grad_acc_steps``, from the config
 or else from ``start(...)``; 1 by default.
+
+FSDP2 (``fully_shard``): the model's parameters are sharded DTensors, but autograd computes
+gradients for the unsharded parameters FSDP swaps into the modules for forward and backward.
+A forward pre-hook on each module that owns sharded parameters hooks those unsharded
+parameters (the same objects from one step to the next), so ``unreduced`` rows hold this rank's
+full local gradient before the reduce-scatter, and ``reduced`` rows the local shard after it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from trainprobe.config.monitor_v2 import WeightGradConfig
 from trainprobe.log import warn_once
@@ -34,19 +41,51 @@ class WeightGradProbe(Probe):
     with_micro_step = True
 
     def __init__(
-        self, clock: StepClock, config: WeightGradConfig, params: list[NamedParam], micro_batches: int
+        self,
+        clock: StepClock,
+        config: WeightGradConfig,
+        params: list[NamedParam],
+        micro_batches: int,
+        modules: list[tuple[str, nn.Module]] | None = None,
     ) -> None:
         super().__init__(clock, config.ops, config.eps)
         self.per_micro_batch = config.monitor_mbs_grad
         self.params = [p for p in params if p.param.requires_grad]
         self.micro_batches = micro_batches
+        self.modules = modules or []
         self._seen = [0] * len(self.params)
+        self._hooked_unsharded: set[int] = set()
 
     def attach(self) -> None:
         for index, named in enumerate(self.params):
-            self.keep(named.param.register_hook(self.guard(self._on_grad(index))))
+            self.keep(named.param.register_hook(self.guard(self._on_grad(index, named.param))))
+        self._attach_fsdp2()
 
-    def _on_grad(self, index: int) -> Any:
+    def _attach_fsdp2(self) -> None:
+        """Hook the unsharded parameters of FSDP2 modules when they appear in forward."""
+        index_of = {id(p.param): i for i, p in enumerate(self.params) if _is_sharded(p.param)}
+        if not index_of:
+            return
+        for _, module in self.modules:
+            owned = [
+                (name, index_of[id(p)]) for name, p in module._parameters.items() if p is not None and id(p) in index_of
+            ]
+            if owned:
+                self.keep(module.register_forward_pre_hook(self.guard(self._hook_unsharded(owned))))
+
+    def _hook_unsharded(self, owned: list[tuple[str, int]]) -> Any:
+        def pre(module: nn.Module, args: Any) -> None:
+            for name, index in owned:
+                p = module._parameters.get(name)
+                if p is None or _is_sharded(p) or id(p) in self._hooked_unsharded or not p.requires_grad:
+                    continue
+                self._hooked_unsharded.add(id(p))
+                self.keep(p.register_hook(self.guard(self._on_grad(index, p))))
+
+        return pre
+
+    def _on_grad(self, index: int, holder: torch.Tensor) -> Any:
+        """Hook for parameter ``index``; ``holder`` is the tensor whose ``.grad`` accumulates."""
         named = self.params[index]
 
         def on_grad(grad: torch.Tensor) -> None:
@@ -58,7 +97,7 @@ class WeightGradProbe(Probe):
                 key = RowKey(named.vpp_stage, named.name, "unreduced", seen - 1)
                 self.rows.add(key, self.stats.row(grad))
             elif seen == self.micro_batches:
-                local = grad if named.param.grad is None else named.param.grad + grad
+                local = grad if holder.grad is None else holder.grad + grad
                 key = RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches)
                 self.rows.add(key, self.stats.row(local))
 
@@ -81,3 +120,8 @@ class WeightGradProbe(Probe):
                     "optimizer step, in the config or in start(...)",
                 )
         self._seen = [0] * len(self.params)
+
+
+def _is_sharded(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a DTensor (an FSDP2 sharded parameter)."""
+    return type(t) is not nn.Parameter and hasattr(t, "to_local") and hasattr(t, "device_mesh")
