@@ -86,13 +86,16 @@ def _has_nan(row: dict[str, str]) -> bool:
 
 
 def print_summary(out: Path, files: list[FileSummary]) -> None:
-    """A short human-readable account of the demo's output."""
+    """A short human-readable account of the demo's output: per monitor, files and rows."""
     total = sum(f.rows for f in files)
     print(f"Monitor V2 wrote {len(files)} CSV files, {total} rows, under {out}/")
-    for f in files[:12]:
-        print(f"  {f.path.relative_to(out)}  {f.rows} rows")
-    if len(files) > 12:
-        print(f"  ... and {len(files) - 12} more")
+    by_monitor: dict[str, list[FileSummary]] = {}
+    for f in files:
+        by_monitor.setdefault(f.path.name.split("_step")[0], []).append(f)
+    for monitor, group in by_monitor.items():
+        first, last = group[0].path, group[-1].path
+        span = first.name if len(group) == 1 else f"{first.name} ... {last.name}"
+        print(f"  {monitor:<12} {len(group):>3} files {sum(f.rows for f in group):>7} rows  {first.parent.name}/{span}")
     nan_files = [f for f in files if f.nan_rows]
     if nan_files:
         print(f"NaN found in {len(nan_files)} files; first: {nan_files[0].first_nan} ({nan_files[0].path.name})")
