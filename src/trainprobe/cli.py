@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="./trainprobe_demo", help="output folder (default ./trainprobe_demo)")
     demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     demo.set_defaults(run=_demo)
+    from trainprobe.dump.cli import add_compare_parser
+
+    add_compare_parser(sub)
     return parser
 
 

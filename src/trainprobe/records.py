@@ -105,6 +105,13 @@ class RowBuffer:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def snapshot(self) -> list[tuple[RowKey, list[float]]]:
+        """The pending rows as host floats, without taking them (for on-demand reads such as
+        Monitor V1's ``generate_xy_metrics``; device values are synchronised)."""
+        with self._lock:
+            pairs = list(zip(self._keys, self._values))
+        return [(k, v.tolist() if isinstance(v, torch.Tensor) else list(v)) for k, v in pairs]
+
     def drain(self, monitor: str, step: int) -> StepBatch:
         """Take every pending row as a batch; start device-to-host copies without waiting."""
         with self._lock:

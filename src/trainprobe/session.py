@@ -125,18 +125,31 @@ class Session:
                 self.writer.submit(batch)
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_pre_step()
+
+    def optimizer_pre_step(self) -> None:
+        """Run the probes' pre-step work; for front doors that own the optimizer hooks
+        (a session built with ``optimizer=None``)."""
+        if self.closed:
+            return
         if self.clock.collecting:
             for probe in self.probes:
                 if not probe.disabled:
                     probe.guard(probe.before_optimizer_step)()
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_post_step()
+        if self.patch_step:
+            self.end_step()
+
+    def optimizer_post_step(self) -> None:
+        """Run the probes' post-step work (see :meth:`optimizer_pre_step`)."""
+        if self.closed:
+            return
         if self.clock.collecting:
             for probe in self.probes:
                 if not probe.disabled:
                     probe.guard(probe.after_optimizer_step)()
-        if self.patch_step:
-            self.end_step()
 
     def _on_write_error(self, monitor: str, exc: BaseException) -> None:
         probe = self._by_name.get(monitor)

@@ -18,7 +18,6 @@ interrupt training.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import sys
 import threading
@@ -36,6 +35,7 @@ import torch.distributed.distributed_c10d as c10d
 from trainprobe.config.monitor_v2 import CcConfig
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.records import RowKey
+from trainprobe.sinks.files import write_json_atomically
 
 # op -> (argument names holding its inputs, argument names holding its outputs)
 COLLECTIVES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -237,7 +237,7 @@ class CollectiveProbe(Probe):
             f"shapes={entry['shapes']} group={entry['group']}",
             flush=True,
         )
-        _write_json_atomically(self.log_path, snapshot)
+        write_json_atomically(self.log_path, snapshot)
 
 
 def _describe_group(group: Any) -> Any:
@@ -247,10 +247,3 @@ def _describe_group(group: Any) -> Any:
         return dist.get_process_group_ranks(group)
     except Exception:  # noqa: BLE001 - a description only
         return str(group)
-
-
-def _write_json_atomically(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    os.replace(tmp, path)

@@ -14,7 +14,8 @@ a residual connection). Modules in eval mode are skipped unless ``record_eval_mo
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -25,23 +26,70 @@ from trainprobe.probes.model_view import ModelView
 from trainprobe.probes.tensor_walk import call_tensors, tensors_in
 from trainprobe.records import RowKey
 
+Picked = list[tuple[str, torch.Tensor]]
+"""``(row name, tensor)`` pairs chosen from a call's tensors."""
+
+
+class ModuleNaming(Protocol):
+    """Which modules are hooked and how their tensors are chosen and named (one per dialect)."""
+
+    forward_scope: str
+    backward_scope: str
+
+    def wants(self, vpp_stage: int, name: str, module: nn.Module) -> bool:
+        """Whether module ``name`` is hooked."""
+        ...
+
+    def forward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+        """Forward rows of ``kind`` (``input``/``output``) of module ``name``."""
+        ...
+
+    def backward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+        """Tensors whose gradient is recorded, with the gradient rows' names."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class V2Naming:
+    """Monitor V2: modules whose name contains a target; ``<module>.<kind>.<i>`` forward rows and
+    ``<module>.grad_<kind>.<i>`` backward rows for every tensor of the call."""
+
+    targets: tuple[str, ...]
+    forward_scope: str = "forward"
+    backward_scope: str = "backward"
+
+    def wants(self, vpp_stage: int, name: str, module: nn.Module) -> bool:
+        return not self.targets or any(t in name for t in self.targets)
+
+    def forward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+        return [(f"{name}.{kind}.{i}", t) for i, t in enumerate(tensors)]
+
+    def backward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+        return [(f"{name}.grad_{kind}.{i}", t) for i, t in enumerate(tensors)]
+
 
 class ModuleProbe(Probe):
-    """Forward/backward statistics of the target modules."""
+    """Forward/backward statistics of the target modules.
+
+    ``naming`` (default :class:`V2Naming` over ``config.targets``) picks the modules, the tensors
+    and the row names and scopes.
+    """
 
     name = "module"
     with_micro_step = True
 
-    def __init__(self, clock: StepClock, config: ModuleMonitorConfig, view: ModelView) -> None:
+    def __init__(
+        self, clock: StepClock, config: ModuleMonitorConfig, view: ModelView, naming: ModuleNaming | None = None
+    ) -> None:
         super().__init__(clock, config.ops, config.eps)
         self.config = config
         self.view = view
+        self.naming: ModuleNaming = naming if naming is not None else V2Naming(config.targets)
         self._micro = [0] * len(view.chunks)
 
     def targets(self) -> list[tuple[int, str, nn.Module]]:
-        """The modules whose name contains one of ``targets`` (all modules when empty)."""
-        wanted = self.config.targets
-        return [(v, n, m) for v, n, m in self.view.modules() if not wanted or any(t in n for t in wanted)]
+        """The hooked modules, in model order."""
+        return [(v, n, m) for v, n, m in self.view.modules() if self.naming.wants(v, n, m)]
 
     def attach(self) -> None:
         for vpp, chunk in enumerate(self.view.chunks):
@@ -81,13 +129,16 @@ class ModuleProbe(Probe):
 
     def _record(self, vpp: int, name: str, kind: str, tensors: list[torch.Tensor]) -> None:
         micro = max(self._micro[vpp] - 1, 0)
-        keys = [RowKey(vpp, f"{name}.{kind}.{i}", "forward", micro) for i in range(len(tensors))]
-        self.rows.extend(keys, self.stats.rows(tensors))
+        naming = self.naming
+        picked = naming.forward(name, kind, tensors)
+        if picked:
+            keys = [RowKey(vpp, row, naming.forward_scope, micro) for row, _ in picked]
+            self.rows.extend(keys, self.stats.rows([t for _, t in picked]))
         if not torch.is_grad_enabled():
             return
-        for i, t in enumerate(tensors):
+        for row, t in naming.backward(name, kind, tensors):
             if t.requires_grad:
-                key = RowKey(vpp, f"{name}.grad_{kind}.{i}", "backward", micro)
+                key = RowKey(vpp, row, naming.backward_scope, micro)
                 t.register_hook(self.guard(self._grad_hook(key)))
 
     def _grad_hook(self, key: RowKey) -> Any:

@@ -1,7 +1,8 @@
 """``optimizer`` monitor: Adam-family moments, read just after ``optimizer.step()``.
 
 Rows: ``module_name`` = ``<param>.exp_avg`` / ``<param>.exp_avg_sq`` with scope ``exp_avg`` /
-``exp_avg_sq``. Any optimizer whose per-parameter state holds ``exp_avg``/``exp_avg_sq`` tensors
+``exp_avg_sq`` (with ``suffix_names=False``, as Monitor V1 writes them, just ``<param>``, the
+scope telling the moments apart). Any optimizer whose per-parameter state holds ``exp_avg``/``exp_avg_sq`` tensors
 is supported (Adam, AdamW, NAdam, RAdam, and most fused or third-party Adam variants). For any
 other optimizer the monitor logs one warning naming the optimizer's class and switches itself
 off. ``mv_distribution: false`` also switches it off.
@@ -26,9 +27,16 @@ class OptimizerStateProbe(Probe):
     name = "optimizer"
 
     def __init__(
-        self, clock: StepClock, config: OptimizerConfig, optimizer: torch.optim.Optimizer, params: list[NamedParam]
+        self,
+        clock: StepClock,
+        config: OptimizerConfig,
+        optimizer: torch.optim.Optimizer,
+        params: list[NamedParam],
+        *,
+        suffix_names: bool = True,
     ) -> None:
         super().__init__(clock, config.ops, config.eps)
+        self.suffix_names = suffix_names
         self.optimizer = optimizer
         self.params = params
         self.disabled = not config.mv_distribution
@@ -44,7 +52,8 @@ class OptimizerStateProbe(Probe):
             for moment in MOMENTS:
                 value = entry.get(moment)
                 if isinstance(value, torch.Tensor):
-                    keys.append(RowKey(named.vpp_stage, f"{named.name}.{moment}", moment))
+                    row = f"{named.name}.{moment}" if self.suffix_names else named.name
+                    keys.append(RowKey(named.vpp_stage, row, moment))
                     tensors.append(value)
         if not keys and state:
             self.disabled = True

@@ -10,6 +10,10 @@
   all-reduce, gradient clipping, loss-scale unscaling), with ``micro_step`` = the number of
   micro-batches.
 
+``grad_of`` reads a parameter's accumulated gradient (default ``.grad``; Monitor V1 reads
+Megatron's ``main_grad`` where it exists) and ``keep_reduced`` drops redundant reduced rows
+(data/tensor-parallel copies).
+
 The number of micro-batches is ``micro_batch_number``, else ``grad_acc_steps``, from the config
 or else from ``start(...)``; 1 by default.
 
@@ -22,6 +26,7 @@ full local gradient before the reduce-scatter, and ``reduced`` rows the local sh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,8 +52,13 @@ class WeightGradProbe(Probe):
         params: list[NamedParam],
         micro_batches: int,
         modules: list[tuple[str, nn.Module]] | None = None,
+        *,
+        grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+        keep_reduced: Callable[[NamedParam], bool] | None = None,
     ) -> None:
         super().__init__(clock, config.ops, config.eps)
+        self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = grad_of or _dot_grad
+        self.keep_reduced = keep_reduced
         self.per_micro_batch = config.monitor_mbs_grad
         self.params = [p for p in params if p.param.requires_grad]
         self.micro_batches = micro_batches
@@ -97,16 +107,25 @@ class WeightGradProbe(Probe):
                 key = RowKey(named.vpp_stage, named.name, "unreduced", seen - 1)
                 self.rows.add(key, self.stats.row(grad))
             elif seen == self.micro_batches:
-                local = grad if holder.grad is None else holder.grad + grad
+                accumulated = self.grad_of(holder)
+                local = grad if accumulated is None else accumulated + grad
                 key = RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches)
                 self.rows.add(key, self.stats.row(local))
 
         return on_grad
 
     def before_optimizer_step(self) -> None:
-        present = [p for p in self.params if p.param.grad is not None]
-        keys = [RowKey(p.vpp_stage, p.name, "reduced", self.micro_batches) for p in present]
-        self.rows.extend(keys, self.stats.rows([p.param.grad for p in present]))
+        keys, values = self.reduced_rows()
+        self.rows.extend(keys, values)
+
+    def reduced_rows(self) -> tuple[list[RowKey], list[Any]]:
+        """Reduced rows of the gradients as they are now (also read on demand by Monitor V1)."""
+        keep = self.keep_reduced
+        present = [
+            (p, g) for p in self.params if (g := self.grad_of(p.param)) is not None and (keep is None or keep(p))
+        ]
+        keys = [RowKey(p.vpp_stage, p.name, "reduced", self.micro_batches) for p, _ in present]
+        return keys, self.stats.rows([g for _, g in present])
 
     def end_step(self) -> None:
         if not self.per_micro_batch and self.clock.collecting:
@@ -120,6 +139,10 @@ class WeightGradProbe(Probe):
                     "optimizer step, in the config or in start(...)",
                 )
         self._seen = [0] * len(self.params)
+
+
+def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:
+    return p.grad
 
 
 def _is_sharded(t: torch.Tensor) -> bool:

@@ -56,8 +56,11 @@ def parse_ops(
     return tuple(ops) if ops else tuple(default)
 
 
-def format_value(op: str, value: float) -> str:
-    """One statistic as written to a CSV cell: counts as integers, others with full precision."""
+def format_value(op: str, value: float, ndigits: int | None = None) -> str:
+    """One statistic as written to a CSV cell: counts as integers, others with full precision,
+    or rounded to ``ndigits`` decimals when it is given."""
     if op in COUNT_OPS and value == value:  # not NaN
         return str(int(value))
+    if ndigits is not None:
+        return repr(round(float(value), ndigits))
     return repr(float(value))

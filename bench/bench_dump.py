@@ -1,0 +1,215 @@
+"""Overhead of the precision dump (PrecisionDebugger) on a small GPT trained on the CPU.
+
+What is trained: ``TinyGPT`` (4 layers, d_model 256, 4 heads, sequence 128, vocabulary 2000) on
+synthetic tokens, batch 8, AdamW, torch's default thread count, fixed seeds.
+
+Method (one process, one model, one optimizer for every configuration):
+
+* A dumped step is what a user's loop does: ``start(model)``, forward, backward,
+  ``optimizer.step()``, ``zero_grad``, ``stop()``, ``step()``; the whole of it is timed
+  (``perf_counter``), JSON writing included. An undumped step is the same without the debugger.
+* Blocks of ``--steps-per-block`` steps alternate, dumped and undumped, ``--blocks`` pairs; the
+  order inside a pair alternates so that a drift of the machine favours neither side. A pair's
+  ratio is its dumped block's mean step time over its undumped block's; the figure reported is
+  the median over the pairs (with the range). ``control`` runs the same schedule with no dump on
+  either side: its ratio is the noise floor of the method on this machine.
+* Tensor mode (``tensor-L0``, ``tensor-L1``): MB/s = bytes of ``.pt`` payload written during the
+  dumped blocks / the dumped blocks' wall time; the disk's sequential write speed is measured the
+  same way (no fsync on either side, the same folder): the same number of bytes written as 4 MiB
+  chunks, timed. Step directories are deleted between blocks to bound disk use.
+
+Usage::
+
+    python bench/bench_dump.py            # full run
+    python bench/bench_dump.py --quick    # smoke run
+    python bench/bench_dump.py --configs control,statistics-L0 --blocks 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
+from trainprobe.dump import PrecisionDebugger
+
+BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One configuration: task, level and target."""
+
+    key: str
+    task: str | None  # None: the control
+    level: str = "L1"
+    target: float | None = None
+
+
+CONFIGS = (
+    BenchConfig("control", None),
+    BenchConfig("statistics-L0", "statistics", "L0", 1.15),
+    BenchConfig("statistics-L1", "statistics", "L1", 1.6),
+    BenchConfig("statistics-mix", "statistics", "mix", 1.8),
+    BenchConfig("tensor-L0", "tensor", "L0"),
+    BenchConfig("tensor-L1", "tensor", "L1"),
+)
+BY_KEY = {c.key: c for c in CONFIGS}
+
+
+class Trainer:
+    """The model, its optimizer and a stream of batches."""
+
+    def __init__(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.cfg = GPTConfig()
+        self.model = TinyGPT(self.cfg)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
+        self.batches: Iterator[torch.Tensor] = synthetic_batches(self.cfg, BATCH_SIZE, seed=seed)
+
+    def step(self, debugger: PrecisionDebugger | None) -> float:
+        """One training step (with the debugger's calls around it); its wall seconds."""
+        batch = next(self.batches)
+        t0 = time.perf_counter()
+        if debugger is not None:
+            debugger.start(self.model)
+        loss = self.model.loss(batch)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if debugger is not None:
+            debugger.stop()
+            debugger.step()
+        return time.perf_counter() - t0
+
+
+@dataclass
+class Result:
+    """What was measured for one configuration."""
+
+    config: BenchConfig
+    ratios: list[float] = field(default_factory=list)
+    dumped_ms: list[float] = field(default_factory=list)
+    plain_ms: list[float] = field(default_factory=list)
+    bytes_written: int = 0
+    dumped_seconds: float = 0.0
+
+
+def run_block(trainer: Trainer, steps: int, debugger: PrecisionDebugger | None, dump_dir: Path | None) -> list[float]:
+    gc.collect()
+    times = [trainer.step(debugger) for _ in range(steps)]
+    if dump_dir is not None and dump_dir.exists():
+        shutil.rmtree(dump_dir, ignore_errors=True)  # bound the disk use of tensor mode
+    return times
+
+
+def measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace) -> Result:
+    dump_dir = out / cfg.key
+    debugger = None
+    if cfg.task is not None:
+        debugger = PrecisionDebugger(task=cfg.task, level=cfg.level, dump_path=str(dump_dir))
+    res = Result(cfg)
+    run_block(trainer, 1, debugger, dump_dir)  # warm-up
+    run_block(trainer, 1, None, None)
+    for i in range(args.blocks):
+        first_dumped = i % 2 == 0
+        sides: dict[bool, list[float]] = {}
+        for dumped in (first_dumped, not first_dumped):
+            before = debugger.files.bytes_written if debugger is not None else 0
+            t0 = time.perf_counter()
+            sides[dumped] = run_block(trainer, args.steps_per_block, debugger if dumped else None, dump_dir)
+            if dumped and debugger is not None:
+                res.bytes_written += debugger.files.bytes_written - before
+                res.dumped_seconds += sum(sides[dumped])
+            del t0
+        a, b = statistics.fmean(sides[True]), statistics.fmean(sides[False])
+        res.ratios.append(a / b)
+        res.dumped_ms.append(1000 * a)
+        res.plain_ms.append(1000 * b)
+    return res
+
+
+def disk_write_mb_s(folder: Path, nbytes: int) -> float:
+    """Sequential write speed of ``folder`` (no fsync, 4 MiB chunks, ``nbytes`` in all)."""
+    nbytes = max(nbytes, 64 << 20)
+    chunk = os.urandom(4 << 20)
+    path = folder / "disk_speed.bin"
+    t0 = time.perf_counter()
+    written = 0
+    with path.open("wb") as fh:
+        while written < nbytes:
+            fh.write(chunk)
+            written += len(chunk)
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return written / seconds / 1e6
+
+
+def print_report(results: list[Result], disk: float | None) -> None:
+    print("\n| config | median dumped/undumped | range | target | pass | dumped step | undumped step | MB/s written |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        med = statistics.median(r.ratios)
+        target = f"≤ {r.config.target:.2f}x" if r.config.target else "—"
+        ok = "—" if r.config.target is None else ("yes" if med <= r.config.target else "**NO**")
+        mbs = f"{r.bytes_written / r.dumped_seconds / 1e6:.0f}" if r.bytes_written else "—"
+        print(
+            f"| {r.config.key} | {med:.3f}x | {min(r.ratios):.3f}–{max(r.ratios):.3f} | {target} | {ok} "
+            f"| {statistics.median(r.dumped_ms):.0f} ms | {statistics.median(r.plain_ms):.0f} ms | {mbs} |"
+        )
+    if disk is not None:
+        print(f"\nDisk sequential write (same folder, no fsync, 4 MiB chunks): {disk:.0f} MB/s")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps-per-block", type=int, default=None)
+    p.add_argument("--blocks", type=int, default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--configs", default=",".join(c.key for c in CONFIGS))
+    p.add_argument("--out", type=Path, default=None, help="where dumps go (default: a temp dir, removed)")
+    args = p.parse_args(argv)
+    args.steps_per_block = args.steps_per_block or (2 if args.quick else 4)
+    args.blocks = args.blocks or (2 if args.quick else 6)
+    keys = [k.strip() for k in args.configs.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in BY_KEY]
+    if unknown:
+        p.error(f"unknown config(s) {unknown}; choose from {', '.join(BY_KEY)}")
+    tmp = None
+    out = args.out
+    if out is None:
+        tmp = tempfile.mkdtemp(prefix="trainprobe-bench-dump-")
+        out = Path(tmp)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        trainer = Trainer(seed=0)
+        for _ in range(3):
+            trainer.step(None)
+        results = []
+        for key in keys:
+            res = measure(BY_KEY[key], trainer, out, args)
+            results.append(res)
+            print(f"{key}: median {statistics.median(res.ratios):.3f}x", file=sys.stderr, flush=True)
+        total = max((r.bytes_written for r in results), default=0)
+        disk = disk_write_mb_s(out, total) if any(r.bytes_written for r in results) else None
+        print_report(results, disk)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""Overhead of Monitor V2 on a small GPT trained on the CPU: step time and memory.
+
+What is trained: ``TinyGPT`` with its default size (4 layers, d_model 256, 4 heads, sequence 128,
+vocabulary 2000, about 4.2M parameters) on synthetic tokens, batch 8, AdamW, on the CPU with
+torch's default thread count. ``torch.manual_seed`` fixes the weights and the batches.
+
+Method (one process, one model, one optimizer for every configuration):
+
+* Step time. After a warm-up, blocks of ``--steps-per-block`` steps are run alternately with the
+  monitor (``start()`` before the block, ``stop()`` after it) and without it, ``--blocks`` blocks
+  each side. Consecutive blocks form a pair; the order inside a pair alternates (monitored first,
+  then unmonitored first, ...) so that a slow drift of the machine does not favour one side. Only
+  the steps are timed (``perf_counter`` around forward, backward, ``optimizer.step()`` and
+  ``zero_grad``); ``start()``/``stop()`` are timed separately and reported, never counted in step
+  times. Every block begins with one untimed lead-in step: on the monitored side the writer
+  thread's work for the lead-in step then overlaps timed step 1, and the work of the last timed
+  step is drained by ``stop()``, so each timed step carries exactly one step's worth of
+  background writing, as in a long run. A pair's ratio is the mean step time of its monitored
+  block over that of its unmonitored block; the reported figure is the median over the pairs
+  (with the interquartile range of the pair ratios).
+* Control. ``control`` runs the same schedule with no monitor on either side; its ratio is the
+  noise floor of the method on this machine (ideally 1.00x).
+* Memory. ``peak RSS`` is ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` after the configuration
+  (process-wide, so it can only grow from one configuration to the next). ``RSS growth`` is
+  ``VmRSS`` (``/proc/self/status``) after ``--rss-steps`` consecutive monitored steps (monitor
+  still attached) compared with ``VmRSS`` just before ``start()``, in percent. Both readings are
+  "settled": ``gc.collect()`` and glibc's ``malloc_trim(0)`` first, because the allocator's cache
+  of freed activation buffers alone moves raw VmRSS by about ±10% from one step to the next (the
+  raw growth is printed in the details; ``control`` shows the noise of both).
+* Noise. Other processes on a small machine lengthen steps at random, and only ever lengthen
+  them. The details therefore also give the median over the pairs of the ratio of the two
+  blocks' *fastest* steps ("min-step ratio"), which is less sensitive to such bursts; the mean
+  ratio stays the headline figure because it includes every cost, spikes of the monitor too.
+  (Process CPU time is no help here: torch's OpenMP workers spin while they wait, so CPU time
+  is about threads × wall time.) The load average is printed at the start and at the end: a
+  load above the CPU count means other processes were competing and ``control`` will show it.
+
+Output (CSV files) goes to a temporary directory, removed at the end unless ``--out`` is given.
+
+Usage::
+
+    python bench/bench_monitor_v2.py                 # full run, a few minutes on 2 cores
+    python bench/bench_monitor_v2.py --quick         # smoke run
+    python bench/bench_monitor_v2.py --configs control,weight_grad --blocks 12
+    python bench/bench_monitor_v2.py --configs module --profile   # cProfile of a monitored block
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import ctypes
+import ctypes.util
+import gc
+import io
+import os
+import pstats
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainprobe import TrainerMonitorV2
+from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
+
+BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One configuration: which monitors are on and what it must achieve."""
+
+    key: str
+    label: str
+    monitors: dict[str, Any] | None  # None: no monitor at all (the control)
+    ratio_target: float | None = None
+    rss_target_pct: float | None = None
+
+
+def _on(*names: str) -> dict[str, Any]:
+    return {name: {"enabled": True} for name in names}
+
+
+CONFIGS: tuple[BenchConfig, ...] = (
+    BenchConfig("control", "control", None),
+    BenchConfig("weight_grad", "weight_grad", _on("weight_grad"), ratio_target=1.02),
+    BenchConfig(
+        "weight_grad+optimizer+param",
+        "weight_grad+optimizer+param",
+        _on("weight_grad", "optimizer", "param"),
+        ratio_target=1.05,
+        rss_target_pct=5.0,
+    ),
+    BenchConfig("module", "module(all modules)", _on("module"), ratio_target=1.35),
+    BenchConfig("all", "all (module+weight_grad+optimizer+param)", _on("module", "weight_grad", "optimizer", "param")),
+)
+CONFIG_KEYS = {c.key: c for c in CONFIGS} | {c.label: c for c in CONFIGS}
+
+
+# -- training ---------------------------------------------------------------------------------
+class Trainer:
+    """The model, its optimizer and a stream of batches."""
+
+    def __init__(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.cfg = GPTConfig()
+        self.model = TinyGPT(self.cfg)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
+        self.batches: Iterator[torch.Tensor] = synthetic_batches(self.cfg, BATCH_SIZE, seed=seed)
+        self.last_loss = float("nan")
+
+    def step(self) -> float:
+        """One training step; returns its wall-clock seconds."""
+        batch = next(self.batches)
+        t0 = time.perf_counter()
+        loss = self.model.loss(batch)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+        self.last_loss = loss.item()
+        return elapsed
+
+
+@dataclass
+class Block:
+    """One timed block."""
+
+    mean_s: float
+    min_s: float
+    start_s: float = 0.0
+    stop_s: float = 0.0
+
+
+def run_block(trainer: Trainer, steps: int, monitor: TrainerMonitorV2 | None) -> Block:
+    """One lead-in step (untimed) then ``steps`` timed steps, with ``monitor`` attached if given."""
+    gc.collect()
+    start_s = stop_s = 0.0
+    if monitor is not None:
+        t0 = time.perf_counter()
+        monitor.start(model=trainer.model, optimizer=trainer.optimizer)
+        start_s = time.perf_counter() - t0
+    trainer.step()
+    times = [trainer.step() for _ in range(steps)]
+    if monitor is not None:
+        t0 = time.perf_counter()
+        monitor.stop()
+        stop_s = time.perf_counter() - t0
+    return Block(statistics.fmean(times), min(times), start_s, stop_s)
+
+
+# -- memory -----------------------------------------------------------------------------------
+def _libc_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def vm_rss_kib(settle: bool = False) -> int:
+    """Current resident set size (``VmRSS`` of /proc/self/status) in KiB.
+
+    With ``settle``, Python's garbage is collected and glibc is asked to hand freed heap pages
+    back first (``malloc_trim(0)``), so the reading reflects live memory rather than whatever
+    the allocator happens to keep cached after the last step (which swings by tens of MiB).
+    """
+    if settle:
+        gc.collect()
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("VmRSS not found in /proc/self/status")
+
+
+def load_text() -> str:
+    """1/5/15-minute load averages and the CPU count: other work on the machine shows up as noise."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unavailable"
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def peak_rss_mib() -> float:
+    """``ru_maxrss`` of this process in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# -- one configuration ------------------------------------------------------------------------
+@dataclass
+class Result:
+    """What was measured for one configuration."""
+
+    config: BenchConfig
+    ratios: list[float] = field(default_factory=list)
+    min_ratios: list[float] = field(default_factory=list)
+    a_blocks: list[Block] = field(default_factory=list)
+    b_blocks: list[Block] = field(default_factory=list)
+    rss_before_kib: int = 0  # settled (gc + malloc_trim)
+    rss_after_kib: int = 0
+    raw_before_kib: int = 0  # as the allocator left it
+    raw_after_kib: int = 0
+    rss_run_peak_kib: int = 0
+    peak_rss_mib: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def iqr(self) -> tuple[float, float]:
+        if len(self.ratios) < 2:
+            return self.ratios[0], self.ratios[0]
+        q = statistics.quantiles(self.ratios, n=4, method="inclusive")
+        return q[0], q[2]
+
+    @property
+    def rss_growth_pct(self) -> float:
+        return 100.0 * (self.rss_after_kib - self.rss_before_kib) / self.rss_before_kib
+
+    @property
+    def raw_growth_pct(self) -> float:
+        return 100.0 * (self.raw_after_kib - self.raw_before_kib) / self.raw_before_kib
+
+    def passes(self) -> bool | None:
+        checks = []
+        if self.config.ratio_target is not None:
+            checks.append(self.median_ratio <= self.config.ratio_target)
+        if self.config.rss_target_pct is not None:
+            checks.append(self.rss_growth_pct <= self.config.rss_target_pct)
+        return all(checks) if checks else None
+
+
+def measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace) -> Result:
+    """Alternating blocks, then the RSS run, for one configuration."""
+    t_begin = time.perf_counter()
+    monitor = None
+    if cfg.monitors is not None:
+        monitor = TrainerMonitorV2({"output_dir": str(out / cfg.key.replace("+", "_")), "monitors": cfg.monitors})
+    res = Result(cfg)
+    # Warm-up pair, discarded: first start() of this config, caches after the switch.
+    run_block(trainer, args.warmup_block_steps, monitor)
+    run_block(trainer, args.warmup_block_steps, None)
+    for i in range(args.blocks):
+        if i % 2 == 0:
+            a = run_block(trainer, args.steps_per_block, monitor)
+            b = run_block(trainer, args.steps_per_block, None)
+        else:
+            b = run_block(trainer, args.steps_per_block, None)
+            a = run_block(trainer, args.steps_per_block, monitor)
+        res.a_blocks.append(a)
+        res.b_blocks.append(b)
+        res.ratios.append(a.mean_s / b.mean_s)
+        res.min_ratios.append(a.min_s / b.min_s)
+    # Memory: a long monitored run (the monitor is still attached at the "after" readings).
+    gc.collect()
+    res.raw_before_kib = vm_rss_kib()
+    res.rss_before_kib = vm_rss_kib(settle=True)
+    if monitor is not None:
+        monitor.start(model=trainer.model, optimizer=trainer.optimizer)
+    peak = 0
+    for _ in range(args.rss_steps):
+        trainer.step()
+        peak = max(peak, vm_rss_kib())
+    res.raw_after_kib = vm_rss_kib()
+    res.rss_after_kib = vm_rss_kib(settle=True)
+    res.rss_run_peak_kib = peak
+    if monitor is not None:
+        monitor.stop()
+    res.peak_rss_mib = peak_rss_mib()
+    res.seconds = time.perf_counter() - t_begin
+    return res
+
+
+# -- profiling (optional) ---------------------------------------------------------------------
+def profile_config(cfg: BenchConfig, trainer: Trainer, out: Path, steps: int, top: int) -> None:
+    """cProfile of ``steps`` monitored steps (after one untimed step), top functions by own time."""
+    if cfg.monitors is None:
+        return
+    monitor = TrainerMonitorV2(
+        {"output_dir": str(out / f"profile_{cfg.key.replace('+', '_')}"), "monitors": cfg.monitors}
+    )
+    monitor.start(model=trainer.model, optimizer=trainer.optimizer)
+    trainer.step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        trainer.step()
+    prof.disable()
+    monitor.stop()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print(f"\n### cProfile: {cfg.label}, {steps} steps, main thread only, sorted by own time\n")
+    print("```")
+    print(buf.getvalue().strip())
+    print("```")
+
+
+# -- report -----------------------------------------------------------------------------------
+def target_text(cfg: BenchConfig) -> str:
+    parts = []
+    if cfg.ratio_target is not None:
+        parts.append(f"≤ {cfg.ratio_target:.2f}x")
+    if cfg.rss_target_pct is not None:
+        parts.append(f"RSS growth ≤ {cfg.rss_target_pct:.0f}%")
+    return ", ".join(parts) if parts else "—"
+
+
+def pass_text(res: Result) -> str:
+    ok = res.passes()
+    if ok is None:
+        return "—"
+    if ok:
+        return "yes"
+    missed = []
+    cfg = res.config
+    if cfg.ratio_target is not None and res.median_ratio > cfg.ratio_target:
+        missed.append("ratio")
+    if cfg.rss_target_pct is not None and res.rss_growth_pct > cfg.rss_target_pct:
+        missed.append("RSS")
+    return f"**NO** ({', '.join(missed)})"
+
+
+def print_report(results: list[Result]) -> None:
+    print("\n| config | median ratio | target | pass | RSS growth | peak RSS |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r.config.label} | {r.median_ratio:.3f}x | {target_text(r.config)} | {pass_text(r)} "
+            f"| {r.rss_growth_pct:+.1f}% | {r.peak_rss_mib:.0f} MiB |"
+        )
+    print(
+        "\nDetails: IQR and range of the pair ratios; min-step ratio = median over the pairs of the ratio of"
+        "\nthe blocks' fastest steps; step times are medians of block means; start()/stop()"
+        "\nare medians per block (not in step times); RSS: settled (gc + malloc_trim) before → after, raw"
+        "\nVmRSS growth without settling, and the highest raw VmRSS seen during the RSS run.\n"
+    )
+    print(
+        "| config | IQR of ratios | min–max | min-step ratio | monitored step | unmonitored step | start() | stop() "
+        "| RSS before → after | raw growth | run peak | wall |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        q1, q3 = r.iqr
+        a_ms = 1000 * statistics.median(b.mean_s for b in r.a_blocks)
+        b_ms = 1000 * statistics.median(b.mean_s for b in r.b_blocks)
+        start_ms = 1000 * statistics.median(b.start_s for b in r.a_blocks)
+        stop_ms = 1000 * statistics.median(b.stop_s for b in r.a_blocks)
+        print(
+            f"| {r.config.label} | {q1:.3f}–{q3:.3f} | {min(r.ratios):.3f}–{max(r.ratios):.3f} "
+            f"| {statistics.median(r.min_ratios):.3f}x | {a_ms:.1f} ms | {b_ms:.1f} ms | {start_ms:.1f} ms "
+            f"| {stop_ms:.1f} ms | {r.rss_before_kib / 1024:.0f} → {r.rss_after_kib / 1024:.0f} MiB "
+            f"| {r.raw_growth_pct:+.1f}% | {r.rss_run_peak_kib / 1024:.0f} MiB | {r.seconds:.0f} s |"
+        )
+
+
+# -- command line -----------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps-per-block", type=int, default=None, help="timed steps per block (default 5)")
+    p.add_argument("--blocks", type=int, default=None, help="blocks per side and configuration (default 8)")
+    p.add_argument("--rss-steps", type=int, default=None, help="steps of the RSS-growth run (default 40)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps before everything (default 10)")
+    p.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    p.add_argument(
+        "--configs",
+        default=",".join(c.key for c in CONFIGS),
+        help=f"comma-separated subset of: {', '.join(c.key for c in CONFIGS)}",
+    )
+    p.add_argument("--out", type=Path, default=None, help="keep the CSV output here (default: a temp dir, removed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of each monitored config")
+    args = p.parse_args(argv)
+    quick = args.quick
+    defaults = {"steps_per_block": (2, 5), "blocks": (2, 8), "rss_steps": (6, 40), "warmup": (2, 10)}
+    for name, (small, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, small if quick else full)
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    args.warmup_block_steps = 1 if quick else 2
+    wanted = [s.strip() for s in args.configs.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in CONFIG_KEYS]
+    if unknown:
+        p.error(f"unknown config(s) {unknown}; choose from {', '.join(c.key for c in CONFIGS)}")
+    chosen = {CONFIG_KEYS[s].key for s in wanted}
+    args.selected = [c for c in CONFIGS if c.key in chosen]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tmp = None
+    if args.out is None:
+        tmp = tempfile.mkdtemp(prefix="trainprobe-bench-")
+        out = Path(tmp)
+    else:
+        out = args.out
+        out.mkdir(parents=True, exist_ok=True)
+    try:
+        trainer = Trainer(args.seed)
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        print(
+            f"TinyGPT {n_params / 1e6:.2f}M params, batch {BATCH_SIZE}, seq {trainer.cfg.seq_len}, AdamW; "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+            f"{args.blocks} blocks x {args.steps_per_block} steps per side; RSS run {args.rss_steps} steps; "
+            f"output in {out}",
+            flush=True,
+        )
+        print(f"load average at start: {load_text()}", flush=True)
+        warm = [trainer.step() for _ in range(args.warmup)]
+        print(f"warm-up: {args.warmup} steps, last {1000 * warm[-1]:.1f} ms", flush=True)
+        results = []
+        for cfg in args.selected:
+            res = measure(cfg, trainer, out, args)
+            results.append(res)
+            print(
+                f"  {cfg.label}: median ratio {res.median_ratio:.3f}x, RSS growth {res.rss_growth_pct:+.1f}%, "
+                f"peak RSS {res.peak_rss_mib:.0f} MiB ({res.seconds:.0f} s)",
+                flush=True,
+            )
+        print(f"final loss {trainer.last_loss:.3f}; load average at end: {load_text()}")
+        print_report(results)
+        if args.profile:
+            for cfg in args.selected:
+                profile_config(cfg, trainer, out, steps=max(args.steps_per_block, 3), top=25)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""``trainprobe compare -tp TARGET -gp GOLDEN -o OUT [--xlsx]`` (also ``python -m trainprobe.dump.cli``).
+
+Exit codes: 0 success (whatever the verdicts), 2 bad input (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from trainprobe.errors import ConfigError
+
+
+def _run(args: argparse.Namespace) -> int:
+    from trainprobe.dump.compare import compare_dumps
+
+    results = compare_dumps(args.target_path, args.golden_path, args.output_path, xlsx=args.xlsx)
+    for r in results:
+        where = f" [{r.label}]" if r.label else ""
+        print(f"compare{where}: {r.rows} tensors ({r.mode} mode) -> {r.output}")
+        if r.first is None:
+            print(f"compare{where}: every tensor passed")
+        else:
+            print(
+                f"compare{where}: first diverging API: {r.first.record} "
+                f"({r.first.name}: {r.first.result}: {r.first.reason})"
+            )
+    return 0
+
+
+def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``compare`` on ``subparsers`` (an ``add_subparsers()`` result)."""
+    p = subparsers.add_parser(
+        "compare",
+        help="compare two precision dumps (target vs golden) and find the first diverging API",
+        description="Compare a target dump (NPU columns) with a golden dump (Bench columns).",
+    )
+    p.add_argument("-tp", "--target_path", required=True, help="target dump: dump root, step dir or rank dir")
+    p.add_argument("-gp", "--golden_path", required=True, help="golden dump, of the same kind as -tp")
+    p.add_argument("-o", "--output_path", default="./output", help="folder for the result tables (default ./output)")
+    p.add_argument("--xlsx", action="store_true", help="write .xlsx instead of .csv (needs openpyxl)")
+    p.set_defaults(run=_run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainprobe.dump.cli compare ...``"""
+    parser = argparse.ArgumentParser(prog="trainprobe")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_compare_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ConfigError, FileNotFoundError, NotADirectoryError) as exc:
+        print(f"trainprobe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""Turns API calls and module calls into dump records: names, filters, forward and backward data.
+
+Names (per step; counters restart at every ``step()``):
+
+* API: ``{Prefix}.{api}.{n}.forward`` / ``.backward`` (``Functional.relu.0.forward``).
+* Module: ``Module.{name}.{Class}.forward.{n}`` / ``backward.{n}`` and
+  ``Module.{name}.{Class}.parameters_grad.{k}`` (``k`` counts gradient arrivals, not calls).
+
+A forward record holds ``input_args``, ``input_kwargs``, ``output`` (and ``parameters`` for
+modules); a backward record ``input`` (gradients of the forward outputs) and ``output``
+(gradients of the forward inputs). Gradients come from ``Tensor.register_hook`` on the forward
+outputs and inputs, which observe the gradients without changing the autograd graph (training
+stays bitwise identical); the gradient of an input is its gradient over all its uses, as in the
+``module`` monitor.
+
+Fault isolation: any exception in the collector's own code is logged once, written to
+``dump_error_info.log`` and disables dumping; the training goes on. The user's function itself is
+always called outside that protection, so its own errors propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import torch
+
+from trainprobe.dump.config import DumpConfig
+from trainprobe.dump.entries import EntryOptions, as_list, clear_cache, has_overflow, tensors_in, value_entry
+from trainprobe.dump.store import StepStore
+from trainprobe.log import error_once
+
+SMALL_POOL = 4
+"""With at most this many intra-op threads, the dump's own kernels (statistics, copies) run on one
+thread: a reduction over one activation gains little from 2-4 threads, and an OpenMP region
+stalls for milliseconds whenever one of its cores is busy with another process (measured: 12 ms
+instead of 0.5 ms for the min/max of 2M floats on a shared 2-core machine). The training's own
+ops keep torch's setting; set/restore costs under a microsecond and only affects this thread."""
+_SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+_STACK_CACHE: dict[tuple[Any, ...], list[str]] = {}
+
+
+def call_stack(frame: FrameType | None) -> list[str]:
+    """The user's call stack at ``frame`` (innermost first), torch's and trainprobe's frames left
+    out, each as ``File <path>, line <n>, in <function>, \\n <code>``."""
+    key: list[Any] = []
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if not code.co_filename.startswith(_SKIP_DIRS):
+            key.append((code, f.f_lineno))
+        f = f.f_back
+    frozen = tuple(key)
+    lines = _STACK_CACHE.get(frozen)
+    if lines is None:
+        lines = [
+            f"File {code.co_filename}, line {lineno}, in {code.co_name}, \n "
+            f"{linecache.getline(code.co_filename, lineno).strip()}"
+            for code, lineno in frozen
+        ]
+        if len(_STACK_CACHE) > 20000:
+            _STACK_CACHE.clear()
+        _STACK_CACHE[frozen] = lines
+    return lines
+
+
+class Collector:
+    """Builds the records of the current step into a :class:`StepStore`.
+
+    The debugger sets :attr:`store` (None: nothing is dumped) and :attr:`recording`.
+    """
+
+    def __init__(self, config: DumpConfig) -> None:
+        self.config = config
+        self.store: StepStore | None = None
+        self.recording = False
+        self.disabled = False
+        self.suppress = 0  # > 0 inside a module_dump module
+        self.with_construct = config.level in ("L0", "mix")
+        self.counts: dict[str, int] = {}
+        self.module_stack: list[str] = []
+        self.handles: list[Any] = []
+        self.selected_modules: set[str] = set()
+        self._tls = threading.local()
+        self._scope_state = 0 if config.scope else 1  # 0 before, 1 inside, 2 after
+        self._scope_closing: str | None = None
+        self._opts_cache: dict[bool, EntryOptions] = {}
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether calls are recorded now (on this thread)."""
+        return (
+            self.recording
+            and self.store is not None
+            and not self.disabled
+            and not self.suppress
+            and not getattr(self._tls, "busy", False)
+        )
+
+    def new_step(self) -> None:
+        """Forget the counters and pending gradient hooks of the previous step."""
+        self.remove_handles()
+        clear_cache()
+        self.counts.clear()
+        self.module_stack.clear()
+        self.selected_modules.clear()
+        self._scope_state = 0 if self.config.scope else 1
+        self._scope_closing = None
+
+    def remove_handles(self) -> None:
+        """Remove every gradient hook registered so far."""
+        handles, self.handles = self.handles, []
+        for h in handles:
+            h.remove()
+
+    def fail(self, exc: BaseException, where: str) -> None:
+        """Log ``exc`` once, record it in dump_error_info.log and stop dumping."""
+        self.disabled = True
+        error_once(
+            f"dump-failed-{id(self)}",
+            f"trainprobe dump: {where} failed; dumping is disabled, training continues ({type(exc).__name__}: {exc})",
+        )
+        store = self.store
+        if store is not None:
+            try:
+                store.log_error(f"{where}: {type(exc).__name__}: {exc}")
+            except OSError:
+                pass
+
+    def guarded(self, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` that never raises: a fault disables dumping; our own torch calls are not dumped."""
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if self.disabled:
+                return None
+            tls = self._tls
+            previous = getattr(tls, "busy", False)
+            tls.busy = True
+            threads = torch.get_num_threads()
+            narrow = 1 < threads <= SMALL_POOL
+            if narrow:
+                torch.set_num_threads(1)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - dumping must never break training
+                self.fail(exc, where)
+                return None
+            finally:
+                if narrow:
+                    torch.set_num_threads(threads)
+                tls.busy = previous
+
+        return run
+
+    def call_quietly(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call the user's ``func`` with dumping paused on this thread (nested calls not dumped)."""
+        tls = self._tls
+        previous = getattr(tls, "busy", False)
+        tls.busy = True
+        try:
+            return func(*args, **kwargs)
+        finally:
+            tls.busy = previous
+
+    # -- naming and filters --------------------------------------------------------------
+    def next_index(self, base: str) -> int:
+        """The next call index of ``base`` in this step."""
+        n = self.counts.get(base, 0)
+        self.counts[base] = n + 1
+        return n
+
+    def select(self, name: str) -> bool:
+        """Whether the forward record ``name`` passes ``list`` and ``scope``."""
+        cfg = self.config
+        if cfg.names and not any(s == name or s in name for s in cfg.names):
+            return False
+        if not cfg.scope:
+            return True
+        first, last = cfg.scope
+        if self._scope_state == 0 and _matches(name, first):
+            self._scope_state = 1
+        if self._scope_state != 1:
+            return False
+        if self._scope_closing is None and _matches(name, last):
+            self._scope_closing = name
+        return True
+
+    def end_scope(self, name: str) -> None:
+        """Called when the record ``name`` is complete (closes the scope after its last name)."""
+        if self._scope_closing == name:
+            self._scope_state = 2
+
+    def options(self, name: str) -> EntryOptions:
+        """How tensors of record ``name`` are described (statistics, checksum, .pt files)."""
+        cfg = self.config
+        save = cfg.task == "tensor" or (cfg.task == "statistics" and any(s in name for s in cfg.tensor_list))
+        opts = self._opts_cache.get(save)
+        if opts is None:
+            store = self.store
+            opts = EntryOptions(
+                statistics=cfg.task != "structure",
+                summary_mode=cfg.summary_mode,
+                save=self._save_tensor if save and store is not None else None,
+            )
+            self._opts_cache[save] = opts
+        return opts
+
+    def _save_tensor(self, file_name: str, tensor: torch.Tensor) -> None:
+        store = self.store
+        if store is not None:
+            store.save_tensor(file_name, tensor)
+
+    def set_store(self, store: StepStore | None) -> None:
+        """Write into ``store`` from now on."""
+        self.store = store
+        self._opts_cache.clear()
+
+    # -- forward -------------------------------------------------------------------------
+    def forward_inputs(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``input_args`` and ``input_kwargs`` entries of ``name`` (taken before the call)."""
+        cfg = self.config
+        if not (cfg.forward and cfg.inputs):
+            return {"input_args": [], "input_kwargs": {}}
+        opts = self.options(name)
+        return {
+            "input_args": [value_entry(a, f"{name}.input.{i}", opts) for i, a in enumerate(args)],
+            "input_kwargs": {k: value_entry(v, f"{name}.input.{k}", opts) for k, v in kwargs.items()},
+        }
+
+    def finish_forward(
+        self,
+        name: str,
+        record: dict[str, Any],
+        output: Any,
+        *,
+        parameters: dict[str, torch.Tensor] | None = None,
+        stack: list[str] | None = None,
+        parent: str | None = None,
+    ) -> None:
+        """Complete the forward record ``name`` with its output (and parameters) and store it."""
+        cfg = self.config
+        opts = self.options(name)
+        record["output"] = (
+            [value_entry(o, f"{name}.output.{i}", opts) for i, o in enumerate(as_list(output))]
+            if cfg.forward and cfg.outputs
+            else []
+        )
+        if parameters is not None:
+            record["parameters"] = (
+                {k: value_entry(p, f"{name}.parameters.{k}", opts) for k, p in parameters.items()}
+                if cfg.forward
+                else {}
+            )
+        store = self.store
+        if store is None:
+            return
+        if not cfg.forward or (
+            cfg.task == "overflow_check"
+            and not (
+                has_overflow(record["output"]) and not has_overflow([record["input_args"], record["input_kwargs"]])
+            )
+        ):
+            store.remove(name)
+            return
+        store.add(name, record, stack=stack, parent=parent if self.with_construct else None)
+
+    # -- backward ------------------------------------------------------------------------
+    def watch_backward(self, name: str, inputs: Any, output: Any, parent: str | None) -> None:
+        """Register gradient hooks filling the backward record ``name`` (``input``: gradients of
+        ``output``'s tensors, ``output``: gradients of ``inputs``' tensors)."""
+        cfg = self.config
+        if not cfg.backward or not torch.is_grad_enabled():
+            return
+        outs = [t for _, t in tensors_in(output)]
+        ins = [t for _, t in tensors_in(inputs)]
+        if not any(t.requires_grad for t in outs):
+            return
+        record: dict[str, Any] = {
+            "input": [None] * len(outs) if cfg.inputs else [],
+            "output": [None] * len(ins) if cfg.outputs else [],
+        }
+        state = {"stored": False}
+        if cfg.inputs:
+            for i, t in enumerate(outs):
+                self._grad_hook(t, name, record, state, "input", i, parent)
+        if cfg.outputs:
+            for i, t in enumerate(ins):
+                self._grad_hook(t, name, record, state, "output", i, parent)
+
+    def _grad_hook(
+        self,
+        t: torch.Tensor,
+        name: str,
+        record: dict[str, Any],
+        state: dict[str, bool],
+        side: str,
+        i: int,
+        parent: str | None,
+    ) -> None:
+        if not t.requires_grad:
+            return
+
+        def hook(grad: torch.Tensor) -> None:
+            store = self.store
+            if store is None:
+                return
+            record[side][i] = value_entry(grad, f"{name}.{side}.{i}", self.options(name))
+            if not state["stored"]:
+                state["stored"] = True
+                store.add(name, record, parent=parent if self.with_construct else None)
+            else:
+                store.touch()
+
+        self.handles.append(t.register_hook(self.guarded(f"backward hook of {name}", hook)))
+
+    def drop_unoverflowed_backward(self) -> None:
+        """overflow_check: keep only backward records whose outputs overflow and inputs do not."""
+        store = self.store
+        if store is None or self.config.task != "overflow_check":
+            return
+        with store.lock:
+            for name in [n for n in store.data if ".backward" in n or ".parameters_grad." in n]:
+                record = store.data[name]
+                if ".parameters_grad." in name:
+                    keep = has_overflow(record)
+                else:
+                    keep = has_overflow(record["output"]) and not has_overflow(record["input"])
+                if not keep:
+                    del store.data[name]
+                    store.construct.pop(name, None)
+
+    # -- APIs ------------------------------------------------------------------------------
+    def api_call(self, base: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call ``func`` and record it as ``base`` (``Functional.relu``) when selected."""
+        prepared = self._api_before(base, args, kwargs, sys._getframe(1))
+        result = self.call_quietly(func, args, kwargs)
+        if prepared is not None:
+            self._api_after(prepared, args, kwargs, result)
+        return result
+
+    def _api_before_impl(
+        self, base: str, args: tuple[Any, ...], kwargs: dict[str, Any], frame: FrameType
+    ) -> tuple[str, dict[str, Any], str | None, list[str]] | None:
+        n = self.next_index(base)
+        name = f"{base}.{n}.forward"
+        if not self.select(name):
+            return None
+        parent = self.module_stack[-1] if self.module_stack else None
+        return name, self.forward_inputs(name, args, kwargs), parent, call_stack(frame)
+
+    def _api_after_impl(
+        self, prepared: tuple[str, dict[str, Any], str | None, list[str]], args: Any, kwargs: Any, result: Any
+    ) -> None:
+        name, record, parent, stack = prepared
+        output = result
+        if result is None and name.startswith("Distributed."):
+            # in-place collectives (all_reduce, broadcast, ...): their tensors after the call;
+            # collectives write without bumping the version counter, so cached statistics are stale
+            output = [t for _, t in tensors_in([args, kwargs])]
+            clear_cache()
+        self.finish_forward(name, record, output, stack=stack, parent=parent)
+        bname = name[: -len("forward")] + "backward"
+        self.watch_backward(bname, [args, kwargs], result, _backward_name(parent))
+        self.end_scope(name)
+
+    def bind(self) -> None:
+        """Create the guarded versions of the per-call steps (after construction)."""
+        self._api_before = self.guarded("recording an API's inputs", self._api_before_impl)
+        self._api_after = self.guarded("recording an API's outputs", self._api_after_impl)
+
+
+def _matches(name: str, pattern: str) -> bool:
+    return name == pattern or name.startswith(pattern + ".") or name.startswith(pattern)
+
+
+def _backward_name(forward_parent: str | None) -> str | None:
+    if forward_parent is None:
+        return None
+    return forward_parent.replace(".forward.", ".backward.")

@@ -1,0 +1,185 @@
+"""Reading dumps for ``trainprobe compare``: locating rank directories and flattening records.
+
+A dump argument may be the dump root (``step*/`` inside), a step directory (``rank*/`` or
+``proc*/`` inside) or a rank directory (``dump.json`` or ``debug.json`` inside). Each tensor of a
+record becomes one :class:`Item`, named like its ``.pt`` file without the extension
+(``Functional.linear.0.forward.input.0``, ``Module.fc.Linear.parameters_grad.0.weight``), in the
+order of ``dump.json`` (the order of execution).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainprobe.errors import ConfigError
+
+_STEP = re.compile(r"^step(\d+)$")
+_RANK = re.compile(r"^(rank\d+|proc\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One tensor of a dump."""
+
+    name: str
+    record: str
+    entry: dict[str, Any]
+
+
+@dataclass(slots=True)
+class RankDump:
+    """The parsed files of one rank directory."""
+
+    path: Path
+    task: str
+    items: list[Item]
+    stack: dict[str, Any]
+
+    @property
+    def tensor_dir(self) -> Path:
+        """Where its ``.pt`` files are."""
+        return self.path / "dump_tensor_data"
+
+    @property
+    def has_md5(self) -> bool:
+        """Whether its entries carry checksums."""
+        return any("md5" in item.entry for item in self.items)
+
+
+def kind_of(path: Path) -> str:
+    """``rank``, ``step`` or ``root`` for a dump directory.
+
+    Raises:
+        ConfigError: ``path`` is not a directory or holds no dump.
+    """
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such directory")
+    if (path / "dump.json").is_file() or (path / "debug.json").is_file():
+        return "rank"
+    children = [p for p in path.iterdir() if p.is_dir()]
+    if any(_RANK.match(p.name) for p in children):
+        return "step"
+    if any(_STEP.match(p.name) for p in children):
+        return "root"
+    raise ConfigError(f"{path}: not a dump (no dump.json, rank*/proc* or step* directories inside)")
+
+
+def pair_dirs(target: Path, golden: Path) -> list[tuple[str, Path, Path]]:
+    """``(label, target rank dir, golden rank dir)`` for every pair to compare.
+
+    Raises:
+        ConfigError: the two paths are of different kinds or have nothing in common.
+    """
+    kt, kg = kind_of(target), kind_of(golden)
+    if kt != kg:
+        raise ConfigError(f"mismatched dumps: -tp is a {kt} directory but -gp is a {kg} directory")
+    if kt == "rank":
+        return [("", target, golden)]
+    if kt == "step":
+        return [(label, t, g) for label, t, g in _pair_children(target, golden, _RANK, "rank")]
+    out: list[tuple[str, Path, Path]] = []
+    for step, ts, gs in _pair_children(target, golden, _STEP, "step"):
+        out.extend((f"{step}_{rank}", t, g) for rank, t, g in _pair_children(ts, gs, _RANK, "rank"))
+    if not out:
+        raise ConfigError(f"mismatched dumps: {target} and {golden} have no step/rank directory in common")
+    return out
+
+
+def _pair_children(target: Path, golden: Path, pattern: re.Pattern[str], what: str) -> list[tuple[str, Path, Path]]:
+    tdirs = {p.name: p for p in sorted(target.iterdir()) if p.is_dir() and pattern.match(p.name)}
+    gdirs = {p.name: p for p in sorted(golden.iterdir()) if p.is_dir() and pattern.match(p.name)}
+    common = [n for n in tdirs if n in gdirs]
+    if not common and what == "rank":
+        tproc = [n for n in tdirs if n.startswith("proc")]
+        gproc = [n for n in gdirs if n.startswith("proc")]
+        if len(tproc) == 1 and len(gproc) == 1:  # two single-process runs: their pids differ
+            return [(tproc[0], tdirs[tproc[0]], gdirs[gproc[0]])]
+    if not common:
+        raise ConfigError(
+            f"mismatched dumps: no {what} directory in common between {target} ({', '.join(tdirs) or 'none'}) "
+            f"and {golden} ({', '.join(gdirs) or 'none'})"
+        )
+    return [(n, tdirs[n], gdirs[n]) for n in common]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read as JSON ({exc})") from None
+
+
+def load_rank(path: Path) -> RankDump:
+    """Parse one rank directory.
+
+    Raises:
+        ConfigError: its dump.json is missing, unreadable or not a dump.
+    """
+    main = path / "dump.json" if (path / "dump.json").is_file() else path / "debug.json"
+    data = _read_json(main)
+    if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
+        raise ConfigError(f"{main}: not a dump file (expected an object with a 'data' object)")
+    items: list[Item] = []
+    for record, body in data["data"].items():
+        items.extend(flatten_record(str(record), body))
+    stack = _read_json(path / "stack.json")
+    return RankDump(path, str(data.get("task", "statistics")), items, stack if isinstance(stack, dict) else {})
+
+
+_SIDE = {
+    "input_args": "input",
+    "input_kwargs": "input",
+    "output": "output",
+    "parameters": "parameters",
+    "input": "input",
+}
+
+
+def flatten_record(record: str, body: Any) -> list[Item]:
+    """The tensors of one record, named like their ``.pt`` files."""
+    out: list[Item] = []
+    if ".parameters_grad." in record and isinstance(body, dict):
+        for pname, entries in body.items():
+            values = entries if isinstance(entries, list) else [entries]
+            for i, entry in enumerate(values):
+                _walk(f"{record}.{pname}" if i == 0 else f"{record}.{pname}.{i}", record, entry, out)
+        return out
+    if isinstance(body, dict) and body.get("type") is None and set(body) & set(_SIDE):
+        for key, value in body.items():
+            side = _SIDE.get(key, key)
+            _walk(f"{record}.{side}", record, value, out)
+        return out
+    _walk(record, record, body, out)
+    return out
+
+
+def _walk(name: str, record: str, value: Any, out: list[Item]) -> None:
+    if isinstance(value, dict):
+        if value.get("type") == "torch.Tensor":
+            out.append(Item(name, record, value))
+        elif "type" not in value:
+            for k, v in value.items():
+                _walk(f"{name}.{k}", record, v, out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _walk(f"{name}.{i}", record, v, out)
+
+
+def order_key(name: str) -> str:
+    """``name`` without its call count, for matching by order when counts differ."""
+    parts = name.split(".")
+    if parts[0] == "Module":
+        for i, p in enumerate(parts):
+            if p in ("forward", "backward", "parameters_grad") and i + 1 < len(parts) and parts[i + 1].isdigit():
+                return ".".join(parts[: i + 1] + parts[i + 2 :])
+        return name
+    for i, p in enumerate(parts):
+        if p in ("forward", "backward", "debug") and i > 0 and parts[i - 1].isdigit():
+            return ".".join(parts[: i - 1] + parts[i:])
+    return name

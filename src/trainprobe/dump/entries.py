@@ -1,0 +1,195 @@
+"""Values → the JSON entries of ``dump.json``.
+
+A tensor becomes ``{"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Mean", "Norm",
+"requires_grad"}`` plus ``"md5"`` (summary_mode md5: CRC-32 of the bytes, 8 hex digits; xor: XOR
+of the bytes as 64-bit words, 16 hex digits) and ``"data_name"`` when its ``.pt`` file is saved.
+Task ``structure`` keeps type, dtype, shape and requires_grad only. Other values:
+``{"type": "int", "value": 3}``, ``torch.dtype``/``torch.Size``/``slice`` likewise, ``None`` →
+``null``, lists/tuples → lists, dicts → objects, anything else ``{"type": <class name>}``.
+
+On accelerators the four statistics stay on the device (``"_stats"``) until :func:`resolve` reads
+them back when the JSON files are written.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainprobe.stats.torch_stats import TensorStats
+
+STAT_KEYS = ("Max", "Min", "Mean", "Norm")
+_STATS = TensorStats(("max", "min", "mean", "norm"))
+_STATS_KEY = "_stats"
+
+
+@dataclass(frozen=True, slots=True)
+class EntryOptions:
+    """How tensors are described: ``statistics`` (bool), ``summary_mode``, and ``save`` (a
+    callable taking ``(data_name, tensor)``, or None when no ``.pt`` files are written)."""
+
+    statistics: bool
+    summary_mode: str = "statistics"
+    save: Callable[[str, torch.Tensor], None] | None = None
+
+
+_ROW_CACHE: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = {}
+_ROW_CACHE_MAX = 50000
+
+
+def statistics_row(t: torch.Tensor) -> Any:
+    """Max/Min/Mean/Norm of ``t``, computed once per tensor object and version: the output of
+    one API is the input of the next, and a tensor passed twice is summarised once. A hit needs
+    the very same live tensor object with an unchanged version counter (no in-place write since)."""
+    key = id(t)
+    version = t._version
+    hit = _ROW_CACHE.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == version:
+        return hit[2]
+    row = _STATS.row(t)
+    if len(_ROW_CACHE) >= _ROW_CACHE_MAX:
+        _ROW_CACHE.clear()
+    try:
+        _ROW_CACHE[key] = (weakref.ref(t), version, row)
+    except TypeError:  # a tensor subclass without weak references
+        pass
+    return row
+
+
+def clear_cache() -> None:
+    """Forget cached statistics (at the end of a step)."""
+    _ROW_CACHE.clear()
+
+
+def checksum(t: torch.Tensor, mode: str) -> str:
+    """CRC-32 (``md5``) or 64-bit XOR (``xor``) of the tensor's bytes, as hex."""
+    x = t.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
+    raw = x.contiguous().reshape(-1).view(torch.uint8).numpy()
+    if mode == "xor":
+        pad = (-raw.size) % 8
+        words = np.concatenate([raw, np.zeros(pad, np.uint8)]).view(np.uint64) if pad else raw.view(np.uint64)
+        return f"{int(np.bitwise_xor.reduce(words)) if words.size else 0:016x}"
+    return f"{zlib.crc32(memoryview(raw)) & 0xFFFFFFFF:08x}"
+
+
+def tensor_entry(t: torch.Tensor, data_name: str | None, opts: EntryOptions) -> dict[str, Any]:
+    """The entry of one tensor (see the module docstring)."""
+    entry: dict[str, Any] = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
+    if opts.statistics:
+        if t.device.type == "meta":
+            entry.update(dict.fromkeys(STAT_KEYS))
+        else:
+            row = statistics_row(t)
+            if isinstance(row, list):
+                entry.update(zip(STAT_KEYS, (_json_float(v) for v in row)))
+            else:
+                entry[_STATS_KEY] = row
+    entry["requires_grad"] = bool(t.requires_grad)
+    if opts.statistics and opts.summary_mode != "statistics" and t.device.type != "meta":
+        entry["md5"] = checksum(t, opts.summary_mode)
+    if data_name is not None and opts.save is not None:
+        name = f"{data_name}.pt"
+        opts.save(name, t)
+        entry["data_name"] = name
+    return entry
+
+
+def _json_float(v: float) -> float | str | None:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def value_entry(value: Any, data_name: str | None, opts: EntryOptions) -> Any:
+    """The entry of any value; nested lists/dicts get ``.i`` / ``.key`` name suffixes."""
+    if isinstance(value, torch.Tensor):
+        return tensor_entry(value, data_name, opts)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return {"type": "bool", "value": value}
+    if isinstance(value, (int, float)):
+        return {"type": type(value).__name__, "value": _json_float(value) if isinstance(value, float) else value}
+    if isinstance(value, str):
+        return {"type": "str", "value": value}
+    if isinstance(value, torch.dtype):
+        return {"type": "torch.dtype", "value": str(value)}
+    if isinstance(value, torch.Size):
+        return {"type": "torch.Size", "value": list(value)}
+    if isinstance(value, torch.device):
+        return {"type": "torch.device", "value": str(value)}
+    if isinstance(value, slice):
+        return {"type": "slice", "value": [_plain(value.start), _plain(value.stop), _plain(value.step)]}
+    if isinstance(value, (list, tuple)):
+        return [value_entry(v, _sub(data_name, i), opts) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {str(k): value_entry(v, _sub(data_name, k), opts) for k, v in value.items()}
+    return {"type": type(value).__name__}
+
+
+def _plain(v: Any) -> Any:
+    return v if v is None or isinstance(v, (int, float, str)) else str(v)
+
+
+def _sub(name: str | None, key: Any) -> str | None:
+    return None if name is None else f"{name}.{key}"
+
+
+def as_list(value: Any) -> list[Any]:
+    """An output as the list dump.json holds (a tuple/list as is, anything else wrapped)."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def tensors_in(value: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(path, tensor)`` for every tensor nested in ``value`` (paths like ``0.1``, ``key``)."""
+    if isinstance(value, torch.Tensor):
+        yield prefix, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from tensors_in(v, f"{prefix}.{i}" if prefix else str(i))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from tensors_in(v, f"{prefix}.{k}" if prefix else str(k))
+
+
+def resolve(entry: Any) -> Any:
+    """``entry`` with device-resident statistics read back (in place); returns ``entry``."""
+    if isinstance(entry, dict):
+        row = entry.pop(_STATS_KEY, None)
+        if row is not None:
+            values = row.tolist()
+            stats = {k: _json_float(v) for k, v in zip(STAT_KEYS, values)}
+            rebuilt = {k: entry[k] for k in ("type", "dtype", "shape")} | stats
+            rest = {k: v for k, v in entry.items() if k not in rebuilt}
+            entry.clear()
+            entry.update(rebuilt | rest)
+        for v in entry.values():
+            if isinstance(v, (dict, list)):
+                resolve(v)
+    elif isinstance(entry, list):
+        for v in entry:
+            resolve(v)
+    return entry
+
+
+def has_overflow(entry: Any) -> bool:
+    """Whether any tensor described in ``entry`` holds inf or NaN (from its statistics)."""
+    if isinstance(entry, dict):
+        if entry.get("type") == "torch.Tensor":
+            row = entry.get(_STATS_KEY)
+            if row is not None:
+                return not bool(torch.isfinite(row).all())
+            return any(isinstance(entry.get(k), str) for k in ("Max", "Min", "Norm"))
+        return any(has_overflow(v) for v in entry.values())
+    if isinstance(entry, list):
+        return any(has_overflow(v) for v in entry)
+    return False

@@ -1,0 +1,77 @@
+"""What both trainer callbacks share: validated configs, and starting/stopping the monitors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from trainprobe.errors import ConfigError
+from trainprobe.metrics.config import TrainingMetricsConfig, load_training_metrics_config
+from trainprobe.metrics.monitor import TrainingMetricsMonitor, innermost_optimizer
+from trainprobe.trainer_v2 import TrainerMonitorV2
+
+ConfigSource = str | Path | Mapping[str, Any] | None
+
+
+class MonitorPair:
+    """Training metrics and/or Monitor V2, configured once and started per training run.
+
+    Args:
+        metrics_config: training-metrics configuration (YAML/JSON path or dict), or None.
+        monitor_v2_config: Monitor V2 configuration (JSON path or dict), or None.
+        monitor_kwargs: keyword arguments for :class:`TrainingMetricsMonitor` (e.g.
+            ``flops_per_token``).
+
+    Raises:
+        ConfigError: neither configuration is given, or one is invalid.
+    """
+
+    def __init__(
+        self, metrics_config: ConfigSource, monitor_v2_config: ConfigSource, monitor_kwargs: Mapping[str, Any]
+    ) -> None:
+        if metrics_config is None and monitor_v2_config is None:
+            raise ConfigError("TrainProbeCallback: pass metrics_config=, monitor_v2_config=, or both")
+        self.metrics_config: TrainingMetricsConfig | None = (
+            load_training_metrics_config(metrics_config) if metrics_config is not None else None
+        )
+        self.v2 = TrainerMonitorV2(monitor_v2_config) if monitor_v2_config is not None else None
+        self.monitor_kwargs = dict(monitor_kwargs)
+        self.metrics: TrainingMetricsMonitor | None = None
+
+    def start(
+        self,
+        model: nn.Module | None,
+        optimizer: Any,
+        *,
+        initial_step: int,
+        hook_optimizer: bool,
+        extra_text: Mapping[str, Any] | None,
+    ) -> None:
+        """Create the metrics monitor and start Monitor V2 (stopping a previous run first)."""
+        self.stop()
+        if optimizer is not None:
+            optimizer = innermost_optimizer(optimizer)
+        if self.metrics_config is not None:
+            self.metrics = TrainingMetricsMonitor(
+                self.metrics_config,
+                model=model,
+                optimizer=optimizer,
+                initial_step=initial_step,
+                hook_optimizer=hook_optimizer,
+                print_struct_exits=False,
+                extra_text=extra_text,
+                **self.monitor_kwargs,
+            )
+        if self.v2 is not None:
+            self.v2.start(model=model, optimizer=optimizer)
+
+    def stop(self) -> None:
+        """Close the metrics monitor and stop Monitor V2 (idempotent)."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.v2 is not None:
+            self.v2.stop()

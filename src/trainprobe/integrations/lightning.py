@@ -1,0 +1,117 @@
+"""``TrainProbeCallback`` for Lightning (``lightning.pytorch``).
+
+Example:
+    >>> from trainprobe.integrations.lightning import TrainProbeCallback  # doctest: +SKIP
+    >>> trainer = L.Trainer(callbacks=[TrainProbeCallback(metrics_config="train.yaml")])  # doctest: +SKIP
+
+What is logged: the metrics of :mod:`trainprobe.metrics.compose` (tags and units listed
+there), one step per optimizer step (``trainer.global_step``):
+
+* ``loss`` / ``local_loss`` / ``device_accum_local_loss``: from the ``loss`` each
+  ``training_step`` returned (mean / mean / sum over the micro-batches of the step; Lightning
+  hands callbacks that loss divided by ``accumulate_grad_batches``, which is undone);
+* ``batch-size``: leading dimension of the first tensor of each batch, summed over the
+  micro-batches, times the world size;
+* ``grad-norm``, ``local_norm``, ``device_local_norm``: read in ``on_before_optimizer_step``,
+  i.e. after accumulation and before Lightning clips gradients;
+* ``learning-rate``: the first optimizer's first parameter group;
+* TEXT: the configuration's top-level keys and ``hparams`` (the module's hyperparameters).
+
+With ``monitor_v2_config`` Monitor V2 is started with the LightningModule and the first
+optimizer at ``on_train_start`` and stopped at ``on_train_end``. ``print_struct`` stops
+training through ``trainer.should_stop``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+try:
+    import lightning.pytorch as pl
+except ImportError as exc:  # pragma: no cover - optional extra
+    raise ImportError(
+        f"trainprobe.integrations.lightning needs lightning ({exc}); pip install trainprobe[lightning]"
+    ) from exc
+
+import torch
+
+from trainprobe.integrations._common import ConfigSource, MonitorPair
+from trainprobe.metrics.sources import batch_counts
+
+
+class TrainProbeCallback(pl.Callback):
+    """Training metrics and/or Monitor V2 inside a Lightning ``Trainer``.
+
+    Args:
+        metrics_config: training-metrics configuration (``monitor_config`` / ``tensorboard``;
+            YAML/JSON path or dict).
+        monitor_v2_config: Monitor V2 configuration (JSON path or dict).
+        monitor_kwargs: passed to ``TrainingMetricsMonitor`` (``flops_per_token``, ...).
+
+    Raises:
+        ConfigError: neither configuration given, or an invalid one (at construction).
+    """
+
+    def __init__(
+        self, metrics_config: ConfigSource = None, monitor_v2_config: ConfigSource = None, **monitor_kwargs: Any
+    ) -> None:
+        super().__init__()
+        self._pair = MonitorPair(metrics_config, monitor_v2_config, monitor_kwargs)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._losses: list[torch.Tensor] = []
+        self._samples = 0
+        self._tokens: int | None = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        hparams = dict(pl_module.hparams) if getattr(pl_module, "hparams", None) else None
+        self._pair.start(
+            pl_module,
+            optimizer,
+            initial_step=trainer.global_step,
+            hook_optimizer=False,
+            extra_text={"hparams": hparams} if hparams else None,
+        )
+        self._last_step = trainer.global_step
+        self._reset()
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._pair.metrics is not None:
+            self._pair.metrics.capture_gradients()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        mon = self._pair.metrics
+        if mon is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            # callbacks receive the loss divided by accumulate_grad_batches; undo it
+            self._losses.append(loss.detach().reshape(()) * max(1, trainer.accumulate_grad_batches))
+        samples, tokens = batch_counts(batch)
+        self._samples += samples
+        self._tokens = None if tokens is None or self._tokens is None else self._tokens + tokens
+        if trainer.global_step == self._last_step:
+            return  # accumulating: no optimizer step yet
+        self._last_step = trainer.global_step
+        world = max(1, trainer.world_size)
+        mon.step(
+            loss=list(self._losses) or None,
+            batch_size=self._samples * world if self._samples else None,
+            num_tokens=self._tokens * world if self._tokens else None,
+        )
+        self._reset()
+        if mon.stop_requested:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pair.stop()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._pair.stop()

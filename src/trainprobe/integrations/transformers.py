@@ -1,0 +1,77 @@
+"""``TrainProbeCallback`` for the Hugging Face ``Trainer``.
+
+Example:
+    >>> from trainprobe.integrations.transformers import TrainProbeCallback  # doctest: +SKIP
+    >>> trainer = Trainer(model, args, train_dataset=ds,                        # doctest: +SKIP
+    ...                   callbacks=[TrainProbeCallback(metrics_config="train.yaml")])
+
+What is logged: the metrics of :mod:`trainprobe.metrics.compose` (tags and units listed
+there), one step per optimizer step (``state.global_step``):
+
+* ``loss``: the mean of the micro-batch losses the model returned (``output.loss``);
+* ``batch-size``: samples fed to the model in the step, times the world size;
+* ``grad-norm``, ``local_norm``, ``device_local_norm``: gradients as the optimizer applies
+  them, i.e. after the Trainer's clipping to ``max_grad_norm``;
+* ``learning-rate``: the optimizer's first parameter group before the scheduler steps;
+* TEXT: the configuration's top-level keys and ``training_args`` (``TrainingArguments``).
+
+With ``monitor_v2_config`` Monitor V2 is started with the Trainer's model and optimizer at
+``on_train_begin`` and stopped at ``on_train_end``. ``print_struct`` stops training through
+``control.should_training_stop``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as exc:  # pragma: no cover - optional extra
+    raise ImportError(
+        f"trainprobe.integrations.transformers needs transformers ({exc}); pip install trainprobe[hf]"
+    ) from exc
+
+from trainprobe.integrations._common import ConfigSource, MonitorPair
+
+
+class TrainProbeCallback(TrainerCallback):
+    """Training metrics and/or Monitor V2 inside a Hugging Face ``Trainer``.
+
+    Args:
+        metrics_config: training-metrics configuration (``monitor_config`` / ``tensorboard``;
+            YAML/JSON path or dict).
+        monitor_v2_config: Monitor V2 configuration (JSON path or dict).
+        monitor_kwargs: passed to ``TrainingMetricsMonitor`` (``flops_per_token``, ...).
+
+    Raises:
+        ConfigError: neither configuration given, or an invalid one (at construction).
+    """
+
+    def __init__(
+        self, metrics_config: ConfigSource = None, monitor_v2_config: ConfigSource = None, **monitor_kwargs: Any
+    ) -> None:
+        self._pair = MonitorPair(metrics_config, monitor_v2_config, monitor_kwargs)
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._pair.start(
+            kwargs.get("model"),
+            kwargs.get("optimizer"),
+            initial_step=state.global_step,
+            hook_optimizer=True,
+            extra_text={"training_args": args.to_dict()},
+        )
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        mon = self._pair.metrics
+        if mon is None:
+            return
+        mon.step()
+        if mon.stop_requested:
+            control.should_training_stop = True
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._pair.stop()

@@ -1,0 +1,438 @@
+"""``TrainingMetricsMonitor``: loss, learning rate, gradient norms, throughput and per-parameter
+state of a training run, to TensorBoard, the log and a per-rank dump folder.
+
+Example:
+    >>> mon = TrainingMetricsMonitor("train.yaml", model=model, optimizer=optimizer)  # doctest: +SKIP
+    >>> for batch in loader:                                                           # doctest: +SKIP
+    ...     loss = model(batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()
+    ...     mon.step(loss=loss)
+    >>> mon.close()                                                                    # doctest: +SKIP
+
+The tags, values and units written are listed in :mod:`trainprobe.metrics.compose`.
+
+What the loop does not pass is gathered:
+
+* gradients (``grad-norm``, ``local_norm``, ``device_local_norm``) and the learning rate are
+  read by an optimizer step pre-hook, i.e. the gradients the optimizer applies (after clipping
+  when the loop clips; pass ``grad_norm=`` to log the norm before clipping). Callers whose
+  optimizer evaluates a closure inside ``step()`` call :meth:`capture_gradients` themselves
+  and pass ``hook_optimizer=False`` (the Lightning callback does);
+* the batch size and token count from the root module's forward inputs, and the loss from
+  its outputs (``output.loss``), in training mode only; counts are multiplied by the world
+  size (data parallelism assumed: pass ``batch_size``/``num_tokens`` for other layouts);
+* Adam moments and weight norms from the optimizer and the model after ``optimizer.step()``;
+* the iteration time between consecutive :meth:`step` calls (the first one from construction).
+
+On collected steps everything stays on the device and moves to the host in one copy per
+device, waited for on the writer thread; the training thread never synchronises. Any fault in
+a gatherer is logged once and turns that gatherer off; training is never changed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainprobe.dist_info import current_rank
+from trainprobe.errors import ConfigError
+from trainprobe.log import error_once, logger, warn_once
+from trainprobe.metrics.compose import EXPERT_PREFIX, Composer
+from trainprobe.metrics.config import TrainingMetricsConfig, config_text, load_training_metrics_config
+from trainprobe.metrics.flops import FlopsEstimate, transformer_estimate
+from trainprobe.metrics.outputs import DumpOutput, LogOutput, TensorBoardOutput
+from trainprobe.metrics.payload import StepPayload
+from trainprobe.metrics.sources import InputTap, norms
+from trainprobe.metrics.writer import MetricsWriter, Output
+from trainprobe.probes.model_view import ModelView, unwrap_optimizer
+
+LossArg = torch.Tensor | float | Sequence[torch.Tensor | float] | None
+
+
+def world_size() -> int:
+    """``torch.distributed`` world size when initialised, else ``$WORLD_SIZE``, else 1."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer that really steps: wrappers that subclass ``Optimizer`` without its
+    state (accelerate's ``AcceleratedOptimizer``) are followed through ``.optimizer`` too.
+
+    Raises:
+        ConfigError: no ``torch.optim.Optimizer`` is found.
+    """
+    current = unwrap_optimizer(optimizer)
+    for _ in range(8):
+        inner = getattr(current, "optimizer", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is current:
+            break
+        current = inner
+    return current
+
+
+class TrainingMetricsMonitor:
+    """Training metrics of MindSpore Transformers' monitor, for PyTorch.
+
+    Args:
+        config: a YAML/JSON path or a dict holding ``monitor_config`` and/or ``tensorboard``
+            (other top-level keys are the training configuration, written as TEXT), or a
+            loaded :class:`TrainingMetricsConfig`.
+        model: the ``nn.Module`` trained (or a list of model chunks); needed for parameter
+            names, gathered batch sizes/losses, ``weight_norm`` and the FLOPs estimate.
+        optimizer: the optimizer (or a wrapper with ``.optimizer``); needed for gathered
+            gradients, learning rate and Adam moments.
+        flops_per_sample / flops_per_token: training FLOPs (forward + backward) per sample or
+            per token for ``model-flops-throughput-per-device``; by default estimated for
+            transformer models (see :mod:`trainprobe.metrics.flops`).
+        initial_step: the step count before the first :meth:`step` (when resuming).
+        hook_optimizer: read gradients in an optimizer step pre-hook (default); False when the
+            caller calls :meth:`capture_gradients` itself.
+        print_struct_exits: with ``print_struct``, raise ``SystemExit(0)`` after printing
+            (default); False only sets :attr:`stop_requested` (for trainers with a stop flag).
+        extra_text: more ``{tag: value}`` entries for TensorBoard's TEXT page.
+
+    Raises:
+        ConfigError: invalid configuration or arguments (the message names the field).
+    """
+
+    def __init__(
+        self,
+        config: str | Path | Mapping[str, Any] | TrainingMetricsConfig,
+        model: nn.Module | Sequence[nn.Module] | None = None,
+        optimizer: Any = None,
+        *,
+        flops_per_sample: float | None = None,
+        flops_per_token: float | None = None,
+        initial_step: int = 0,
+        hook_optimizer: bool = True,
+        print_struct_exits: bool = True,
+        extra_text: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.config = config if isinstance(config, TrainingMetricsConfig) else load_training_metrics_config(config)
+        if flops_per_sample is not None and flops_per_token is not None:
+            raise ConfigError("flops_per_sample / flops_per_token: give one of them, not both")
+        for name, value in (("flops_per_sample", flops_per_sample), ("flops_per_token", flops_per_token)):
+            if value is not None and (isinstance(value, bool) or not math.isfinite(float(value)) or value <= 0):
+                raise ConfigError(f"{name}: must be a positive number, got {value!r}")
+        if isinstance(initial_step, bool) or not isinstance(initial_step, int) or initial_step < 0:
+            raise ConfigError(f"initial_step: must be an integer >= 0, got {initial_step!r}")
+        self.rank = current_rank()
+        self.world = world_size()
+        view = ModelView(model)
+        self._model_chunks = view.chunks
+        self._optimizer = innermost_optimizer(optimizer) if optimizer is not None else None
+        self._params = self._named_params(view)
+        self.param_names = [name for name, _ in self._params]
+        mon = self.config.monitor
+        self._state_index = [i for i, name in enumerate(self.param_names) if mon.targeted(name)]
+        self._weights = [p for chunk in self._model_chunks for p in chunk.parameters() if p.requires_grad]
+        if not self._weights:
+            self._weights = [p for _, p in self._params if p.requires_grad]
+        self._flops = self._flops_estimate(flops_per_sample, flops_per_token)
+        self._print_struct_exits = print_struct_exits
+        self.stop_requested = False
+        self._step = initial_step
+        self._samples: int | None = 0
+        self._off: set[str] = set()
+        self._captured_step = -1
+        self._grad_index: list[int] = []
+        self._grad_norms: torch.Tensor | None = None
+        self._lr: torch.Tensor | float | None = None
+        self._closed = False
+        self._handles: list[Any] = []
+        # outputs first: a folder that cannot be created fails here, before any hook is attached
+        self._writer = MetricsWriter(Composer(self.config, self.param_names, self.world), self._outputs())
+        self._tap = InputTap(self._model_chunks[0]) if self._model_chunks else None
+        if self._optimizer is not None and hook_optimizer:
+            self._handles.append(self._optimizer.register_step_pre_hook(self._on_optimizer_step))
+        text = self.config.text + (config_text(extra_text) if extra_text else ())
+        if self.config.tensorboard is not None:
+            self._writer.text(text)
+        self._last_time = time.perf_counter()
+        ref = weakref.ref(self)
+        self._atexit: Callable[[], None] = lambda: (m := ref()) is not None and m.close()  # type: ignore[func-returns-value]
+        atexit.register(self._atexit)
+
+    # -- setup -------------------------------------------------------------------------------
+    def _named_params(self, view: ModelView) -> list[tuple[str, torch.Tensor]]:
+        if self._optimizer is not None:
+            return [(p.name, p.param) for p in view.optimizer_parameters(self._optimizer)]
+        return [(p.name, p.param) for p in view.parameters() if p.param.requires_grad]
+
+    def _flops_estimate(self, per_sample: float | None, per_token: float | None) -> FlopsEstimate | None:
+        if per_sample is not None:
+            return FlopsEstimate(per_sample=float(per_sample))
+        if per_token is not None:
+            return FlopsEstimate(per_token=float(per_token))
+        if len(self._model_chunks) == 1:
+            return transformer_estimate(self._model_chunks[0])
+        return None
+
+    def _outputs(self) -> list[Output]:
+        outputs: list[Output] = [LogOutput()]
+        tb = self.config.tensorboard
+        if tb is not None:
+            folder = tb.tensorboard_dir / f"rank_{self.rank}"
+            try:
+                outputs.append(TensorBoardOutput(folder, tb.tensorboard_queue_size))
+            except OSError as exc:
+                raise ConfigError(f"tensorboard.tensorboard_dir: cannot write to {str(folder)!r}: {exc}") from None
+        if self.config.monitor.dumped:
+            folder = self.config.monitor.dump_path / f"rank_{self.rank}"
+            try:
+                outputs.append(DumpOutput(folder))
+            except OSError as exc:
+                for out in outputs:
+                    out.close()
+                raise ConfigError(f"monitor_config.dump_path: cannot write to {str(folder)!r}: {exc}") from None
+        return outputs
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def current_step(self) -> int:
+        """Steps completed (the step the next :meth:`step` call ends is ``current_step + 1``)."""
+        return self._step
+
+    def collects(self, step: int) -> bool:
+        """Whether ``step`` (1-based) is recorded."""
+        return step % self.config.step_interval == 0
+
+    # -- gathering -----------------------------------------------------------------------------
+    def _guard(self, name: str, what: str, fn: Callable[[], None]) -> None:
+        if name in self._off:
+            return
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - metrics never break training
+            self._off.add(name)
+            error_once(f"metrics-{name}-{id(self)}", f"trainprobe: gathering {what} failed; it is turned off")
+
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.capture_gradients()
+
+    def capture_gradients(self) -> None:
+        """Measure the gradients and learning rate of the step now ending (once per step; later
+        calls in the same step are ignored). Call it where the gradients are final, before
+        ``optimizer.step()``, when ``hook_optimizer=False``."""
+        step = self._step + 1
+        if self._closed or self._captured_step == step or not self.collects(step):
+            return
+        self._captured_step = step
+        self._guard("grads", "gradient norms", self._capture_grads)
+        self._guard("lr", "the learning rate", self._capture_lr)
+
+    def _capture_grads(self) -> None:
+        index, grads = [], []
+        for i, (_, p) in enumerate(self._params):
+            if p.grad is not None:
+                index.append(i)
+                grads.append(p.grad)
+        self._grad_index = index
+        self._grad_norms = norms(grads) if grads else None
+
+    def _capture_lr(self) -> None:
+        if self._optimizer is None or not self._optimizer.param_groups:
+            return
+        lr = self._optimizer.param_groups[0].get("lr")
+        self._lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(
+        self,
+        loss: LossArg = None,
+        lr: float | torch.Tensor | None = None,
+        batch_size: int | None = None,
+        num_tokens: int | None = None,
+        loss_scale: float | torch.Tensor | None = None,
+        expert_load: Mapping[str, torch.Tensor | Sequence[float]] | None = None,
+        grad_norm: float | torch.Tensor | None = None,
+    ) -> None:
+        """End a training step (call once per optimizer step, after ``optimizer.step()``).
+
+        Args:
+            loss: the step's loss (tensor or number), or the list of its micro-batch losses;
+                default: the losses the model returned.
+            lr: learning rate; default: the optimizer's first parameter group.
+            batch_size: samples of this step over all ranks; default: counted from the inputs.
+            num_tokens: tokens of this step over all ranks; default: counted from the inputs.
+            loss_scale: the mixed-precision loss scale, if any.
+            expert_load: ``{layer_name: per-expert token counts}`` of mixture-of-experts routers.
+            grad_norm: the global gradient norm (e.g. ``clip_grad_norm_``'s return, before
+                clipping); default: measured from the gradients the optimizer applied.
+
+        Raises:
+            SystemExit: after printing the parameter names when ``print_struct`` is on (unless
+                ``print_struct_exits=False``).
+        """
+        if self._closed:
+            return
+        now = time.perf_counter()
+        seconds, self._last_time = now - self._last_time, now
+        self._step += 1
+        step = self._step
+        samples, tokens, losses = (
+            self._tap.take() if self._tap is not None and "inputs" not in self._off else (0, None, [])
+        )
+        if batch_size is None and samples:
+            batch_size = samples * self.world
+        if num_tokens is None and tokens:
+            num_tokens = tokens * self.world
+        if self._samples is not None:
+            self._samples = self._samples + int(batch_size) if batch_size is not None else None
+        if self.config.monitor.monitor_on and self.config.monitor.print_struct:
+            self._print_struct()
+            return
+        if not self.collects(step):
+            self._grad_norms, self._lr = None, None
+            return
+        try:
+            payload = self._payload(
+                step, seconds, loss, losses, lr, batch_size, num_tokens, loss_scale, expert_load, grad_norm
+            )
+            payload.seal()
+        except Exception:  # noqa: BLE001 - metrics never break training
+            error_once(f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed")
+            return
+        self._writer.submit(payload)
+
+    def _payload(
+        self,
+        step: int,
+        seconds: float,
+        loss: LossArg,
+        tapped: list[torch.Tensor],
+        lr: Any,
+        batch_size: int | None,
+        num_tokens: int | None,
+        loss_scale: Any,
+        expert_load: Mapping[str, Any] | None,
+        grad_norm: Any,
+    ) -> StepPayload:
+        p = StepPayload(step, self._samples)
+        p.put("iteration_s", seconds)
+        if isinstance(loss, (list, tuple)):
+            self._put_losses(p, list(loss))
+        elif loss is not None:
+            p.put("loss", _scalar(loss))
+        if not isinstance(loss, (list, tuple)) and tapped:
+            self._put_losses(p, tapped)
+        if batch_size is not None:
+            p.put("batch_size", float(batch_size))
+        if self._flops is not None and batch_size is not None:
+            flops = self._flops.step_flops(int(batch_size), num_tokens)
+            if flops is not None:
+                p.put("flops", flops)
+        tb = self.config.tensorboard
+        if loss_scale is not None and tb is not None and tb.log_loss_scale_to_tensorboard:
+            p.put("loss_scale", _scalar(loss_scale))
+        if grad_norm is not None:
+            p.put("grad_norm", _scalar(grad_norm))
+        lr_value = lr if lr is not None else self._lr
+        if lr_value is None and self._optimizer is not None and "lr" not in self._off:
+            lr_value = self._optimizer.param_groups[0].get("lr")
+        if lr_value is not None:
+            p.put("lr", _scalar(lr_value))
+        if self._captured_step == step and self._grad_norms is not None:
+            p.put("grad_norms", self._grad_norms)
+            p.put("grad_index", [float(i) for i in self._grad_index])
+        self._grad_norms, self._lr = None, None
+        mon = self.config.monitor
+        if mon.monitor_on and mon.optimizer_state_format and self._optimizer is not None:
+            self._guard("optimizer_state", "Adam moment norms", lambda: self._put_moments(p))
+        if mon.monitor_on and mon.weight_state_format:
+            self._guard("weights", "weight norms", lambda: p.put("weight_norms", norms(self._weights)))
+        if expert_load and tb is not None and tb.log_expert_load_to_tensorboard:
+            self._guard("experts", "expert load", lambda: self._put_experts(p, expert_load))
+        return p
+
+    def _put_losses(self, p: StepPayload, losses: list[Any]) -> None:
+        if not losses:
+            return
+        if all(isinstance(v, torch.Tensor) for v in losses):
+            p.put("micro_losses", torch.stack([v.detach().reshape(()).float() for v in losses]))
+        else:
+            p.put("micro_losses", [float(_scalar(v)) for v in losses])
+
+    def _put_moments(self, p: StepPayload) -> None:
+        assert self._optimizer is not None
+        state = self._optimizer.state
+        index, m, v = [], [], []
+        for i in self._state_index:
+            s = state.get(self._params[i][1])
+            if s and "exp_avg" in s and "exp_avg_sq" in s:
+                index.append(i)
+                m.append(s["exp_avg"])
+                v.append(s["exp_avg_sq"])
+        if not index:
+            warn_once(
+                f"metrics-no-adam-{id(self)}",
+                "trainprobe: monitor_config.optimizer_state_format: the optimizer keeps no exp_avg/exp_avg_sq "
+                "(Adam-style) state; adam_m_norm/adam_v_norm are not written",
+            )
+            return
+        p.put("state_index", [float(i) for i in index])
+        p.put("m_norms", norms(m))
+        p.put("v_norms", norms(v))
+
+    @staticmethod
+    def _put_experts(p: StepPayload, expert_load: Mapping[str, Any]) -> None:
+        for layer, counts in expert_load.items():
+            t = counts.detach() if isinstance(counts, torch.Tensor) else torch.as_tensor(counts, dtype=torch.float64)
+            p.put(EXPERT_PREFIX + str(layer), t.reshape(-1).to(torch.float64))
+
+    def _print_struct(self) -> None:
+        names = [name for chunk in self._model_chunks for name, q in chunk.named_parameters() if q.requires_grad]
+        if not names:
+            names = [name for name, q in self._params if q.requires_grad]
+        for name in names:
+            print(name, flush=True)
+        logger.info("trainprobe: print_struct: %d trainable parameters printed; stopping the run", len(names))
+        self.stop_requested = True
+        self.close()
+        if self._print_struct_exits:
+            raise SystemExit(0)
+
+    # -- teardown ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Block until every recorded step is written."""
+        if not self._closed:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Remove every hook, write what is pending and close the files (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._tap is not None:
+            self._tap.remove()
+        self._writer.close()
+        atexit.unregister(self._atexit)
+
+    def __enter__(self) -> TrainingMetricsMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _scalar(value: Any) -> float | torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(-1)[0] if value.numel() >= 1 else float("nan")
+    return float(value)

@@ -1,0 +1,114 @@
+"""Where metrics go: TensorBoard event files, the log, and the per-rank dump folder.
+
+Each output implements ``write(step, samples, metrics)``, ``text(entries)`` and ``close()``;
+they run on the writer thread only.
+
+* :class:`TensorBoardOutput`: ``<tensorboard_dir>/rank_<id>/events.*`` through
+  ``torch.utils.tensorboard.SummaryWriter`` (scalars; ``-vs-samples`` twins use the samples
+  count as their step; configuration entries as TEXT at step 0).
+* :class:`LogOutput`: the ``trainprobe.metrics`` logger at INFO: one summary line per step for
+  the loss family, one line per other metric whose format includes ``log``.
+* :class:`DumpOutput`: ``<dump_path>/rank_<id>/training_state.jsonl``, one JSON object per
+  recorded step with the local/device norms and losses (flushed per line, so a killed run
+  leaves every completed line readable). The file is replaced when a run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainprobe.errors import ConfigError
+from trainprobe.metrics.compose import Metric
+from trainprobe.metrics.config import LOG, TENSORBOARD
+
+metrics_logger = logging.getLogger("trainprobe.metrics")
+
+DUMP_FILE = "training_state.jsonl"
+SAMPLES_SUFFIX = "-vs-samples"
+
+
+def summary_writer_class() -> type:
+    """``torch.utils.tensorboard.SummaryWriter``, or a ConfigError saying what to install."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:  # pragma: no cover - tensorboard is an extra
+        raise ConfigError(
+            f"tensorboard.tensorboard_dir: writing event files needs the tensorboard package ({exc}); "
+            "install it with `pip install trainprobe[tensorboard]` or remove the tensorboard section"
+        ) from None
+    return SummaryWriter
+
+
+class TensorBoardOutput:
+    """Scalars and text into one rank's event files."""
+
+    def __init__(self, log_dir: Path, queue_size: int) -> None:
+        writer_class = summary_writer_class()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+        self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size)
+
+    def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
+        add = self._writer.add_scalar
+        for m in metrics:
+            if TENSORBOARD in m.formats:
+                add(m.tag, m.value, step)
+                if m.vs_samples and samples is not None:
+                    add(m.tag + SAMPLES_SUFFIX, m.value, samples)
+
+    def text(self, entries: Sequence[tuple[str, str]]) -> None:
+        for tag, body in entries:
+            self._writer.add_text(tag, body, 0)
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
+
+
+class LogOutput:
+    """Metrics as log lines of the ``trainprobe.metrics`` logger."""
+
+    def __init__(self, logger: logging.Logger = metrics_logger) -> None:
+        self.logger = logger
+
+    def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        summary = [f"{m.tag}: {m.value:.6g}" for m in metrics if m.summary]
+        if summary:
+            self.logger.info("step:[%5d] %s", step, ", ".join(summary))
+        for m in metrics:
+            if not m.summary and LOG in m.formats:
+                self.logger.info("step:[%5d] %s: %.6g", step, m.tag, m.value)
+
+    def text(self, entries: Sequence[tuple[str, str]]) -> None:
+        """Configuration text is for TensorBoard only."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+class DumpOutput:
+    """``training_state.jsonl`` in one rank's dump folder."""
+
+    def __init__(self, rank_dir: Path) -> None:
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        self.path = rank_dir / DUMP_FILE
+        self._fh = self.path.open("w", encoding="utf-8")
+
+    def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
+        row: dict[str, object] = {m.tag: m.value for m in metrics if m.dump}
+        if not row:
+            return
+        row = {"step": step, "samples": samples, **row}
+        self._fh.write(json.dumps(row, allow_nan=True) + "\n")
+        self._fh.flush()
+
+    def text(self, entries: Sequence[tuple[str, str]]) -> None:
+        """Configuration text is for TensorBoard only."""
+
+    def close(self) -> None:
+        self._fh.close()

@@ -1,0 +1,153 @@
+"""What the monitor reads from the model and the optimizer, with public hooks only.
+
+* :class:`InputTap`: a forward pre-hook and a forward hook on the root module. In training
+  mode with gradients enabled it counts the samples (leading dimension of the first input
+  tensor, ``input_ids`` preferred) and tokens (elements of that tensor when it holds integer
+  ids) of every forward call, and keeps the loss the model returns (``output.loss`` or
+  ``output["loss"]``, detached). Hooks never change inputs or outputs.
+* :func:`norms`: per-tensor L2 norms with ``torch._foreach_norm``, one kernel per
+  (device, dtype) group, accumulated in float32 at least, stacked into one vector that stays
+  on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainprobe.log import error_once
+from trainprobe.stats.torch_stats import as_statistic_input
+
+
+def first_tensor(args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """The tensor that describes a batch: ``input_ids`` if given, else the first tensor
+    argument, else the first tensor keyword argument (lists/tuples/dicts are searched)."""
+    ids = kwargs.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return ids
+    for item in list(args) + list(kwargs.values()):
+        found = _search(item, depth=0)
+        if found is not None:
+            return found
+    return None
+
+
+def _search(obj: Any, depth: int) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if depth > 2:
+        return None
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _search(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def batch_counts(obj: Any) -> tuple[int, int | None]:
+    """``(samples, tokens)`` of a batch object (tokens None unless it holds integer ids)."""
+    t = first_tensor((obj,), {}) if not isinstance(obj, Mapping) else first_tensor((), obj)
+    if t is None or t.dim() == 0:
+        return 0, None
+    tokens = t.numel() if not (t.is_floating_point() or t.is_complex()) else None
+    return int(t.shape[0]), tokens
+
+
+def output_loss(output: Any) -> torch.Tensor | None:
+    """The scalar loss a model returned (``.loss`` attribute or ``["loss"]`` item), if any."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, Mapping):
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss.detach().reshape(())
+    return None
+
+
+class InputTap:
+    """Counts samples and tokens and keeps returned losses during one step."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.samples = 0
+        self.tokens: int | None = 0
+        self.losses: list[torch.Tensor] = []
+        self.disabled = False
+        self._handles = [
+            module.register_forward_pre_hook(self._before, with_kwargs=True),
+            module.register_forward_hook(self._after),
+        ]
+
+    @staticmethod
+    def _active(module: nn.Module) -> bool:
+        return module.training and torch.is_grad_enabled()
+
+    def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.disabled or not self._active(module):
+            return
+        try:
+            t = first_tensor(args, kwargs)
+            if t is None or t.dim() == 0:
+                return
+            self.samples += int(t.shape[0])
+            if self.tokens is not None:
+                self.tokens = None if (t.is_floating_point() or t.is_complex()) else self.tokens + t.numel()
+        except Exception:  # noqa: BLE001 - metrics never break training
+            self.disabled = True
+            error_once("metrics-input-tap", "trainprobe: counting samples failed; batch-size is no longer gathered")
+
+    def _after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self.disabled or not self._active(module):
+            return
+        try:
+            loss = output_loss(output)
+            if loss is not None:
+                self.losses.append(loss)
+        except Exception:  # noqa: BLE001 - metrics never break training
+            self.disabled = True
+            error_once("metrics-loss-tap", "trainprobe: reading the model's loss failed; it is no longer gathered")
+
+    def take(self) -> tuple[int, int | None, list[torch.Tensor]]:
+        """``(samples, tokens, losses)`` since the last call, and reset."""
+        out = (self.samples, self.tokens if self.samples else None, self.losses)
+        self.samples, self.tokens, self.losses = 0, 0, []
+        return out
+
+    def remove(self) -> None:
+        """Remove both hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A dense floating-point tensor that ``_foreach_norm`` takes as it is."""
+    return type(t) in _PLAIN and t.layout == torch.strided and t.dtype.is_floating_point
+
+
+@torch.no_grad()
+def norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of each tensor as one float32-or-wider vector, in order, on the tensors' device
+    (moved to the CPU when they live on several devices)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    prepared = [t if _plain(t) else as_statistic_input(t) for t in tensors]
+    for i, t in enumerate(prepared):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    result: list[torch.Tensor | None] = [None] * len(prepared)
+    for (_, dtype), idx in groups.items():
+        wide = None if dtype == torch.float64 else torch.float32
+        for i, n in zip(idx, torch._foreach_norm([prepared[i] for i in idx], 2, dtype=wide)):
+            result[i] = n
+    out = [n for n in result if n is not None]
+    if len({n.device for n in out}) > 1:
+        out = [n.to("cpu") for n in out]
+    if len({n.dtype for n in out}) > 1:
+        out = [n.to(torch.float64) for n in out]
+    return torch.stack(out)

@@ -1,0 +1,139 @@
+"""Where and how Monitor V1 writes: the run folder, tables, CSV layouts and TensorBoard tags.
+
+* Folder: ``<MONITOR_OUTPUT_DIR>/<MonDD_HH-MM-SS>-rank<r>-<id>/`` (local time, ``id`` 8 random hex
+  digits); ``MONITOR_OUTPUT_DIR`` defaults to ``./monitor_output``. With ``append_output`` the
+  existing folder of this rank whose timestamp lies in the given range (inclusive) is reused.
+* Tables (one file per window, ``<table>_<first>-<last>.csv``): ``actv``, ``actv_grad``,
+  ``grad_unreduced``, ``grad_reduced``, ``exp_avg``, ``exp_avg_sq``, ``param_origin``,
+  ``param_updated``, ``other`` (mg_direction, cc), ``linear_hook``, ``attention_hook`` (their own
+  columns, see :mod:`trainprobe.monitor_v1.l2`), ``adam_update``, ``adam_ratio`` (ur_distribution).
+* Header: ``vpp_stage,name,step[,micro_step],<ops>``; ``micro_step`` only in ``actv``,
+  ``actv_grad`` and, with ``monitor_mbs_grad``, ``grad_unreduced``.
+* TensorBoard tags: ``<name>:<micro_step>/rank<r>/<table>_<op>`` for activations,
+  ``<name>/rank<r>/<table>_<op>`` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from trainprobe.errors import ConfigError
+from trainprobe.records import RowKey
+from trainprobe.sinks.csv_sink import TableLayout
+
+OUTPUT_ENV = "MONITOR_OUTPUT_DIR"
+DEFAULT_OUTPUT = "./monitor_output"
+STAMP_FORMAT = "%b%d_%H-%M-%S"
+KEY_COLUMNS = ("vpp_stage", "name", "step")
+SCOPE_TABLE = {"unreduced": "grad_unreduced", "reduced": "grad_reduced", "comm": "other"}
+TABLES = (
+    "actv",
+    "actv_grad",
+    "grad_unreduced",
+    "grad_reduced",
+    "exp_avg",
+    "exp_avg_sq",
+    "param_origin",
+    "param_updated",
+    "other",
+    "linear_hook",
+    "attention_hook",
+    "adam_update",
+    "adam_ratio",
+)
+L2_COLUMNS = {"linear_hook": ("sr", "kernel_norm"), "attention_hook": ("entropy", "softmax_max")}
+MICRO_STEP_TABLES = ("actv", "actv_grad")
+
+
+def output_root() -> Path:
+    """``$MONITOR_OUTPUT_DIR`` or ``./monitor_output``."""
+    return Path(os.environ.get(OUTPUT_ENV) or DEFAULT_OUTPUT)
+
+
+def table_of(monitor: str, key: RowKey) -> str:
+    """The V1 table of a row: its scope, with gradients and collectives renamed."""
+    return SCOPE_TABLE.get(key.scope, key.scope)
+
+
+def file_name(table: str, first: int, last: int) -> str:
+    """``grad_reduced_0-4.csv``."""
+    return f"{table}_{first}-{last}.csv"
+
+
+def columns(ops: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Value columns of every table: the configured ops, or the l2 features' own."""
+    return {table: L2_COLUMNS.get(table, ops) for table in TABLES}
+
+
+def layouts(ops: tuple[str, ...], ndigits: int, mbs_grad: bool) -> dict[str, TableLayout]:
+    """Layout of every table."""
+    out = {}
+    for table, cols in columns(ops).items():
+        micro = table in MICRO_STEP_TABLES or (table == "grad_unreduced" and mbs_grad)
+        out[table] = TableLayout(micro, cols, KEY_COLUMNS, ndigits)
+    return out
+
+
+def tag_of(rank: int) -> Callable[[str, RowKey, str], str]:
+    """Tag function for TensorBoard (see the module docstring)."""
+
+    def tag(table: str, key: RowKey, op: str) -> str:
+        if table in MICRO_STEP_TABLES:
+            return f"{key.name}:{key.micro_step}/rank{rank}/{table}_{op}"
+        return f"{key.name}/rank{rank}/{table}_{op}"
+
+    return tag
+
+
+def api_key(key: RowKey) -> str:
+    """Dict key of a row in ``generate_*_metrics``: ``<name>:<micro_step>`` for activations
+    (rows with a micro_step), else ``<name>``."""
+    return (
+        key.name if key.micro_step is None or key.scope in ("reduced", "unreduced") else f"{key.name}:{key.micro_step}"
+    )
+
+
+def run_folder(rank: int, append_output: tuple[str, ...]) -> Path:
+    """This rank's output folder (created). ``append_output`` reuses an existing one.
+
+    Raises:
+        ConfigError: ``append_output`` is set but no folder of this rank lies in the range.
+    """
+    root = output_root()
+    if append_output:
+        found = _existing(root, rank, append_output)
+        if found is not None:
+            return found
+        raise ConfigError(
+            f"append_output: no folder of rank {rank} under {str(root)!r} has a timestamp between "
+            f"{append_output[0]} and {append_output[1]}"
+        )
+    stamp = datetime.now().astimezone().strftime(STAMP_FORMAT)
+    folder = root / f"{stamp}-rank{rank}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _stamp(text: str) -> datetime:
+    return datetime.strptime(text, STAMP_FORMAT)
+
+
+def _existing(root: Path, rank: int, bounds: tuple[str, ...]) -> Path | None:
+    lo, hi = _stamp(bounds[0]), _stamp(bounds[1])
+    if not root.is_dir():
+        return None
+    for folder in sorted(root.iterdir()):
+        stamp, sep, rest = folder.name.partition("-rank")
+        if not sep or not folder.is_dir() or rest.split("-", 1)[0] != str(rank):
+            continue
+        try:
+            when = _stamp(stamp)
+        except ValueError:
+            continue
+        if lo <= when <= hi:
+            return folder
+    return None

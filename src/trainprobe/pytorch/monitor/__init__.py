@@ -1,0 +1,1 @@
+"""Compatibility import path of the reference tool (``msprobe.pytorch.monitor``)."""

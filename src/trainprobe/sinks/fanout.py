@@ -1,0 +1,44 @@
+"""Several sinks (and record consumers such as alerts) behind one :class:`~trainprobe.sinks.background.Writer`.
+
+Each batch goes to every member in order. A member that raises is reported once through
+``on_error`` and skipped for the rest of the run; the others keep receiving batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from trainprobe.log import error_once
+from trainprobe.records import StepBatch
+from trainprobe.sinks.background import Sink
+
+
+class FanOut:
+    """A sink that forwards every batch to ``members``."""
+
+    def __init__(self, members: Sequence[Sink], on_error: Callable[[Sink, BaseException], None] | None = None) -> None:
+        self.members = list(members)
+        self.on_error = on_error
+        self._failed: set[int] = set()
+
+    def write(self, batch: StepBatch) -> None:
+        for i, member in enumerate(self.members):
+            if i not in self._failed:
+                self._call(i, member, lambda m=member: m.write(batch))
+
+    def close(self, reached: int | None = None) -> None:
+        for i, member in enumerate(self.members):
+            self._call(i, member, lambda m=member: m.close(reached))
+
+    def _call(self, i: int, member: Sink, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - one failing member must not stop the others
+            self._failed.add(i)
+            if self.on_error is not None:
+                self.on_error(member, exc)
+            else:
+                error_once(
+                    f"fanout-{type(member).__name__}-{id(self)}",
+                    f"trainprobe: the {type(member).__name__} output failed and is disabled ({type(exc).__name__}: {exc})",
+                )

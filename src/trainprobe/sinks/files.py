@@ -1,0 +1,17 @@
+"""Small file helpers shared by sinks and probes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomically(path: Path, data: Any, indent: int = 2) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``, so a reader
+    (or a killed process) never sees a half-written file. Creates the parent folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=indent), encoding="utf-8")
+    os.replace(tmp, path)

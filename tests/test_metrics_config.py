@@ -1,0 +1,122 @@
+"""The training-metrics dialect: defaults, the tensorboard fallback, and every user mistake
+rejected with a ConfigError that names the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainprobe.errors import ConfigError
+from trainprobe.metrics.config import LOG, TENSORBOARD, load_training_metrics_config
+
+SPEC_YAML = """\
+seed: 0
+output_dir: './output'
+
+monitor_config:
+    monitor_on: True
+    dump_path: './dump'
+    target: ['layers.0', 'layers.1'] # 只监控第一、二层的参数
+    invert: False
+    step_interval: 1
+    local_loss_format: ['log', 'tensorboard']
+    device_local_loss_format: ['log', 'tensorboard']
+    local_norm_format: ['log', 'tensorboard']
+    device_local_norm_format: ['log', 'tensorboard']
+    optimizer_state_format: null
+    weight_state_format: null
+    throughput_baseline: null
+    print_struct: False
+
+tensorboard:
+    tensorboard_dir: 'worker/tensorboard'
+    tensorboard_queue_size: 10
+    log_loss_scale_to_tensorboard: True
+    log_timers_to_tensorboard: True
+
+callbacks:
+    - type: MFLossMonitor
+      per_print_times: 1
+"""
+
+
+def test_spec_example_yaml_loads(tmp_path: Path) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(SPEC_YAML, encoding="utf-8")
+    cfg = load_training_metrics_config(path)
+    mon = cfg.monitor
+    assert mon.monitor_on and mon.target == ("layers.0", "layers.1") and mon.step_interval == 1
+    assert mon.local_norm_format == {LOG, TENSORBOARD}
+    assert mon.optimizer_state_format == frozenset() and mon.throughput_baseline is None
+    assert cfg.tensorboard is not None and cfg.tensorboard.tensorboard_dir == Path("worker/tensorboard")
+    assert cfg.tensorboard.log_timers_to_tensorboard and not cfg.tensorboard.log_expert_load_to_tensorboard
+    assert [tag for tag, _ in cfg.text] == ["seed", "output_dir", "monitor_config", "tensorboard", "callbacks"]
+    assert mon.targeted("model.layers.1.w") and not mon.targeted("model.layers.2.w")
+
+
+def test_json_file_and_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"monitor_config": {}}), encoding="utf-8")
+    cfg = load_training_metrics_config(path)
+    assert not cfg.monitor.monitor_on and cfg.monitor.target == (".*",) and cfg.tensorboard is None
+    assert cfg.monitor.dump_path == Path("./dump") and cfg.step_interval == 1
+
+
+def test_tensorboard_format_falls_back_to_log_without_tensorboard_section() -> None:
+    cfg = load_training_metrics_config({"monitor_config": {"local_norm_format": "tensorboard"}})
+    assert cfg.monitor.local_norm_format == {LOG}
+
+
+def test_invert_selects_the_complement() -> None:
+    cfg = load_training_metrics_config({"monitor_config": {"target": ["attn"], "invert": True}})
+    assert cfg.monitor.targeted("layers.0.mlp.w") and not cfg.monitor.targeted("layers.0.attn.w")
+
+
+BAD: list[tuple[dict[str, Any], str]] = [
+    (
+        {"monitor_config": {"monitor_onn": True}},
+        r"monitor_config\.monitor_onn: unknown field; did you mean 'monitor_on'",
+    ),
+    ({"tensorboard": {"tensorboard_dir": "x", "queue": 1}}, r"tensorboard\.queue: unknown field"),
+    ({"monitor_config": {"local_norm_format": "tb"}}, r"monitor_config\.local_norm_format: 'tb' is not one of log"),
+    (
+        {"monitor_config": {"optimizer_state_format": ["log", "csv"]}},
+        r"monitor_config\.optimizer_state_format\[1\]: 'csv' is not one of log, tensorboard",
+    ),
+    ({"monitor_config": {"weight_state_format": 3}}, r"monitor_config\.weight_state_format: must be 'log'"),
+    ({"monitor_config": {"throughput_baseline": 0}}, r"monitor_config\.throughput_baseline: must be greater than 0"),
+    ({"monitor_config": {"throughput_baseline": -5.0}}, r"monitor_config\.throughput_baseline: must be greater than 0"),
+    ({"monitor_config": {"throughput_baseline": "fast"}}, r"monitor_config\.throughput_baseline: must be a finite"),
+    ({"monitor_config": {"step_interval": 0}}, r"monitor_config\.step_interval: must be >= 1"),
+    ({"monitor_config": {"step_interval": 1.5}}, r"monitor_config\.step_interval: must be an integer"),
+    ({"monitor_config": {"monitor_on": "yes"}}, r"monitor_config\.monitor_on: must be true or false"),
+    ({"monitor_config": {"target": "layers"}}, r"monitor_config\.target: must be a list of strings"),
+    ({"monitor_config": {"target": ["ok", "("]}}, r"monitor_config\.target\[1\]: invalid regular expression"),
+    ({"monitor_config": {"target": []}}, r"monitor_config\.target: must list at least one"),
+    ({"tensorboard": {"log_timers_to_tensorboard": True}}, r"tensorboard\.tensorboard_dir: is required"),
+    ({"tensorboard": {"tensorboard_dir": "x", "tensorboard_queue_size": 0}}, r"tensorboard\.tensorboard_queue_size"),
+    ({"tensorboard": {"tensorboard_dir": "x", "log_timers_to_tensorboard": 1}}, r"log_timers_to_tensorboard: must be"),
+    ({"monitor_config": [1]}, r"monitor_config: must be an object"),
+]
+
+
+@pytest.mark.parametrize(("config", "match"), BAD)
+def test_bad_values_name_the_field(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_training_metrics_config(config)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_training_metrics_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("monitor_config: [unclosed", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_training_metrics_config(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n- 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_training_metrics_config(top)

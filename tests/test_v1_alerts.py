@@ -1,0 +1,122 @@
+"""Alerts: NaN and loss-spike anomalies are reported (console and anomaly.json); a clean run
+raises none."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import torch
+
+from models import MLP
+from test_v1_support import make_v1
+from trainprobe.config.monitor_v1 import AlertRule
+from trainprobe.monitor_v1.alerts import AlertDetector, PipelineContext
+from trainprobe.records import RowKey, StepBatch
+
+
+def train(tmp_path, monkeypatch, capsys, rules, *, nan_at=None, spike_at=None, steps=8, ops=("norm",)):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = {"wg_distribution": True, "ops": list(ops), "alert": {"rules": rules, "dump": True}}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    x = torch.randn(8, 6)
+    for step in range(steps):
+        loss = model(x).pow(2).mean()
+        if step == spike_at:
+            loss = loss * 100
+        loss.backward()
+        if step == nan_at:
+            model.fc1.weight.grad[0, 0] = math.nan
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    dump = tmp_path / "out" / "anomaly_detected" / "rank0" / "anomaly.json"
+    return capsys.readouterr().out, (json.loads(dump.read_text()) if dump.exists() else {})
+
+
+def test_nan_is_reported_and_dumped(tmp_path, monkeypatch, capsys):
+    out, dump = train(tmp_path, monkeypatch, capsys, [{"rule_name": "AnomalyNan"}], nan_at=3, steps=4)
+    assert out.count("trainprobe alert:") == 1
+    assert "\033[" not in out  # not a terminal: no colour codes
+    ((key, entry),) = dump.items()
+    assert key.startswith("0:fc1.weight/rank0/grad_reduced_step_3_call_")
+    assert entry["rank"] == 0 and entry["step"] == 3 and entry["pp_stage"] == 0 and entry["vpp_stage"] == 0
+    assert entry["group_mates"] == [0] and entry["tag_name"] == "0:fc1.weight/rank0/grad_reduced"
+    assert set(entry) == {
+        "rank",
+        "step",
+        "micro_step",
+        "pp_stage",
+        "vpp_stage",
+        "call_id",
+        "tag_name",
+        "message",
+        "group_mates",
+    }
+    assert (
+        "Rule AnomalyNan reports anomaly signal in ('0:fc1.weight/rank0/grad_reduced', 'norm') at step 3."
+        == entry["message"]
+    )
+
+
+def test_loss_spike_is_reported_and_clean_run_is_not(tmp_path, monkeypatch, capsys):
+    rules = [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]
+    out, dump = train(tmp_path / "clean", monkeypatch, capsys, rules)
+    assert out == "" and dump == {}
+    out, dump = train(tmp_path / "spike", monkeypatch, capsys, rules, spike_at=5)
+    assert out.count("trainprobe alert:") == 8  # every gradient jumps x100, reduced and unreduced
+    assert {e["step"] for e in dump.values()} == {5}
+    assert all("AnomalyTurbulence" in e["message"] for e in dump.values())
+
+
+def test_rules_in_order_first_fires_and_every_op_kept(tmp_path, monkeypatch, capsys):
+    rules = [
+        {"rule_name": "AnomalyNan", "args": {"threshold": 1e10}},
+        {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}},
+    ]
+    out, dump = train(tmp_path, monkeypatch, capsys, rules, nan_at=3, steps=4, ops=("min", "max", "norm", "nans"))
+    ((entry),) = dump.values()
+    assert entry["message"].startswith("Rule AnomalyNan reports anomaly signal in ")
+    for op in ("min", "max", "norm", "nans"):
+        assert f"'{op}')" in entry["message"]
+
+
+def test_detector_units_turbulence_both_directions_and_threshold_nan():
+    ctx = PipelineContext(rank=1, pp_stage=1, group_mates=(0, 1))
+    stream = io.StringIO()
+    det = AlertDetector(
+        (AlertRule(rule_name="AnomalyTurbulence", threshold=0.5), AlertRule(rule_name="AnomalyNan", threshold=100.0)),
+        {"grad_reduced": ("norm", "max")},
+        lambda m, k: "grad_reduced",
+        ctx,
+        None,
+        stream,
+    )
+    key = RowKey(0, "0:w", "reduced")
+    for step, norm, mx in [(0, 1.0, 1.0), (1, 1.2, 1.0), (2, 0.4, 1.0), (3, 1.0, 500.0)]:
+        det.write(StepBatch("weight_grad", step, [key], _host={0: [norm, mx]}))
+    steps = sorted(e["step"] for e in det.anomalies.values())
+    assert steps == [2, 3]  # 0.4 is more than 50% below the average 1.1; 500 > 100
+    assert all(e["pp_stage"] == 1 and e["group_mates"] == [0, 1] for e in det.anomalies.values())
+
+
+def test_missing_gradient_is_never_an_anomaly(tmp_path, monkeypatch, capsys):
+    model = MLP()
+    model.unused = torch.nn.Linear(2, 2)  # in the optimizer, never gets a gradient
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rules = [{"rule_name": "AnomalyNan"}, {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.9}}]
+    cfg = {"wg_distribution": True, "ops": ["norm", "nans"], "alert": {"rules": rules, "dump": True}}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    x = torch.randn(8, 6)
+    for _ in range(3):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    assert "trainprobe alert" not in capsys.readouterr().out
+    assert not (tmp_path / "out" / "anomaly_detected").exists()

@@ -1,0 +1,507 @@
+"""Monitor V1 end to end on real models: output layout, values, every collection field."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import read_csv, stats64
+from models import MLP, TinyTransformer, no_hooks_left
+from test_v1_support import by_name, make_v1, run_dir, table
+from trainprobe.errors import ConfigError
+
+ALL_OPS = ["min", "max", "norm", "mean", "zeros", "nans"]
+FULL = {
+    "targets": {},
+    "xy_distribution": True,
+    "all_xy": True,
+    "wg_distribution": True,
+    "mv_distribution": True,
+    "param_distribution": True,
+    "ops": ALL_OPS,
+    "ndigits": 12,
+}
+
+
+def train(model, opt, steps, micro=1, data=None):
+    for s in range(steps):
+        for _ in range(micro):
+            x = data[s] if data is not None else torch.randn(4, 6)
+            model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def close(row, ref, rel=1e-6):
+    for op in ("min", "max", "norm", "mean"):
+        if op in row:
+            assert float(row[op]) == pytest.approx(ref[op], rel=rel, abs=1e-11), (row["name"], op)
+
+
+def test_folder_files_headers_and_rounding(tmp_path, monkeypatch):
+    model, opt = MLP(), torch.optim.Adam(MLP().parameters())
+    opt = torch.optim.Adam(model.parameters())
+    mon = make_v1(tmp_path, monkeypatch, {**FULL, "ndigits": 3, "mg_direction": True})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 2)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert re.fullmatch(r"[A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2}-rank0-[0-9a-f]{8}", folder.name)
+    names = {p.name for p in folder.iterdir()}
+    for kind in (
+        "actv",
+        "actv_grad",
+        "grad_unreduced",
+        "grad_reduced",
+        "exp_avg",
+        "exp_avg_sq",
+        "param_origin",
+        "param_updated",
+    ):
+        assert {f"{kind}_0-0.csv", f"{kind}_1-1.csv"} <= names
+    assert "other_1-1.csv" in names  # mg_direction needs the momentum of step 0
+    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", *ALL_OPS]
+    assert read_csv(folder / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS]
+    assert read_csv(folder / "grad_unreduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS]
+    for row in table(folder, "grad_reduced"):
+        for op in ("min", "max", "norm", "mean"):
+            assert len(row[op].split(".")[-1]) <= 3
+    names = {r["name"] for r in table(folder, "actv")}
+    assert {"0:fc1.input", "0:fc1.output", "0:fc2.output"} <= names
+    assert {"0:fc2.input_grad", "0:fc2.output_grad"} <= {r["name"] for r in table(folder, "actv_grad")}
+
+
+def test_values_match_float64_reference(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    mon = make_v1(tmp_path, monkeypatch, FULL)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    seen = {}
+    model.fc1.register_forward_hook(lambda m, a, o: seen.update(x=a[0].detach().clone(), h=o.detach().clone()))
+    train(model, opt, 1)
+    before = model.fc2.weight.detach().clone()
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    grad = model.fc2.weight.grad.clone()
+    x, h = seen["x"], seen["h"]
+    opt.step()
+    opt.zero_grad()
+    mon.stop()
+    folder = run_dir(tmp_path)
+    step1 = lambda rows: [r for r in rows if r["step"] == "1"]  # noqa: E731
+    close(by_name(step1(table(folder, "grad_reduced")), "0:fc2.weight")[0], stats64(grad))
+    close(by_name(step1(table(folder, "grad_unreduced")), "0:fc2.weight")[0], stats64(grad))
+    close(by_name(step1(table(folder, "param_origin")), "0:fc2.weight")[0], stats64(before))
+    close(by_name(step1(table(folder, "param_updated")), "0:fc2.weight")[0], stats64(model.fc2.weight))
+    state = opt.state[model.fc2.weight]
+    close(by_name(step1(table(folder, "exp_avg")), "0:fc2.weight")[0], stats64(state["exp_avg"]))
+    close(by_name(step1(table(folder, "exp_avg_sq")), "0:fc2.weight")[0], stats64(state["exp_avg_sq"]))
+    close(by_name(step1(table(folder, "actv")), "0:fc1.input")[0], stats64(x))
+    close(by_name(step1(table(folder, "actv")), "0:fc1.output")[0], stats64(h))
+    zeros = by_name(step1(table(folder, "actv")), "0:act.output")[0]
+    assert float(zeros["zeros"]) == pytest.approx((torch.relu(h).abs() < 1e-8).double().mean().item())
+
+
+class Pair(nn.Module):
+    """Returns a tuple (y, y * 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y, y * 2
+
+
+class PairNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = Pair()
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x):
+        a, b = self.pair(x)
+        return self.head(a + b)
+
+
+def test_targets_pick_modules_elements_and_parameters(tmp_path, monkeypatch):
+    model = PairNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {
+        "targets": {"pair": {"input": "tensor", "output": "tuple[2]:1", "output_grad": "tuple[2]:0"}},
+        "xy_distribution": True,
+        "wg_distribution": True,
+        "ops": ["norm"],
+        "ndigits": 12,
+    }
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    out = {}
+    model.pair.register_forward_hook(lambda m, a, o: out.update(b=o[1].detach().clone()))
+    train(model, opt, 1)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    actv = table(folder, "actv")
+    assert {r["name"] for r in actv} == {"0:pair.input", "0:pair.output"}
+    assert float(by_name(actv, "0:pair.output")[0]["norm"]) == pytest.approx(out["b"].double().norm().item(), rel=1e-6)
+    assert {r["name"] for r in table(folder, "actv_grad")} == {"0:pair.output_grad"}
+    assert {r["name"] for r in table(folder, "grad_reduced")} == {"0:pair.lin.weight", "0:pair.lin.bias"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "actv", "grad"),
+    [({"forward_only": True}, True, False), ({"backward_only": True}, False, True), ({}, True, True)],
+)
+def test_forward_only_and_backward_only(tmp_path, monkeypatch, flags, actv, grad):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"xy_distribution": True, "all_xy": True, **flags})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert bool(table(folder, "actv")) is actv
+    assert bool(table(folder, "actv_grad")) is grad
+
+
+def test_forward_and_backward_only_warns_and_collects_nothing(tmp_path, monkeypatch, caplog):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"xy_distribution": True, "all_xy": True, "forward_only": True, "backward_only": True}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+        train(model, opt, 1)
+    mon.stop()
+    assert "forward_only and backward_only are both true" in caplog.text
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*/actv*"))
+
+
+def test_step_window_and_records(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"wg_distribution": True, "start_step": 1, "step_interval": 2, "collect_times": 3, "step_count_per_record": 2}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 9)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert sorted(p.name for p in folder.glob("grad_reduced_*")) == ["grad_reduced_1-3.csv", "grad_reduced_5-5.csv"]
+    assert sorted({r["step"] for r in table(folder, "grad_reduced")}) == ["1", "3", "5"]
+    assert no_hooks_left(model, opt)
+
+
+def test_start_iteration_shifts_steps(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "start_step": 10})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt, start_iteration=9)
+    train(model, opt, 2)
+    mon.stop()
+    assert sorted({r["step"] for r in table(run_dir(tmp_path), "grad_reduced")}) == ["10"]
+
+
+def test_monitor_mbs_grad_rows_per_micro_batch(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "monitor_mbs_grad": True, "ndigits": 12})
+    mon.set_monitor(model, grad_acc_steps=3, optimizer=opt)
+    grads = []
+    for _ in range(3):
+        before = model.fc2.bias.grad.clone() if model.fc2.bias.grad is not None else torch.zeros(3)
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        grads.append(model.fc2.bias.grad - before)
+    opt.step()
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert read_csv(folder / "grad_unreduced_0-0.csv")[0][:4] == ["vpp_stage", "name", "step", "micro_step"]
+    rows = by_name(table(folder, "grad_unreduced"), "0:fc2.bias")
+    assert [r["micro_step"] for r in rows] == ["0", "1", "2"]
+    for row, g in zip(rows, grads):
+        assert float(row["norm"]) == pytest.approx(g.double().norm().item(), rel=1e-6)
+
+
+def run_transformer(steps, monitor_factory=None):
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    mon = monitor_factory() if monitor_factory else None
+    if mon is not None:
+        mon.set_monitor(model, grad_acc_steps=2, optimizer=opt)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        for _ in range(2):
+            loss = model.loss(torch.randint(0, 50, (2, 8), generator=gen))
+            loss.backward()
+            losses.append(loss.detach())
+        opt.step()
+        opt.zero_grad()
+    if mon is not None:
+        mon.stop()
+    return losses, model, opt
+
+
+def test_monitoring_does_not_change_training_bitwise(tmp_path, monkeypatch):
+    cfg = {**FULL, "mg_direction": True, "stack_info": True, "monitor_mbs_grad": True}
+    ref_losses, ref_model, _ = run_transformer(3)
+    losses, model, opt = run_transformer(3, lambda: make_v1(tmp_path, monkeypatch, cfg))
+    assert all(torch.equal(a, b) for a, b in zip(ref_losses, losses))
+    for (name, a), (_, b) in zip(ref_model.named_parameters(), model.named_parameters()):
+        assert torch.equal(a, b), name
+    assert table(run_dir(tmp_path), "actv")
+    assert no_hooks_left(model, opt)
+
+
+def test_main_grad_is_read_where_it_exists(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "ndigits": 12})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    model(torch.randn(4, 6)).sum().backward()
+    model.fc1.weight.main_grad = torch.full_like(model.fc1.weight, 3.0)  # Megatron keeps fp32 grads here
+    opt.step()
+    mon.stop()
+    rows = table(run_dir(tmp_path), "grad_reduced")
+    assert float(by_name(rows, "0:fc1.weight")[0]["norm"]) == pytest.approx(3.0 * model.fc1.weight.numel() ** 0.5)
+    assert float(by_name(rows, "0:fc2.weight")[0]["norm"]) == pytest.approx(
+        model.fc2.weight.grad.double().norm().item()
+    )
+
+
+class Wrapper:
+    """DeepSpeed/accelerate style: the real optimizer is in .optimizer."""
+
+    def __init__(self, inner):
+        self.optimizer = inner
+
+    def step(self):
+        self.optimizer.step()
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+
+class Chain:
+    """Megatron ChainedOptimizer style."""
+
+    def __init__(self, *optimizers):
+        self.chained_optimizers = [Wrapper(o) for o in optimizers]
+
+    def step(self):
+        for o in self.chained_optimizers:
+            o.step()
+
+    def zero_grad(self):
+        for o in self.chained_optimizers:
+            o.zero_grad()
+
+
+@pytest.mark.parametrize("kind", ["wrapper", "chain"])
+def test_wrapped_and_chained_optimizers(tmp_path, monkeypatch, kind):
+    model = MLP()
+    if kind == "wrapper":
+        opt = Wrapper(torch.optim.Adam(model.parameters()))
+    else:
+        opt = Chain(torch.optim.Adam(model.fc1.parameters()), torch.optim.Adam(model.fc2.parameters()))
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "mv_distribution": True, "param_distribution": True})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 2)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    for kind_ in ("grad_reduced", "exp_avg", "param_updated"):
+        rows = table(folder, kind_)
+        assert {r["name"] for r in rows} == {"0:fc1.weight", "0:fc1.bias", "0:fc2.weight", "0:fc2.bias"}, kind_
+        assert {r["step"] for r in rows} == {"0", "1"}
+
+
+def test_api_format_keeps_metrics_in_memory(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {**FULL, "format": "api"}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    out = {}
+    model.fc1.register_forward_hook(lambda m, a, o: out.update(h=o.detach().clone()))
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    reduced, unreduced = mon.generate_wgrad_metrics()
+    g = model.fc2.weight.grad.double()
+    assert reduced["0:fc2.weight"]["norm"] == pytest.approx(g.norm().item(), rel=1e-6)
+    assert unreduced["0:fc2.weight"]["max"] == pytest.approx(g.max().item(), rel=1e-6)
+    actv, actv_grad = mon.generate_xy_metrics()
+    assert actv["0:fc1.output:0"]["mean"] == pytest.approx(out["h"].double().mean().item(), rel=1e-6)
+    assert "0:fc1.output_grad:0" in actv_grad
+    opt.step()
+    opt.zero_grad()
+    actv_after, _ = mon.generate_xy_metrics()  # the latest collected step, from memory
+    assert actv_after["0:fc1.output:0"] == pytest.approx(actv["0:fc1.output:0"])
+    mon.stop()
+    assert not (tmp_path / "out").exists()
+
+
+def test_tensorboard_format_writes_events(tmp_path, monkeypatch):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {**FULL, "format": "tensorboard", "ops": ["norm", "max"]})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 2)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert not list(folder.glob("*.csv"))
+    acc = event_accumulator.EventAccumulator(str(folder))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert "0:fc1.output:0/rank0/actv_norm" in tags
+    assert "0:fc1.weight/rank0/grad_reduced_max" in tags
+    assert "0:fc1.weight/rank0/param_updated_norm" in tags
+    assert [e.step for e in acc.Scalars("0:fc1.weight/rank0/grad_reduced_norm")] == [0, 1]
+
+
+def test_reload_xy_and_ops_take_effect_next_step(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "all_xy": True, "ops": ["norm"]})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.reload_xy(xy_distribution=True)
+    mon.ops = ["min", "max"]
+    assert mon.ops == ("min", "max")
+    train(model, opt, 2)
+    mon.reload_xy(False)
+    train(model, opt, 1)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert sorted({r["step"] for r in table(folder, "actv")}) == ["1", "2"]
+    assert read_csv(folder / "grad_reduced_0-0.csv")[0][-1] == "norm"
+    assert read_csv(folder / "grad_reduced_1-1.csv")[0][-2:] == ["min", "max"]
+    with pytest.raises(ConfigError, match=r"ops\[0\]: 'nrom' is not one of"):
+        mon.ops = ["nrom"]
+
+
+def test_legacy_api_warns_once_and_works(tmp_path, monkeypatch, caplog):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True}, opt_ty="Megatron_DistributedOptimizer")
+        mon.set_wrapped_optimizer(opt)
+        mon.monitor_gnorm_with_ad(model, grad_acc_steps=1)
+    assert {str(w.message).split(";")[0] for w in caught if w.category is DeprecationWarning} == {
+        "TrainerMon(opt_ty=...) is deprecated and ignored",
+        "TrainerMon.set_wrapped_optimizer() is deprecated",
+        "TrainerMon.monitor_gnorm_with_ad() is deprecated",
+    }
+    train(model, opt, 1)
+    mon.stop()
+    assert table(run_dir(tmp_path), "grad_reduced")
+
+
+def test_append_output_continues_existing_folder(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "collect_times": 2})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 2)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    stamp = folder.name.split("-rank")[0]
+    cfg = {"wg_distribution": True, "start_step": 2, "append_output": [stamp, stamp]}
+    mon2 = make_v1(tmp_path, monkeypatch, cfg)
+    mon2.set_monitor(model, grad_acc_steps=1, optimizer=opt, start_iteration=2)
+    train(model, opt, 1)
+    mon2.stop()
+    assert run_dir(tmp_path) == folder
+    assert sorted({r["step"] for r in table(folder, "grad_reduced")}) == ["0", "1", "2"]
+
+
+class Deep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = nn.Module()
+        self.module.encoder = nn.Module()
+        self.module.encoder.layers = nn.ModuleList([nn.Linear(6, 6)])
+
+    def forward(self, x):
+        return self.module.encoder.layers[0](x)
+
+
+@pytest.mark.parametrize(("squash", "name"), [(True, "0:layers.0.weight"), (False, "0:module.encoder.layers.0.weight")])
+def test_squash_name(tmp_path, monkeypatch, squash, name):
+    model = Deep()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "squash_name": squash})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    assert name in {r["name"] for r in table(run_dir(tmp_path), "grad_reduced")}
+
+
+def test_model_chunks_and_module_ranks(tmp_path, monkeypatch):
+    chunks = [MLP(), MLP(d_in=3)]
+    opt = torch.optim.SGD([p for c in chunks for p in c.parameters()], lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"xy_distribution": True, "all_xy": True, "wg_distribution": True})
+    mon.set_monitor(chunks, grad_acc_steps=1, optimizer=opt)
+    chunks[1](chunks[0](torch.randn(4, 6))).sum().backward()
+    opt.step()
+    mon.stop()
+    folder = run_dir(tmp_path)
+    rows = table(folder, "grad_reduced")
+    assert {(r["vpp_stage"], r["name"]) for r in rows} >= {("0", "0:fc1.weight"), ("1", "1:fc1.weight")}
+    assert {"0:fc1.output", "1:fc1.output"} <= {r["name"] for r in table(folder, "actv")}
+    mon2 = make_v1(tmp_path / "b", monkeypatch, {"xy_distribution": True, "all_xy": True, "module_ranks": [1]})
+    mon2.set_monitor(chunks, grad_acc_steps=1, optimizer=opt)
+    chunks[1](chunks[0](torch.randn(4, 6))).sum().backward()
+    opt.step()
+    mon2.stop()
+    assert not (tmp_path / "b" / "out").exists()
+
+
+def test_stack_info(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"stack_info": True})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 2)
+    mon.stop()
+    header, rows = read_csv(run_dir(tmp_path) / "stack_info.csv")
+    assert header == ["name", "stack_info"]
+    assert {r["name"] for r in rows} == {"0:root", "0:fc1", "0:act", "0:fc2"}
+    assert all("test_v1_e2e.py" in r["stack_info"] for r in rows)
+
+
+def test_set_monitor_bad_arguments(tmp_path, monkeypatch):
+    model = MLP()
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True})
+    with pytest.raises(ConfigError, match="optimizer is required"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=None)
+    with pytest.raises(ConfigError, match=r"grad_acc_steps=...\): must be an integer >= 1"):
+        mon.set_monitor(model, grad_acc_steps=0, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ConfigError, match="expected a torch.optim.Optimizer"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=object())
+
+
+def test_params_have_main_grad_plain_pytorch_and_fault_isolation(tmp_path, monkeypatch, caplog):
+    """A failing statistic disables that monitor once; training goes on."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "param_distribution": True})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    probe = next(p for p in mon._session.probes if p.name == "param")
+    probe.stats.row = lambda t: 1 / 0  # a fault inside the monitor
+    with caplog.at_level("ERROR", logger="trainprobe"):
+        train(model, opt, 2)
+    mon.stop()
+    assert caplog.text.count("the param monitor failed") == 1
+    assert table(run_dir(tmp_path), "grad_reduced")
+
+
+def test_compat_import_path():
+    from trainprobe.monitor_v1 import TrainerMon
+    from trainprobe.pytorch.monitor.module_hook import TrainerMon as Compat
+
+    assert Compat is TrainerMon
