@@ -466,3 +466,27 @@ def test_async_write_modes_write_the_same_rows(tmp_path, async_write):
     train_mlp(model, opt, 3)
     mon.stop()
     assert len(rows_of(out, "weight_grad")) == 3 * 8
+
+
+class OptimizerSubclassWrapper(torch.optim.Optimizer):
+    """Like accelerate's AcceleratedOptimizer: an Optimizer subclass holding the real one."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:  # no super().__init__: no hook dicts
+        self.optimizer = inner
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+
+def test_optimizer_wrappers_are_unwrapped_to_the_innermost(tmp_path):
+    model = MLP()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"param": {"enabled": True}})
+    mon.start(model=model, optimizer=OptimizerSubclassWrapper(inner))
+    train_mlp(model, inner, 2)
+    mon.stop()
+    assert sorted({r["step"] for r in rows_of(out, "param")}) == ["0", "1"]

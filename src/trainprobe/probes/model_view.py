@@ -82,19 +82,22 @@ class ModelView:
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
     """The torch optimizer inside ``optimizer``, following ``.optimizer`` attributes of wrappers
-    (DeepSpeed, accelerate, Megatron style).
+    (DeepSpeed, accelerate, Megatron style). A wrapper that subclasses ``Optimizer`` itself
+    (accelerate's ``AcceleratedOptimizer``) is followed too, down to the innermost optimizer.
 
     Raises:
         ConfigError: no ``torch.optim.Optimizer`` is found.
     """
-    current = optimizer
+    current, found = optimizer, None
     for _ in range(8):
         if isinstance(current, torch.optim.Optimizer):
-            return current
+            found = current
         inner = getattr(current, "optimizer", None)
         if inner is None or inner is current:
             break
         current = inner
+    if found is not None:
+        return found
     raise ConfigError(
         f"start(optimizer=...): expected a torch.optim.Optimizer or a wrapper holding one in "
         f".optimizer, got {type(optimizer).__name__}"
