@@ -490,3 +490,28 @@ def test_optimizer_wrappers_are_unwrapped_to_the_innermost(tmp_path):
     train_mlp(model, inner, 2)
     mon.stop()
     assert sorted({r["step"] for r in rows_of(out, "param")}) == ["0", "1"]
+
+
+def test_reduced_rows_see_gradient_clipping_between_backward_and_step(tmp_path):
+    """reduced reuses unreduced statistics only for an untouched gradient: clipping is seen."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}, "param": {"enabled": True}})
+    mon.start(model=model, optimizer=opt)
+    clipped, raw = [], []
+    for _ in range(2):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        raw.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        clipped.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            model.fc1.weight.mul_(0.5)  # an in-place change between steps: param_origin must see it
+    mon.stop()
+    for row in rows_of(out, "weight_grad"):
+        source = raw if row["scope"] == "unreduced" else clipped
+        assert_row_matches(row, source[int(row["step"])][row["module_name"]])
+    origin = [r for r in rows_of(out, "param") if r["scope"] == "param_origin" and r["module_name"] == "fc1.weight"]
+    updated = [r for r in rows_of(out, "param") if r["scope"] == "param_updated" and r["module_name"] == "fc1.weight"]
+    assert float(origin[1]["norm"]) == pytest.approx(0.5 * float(updated[0]["norm"]), rel=1e-6)

@@ -1,13 +1,18 @@
 """``param`` monitor: parameters just before (``param_origin``) and just after
 (``param_updated``) ``optimizer.step()``. ``module_name`` is the parameter's name.
-``param_distribution: false`` switches it off."""
+``param_distribution: false`` switches it off.
+
+In a single-process run, a parameter that has not changed since the last ``param_updated``
+row (same tensor, same version counter) reuses those statistics as its ``param_origin`` row."""
 
 from __future__ import annotations
 
 from trainprobe.config.monitor_v2 import ParamConfig
+from trainprobe.dist_info import distributed_ready
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
+from trainprobe.stats.torch_stats import UnchangedCache
 
 
 class ParamProbe(Probe):
@@ -19,10 +24,19 @@ class ParamProbe(Probe):
         super().__init__(clock, config.ops, config.eps)
         self.params = params
         self.disabled = not config.param_distribution
+        self._cache = UnchangedCache() if not distributed_ready() else None
 
     def _record(self, scope: str) -> None:
-        keys = [RowKey(p.vpp_stage, p.name, scope) for p in self.params]
-        self.rows.extend(keys, self.stats.rows([p.param for p in self.params]))
+        cache = self._cache
+        values = []
+        for i, p in enumerate(self.params):
+            found = cache.get(i, p.param) if cache is not None and scope == "param_origin" else None
+            if found is None:
+                found = self.stats.row(p.param)
+                if cache is not None and scope == "param_updated":
+                    cache.put(i, p.param, found)
+            values.append(found)
+        self.rows.extend([RowKey(p.vpp_stage, p.name, scope) for p in self.params], values)
 
     def before_optimizer_step(self) -> None:
         self._record("param_origin")

@@ -33,10 +33,12 @@ import torch
 from torch import nn
 
 from trainprobe.config.monitor_v2 import WeightGradConfig
+from trainprobe.dist_info import distributed_ready
 from trainprobe.log import warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
+from trainprobe.stats.torch_stats import UnchangedCache
 
 
 class WeightGradProbe(Probe):
@@ -65,11 +67,35 @@ class WeightGradProbe(Probe):
         self.modules = modules or []
         self._seen = [0] * len(self.params)
         self._hooked_unsharded: set[int] = set()
+        self._cache: UnchangedCache | None = None
+        self._pending: dict[int, Any] = {}
 
     def attach(self) -> None:
         for index, named in enumerate(self.params):
             self.keep(named.param.register_hook(self.guard(self._on_grad(index, named.param))))
         self._attach_fsdp2()
+        self._attach_reuse()
+
+    def _attach_reuse(self) -> None:
+        """Single process, plain ``.grad``: let ``reduced`` reuse the ``unreduced`` statistics of a
+        gradient nothing touched between backward and the step (same tensor, same version)."""
+        if distributed_ready() or self.grad_of is not _dot_grad or self.hooked_sharded():
+            return
+        self._cache = UnchangedCache()
+        for index, named in enumerate(self.params):
+            self.keep(named.param.register_post_accumulate_grad_hook(self.guard(self._after_accumulate(index))))
+
+    def hooked_sharded(self) -> bool:
+        """Whether any parameter is an FSDP2 shard."""
+        return any(_is_sharded(p.param) for p in self.params)
+
+    def _after_accumulate(self, index: int) -> Any:
+        def remember(param: torch.Tensor) -> None:
+            values = self._pending.pop(index, None)
+            if values is not None and self._cache is not None and param.grad is not None:
+                self._cache.put(index, param.grad, values)
+
+        return remember
 
     def _attach_fsdp2(self) -> None:
         """Hook the unsharded parameters of FSDP2 modules when they appear in forward."""
@@ -110,7 +136,10 @@ class WeightGradProbe(Probe):
                 accumulated = self.grad_of(holder)
                 local = grad if accumulated is None else accumulated + grad
                 key = RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches)
-                self.rows.add(key, self.stats.row(local))
+                values = self.stats.row(local)
+                self.rows.add(key, values)
+                if self._cache is not None:
+                    self._pending[index] = values
 
         return on_grad
 
@@ -122,10 +151,17 @@ class WeightGradProbe(Probe):
         """Reduced rows of the gradients as they are now (also read on demand by Monitor V1)."""
         keep = self.keep_reduced
         present = [
-            (p, g) for p in self.params if (g := self.grad_of(p.param)) is not None and (keep is None or keep(p))
+            (i, p, g)
+            for i, p in enumerate(self.params)
+            if (g := self.grad_of(p.param)) is not None and (keep is None or keep(p))
         ]
-        keys = [RowKey(p.vpp_stage, p.name, "reduced", self.micro_batches) for p, _ in present]
-        return keys, self.stats.rows([g for _, g in present])
+        keys = [RowKey(p.vpp_stage, p.name, "reduced", self.micro_batches) for _, p, _ in present]
+        cache = self._cache
+        values = []
+        for i, _, g in present:
+            found = cache.get(i, g) if cache is not None else None
+            values.append(found if found is not None else self.stats.row(g))
+        return keys, values
 
     def end_step(self) -> None:
         if not self.per_micro_batch and self.clock.collecting:
@@ -139,6 +175,9 @@ class WeightGradProbe(Probe):
                     "optimizer step, in the config or in start(...)",
                 )
         self._seen = [0] * len(self.params)
+        self._pending.clear()
+        if self._cache is not None:
+            self._cache.clear()
 
 
 def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:

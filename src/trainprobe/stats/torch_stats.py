@@ -14,6 +14,7 @@ Two strategies, picked per tensor by its device, both returning values in the or
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -161,3 +162,31 @@ class TensorStats:
         if "zeros" in ops:
             found["zeros"] = torch.count_nonzero(x.abs() < self.eps).to(torch.float64) / n
         return torch.stack([found[op].to(torch.float64) for op in ops])
+
+
+class UnchangedCache:
+    """Statistics of tensors that have not changed since they were summarised.
+
+    An entry is valid while the tensor is the very same object and its autograd version counter
+    (bumped by every in-place operation) is unchanged. Writes that bypass the counter (through
+    ``.data``, or a communication backend filling a buffer) are invisible to it, so monitors use
+    the cache only in single-process runs, where no backend writes gradients or parameters.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, int, RowValues]] = {}
+
+    def put(self, key: int, t: torch.Tensor, values: RowValues) -> None:
+        """Remember ``values`` as the statistics of ``t`` as it is now."""
+        self._entries[key] = (weakref.ref(t), t._version, values)
+
+    def get(self, key: int, t: torch.Tensor) -> RowValues | None:
+        """The remembered statistics if ``t`` is unchanged, else None."""
+        entry = self._entries.get(key)
+        if entry is None or entry[0]() is not t or t._version != entry[1]:
+            return None
+        return entry[2]
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self._entries.clear()
