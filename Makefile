@@ -28,6 +28,9 @@ test: lint
 
 bench: setup
 	$(BIN)/python bench/bench_monitor_v2.py
+	$(BIN)/python bench/bench_monitor_v1.py
+	$(BIN)/python bench/bench_metrics.py
+	$(BIN)/python bench/bench_dump.py
 
 clean:
 	rm -rf $(VENV) trainprobe_demo .pytest_cache
