@@ -35,13 +35,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
+from trainprobe.demo.gpt import benchmark_setup
 from trainprobe.dump import PrecisionDebugger
 
 BATCH_SIZE = 8
@@ -72,11 +71,8 @@ class Trainer:
     """The model, its optimizer and a stream of batches."""
 
     def __init__(self, seed: int) -> None:
-        torch.manual_seed(seed)
-        self.cfg = GPTConfig()
-        self.model = TinyGPT(self.cfg)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
-        self.batches: Iterator[torch.Tensor] = synthetic_batches(self.cfg, BATCH_SIZE, seed=seed)
+        run = benchmark_setup(seed, BATCH_SIZE)
+        self.cfg, self.model, self.optimizer, self.batches = run.cfg, run.model, run.optimizer, run.batches
 
     def step(self, debugger: PrecisionDebugger | None) -> float:
         """One training step (with the debugger's calls around it); its wall seconds."""

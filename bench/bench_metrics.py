@@ -36,13 +36,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
+from trainprobe.demo.gpt import benchmark_setup
 from trainprobe.metrics import TrainingMetricsMonitor
 
 BATCH_SIZE = 8
@@ -78,11 +77,8 @@ class Trainer:
     """The model, its optimizer and a stream of batches."""
 
     def __init__(self, seed: int) -> None:
-        torch.manual_seed(seed)
-        self.cfg = GPTConfig()
-        self.model = TinyGPT(self.cfg)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
-        self.batches: Iterator[torch.Tensor] = synthetic_batches(self.cfg, BATCH_SIZE, seed=seed)
+        run = benchmark_setup(seed, BATCH_SIZE)
+        self.cfg, self.model, self.optimizer, self.batches = run.cfg, run.model, run.optimizer, run.batches
         self.expert_counts = torch.tensor([5.0, 3.0, 7.0, 1.0])
         self.in_thread: list[float] = []  # seconds the monitor took on the training thread, per step
         self.capture_s = 0.0  # gradient capture of the current step

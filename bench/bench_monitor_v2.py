@@ -61,7 +61,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,7 @@ from typing import Any
 import torch
 
 from trainprobe import TrainerMonitorV2
-from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
+from trainprobe.demo.gpt import benchmark_setup
 
 BATCH_SIZE = 8
 
@@ -110,11 +109,8 @@ class Trainer:
     """The model, its optimizer and a stream of batches."""
 
     def __init__(self, seed: int) -> None:
-        torch.manual_seed(seed)
-        self.cfg = GPTConfig()
-        self.model = TinyGPT(self.cfg)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
-        self.batches: Iterator[torch.Tensor] = synthetic_batches(self.cfg, BATCH_SIZE, seed=seed)
+        run = benchmark_setup(seed, BATCH_SIZE)
+        self.cfg, self.model, self.optimizer, self.batches = run.cfg, run.model, run.optimizer, run.batches
         self.last_loss = float("nan")
 
     def step(self) -> float:

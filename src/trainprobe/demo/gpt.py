@@ -6,6 +6,7 @@ The default size is the benchmark's: 4 layers, d_model 256, 4 heads, sequence 12
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -102,3 +103,22 @@ def synthetic_batches(cfg: GPTConfig, batch_size: int, seed: int = 0, device: st
     while True:
         start = torch.randint(0, cfg.vocab_size, (batch_size, 1), generator=gen)
         yield ((start + steps) % cfg.vocab_size).to(device)
+
+
+@dataclass
+class TrainingSetup:
+    """The benchmarks' training run: model, AdamW optimizer and a batch stream."""
+
+    cfg: GPTConfig
+    model: TinyGPT
+    optimizer: torch.optim.Optimizer
+    batches: Iterator[torch.Tensor]
+
+
+def benchmark_setup(seed: int, batch_size: int = 8, cfg: GPTConfig | None = None) -> TrainingSetup:
+    """The GPT benchmark's run (default size, AdamW lr 3e-4), seeded, on the CPU."""
+    torch.manual_seed(seed)
+    cfg = cfg or GPTConfig()
+    model = TinyGPT(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    return TrainingSetup(cfg, model, optimizer, synthetic_batches(cfg, batch_size, seed=seed))

@@ -10,8 +10,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from trainprobe.errors import ConfigError
-
 
 def _run(args: argparse.Namespace) -> int:
     from trainprobe.dump.compare import compare_dumps
@@ -46,16 +44,10 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trainprobe.dump.cli compare ...``"""
-    parser = argparse.ArgumentParser(prog="trainprobe")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_compare_parser(sub)
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except (ConfigError, FileNotFoundError, NotADirectoryError) as exc:
-        print(f"trainprobe {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    """``python -m trainprobe.dump.cli compare ...``: the same as ``trainprobe compare ...``."""
+    from trainprobe.cli import main as trainprobe_main
+
+    return trainprobe_main(argv)
 
 
 if __name__ == "__main__":
