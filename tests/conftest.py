@@ -63,3 +63,12 @@ def assert_row_matches(row: dict[str, str], t: torch.Tensor, rel: float = 1e-6) 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def monitor_runs(tmp_path_factory: pytest.TempPathFactory):
+    """Real 2-rank Monitor V1 and V2 output (see ``monitor_runs.py``), made once per session.
+    Tools must only read it: copy it to ``tmp_path`` first to change it."""
+    from monitor_runs import make_monitor_runs
+
+    return make_monitor_runs(tmp_path_factory.mktemp("monitor_runs"))

@@ -6,11 +6,18 @@ Exit codes: 0 success, 2 bad input (message on stderr, no traceback).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+
+
+# Each entry adds one sub-command: (module, function taking the sub-parsers object).
+_SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("trainprobe.dump.cli", "add_compare_parser"),
+)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -32,9 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="./trainprobe_demo", help="output folder (default ./trainprobe_demo)")
     demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     demo.set_defaults(run=_demo)
-    from trainprobe.dump.cli import add_compare_parser
-
-    add_compare_parser(sub)
+    for module_name, function_name in _SUBCOMMANDS:
+        getattr(importlib.import_module(module_name), function_name)(sub)
     return parser
 
 

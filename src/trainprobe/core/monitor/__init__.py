@@ -1,0 +1,1 @@
+"""Compatibility path: ``trainprobe.core.monitor`` (the reference tool's ``msprobe.core.monitor``: monitor output tools)."""

@@ -1,0 +1,58 @@
+"""What csv2tb, csv2db and report share: the selection arguments of their command lines, the
+checks of their Python parameters and the timestamped default output folder."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from pathlib import Path
+
+from trainprobe.errors import ConfigError
+
+OUTPUT_STAMP = "%Y%m%d%H%M%S"
+
+
+def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """``MONITOR_PATH [--time-start T] [--time-end T] [--process-num N] [--data-type TYPE ...]
+    [-o OUTPUT_DIR]``; the Namespace fields are ``monitor_path``, ``time_start``, ``time_end``,
+    ``process_num``, ``data_type_list`` (None = all) and ``output_dirpath``."""
+    parser.add_argument("monitor_path", help="monitor output: a V1 MONITOR_OUTPUT_DIR or run folder, a V2 output_dir")
+    parser.add_argument("--time-start", dest="time_start", help="first V1 run timestamp to take, e.g. Dec03_21-34-40")
+    parser.add_argument("--time-end", dest="time_end", help="last V1 run timestamp to take (inclusive)")
+    parser.add_argument("--process-num", dest="process_num", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument(
+        "--data-type",
+        dest="data_type_list",
+        nargs="+",
+        metavar="TYPE",
+        help="data types to convert (file prefixes such as grad_reduced, or V2 monitors); default all",
+    )
+    parser.add_argument("-o", "--output", dest="output_dirpath", help="output folder (default: timestamped)")
+
+
+def check_process_num(process_num: object) -> int:
+    """``process_num`` as a positive int.
+
+    Raises:
+        ConfigError: not an integer >= 1.
+    """
+    if isinstance(process_num, bool) or not isinstance(process_num, int) or process_num < 1:
+        raise ConfigError(f"process_num: expected an integer >= 1, got {process_num!r}")
+    return process_num
+
+
+def output_folder(output_dirpath: str | Path | None, suffix: str) -> Path:
+    """``output_dirpath`` (expanded), or ``<local time YYYYmmddHHMMSS>_<suffix>`` in the current
+    folder; created if missing.
+
+    Raises:
+        ConfigError: the path exists and is not a folder.
+    """
+    if output_dirpath is None:
+        folder = Path(f"{datetime.now().strftime(OUTPUT_STAMP)}_{suffix}")
+    else:
+        folder = Path(output_dirpath).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"output_dirpath: {str(folder)!r} exists and is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
