@@ -11,6 +11,7 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
+from conftest import rows_of  # noqa: E402
 from test_metrics_helpers import read_events, scalars, texts  # noqa: E402
 from trainprobe.integrations.lightning import TrainProbeCallback  # noqa: E402
 
@@ -24,6 +25,7 @@ class Regressor(pl.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
+        self.param_grad_norms: list[dict[str, float]] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -34,6 +36,9 @@ class Regressor(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         self.grad_norms.append(float(torch.nn.utils.get_total_norm(grads)))
+        self.param_grad_norms.append(
+            {n: p.grad.double().norm().item() for n, p in self.net.named_parameters() if p.grad is not None}
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=0.01)
@@ -107,3 +112,24 @@ def test_print_struct_stops_lightning(tmp_path: Path, capsys: pytest.CaptureFixt
     assert [n for n, _ in module.named_parameters()] == [
         line for line in capsys.readouterr().out.split() if line.startswith("net.")
     ]
+
+
+def test_monitor_v2_reads_gradients_inside_the_optimizer_closure(tmp_path: Path) -> None:
+    """Lightning runs forward/backward inside ``optimizer.step(closure)``: weight_grad
+    ``reduced`` rows must hold the step's accumulated gradients (before clipping), not the
+    previous step's or none."""
+    ops = ["norm", "nans"]
+    v2 = {
+        "output_dir": str(tmp_path / "v2"),
+        "monitors": {"weight_grad": {"enabled": True, "ops": ops}, "optimizer": {"enabled": True, "ops": ops}},
+    }
+    trainer, module = fit(tmp_path, TrainProbeCallback(monitor_v2_config=v2))
+    assert trainer.global_step == STEPS
+    reduced = [r for r in rows_of(tmp_path / "v2", "weight_grad") if r["scope"] == "reduced"]
+    assert {int(r["step"]) for r in reduced} == set(range(STEPS))
+    for row in reduced:
+        name = row["module_name"].removeprefix("net.")
+        want = module.param_grad_norms[int(row["step"])][name]
+        assert float(row["norm"]) == pytest.approx(want, rel=1e-5), row
+    exp_avg = [r for r in rows_of(tmp_path / "v2", "optimizer") if "exp_avg" in r["module_name"]]
+    assert {int(r["step"]) for r in exp_avg} == set(range(STEPS))

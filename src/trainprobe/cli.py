@@ -13,7 +13,6 @@ from pathlib import Path
 
 from trainprobe.errors import ConfigError
 
-
 # Each entry adds one sub-command: (module, function taking the sub-parsers object).
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.dump.cli", "add_compare_parser"),

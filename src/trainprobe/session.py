@@ -35,6 +35,7 @@ class Session:
         clock: StepClock,
         optimizer: Any = None,
         patch_step: bool = False,
+        pre_step_hook: bool = True,
     ) -> None:
         self.probes = list(probes)
         self.schedule = schedule
@@ -42,6 +43,7 @@ class Session:
         self.clock = clock
         self.optimizer = optimizer
         self.patch_step = patch_step
+        self.pre_step_hook = pre_step_hook
         self.closed = False
         self._attached = False
         self._optimizer_handles: list[Any] = []
@@ -57,10 +59,9 @@ class Session:
             for probe in self.probes:
                 probe.attach()
             if self.optimizer is not None:
-                self._optimizer_handles = [
-                    self.optimizer.register_step_pre_hook(self._pre_step),
-                    self.optimizer.register_step_post_hook(self._post_step),
-                ]
+                self._optimizer_handles = [self.optimizer.register_step_post_hook(self._post_step)]
+                if self.pre_step_hook:
+                    self._optimizer_handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
         except BaseException:
             self._detach()
             raise
@@ -128,8 +129,10 @@ class Session:
         self.optimizer_pre_step()
 
     def optimizer_pre_step(self) -> None:
-        """Run the probes' pre-step work; for front doors that own the optimizer hooks
-        (a session built with ``optimizer=None``)."""
+        """Run the probes' pre-step work; for front doors that own the optimizer hooks (a
+        session built with ``optimizer=None``) or that know better than the pre-step hook when
+        the gradients are ready (``pre_step_hook=False``: the loop runs forward and backward
+        inside ``optimizer.step(closure)``, as Lightning does)."""
         if self.closed:
             return
         if self.clock.collecting:

@@ -67,7 +67,11 @@ class TrainerMonitorV2:
             optimizer: a ``torch.optim.Optimizer`` or a wrapper with ``.optimizer``; required
                 by weight_grad, optimizer and param.
             context: ``grad_acc_steps`` / ``micro_batch_number`` (number of micro-batches per
-                optimizer step; the config's values win); other keys are accepted and ignored.
+                optimizer step; the config's values win); ``optimizer_pre_step_hook`` (default
+                True): pass False when the loop runs forward and backward inside
+                ``optimizer.step(closure)`` (Lightning), where the optimizer's pre-step hook
+                fires before the gradients exist, and call :meth:`before_optimizer_step` once
+                they are ready; other keys are accepted and ignored.
 
         Raises:
             ConfigError: a monitor needs a model or an optimizer that was not passed.
@@ -105,6 +109,13 @@ class TrainerMonitorV2:
         else:
             session.end_step()
 
+    def before_optimizer_step(self) -> None:
+        """The gradients of this step are final: take the pre-step statistics (weight_grad
+        ``reduced``, optimizer state). Only needed with ``start(optimizer_pre_step_hook=False)``
+        (the integrations call it); otherwise the optimizer's pre-step hook does this."""
+        if self._session is not None:
+            self._session.optimizer_pre_step()
+
     def stop(self) -> None:
         """Write what is pending, remove every hook and patch, close the files. Idempotent;
         ``start()`` may be called again afterwards (the step count continues)."""
@@ -130,6 +141,9 @@ class TrainerMonitorV2:
         clock = self._clock
         clock.micro_batches = self._micro_batches(context)
         probes = self._probes(enabled, view, opt, rank, rank_dir)
+        pre_step_hook = context.get("optimizer_pre_step_hook", True)
+        if not isinstance(pre_step_hook, bool):
+            raise ConfigError(f"start(optimizer_pre_step_hook=...): must be True or False, got {pre_step_hook!r}")
         patch = cfg.patch_optimizer_step if cfg.patch_optimizer_step is not None else opt is not None
         if patch and opt is None:
             warn_once(
@@ -140,7 +154,13 @@ class TrainerMonitorV2:
         writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
         rank_dir.mkdir(parents=True, exist_ok=True)
         return Session(
-            probes=probes, schedule=cfg.schedule, writer=writer, clock=clock, optimizer=opt, patch_step=patch
+            probes=probes,
+            schedule=cfg.schedule,
+            writer=writer,
+            clock=clock,
+            optimizer=opt,
+            patch_step=patch,
+            pre_step_hook=pre_step_hook,
         )
 
     def _micro_batches(self, context: dict[str, Any]) -> int:

@@ -50,7 +50,9 @@ class MonitorPair:
         hook_optimizer: bool,
         extra_text: Mapping[str, Any] | None,
     ) -> None:
-        """Create the metrics monitor and start Monitor V2 (stopping a previous run first)."""
+        """Create the metrics monitor and start Monitor V2 (stopping a previous run first).
+        ``hook_optimizer=False``: the caller reports when the gradients are ready
+        (:meth:`before_optimizer_step`) instead of the optimizer's pre-step hook."""
         self.stop()
         if optimizer is not None:
             optimizer = innermost_optimizer(optimizer)
@@ -66,7 +68,14 @@ class MonitorPair:
                 **self.monitor_kwargs,
             )
         if self.v2 is not None:
-            self.v2.start(model=model, optimizer=optimizer)
+            self.v2.start(model=model, optimizer=optimizer, optimizer_pre_step_hook=hook_optimizer)
+
+    def before_optimizer_step(self) -> None:
+        """The step's gradients are final (after accumulation, before clipping): read them."""
+        if self.metrics is not None:
+            self.metrics.capture_gradients()
+        if self.v2 is not None:
+            self.v2.before_optimizer_step()
 
     def stop(self) -> None:
         """Close the metrics monitor and stop Monitor V2 (idempotent)."""

@@ -18,7 +18,10 @@ there), one step per optimizer step (``trainer.global_step``):
 * TEXT: the configuration's top-level keys and ``hparams`` (the module's hyperparameters).
 
 With ``monitor_v2_config`` Monitor V2 is started with the LightningModule and the first
-optimizer at ``on_train_start`` and stopped at ``on_train_end``. ``print_struct`` stops
+optimizer at ``on_train_start`` and stopped at ``on_train_end``. Lightning runs forward and
+backward inside ``optimizer.step(closure)``, so the optimizer's pre-step hook would fire before
+the gradients exist: the callback takes Monitor V2's pre-step statistics (weight_grad
+``reduced``, optimizer state) in ``on_before_optimizer_step`` instead. ``print_struct`` stops
 training through ``trainer.should_stop``.
 """
 
@@ -81,8 +84,7 @@ class TrainProbeCallback(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if self._pair.metrics is not None:
-            self._pair.metrics.capture_gradients()
+        self._pair.before_optimizer_step()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
