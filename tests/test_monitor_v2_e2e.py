@@ -515,3 +515,51 @@ def test_reduced_rows_see_gradient_clipping_between_backward_and_step(tmp_path):
     origin = [r for r in rows_of(out, "param") if r["scope"] == "param_origin" and r["module_name"] == "fc1.weight"]
     updated = [r for r in rows_of(out, "param") if r["scope"] == "param_updated" and r["module_name"] == "fc1.weight"]
     assert float(origin[1]["norm"]) == pytest.approx(0.5 * float(updated[0]["norm"]), rel=1e-6)
+
+
+def test_single_process_weight_grad_hooks_no_parameter(tmp_path):
+    """One process, one row per step: unreduced rows are read once at the end of backward (a
+    forward hook on the root, nothing on the parameters), with and without accumulation."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "ops": OPS, "grad_acc_steps": 3}})
+    mon.start(model=model, optimizer=opt)
+    assert not any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+    assert model._forward_hooks
+    snaps = []
+    train_mlp(model, opt, 3, capture=snaps, acc=3)
+    mon.stop()
+    rows = rows_of(out, "weight_grad")
+    for step, snap in enumerate(snaps):
+        for scope in ("unreduced", "reduced"):
+            got = [r for r in rows if r["scope"] == scope and int(r["step"]) == step]
+            assert sorted(r["module_name"] for r in got) == sorted(snap["grad"]), (step, scope)
+            for row in got:
+                assert row["micro_step"] == "3"
+                assert_row_matches(row, snap["grad"][row["module_name"]], rel=1e-6)
+    assert no_hooks_left(model, opt)
+
+
+def test_backward_that_bypasses_the_root_falls_back_to_parameter_hooks(tmp_path, caplog):
+    """A loop that calls submodules itself never runs the root's forward hook: the first step
+    has no unreduced rows (said once), later steps are read with per-parameter hooks."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "ops": OPS}})
+    mon.start(model=model, optimizer=opt)
+    grads = []
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        for _ in range(3):
+            model.fc2(model.act(model.fc1(torch.randn(4, 6)))).pow(2).mean().backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    mon.stop()
+    assert caplog.text.count("did not go through the model's output") == 1
+    rows = rows_of(out, "weight_grad")
+    unreduced = {int(r["step"]) for r in rows if r["scope"] == "unreduced"}
+    assert unreduced == {1, 2}
+    assert {int(r["step"]) for r in rows if r["scope"] == "reduced"} == {0, 1, 2}
+    for row in rows:
+        assert_row_matches(row, grads[int(row["step"])][row["module_name"]], rel=1e-6)
+    assert no_hooks_left(model, opt)

@@ -578,3 +578,19 @@ def test_format_value_of_computed_row_round_trips() -> None:
     row = TensorStats(ops).row(torch.randn(1000, generator=gen()))
     for op, v in zip(ops, row, strict=True):
         assert float(format_value(op, v)) == v
+
+
+@pytest.mark.parametrize("n", [4095, 4096, 4097, 65536 * 3 + 17, 1 << 22])
+@pytest.mark.parametrize("kind", ["randn", "offset", "wide"])
+def test_norm_of_large_float32_tensors_matches_float64(n: int, kind: str) -> None:
+    """A flat float32 norm of 4M elements is off by ~1e-4; rows in float32 combined in float64
+    must stay within float32 rounding of a row (2e-7) of the float64 norm."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    if kind == "offset":
+        x = x * 0.1 + 1.0
+    elif kind == "wide":
+        x = x * torch.exp(torch.randn(n, generator=g) * 3)
+    (norm,) = TensorStats(["norm"]).row(x)
+    ref = x.double().norm().item()
+    assert norm == pytest.approx(ref, rel=2e-7)

@@ -185,7 +185,9 @@ class TrainerMonitorV2:
             probes.append(ModuleProbe(clock, cfg.module, view))
         if "weight_grad" in enabled:
             modules = [(name, module) for _, name, module in view.modules()]
-            probes.append(WeightGradProbe(clock, cfg.weight_grad, params, clock.micro_batches, modules))
+            probes.append(
+                WeightGradProbe(clock, cfg.weight_grad, params, clock.micro_batches, modules, roots=view.chunks)
+            )
         if "optimizer" in enabled:
             probes.append(OptimizerStateProbe(clock, cfg.optimizer, opt, params))
         if "param" in enabled:

@@ -17,6 +17,21 @@ Megatron's ``main_grad`` where it exists) and ``keep_reduced`` drops redundant r
 The number of micro-batches is ``micro_batch_number``, else ``grad_acc_steps``, from the config
 or else from ``start(...)``; 1 by default.
 
+How ``unreduced`` rows are taken depends on the run:
+
+* Single process, one row per step (no ``monitor_mbs_grad``), model chunks known: no hook per
+  parameter. A forward hook on each chunk's root puts one tensor hook on the chunk's output; when
+  backward reaches it, a callback is queued that autograd runs once backward has finished, and
+  that callback summarises every parameter's accumulated gradient after the last micro-batch
+  (nothing has reduced it: there is no other process). ``reduced`` rows reuse those statistics
+  for gradients nothing touched before the step (same tensor, same version counter; clipping
+  bumps the version). Three Python calls per backward instead of two per parameter: this is what
+  keeps the monitor cheap enough to leave on. A step whose backward never went through a chunk's
+  output (the loop called a submodule directly) has no ``unreduced`` rows; the monitor says so
+  once and switches to per-parameter hooks from the next step.
+* Otherwise (distributed runs, where DDP/FSDP reduce gradients during backward; per-micro-batch
+  rows; FSDP2 shards): a tensor hook on every parameter, as described above.
+
 FSDP2 (``fully_shard``): the model's parameters are sharded DTensors, but autograd computes
 gradients for the unsharded parameters FSDP swaps into the modules for forward and backward.
 A forward pre-hook on each module that owns sharded parameters hooks those unsharded
@@ -57,6 +72,7 @@ class WeightGradProbe(Probe):
         *,
         grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
+        roots: list[nn.Module] | None = None,
     ) -> None:
         super().__init__(clock, config.ops, config.eps)
         self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = grad_of or _dot_grad
@@ -69,12 +85,79 @@ class WeightGradProbe(Probe):
         self._hooked_unsharded: set[int] = set()
         self._cache: UnchangedCache | None = None
         self._pending: dict[int, Any] = {}
+        self.roots = list(roots or [])
+        self._backwards = 0  # backward passes finished in this step (backward-end capture)
+        self._queued = False
+        self._captured = False
+        self.backward_end = False  # unreduced rows read at the end of backward (else per-parameter hooks)
 
     def attach(self) -> None:
+        self.backward_end = self._backward_end_capture()
+        if self.backward_end:
+            self._cache = UnchangedCache()
+            for root in self.roots:
+                self.keep(root.register_forward_hook(self.guard(self._hook_output)))
+            return
+        self._attach_param_hooks()
+
+    def _attach_param_hooks(self) -> None:
         for index, named in enumerate(self.params):
             self.keep(named.param.register_hook(self.guard(self._on_grad(index, named.param))))
         self._attach_fsdp2()
         self._attach_reuse()
+
+    def _backward_end_capture(self) -> bool:
+        """Whether ``unreduced`` rows can be read once at the end of backward (see the module
+        docstring): single process, one row per step, chunk roots known, no FSDP2 shard."""
+        return bool(self.roots) and not self.per_micro_batch and not distributed_ready() and not self.hooked_sharded()
+
+    # -- backward-end capture ----------------------------------------------------------------
+    def _hook_output(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not self.backward_end or not self.active or not torch.is_grad_enabled():
+            return
+        self._queued = False
+        for t in _tensors(output):
+            if t.requires_grad:
+                t.register_hook(self.guard(self._backward_started))
+
+    def _backward_started(self, grad: torch.Tensor) -> None:
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.guard(self._backward_finished))
+
+    def _backward_finished(self) -> None:
+        self._queued = False
+        if not self.backward_end or not self.active:
+            return
+        self._backwards += 1
+        if self._backwards != self.micro_batches:
+            return
+        self._captured = True
+        cache = self._cache
+        for index, named in enumerate(self.params):
+            grad = self.grad_of(named.param)
+            if grad is None:
+                continue
+            values = self.stats.row(grad)
+            self.rows.add(RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches), values)
+            if cache is not None:
+                cache.put(index, grad, values)
+
+    def _check_capture(self) -> None:
+        """A collected step that reached the optimizer with gradients but no backward-end
+        capture: fall back to per-parameter hooks from the next step on."""
+        if self._captured or not self.backward_end:
+            return
+        if not any(self.grad_of(p.param) is not None for p in self.params):
+            return
+        warn_once(
+            "weight_grad-no-backward-end",
+            f"trainprobe weight_grad: backward at step {self.clock.step} did not go through the model's "
+            "output, so its unreduced rows are missing; per-parameter gradient hooks are used from the "
+            "next step on",
+        )
+        self.backward_end = False
+        self._attach_param_hooks()
 
     def _attach_reuse(self) -> None:
         """Single process, plain ``.grad``: let ``reduced`` reuse the ``unreduced`` statistics of a
@@ -144,6 +227,7 @@ class WeightGradProbe(Probe):
         return on_grad
 
     def before_optimizer_step(self) -> None:
+        self._check_capture()
         keys, values = self.reduced_rows()
         self.rows.extend(keys, values)
 
@@ -165,7 +249,7 @@ class WeightGradProbe(Probe):
 
     def end_step(self) -> None:
         if not self.per_micro_batch and self.clock.collecting:
-            short = max(self._seen, default=0)
+            short = self._backwards if self.backward_end else max(self._seen, default=0)
             if 0 < short < self.micro_batches:
                 warn_once(
                     "weight_grad-micro-batches",
@@ -175,9 +259,23 @@ class WeightGradProbe(Probe):
                     "optimizer step, in the config or in start(...)",
                 )
         self._seen = [0] * len(self.params)
+        self._backwards = 0
+        self._captured = False
+        self._queued = False
         self._pending.clear()
         if self._cache is not None:
             self._cache.clear()
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors of a module's output: the tensor itself, or the tensors of a tuple/list/dict."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for t in output if isinstance(t, torch.Tensor)]
+    if isinstance(output, dict):
+        return [t for t in output.values() if isinstance(t, torch.Tensor)]
+    return []
 
 
 def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:

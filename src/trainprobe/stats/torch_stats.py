@@ -53,18 +53,21 @@ def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
 
 _ROW = 64
 _EXACT_BELOW = 1 << 16
+_NORM_ROWS_FROM = 1 << 12
 _NORM_SAFE = (1e-15, 1e18)
 
 
-def _host_norm(x: torch.Tensor) -> float:
-    """L2 norm of a CPU tensor: float32 accumulation (fast), redone in float64 when the result is
-    so large or so small that float32 squares may have overflowed or underflowed."""
-    if x.dtype == torch.float64:
-        return torch.linalg.vector_norm(x).item()
-    norm = torch.linalg.vector_norm(x, dtype=torch.float32).item()
-    if _NORM_SAFE[0] < norm < _NORM_SAFE[1] or math.isnan(norm):
-        return norm
-    return torch.linalg.vector_norm(x, dtype=torch.float64).item()
+def _split_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x`` flattened into rows of 64 elements, and the tail that does not fill a row (or None)."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    body = n - n % _ROW
+    return flat[:body].view(-1, _ROW), (flat[body:] if body < n else None)
+
+
+def _row_accumulator(x: torch.Tensor) -> torch.dtype | None:
+    """float32 accumulation inside a row for half types (their own precision is too coarse)."""
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
 
 
 def sum64(x: torch.Tensor) -> torch.Tensor:
@@ -78,16 +81,43 @@ def sum64(x: torch.Tensor) -> torch.Tensor:
     """
     if x.dtype == torch.float64:
         return x.sum()
-    n = x.numel()
-    if n < _EXACT_BELOW:
+    if x.numel() < _EXACT_BELOW:
         return x.sum(dtype=torch.float64)
-    flat = x.reshape(-1)
-    body = n - n % _ROW
-    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
-    total = flat[:body].view(-1, _ROW).sum(1, dtype=acc).sum(dtype=torch.float64)
-    if body < n:
-        total = total + flat[body:].sum(dtype=torch.float64)
+    rows, tail = _split_rows(x)
+    total = rows.sum(1, dtype=_row_accumulator(x)).sum(dtype=torch.float64)
+    if tail is not None:
+        total = total + tail.sum(dtype=torch.float64)
     return total
+
+
+def norm64(x: torch.Tensor) -> torch.Tensor:
+    """L2 norm of ``x`` with float64 accumulation across rows (a 0-d float64 tensor).
+
+    Below 4,096 elements: one float64 reduction. Above: the norms of rows of 64 elements in
+    float32, combined in float64. A flat float32 norm of 4M elements is off by up to 1e-4
+    relative (measured), this by about 1e-10, at the speed of the flat float32 reduction.
+    Squares of float32 values beyond about 1e18 overflow and below 1e-19 underflow inside a row:
+    :func:`_host_norm` redoes such results in float64.
+    """
+    if x.dtype == torch.float64:
+        return torch.linalg.vector_norm(x)
+    if x.numel() < _NORM_ROWS_FROM:
+        return torch.linalg.vector_norm(x, dtype=torch.float64)
+    rows, tail = _split_rows(x)
+    row_norms = torch.linalg.vector_norm(rows, dim=1, dtype=_row_accumulator(x))
+    total = torch.linalg.vector_norm(row_norms, dtype=torch.float64)
+    if tail is not None:
+        total = torch.hypot(total, torch.linalg.vector_norm(tail, dtype=torch.float64))
+    return total
+
+
+def _host_norm(x: torch.Tensor) -> float:
+    """L2 norm of a CPU tensor (:func:`norm64`), redone as one float64 reduction when the result
+    is so large or so small that float32 squares inside a row may have overflowed or underflowed."""
+    norm = norm64(x).item()
+    if x.dtype == torch.float64 or _NORM_SAFE[0] < norm < _NORM_SAFE[1] or math.isnan(norm):
+        return norm
+    return torch.linalg.vector_norm(x, dtype=torch.float64).item()
 
 
 class TensorStats:
