@@ -16,6 +16,8 @@ from trainprobe.errors import ConfigError
 # Each entry adds one sub-command: (module, function taking the sub-parsers object).
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.dump.cli", "add_compare_parser"),
+    ("trainprobe.tools.anomaly_analyse", "add_parser"),
+    ("trainprobe.tools.csv2tb", "add_parser"),
 )
 
 

@@ -32,8 +32,9 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import warn_once
@@ -94,7 +95,8 @@ class CsvTable:
 
     ``header`` is the file's header; ``ops`` the value columns after the key columns;
     ``target_col``, ``step_col``, ``vpp_col``, ``scope_col`` (-1 for V1) and ``micro_col`` (-1
-    when absent) index the key cells; ``torn`` counts skipped rows.
+    when absent) index the key cells; ``torn`` counts skipped rows. :meth:`int_column` and
+    :meth:`value_columns` give whole columns as numbers (converted once, then cached).
     """
 
     file: MonitorCsv
@@ -107,6 +109,7 @@ class CsvTable:
     scope_col: int
     micro_col: int
     torn: int
+    _columns: dict[int, list[Any]] | None = None
 
     @property
     def value_start(self) -> int:
@@ -126,6 +129,23 @@ class CsvTable:
                 scope=row[self.scope_col] if self.scope_col >= 0 else None,
                 values=tuple(float(cell) for cell in row[start:]),
             )
+
+    def int_column(self, index: int) -> list[int]:
+        """The cells of an integer key column (``step_col``, ``vpp_col``) as ints, one per row."""
+        return self._column(index, int)
+
+    def value_columns(self) -> list[list[float]]:
+        """The values as floats (``nan``/``inf`` kept): one list per op, in :attr:`ops` order,
+        each with one float per row. The fast way to hand a whole table to sqlite or numpy."""
+        return [self._column(index, float) for index in range(self.value_start, len(self.header))]
+
+    def _column(self, index: int, convert: Any) -> list[Any]:
+        if self._columns is None:
+            self._columns = {}
+        found = self._columns.get(index)
+        if found is None:
+            found = self._columns[index] = list(map(convert, map(itemgetter(index), self.rows)))
+        return found
 
 
 def parse_time(text: str, field: str) -> datetime:
@@ -222,10 +242,11 @@ def _files_of(run: Path, layout: Layout, rank: int) -> Iterator[MonitorCsv]:
 
 
 def read_table(file: MonitorCsv) -> CsvTable:
-    """The complete rows of ``file``; torn rows are skipped, counted and warned about once.
+    """The complete rows of ``file``; torn rows are skipped, counted and warned about once. An
+    empty file (just created by a run that is starting) gives a table with no columns and no rows.
 
     Raises:
-        ConfigError: the file is empty or its header lacks the layout's key columns.
+        ConfigError: the header lacks the layout's key columns.
     """
     with open(file.path, newline="", encoding="utf-8") as handle:
         text = handle.read()
@@ -233,9 +254,10 @@ def read_table(file: MonitorCsv) -> CsvTable:
     lines = text.splitlines()
     if torn_tail:
         lines.pop()
-    rows = list(csv.reader(lines))
+    rows = _split_rows(lines, text)
     if not rows:
-        raise ConfigError(f"{file.path}: no header (empty file); delete it or re-run the monitor")
+        warn_once(f"empty:{file.path}", f"{file.path}: empty (a run that is starting?), skipped")
+        return CsvTable(file, (), (), [], -1, -1, -1, -1, -1, int(torn_tail))
     header = tuple(rows[0])
     keys = _KEY_COLUMNS[file.layout]
     missing = [k for k in keys if k not in header]
@@ -244,7 +266,11 @@ def read_table(file: MonitorCsv) -> CsvTable:
     micro_col = header.index("micro_step") if "micro_step" in header else -1
     value_start = max(header.index(k) for k in keys) + 1 + (1 if micro_col >= 0 else 0)
     int_cols = (header.index("step"), header.index("vpp_stage"))
-    good, torn = _complete_rows(rows[1:], len(header), value_start, int_cols)
+    columns = _convert_columns(rows[1:], len(header), value_start, int_cols)
+    if columns is None:
+        good, torn = _complete_rows(rows[1:], len(header), value_start, int_cols)
+    else:
+        good, torn = rows[1:], 0
     torn += int(torn_tail)
     if torn:
         warn_once(f"torn:{file.path}", f"{file.path}: skipped {torn} torn row(s) (a run killed while writing?)")
@@ -259,7 +285,32 @@ def read_table(file: MonitorCsv) -> CsvTable:
         scope_col=header.index("scope") if file.layout == "v2" else -1,
         micro_col=micro_col,
         torn=torn,
+        _columns=columns,
     )
+
+
+def _split_rows(lines: list[str], text: str) -> list[list[str]]:
+    """The cells of each line: ``str.split`` when no cell is quoted (the same cells as the csv
+    module's, three times faster), else the csv module."""
+    if '"' in text:
+        return list(csv.reader(lines))
+    return [line.split(",") for line in lines]
+
+
+def _convert_columns(
+    rows: list[list[str]], width: int, value_start: int, int_cols: tuple[int, ...]
+) -> dict[int, list[Any]] | None:
+    """Fast path of the row check: when every row is complete (the same ``int``/``float`` test
+    as :func:`_numeric`, column by column), the integer and value columns converted; else None."""
+    if set(map(len, rows)) - {width}:
+        return None
+    try:
+        columns: dict[int, list[Any]] = {col: list(map(int, map(itemgetter(col), rows))) for col in int_cols}
+        for col in range(value_start, width):
+            columns[col] = list(map(float, map(itemgetter(col), rows)))
+    except ValueError:
+        return None
+    return columns
 
 
 def _complete_rows(

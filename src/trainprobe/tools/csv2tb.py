@@ -1,0 +1,294 @@
+"""csv2tensorboard: turn the CSV output of Monitor V1 or Monitor V2 into TensorBoard event files.
+
+Python API (the reference's ``csv2tensorboard_by_step``, also importable from
+``trainprobe.pytorch.monitor.csv2tb``)::
+
+    from trainprobe.tools.csv2tb import csv2tensorboard_by_step
+    out = csv2tensorboard_by_step("~/monitor_output", "Dec03_21-34-40", "Dec03_21-34-42",
+                                  process_num=4, data_type_list=["grad_reduced"])
+
+Command line::
+
+    trainprobe csv2tb MONITOR_PATH [--time-start T] [--time-end T] [--process-num N]
+                      [--data-type TYPE ...] [-o OUTPUT_DIR]
+
+Input and selection are those of :func:`trainprobe.tools.monitor_output.find_csv_files`: V1 run
+folders ``<MonDD_HH-MM-SS>-rank<r>-<id>`` whose timestamp lies in ``[time_start, time_end]``
+(``None`` = no bound), or a V2 ``output_dir`` with ``rank_<r>/`` folders (no time filter).
+
+Output, in ``output_dirpath`` (default ``<YYYYmmddHHMMSS>_csv2tensorboard_by_step`` in the
+current folder, local time)::
+
+    <out>/rank<r>/<data_type>/events.out.tfevents.<time>.<host>.<pid>.<n>
+
+one event file per rank and data type, so TensorBoard lists every ``rank<r>/<data_type>`` as a
+run. Re-running into the same folder replaces the event file of each converted rank and data
+type (earlier ``events.out.tfevents.*`` files in that folder are deleted first), so no run shows
+its points twice.
+
+Tags (x axis = ``step``; values are float32 ``simple_value`` scalars as ``add_scalar`` writes):
+
+* V1: ``vp<vpp_stage>:<name>/<op>`` where ``<name>`` loses its ``<vpp_stage>:`` chunk prefix,
+  e.g. ``vp0:fc1.weight/min``; rows with a micro-step add ``:micro<m>``:
+  ``vp0:fc1.input:micro0/min``.
+* V2: ``vp<vpp_stage>:<module_name>:<scope>[:micro<m>]/<op>``, e.g.
+  ``vp0:fc1.weight:unreduced:micro1/norm``, ``vp0:fc1.input.0:forward:micro0/max``.
+
+Torn rows of a killed run are skipped (one warning per file). ``process_num > 1`` converts the
+(rank, data type) groups in that many spawned worker processes; the event files hold the same
+tags, steps and values as with ``process_num=1``. Scripts that call it with ``process_num > 1``
+need the usual ``if __name__ == "__main__":`` guard (the workers are spawned).
+
+Every bad input (missing path, no monitor output, unknown data type, malformed or reversed time
+range, bad ``process_num``, a missing ``tensorboard`` package) raises
+:class:`~trainprobe.errors.ConfigError`; the command line prints it on one line and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+from trainprobe.errors import ConfigError
+from trainprobe.log import logger, warn_once
+from trainprobe.tools.monitor_output import CsvTable, MonitorCsv, Record, find_csv_files, read_table
+from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder
+
+COMMAND = "csv2tb"
+OUTPUT_SUFFIX = "csv2tensorboard_by_step"
+EVENT_FILE_PREFIX = "events.out.tfevents."
+
+
+@dataclass(frozen=True)
+class Group:
+    """The files of one rank and data type: they become one event file."""
+
+    rank: int
+    data_type: str
+    files: tuple[MonitorCsv, ...]
+
+    def folder(self, out: Path) -> Path:
+        """``<out>/rank<r>/<data_type>``: the run TensorBoard shows for this group."""
+        return out / f"rank{self.rank}" / self.data_type
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What converting one group wrote: the event file, rows and scalars, rows skipped as torn,
+    and (from worker processes) the warnings to repeat in the calling process."""
+
+    rank: int
+    data_type: str
+    event_file: Path
+    rows: int
+    scalars: int
+    torn: int
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """The result of a conversion: the output folder and one result per (rank, data type)."""
+
+    output: Path
+    groups: tuple[GroupResult, ...]
+
+
+def csv2tensorboard_by_step(
+    monitor_path: str | Path,
+    time_start: str | None,
+    time_end: str | None,
+    process_num: int = 1,
+    data_type_list: Sequence[str] | None = None,
+    output_dirpath: str | Path | None = None,
+) -> Path:
+    """Convert monitor CSV output to TensorBoard event files (see the module docstring).
+
+    Args:
+        monitor_path: a V1 ``MONITOR_OUTPUT_DIR`` (or one run folder) or a V2 ``output_dir``.
+        time_start, time_end: the closed range of V1 run timestamps, e.g. ``"Dec03_21-34-40"``;
+            ``None`` leaves that side open.
+        process_num: worker processes (>= 1).
+        data_type_list: file prefixes to convert (``["grad_reduced", "actv"]``, V2 monitors such
+            as ``"weight_grad"``); ``None`` converts every data type found.
+        output_dirpath: output folder; default ``<YYYYmmddHHMMSS>_csv2tensorboard_by_step``.
+
+    Returns:
+        The output folder (the reference returns None; callers may ignore it).
+
+    Raises:
+        ConfigError: any bad input (nothing is written then).
+    """
+    return convert(monitor_path, time_start, time_end, process_num, data_type_list, output_dirpath).output
+
+
+def convert(
+    monitor_path: str | Path,
+    time_start: str | None = None,
+    time_end: str | None = None,
+    process_num: int = 1,
+    data_type_list: Sequence[str] | None = None,
+    output_dirpath: str | Path | None = None,
+) -> Conversion:
+    """:func:`csv2tensorboard_by_step` returning what was written, per rank and data type.
+
+    Raises:
+        ConfigError: any bad input; all checks run before the output folder is created.
+    """
+    workers = check_process_num(process_num)
+    files = find_csv_files(monitor_path, time_start, time_end, data_type_list)
+    _event_modules()  # fail early when tensorboard is missing
+    out = output_folder(output_dirpath, OUTPUT_SUFFIX)
+    groups = group_files(files)
+    return Conversion(out, tuple(_convert_groups(groups, out, workers)))
+
+
+def group_files(files: Iterable[MonitorCsv]) -> list[Group]:
+    """The files grouped by (rank, data type), groups and files in the order given."""
+    grouped: dict[tuple[int, str], list[MonitorCsv]] = defaultdict(list)
+    for file in files:
+        grouped[(file.rank, file.data_type)].append(file)
+    return [Group(rank, data_type, tuple(members)) for (rank, data_type), members in grouped.items()]
+
+
+def target_label(file: MonitorCsv, record: Record) -> str:
+    """The tag of ``record`` without the ``/<op>`` (see the module docstring): ``vp0:fc1.weight``,
+    ``vp0:fc1.input:micro0`` (V1), ``vp0:fc1.weight:unreduced:micro1`` (V2)."""
+    name = record.target
+    if file.layout == "v1":
+        chunk = f"{record.vpp_stage}:"
+        label = f"vp{record.vpp_stage}:{name[len(chunk) :] if name.startswith(chunk) else name}"
+    else:
+        label = f"vp{record.vpp_stage}:{name}:{record.scope}"
+    return label if record.micro_step is None else f"{label}:micro{record.micro_step}"
+
+
+def scalars_by_step(table: CsvTable) -> dict[int, list[tuple[str, float]]]:
+    """The (tag, value) pairs of every row of ``table``, by step in ascending order; the rows of
+    one step keep their file order."""
+    by_step: dict[int, list[tuple[str, float]]] = defaultdict(list)
+    for record in table.records():
+        label = target_label(table.file, record)
+        by_step[record.step].extend((f"{label}/{op}", value) for op, value in zip(table.ops, record.values))
+    return dict(sorted(by_step.items()))
+
+
+def convert_group(group: Group, out: Path) -> GroupResult:
+    """Write the event file of one group (replacing earlier ones in its folder)."""
+    event_pb2, summary_pb2, writer_class = _event_modules()
+    folder = group.folder(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob(f"{EVENT_FILE_PREFIX}*"):
+        old.unlink()
+    writer = writer_class(str(folder), max_queue_size=1024)
+    rows = scalars = torn = 0
+    try:
+        for file in group.files:
+            table = read_table(file)
+            rows, torn = rows + len(table.rows), torn + table.torn
+            for step, pairs in scalars_by_step(table).items():
+                values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in pairs]
+                event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
+                writer.add_event(event)
+                scalars += len(values)
+    finally:
+        writer.close()
+    (event_file,) = folder.glob(f"{EVENT_FILE_PREFIX}*")
+    return GroupResult(group.rank, group.data_type, event_file, rows, scalars, torn)
+
+
+def _convert_groups(groups: list[Group], out: Path, workers: int) -> Iterator[GroupResult]:
+    workers = min(workers, len(groups))
+    if workers <= 1:
+        yield from (convert_group(group, out) for group in groups)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        try:
+            for result in pool.map(_convert_group_in_worker, groups, repeat(out)):
+                for message in result.warnings:
+                    warn_once(message, message)
+                yield result
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+
+
+class _Collector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _convert_group_in_worker(group: Group, out: Path) -> GroupResult:
+    """:func:`convert_group` in a worker process: its warnings travel back with the result, so
+    the calling process says them (once) where its logging is configured."""
+    collector = _Collector()
+    logger.addHandler(collector)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        result = convert_group(group, out)
+    finally:
+        logger.removeHandler(collector)
+        logger.propagate = propagate
+    return replace(result, warnings=tuple(collector.messages))
+
+
+def _event_modules() -> tuple[Any, Any, Any]:
+    """``(event_pb2, summary_pb2, EventFileWriter)`` of the tensorboard package.
+
+    Raises:
+        ConfigError: tensorboard is not installed.
+    """
+    try:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError as exc:
+        raise ConfigError(
+            f"csv2tensorboard: needs the tensorboard package ({exc}); install it with `pip install tensorboard` "
+            "(or trainprobe[tensorboard])"
+        ) from None
+    return event_pb2, summary_pb2, EventFileWriter
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``csv2tb`` on ``subparsers`` (an ``add_subparsers()`` result)."""
+    parser = subparsers.add_parser(
+        COMMAND,
+        help="convert monitor CSV output (V1 or V2) to TensorBoard event files",
+        description="Convert monitor CSV output to TensorBoard event files: one per rank and data type, "
+        "tags vp<vpp>:<name>[:micro<m>]/<op>, x axis = step.",
+    )
+    add_selection_arguments(parser)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert as the parsed arguments say and print a summary; returns 0.
+
+    Raises:
+        ConfigError: bad arguments or input.
+    """
+    result = convert(
+        args.monitor_path, args.time_start, args.time_end, args.process_num, args.data_type_list, args.output_dirpath
+    )
+    for group in result.groups:
+        torn = f", {group.torn} torn row(s) skipped" if group.torn else ""
+        print(f"rank{group.rank}/{group.data_type}: {group.rows} rows, {group.scalars} scalars{torn}")
+    ranks = len({g.rank for g in result.groups})
+    print(f"wrote {len(result.groups)} event file(s) for {ranks} rank(s) to {result.output}")
+    print(f"view with: tensorboard --logdir {result.output}")
+    return 0
