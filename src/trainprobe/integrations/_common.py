@@ -84,3 +84,23 @@ class MonitorPair:
             self.metrics = None
         if self.v2 is not None:
             self.v2.stop()
+
+
+class MonitorPairCallback:
+    """Base of the trainer callbacks: training metrics and/or Monitor V2 inside a trainer.
+
+    Args:
+        metrics_config: training-metrics configuration (``monitor_config`` / ``tensorboard``;
+            YAML/JSON path or dict).
+        monitor_v2_config: Monitor V2 configuration (JSON path or dict).
+        monitor_kwargs: passed to ``TrainingMetricsMonitor`` (``flops_per_token``, ...).
+
+    Raises:
+        ConfigError: neither configuration given, or an invalid one (at construction).
+    """
+
+    def __init__(
+        self, metrics_config: ConfigSource = None, monitor_v2_config: ConfigSource = None, **monitor_kwargs: Any
+    ) -> None:
+        super().__init__()
+        self._pair = MonitorPair(metrics_config, monitor_v2_config, monitor_kwargs)

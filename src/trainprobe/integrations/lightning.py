@@ -39,28 +39,17 @@ except ImportError as exc:  # pragma: no cover - optional extra
 
 import torch
 
-from trainprobe.integrations._common import ConfigSource, MonitorPair
+from trainprobe.integrations._common import MonitorPairCallback
 from trainprobe.metrics.sources import batch_counts
 
 
-class TrainProbeCallback(pl.Callback):
-    """Training metrics and/or Monitor V2 inside a Lightning ``Trainer``.
+class TrainProbeCallback(MonitorPairCallback, pl.Callback):
+    """Training metrics and/or Monitor V2 inside a Lightning ``Trainer``; the arguments are those
+    of :class:`~trainprobe.integrations._common.MonitorPairCallback` (``metrics_config=``,
+    ``monitor_v2_config=``, keyword arguments for ``TrainingMetricsMonitor``)."""
 
-    Args:
-        metrics_config: training-metrics configuration (``monitor_config`` / ``tensorboard``;
-            YAML/JSON path or dict).
-        monitor_v2_config: Monitor V2 configuration (JSON path or dict).
-        monitor_kwargs: passed to ``TrainingMetricsMonitor`` (``flops_per_token``, ...).
-
-    Raises:
-        ConfigError: neither configuration given, or an invalid one (at construction).
-    """
-
-    def __init__(
-        self, metrics_config: ConfigSource = None, monitor_v2_config: ConfigSource = None, **monitor_kwargs: Any
-    ) -> None:
-        super().__init__()
-        self._pair = MonitorPair(metrics_config, monitor_v2_config, monitor_kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._reset()
 
     def _reset(self) -> None:

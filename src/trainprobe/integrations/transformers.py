@@ -31,26 +31,13 @@ except ImportError as exc:  # pragma: no cover - optional extra
         f"trainprobe.integrations.transformers needs transformers ({exc}); pip install trainprobe[hf]"
     ) from exc
 
-from trainprobe.integrations._common import ConfigSource, MonitorPair
+from trainprobe.integrations._common import MonitorPairCallback
 
 
-class TrainProbeCallback(TrainerCallback):
-    """Training metrics and/or Monitor V2 inside a Hugging Face ``Trainer``.
-
-    Args:
-        metrics_config: training-metrics configuration (``monitor_config`` / ``tensorboard``;
-            YAML/JSON path or dict).
-        monitor_v2_config: Monitor V2 configuration (JSON path or dict).
-        monitor_kwargs: passed to ``TrainingMetricsMonitor`` (``flops_per_token``, ...).
-
-    Raises:
-        ConfigError: neither configuration given, or an invalid one (at construction).
-    """
-
-    def __init__(
-        self, metrics_config: ConfigSource = None, monitor_v2_config: ConfigSource = None, **monitor_kwargs: Any
-    ) -> None:
-        self._pair = MonitorPair(metrics_config, monitor_v2_config, monitor_kwargs)
+class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
+    """Training metrics and/or Monitor V2 inside a Hugging Face ``Trainer``; the arguments are
+    those of :class:`~trainprobe.integrations._common.MonitorPairCallback` (``metrics_config=``,
+    ``monitor_v2_config=``, keyword arguments for ``TrainingMetricsMonitor``)."""
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
