@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup browser demo test lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,13 +17,21 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# The HTML report's tests drive Debian's chromium headless; installed here when missing (root or
+# sudo needed; without it those tests are skipped with a message saying so).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = "0" ]; then SUDO=""; else SUDO="sudo -n"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null \
+	  || echo "note: could not install chromium; the HTML report's browser tests will be skipped"; }
+
 demo: setup
 	$(BIN)/trainprobe demo --out ./trainprobe_demo
 
 lint: setup
 	$(BIN)/ruff check src tests bench
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -1,0 +1,110 @@
+"""``trainprobe report MONITOR_DIR [-o report.html]``: one self-contained HTML page (works offline)
+from Monitor V1 or V2 output.
+
+The page holds, top to bottom: a summary (steps, ranks, data types, targets, rows, torn rows
+skipped, NaN/inf rows and the first one in execution order, dumped alerts); the anomaly timeline
+(the first NaN/inf row of each target in the CSVs and the events of
+``anomaly_detected/rank*/anomaly.json``, the first in execution order starred); per data type a
+targets × steps heatmap (menus: op, rank, linear or log10(|x|+tiny) colour) and line charts of the
+top targets by max norm; with several ranks, a ranks × steps heatmap of each data type's global
+norm. Heatmaps of more than 500 steps are downsampled: each column is a bucket of consecutive
+steps showing its value of largest magnitude (red if any is NaN/inf). See ``docs/report.md``.
+
+Python::
+
+    from trainprobe.tools.report import write_report
+    path = write_report("monitor_output", "run42.html")
+
+Needs the ``report`` extra (plotly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from trainprobe.errors import ConfigError
+
+COMMAND = "report"
+DEFAULT_NAME = "report.html"
+
+
+def output_path(output: str | Path | None) -> Path:
+    """Where the page goes: ``output``; inside it as ``report.html`` when it is a folder; or
+    ``./report.html`` when None. Missing parent folders are created.
+
+    Raises:
+        ConfigError: the parent cannot be created (e.g. it is a file).
+    """
+    path = Path.cwd() / DEFAULT_NAME if output is None else Path(output).expanduser()
+    if path.is_dir():
+        path = path / DEFAULT_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"output: cannot create the folder {str(path.parent)!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def _import_plotly() -> None:
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise ConfigError("report: needs plotly; install it with pip install 'trainprobe[report]'") from None
+
+
+def write_report(monitor_dir: str | Path, output: str | Path | None = None) -> Path:
+    """Write the HTML report of the monitor output under ``monitor_dir`` (a V1 MONITOR_OUTPUT_DIR
+    or run folder, or a V2 output_dir) to ``output`` (see :func:`output_path`) and return its path.
+
+    Torn rows of a killed run are skipped (a warning names each file once, the summary counts them).
+
+    Raises:
+        ConfigError: ``monitor_dir`` missing or holding no monitor CSV, a CSV with a foreign
+            header, no complete row at all, a malformed ``anomaly.json``, an unwritable output, or
+            plotly missing.
+    """
+    _import_plotly()
+    from trainprobe.tools.report_data import load_report_data
+    from trainprobe.tools.report_html import render_page
+
+    data = load_report_data(monitor_dir)
+    path = output_path(output)
+    text = render_page(data)
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise ConfigError(f"output: cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report of parsed arguments, print its path; returns 0.
+
+    Raises:
+        ConfigError: see :func:`write_report`.
+    """
+    print(write_report(args.monitor_dir, args.output))
+    return 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``report`` on ``subparsers`` (an ``add_subparsers()`` result)."""
+    parser = subparsers.add_parser(
+        COMMAND,
+        help="write a self-contained HTML report (heatmaps, lines, anomaly timeline) of monitor output",
+        description="Write one self-contained HTML page (works offline) from Monitor V1 or V2 output.",
+    )
+    parser.add_argument("monitor_dir", help="monitor output: a V1 MONITOR_OUTPUT_DIR or run folder, a V2 output_dir")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help=f"the HTML file, or a folder to write {DEFAULT_NAME} in (default: ./{DEFAULT_NAME})",
+    )
+    parser.set_defaults(run=run)
+    return parser

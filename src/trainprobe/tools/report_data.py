@@ -1,0 +1,455 @@
+"""The numbers behind ``trainprobe report``: monitor CSVs read into matrices, NaN/inf onsets and
+anomaly events in execution order, and the step downsampling of the heatmaps.
+
+* A *group* is one V1 table (``grad_reduced``, ``actv`` ...) or one V2 monitor and scope
+  (``weight_grad/reduced``, ``module/forward`` ...). Its targets are kept in model order, the order
+  in which they first appear in the CSVs (rank 0 first).
+* Rows of several micro-steps (activations) fall into one cell per (target, step): the cell holds
+  the value of largest magnitude, so a spike in one micro-batch is not averaged away.
+* A row is *non-finite* when one of its values is NaN or inf, or its ``nans`` count is above 0.
+  For each (group, rank, target) the first such row in execution order is an *onset* event.
+* Execution order is the anomaly analyser's (:func:`trainprobe.tools.anomaly_analyse.execution_key`):
+  CSV rows are turned into the same kind of event, with the V1 table name (V2 groups mapped to the
+  equivalent table) deciding the phase, and the row's place in its file standing for the call id.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trainprobe.errors import ConfigError
+from trainprobe.tools.anomaly_analyse import (
+    ANOMALY_FILE,
+    ANOMALY_FOLDER,
+    PHASE_ORDER,
+    AnomalyEvent,
+    load_anomalies,
+    order_events,
+    phase_of,
+)
+from trainprobe.tools.monitor_output import V1_DATA_TYPES, MonitorCsv, find_csv_files, read_table
+
+#: V2 ``(monitor, scope)`` → the V1 table holding the same kind of row (it decides the phase).
+V2_TABLE_OF: dict[tuple[str, str], str] = {
+    ("module", "forward"): "actv",
+    ("module", "backward"): "actv_grad",
+    ("weight_grad", "unreduced"): "grad_unreduced",
+    ("weight_grad", "reduced"): "grad_reduced",
+    ("optimizer", "exp_avg"): "exp_avg",
+    ("optimizer", "exp_avg_sq"): "exp_avg_sq",
+    ("param", "param_origin"): "param_origin",
+    ("param", "param_updated"): "param_updated",
+    ("cc", "comm"): "other",
+}
+#: V2 monitor → the table of a scope not listed in :data:`V2_TABLE_OF`.
+V2_DEFAULT_TABLE: dict[str, str] = {
+    "module": "actv",
+    "weight_grad": "grad_unreduced",
+    "optimizer": "exp_avg",
+    "param": "param_origin",
+    "cc": "other",
+}
+_TAG = re.compile(r"^(.*)/rank\d+/(.+)$")
+#: Ops whose value counts non-finite elements: above 0 makes the row non-finite.
+COUNT_OPS: frozenset[str] = frozenset({"nans"})
+
+
+@dataclass
+class RankMatrix:
+    """One rank's values of a group.
+
+    Attributes:
+        values: ``(targets, steps, ops)`` float64; NaN where the cell is missing or non-finite.
+        nonfinite: same shape; True where a value was NaN or inf.
+        rows: complete CSV rows read.
+        nonfinite_rows: rows with a NaN/inf value or a ``nans`` count above 0.
+    """
+
+    values: np.ndarray
+    nonfinite: np.ndarray
+    rows: int
+    nonfinite_rows: int
+
+
+@dataclass
+class Group:
+    """One V1 table or V2 monitor/scope across every rank.
+
+    Attributes:
+        name: ``grad_reduced`` (V1) or ``weight_grad/reduced`` (V2).
+        table: the V1 table name that decides the phase (the name itself for V1).
+        phase: ``forward``, ``backward`` or ``optimizer``.
+        ops: value columns, in file order (the union over files).
+        targets: target names in model order.
+        steps: sorted steps present on any rank.
+        ranks: rank → its matrix.
+    """
+
+    name: str
+    table: str
+    phase: str
+    ops: tuple[str, ...]
+    targets: list[str]
+    steps: np.ndarray
+    ranks: dict[int, RankMatrix]
+
+    @property
+    def nonfinite_rows(self) -> int:
+        """Non-finite rows on every rank."""
+        return sum(m.nonfinite_rows for m in self.ranks.values())
+
+    @property
+    def rows(self) -> int:
+        """Rows read on every rank."""
+        return sum(m.rows for m in self.ranks.values())
+
+
+@dataclass
+class ReportData:
+    """Everything the report shows.
+
+    Attributes:
+        root: the monitor output folder.
+        layouts: ``v1`` and/or ``v2``.
+        files: CSV files read.
+        torn: torn rows skipped (a warning named each file once).
+        groups: in execution order (phase, then table).
+        onsets: first non-finite row of each (group, rank, target), in execution order.
+        alerts: the events of ``anomaly_detected/rank*/anomaly.json``, in execution order.
+        anomaly_files: the ``anomaly.json`` files read.
+    """
+
+    root: Path
+    layouts: tuple[str, ...]
+    files: int
+    torn: int
+    groups: list[Group]
+    onsets: list[AnomalyEvent]
+    alerts: list[AnomalyEvent]
+    anomaly_files: list[Path] = field(default_factory=list)
+
+    @property
+    def steps(self) -> np.ndarray:
+        """Every step of any group."""
+        return np.unique(np.concatenate([g.steps for g in self.groups]))
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank of any group, ascending."""
+        return sorted({r for g in self.groups for r in g.ranks})
+
+    @property
+    def first_nonfinite(self) -> AnomalyEvent | None:
+        """The first NaN/inf row in execution order, or None."""
+        return self.onsets[0] if self.onsets else None
+
+    @property
+    def timeline(self) -> list[AnomalyEvent]:
+        """Onsets and alerts together, in execution order."""
+        return order_events([*self.alerts, *self.onsets])
+
+
+@dataclass
+class _Block:
+    """The rows of one file that belong to one group, as arrays."""
+
+    ops: tuple[str, ...]
+    source: Path
+    targets: np.ndarray
+    steps: np.ndarray
+    micro: np.ndarray
+    vpp: np.ndarray
+    line: np.ndarray
+    values: np.ndarray
+
+
+@dataclass
+class _Rows:
+    """Every row of one group on one rank (blocks joined; values in the group's op order)."""
+
+    targets: list[str]
+    steps: np.ndarray
+    micro: np.ndarray
+    vpp: np.ndarray
+    line: np.ndarray
+    values: np.ndarray
+    known: np.ndarray
+    source: np.ndarray
+    sources: list[Path]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def load_report_data(monitor_dir: str | Path) -> ReportData:
+    """Read every monitor CSV and anomaly file under ``monitor_dir``.
+
+    Raises:
+        ConfigError: missing path, no monitor output, a foreign CSV header, no complete row at
+            all (every file empty or torn), or a malformed ``anomaly.json`` (the message names the file).
+    """
+    root = Path(monitor_dir).expanduser()
+    files = find_csv_files(root)
+    blocks: dict[tuple[str, int], list[_Block]] = {}
+    tables: dict[str, str] = {}
+    torn = 0
+    for file in files:
+        torn += _collect_file(file, blocks, tables)
+    if not blocks:
+        raise ConfigError(
+            f"monitor_path: the {len(files)} monitor CSV file(s) under {str(root)!r} hold no complete row "
+            "(all torn or header only); let the run write at least one step"
+        )
+    built = [_build_group(name, tables[name], blocks) for name in _group_order(tables)]
+    groups = [group for group, _ in built]
+    onsets = order_events(event for _, events in built for event in events)
+    anomaly_files, alerts = _alerts(root, files)
+    layouts = tuple(sorted({f.layout for f in files}))
+    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files)
+
+
+def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
+    """(group name, V1 table) of a row."""
+    if file.layout == "v1" or scope is None:
+        return file.data_type, file.data_type if file.data_type in V1_DATA_TYPES else "other"
+    table = V2_TABLE_OF.get((file.data_type, scope), V2_DEFAULT_TABLE.get(file.data_type, "other"))
+    return f"{file.data_type}/{scope}", table
+
+
+def _collect_file(file: MonitorCsv, blocks: dict[tuple[str, int], list[_Block]], tables: dict[str, str]) -> int:
+    """Add the complete rows of ``file`` to ``blocks`` (one block per group); returns the torn rows.
+
+    Numbers come from the reader's converted columns (:meth:`CsvTable.value_columns`).
+    """
+    table = read_table(file)
+    rows = table.rows
+    if not rows:
+        return table.torn
+    n, micro_col = len(rows), table.micro_col
+    micro = (int(row[micro_col]) if micro_col >= 0 and row[micro_col] else -1 for row in rows)
+    columns = {
+        "targets": np.array([row[table.target_col] for row in rows]),
+        "steps": np.array(table.int_column(table.step_col), dtype=np.int64),
+        "micro": np.fromiter(micro, dtype=np.int64, count=n),
+        "vpp": np.array(table.int_column(table.vpp_col), dtype=np.int64),
+        "line": np.arange(n),
+        "values": np.array(table.value_columns(), dtype=np.float64).reshape(len(table.ops), n).T,
+    }
+    scopes = np.array([row[table.scope_col] for row in rows]) if table.scope_col >= 0 else None
+    for scope in [None] if scopes is None else list(dict.fromkeys(scopes.tolist())):
+        name, v1_table = _group_of(file, scope)
+        tables.setdefault(name, v1_table)
+        picked = columns if scopes is None else {k: v[scopes == scope] for k, v in columns.items()}
+        blocks.setdefault((name, file.rank), []).append(_Block(ops=table.ops, source=file.path, **picked))
+    return table.torn
+
+
+def _phase(table: str, target: str = "") -> tuple[str, bool]:
+    """(phase, once per step) of a row of V1 ``table`` (the analyser's rule)."""
+    return phase_of(f"{target}/rank0/{table}")
+
+
+def _group_order(tables: dict[str, str]) -> list[str]:
+    """Group names in execution order: phase, once-per-step groups last, then V1 table order."""
+
+    def key(name: str) -> tuple[int, bool, int, str]:
+        phase, once = _phase(tables[name])
+        position = V1_DATA_TYPES.index(tables[name]) if tables[name] in V1_DATA_TYPES else len(V1_DATA_TYPES)
+        return PHASE_ORDER[phase], once, position, name
+
+    return sorted(tables, key=key)
+
+
+# --------------------------------------------------------------------------- matrices
+
+
+def _join(parts: list[_Block], ops: tuple[str, ...]) -> _Rows:
+    """One rank's blocks of a group as one set of arrays; values NaN (and not known) where a file
+    lacks an op."""
+    values = np.full((sum(len(b.steps) for b in parts), len(ops)), np.nan)
+    known = np.zeros(values.shape, dtype=bool)
+    start = 0
+    for block in parts:
+        end = start + len(block.steps)
+        columns = [ops.index(op) for op in block.ops]
+        values[start:end, columns] = block.values
+        known[start:end, columns] = True
+        start = end
+    return _Rows(
+        targets=np.concatenate([b.targets for b in parts]).tolist(),
+        steps=np.concatenate([b.steps for b in parts]),
+        micro=np.concatenate([b.micro for b in parts]),
+        vpp=np.concatenate([b.vpp for b in parts]),
+        line=np.concatenate([b.line for b in parts]),
+        values=values,
+        known=known,
+        source=np.concatenate([np.full(len(b.steps), n) for n, b in enumerate(parts)]),
+        sources=[b.source for b in parts],
+    )
+
+
+def _build_group(
+    name: str, table: str, blocks: dict[tuple[str, int], list[_Block]]
+) -> tuple[Group, list[AnomalyEvent]]:
+    """The group's matrices and its NaN/inf onset events."""
+    parts = sorted((rank, rank_blocks) for (group, rank), rank_blocks in blocks.items() if group == name)
+    ops = tuple(dict.fromkeys(op for _, rank_blocks in parts for b in rank_blocks for op in b.ops))
+    joined = [(rank, _join(rank_blocks, ops)) for rank, rank_blocks in parts]
+    targets = list(dict.fromkeys(t for _, rows in joined for t in dict.fromkeys(rows.targets)))
+    steps = np.unique(np.concatenate([rows.steps for _, rows in joined]))
+    index = {t: i for i, t in enumerate(targets)}
+    group = Group(name, table, _phase(table)[0], ops, targets, steps, {})
+    onsets: list[AnomalyEvent] = []
+    for rank, rows in joined:
+        group.ranks[rank] = _rank_matrix(rows, ops, index, steps)
+        onsets.extend(_onsets(group, rank, rows))
+    return group, onsets
+
+
+def _rank_matrix(rows: _Rows, ops: tuple[str, ...], index: dict[str, int], steps: np.ndarray) -> RankMatrix:
+    """Cells of one rank: the value of largest magnitude where several micro-steps share a cell."""
+    n_targets, n_steps = len(index), len(steps)
+    keys = np.asarray([index[t] for t in rows.targets], dtype=np.int64) * n_steps + np.searchsorted(steps, rows.steps)
+    finite = np.isfinite(rows.values)
+    flags = np.zeros((n_targets * n_steps, len(ops)), dtype=bool)
+    bad_rows, bad_ops = np.nonzero(rows.known & ~finite)
+    flags[keys[bad_rows], bad_ops] = True
+    return RankMatrix(
+        values=_merge_cells(keys, rows.values, finite, n_targets * n_steps).reshape(n_targets, n_steps, len(ops)),
+        nonfinite=flags.reshape(n_targets, n_steps, len(ops)),
+        rows=len(rows.targets),
+        nonfinite_rows=int(_bad_rows(rows.values, rows.known, ops).sum()),
+    )
+
+
+def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size: int) -> np.ndarray:
+    """``(size, ops)`` cells from rows with cell index ``keys``: the finite value of largest
+    magnitude among rows sharing a cell; NaN where none is finite or no row falls."""
+    cells = np.full((size, values.shape[1]), np.nan)
+    clean = np.where(finite, values, np.nan)
+    if len(np.unique(keys)) == len(keys):  # one row per cell: no micro-steps to merge
+        cells[keys] = clean
+        return cells
+    for op in range(values.shape[1]):
+        magnitude = np.where(finite[:, op], np.abs(values[:, op]), -1.0)
+        order = np.lexsort((magnitude, keys))
+        sorted_keys = keys[order]
+        last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
+        cells[keys[last], op] = clean[last, op]
+    return cells
+
+
+def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np.ndarray:
+    """Per row: a NaN/inf value, or a count op (``nans``) above 0."""
+    bad = (known & ~np.isfinite(values)).any(axis=1)
+    for column, op in enumerate(ops):
+        if op in COUNT_OPS:
+            bad |= known[:, column] & (np.nan_to_num(values[:, column]) > 0)
+    return bad
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _onsets(group: Group, rank: int, rows: _Rows) -> list[AnomalyEvent]:
+    """The first non-finite row of each target of ``group`` on ``rank``, as analyser events."""
+    bad = np.flatnonzero(_bad_rows(rows.values, rows.known, group.ops))
+    steps = rows.steps[bad].tolist()
+    targets = [rows.targets[i] for i in bad]
+    first: dict[str, int] = {}
+    for target, step in zip(targets, steps):
+        first[target] = min(step, first.get(target, step))
+    candidates: dict[str, list[AnomalyEvent]] = {}
+    for row, target, step in zip(bad.tolist(), targets, steps):
+        if step == first[target]:
+            candidates.setdefault(target, []).append(_row_event(group, rank, rows, row))
+    return [order_events(events)[0] for events in candidates.values()]
+
+
+def _row_event(group: Group, rank: int, rows: _Rows, row: int) -> AnomalyEvent:
+    """A CSV row as an analyser event: ``call_id`` is the row's place in its file."""
+    target = rows.targets[row]
+    phase, once = _phase(group.table, target)
+    line = int(rows.line[row])
+    data = {
+        "rank": rank,
+        "step": int(rows.steps[row]),
+        "micro_step": max(int(rows.micro[row]), 0),
+        "pp_stage": 0,
+        "vpp_stage": int(rows.vpp[row]),
+        "call_id": line,
+        "tag_name": f"{target}/rank{rank}/{group.name}",
+        "message": describe_values(group.ops, rows.values[row], rows.known[row]),
+        "group_mates": [],
+    }
+    source = rows.sources[int(rows.source[row])]
+    return AnomalyEvent(key=f"{source.name}:{line + 2}", data=data, source=source, phase=phase, once_per_step=once)
+
+
+def describe_values(ops: Sequence[str], values: np.ndarray, known: np.ndarray) -> str:
+    """``"NaN in min, max, mean, norm; nans = 1"``: which ops of a row are non-finite."""
+    nan = [op for op, v, k in zip(ops, values, known) if k and math.isnan(v)]
+    inf = [op for op, v, k in zip(ops, values, known) if k and math.isinf(v)]
+    counts = [f"{op} = {v:g}" for op, v, k in zip(ops, values, known) if k and op in COUNT_OPS and v > 0]
+    parts = ([f"NaN in {', '.join(nan)}"] if nan else []) + ([f"inf in {', '.join(inf)}"] if inf else []) + counts
+    return "; ".join(parts) or "non-finite"
+
+
+def _alerts(root: Path, csvs: Sequence[MonitorCsv]) -> tuple[list[Path], list[AnomalyEvent]]:
+    """The events of ``root/anomaly_detected/rank*/anomaly.json`` in execution order ([] without).
+    When ``root`` is one V1 run folder, its parent's ``anomaly_detected`` and that rank's events."""
+    folder, ranks = root / ANOMALY_FOLDER, None
+    if not folder.is_dir() and [f.run for f in csvs] == [root.name] * len(csvs):
+        folder, ranks = root.parent / ANOMALY_FOLDER, {f.rank for f in csvs}
+    if not any(folder.glob(f"rank*/{ANOMALY_FILE}")):
+        return [], []
+    _, files, events = load_anomalies(folder)
+    if ranks is not None:
+        files = [f for f in files if f.parent.name in {f"rank{r}" for r in ranks}]
+        events = [e for e in events if e.data["rank"] in ranks]
+    return files, order_events(events)
+
+
+def event_target(event: AnomalyEvent) -> str:
+    """The target of an event: ``tag_name`` before ``/rank<r>/``."""
+    found = _TAG.match(event.data["tag_name"])
+    return found.group(1) if found else event.data["tag_name"]
+
+
+def event_group(event: AnomalyEvent) -> str:
+    """The group of an event (V1 table, or V2 ``monitor/scope``): ``tag_name`` after ``/rank<r>/``."""
+    found = _TAG.match(event.data["tag_name"])
+    return found.group(2) if found else ""
+
+
+# --------------------------------------------------------------------------- downsampling
+
+
+def bucket_size(n_steps: int, max_columns: int) -> int:
+    """Steps per column so that ``n_steps`` fit in ``max_columns`` (1: no downsampling)."""
+    return max(1, math.ceil(n_steps / max_columns))
+
+
+def downsample(values: np.ndarray, nonfinite: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Downsample the last axis in buckets of ``size`` consecutive steps.
+
+    Each bucket keeps its value of largest magnitude (sign kept), so a spike survives; a bucket
+    with a non-finite value is non-finite. Missing values (NaN, not flagged) are ignored; an
+    all-missing bucket is NaN.
+    """
+    if size <= 1:
+        return values, nonfinite
+    n = values.shape[-1]
+    pad = (-n) % size
+    shape = (*values.shape[:-1], (n + pad) // size, size)
+    padded = np.concatenate([values, np.full((*values.shape[:-1], pad), np.nan)], axis=-1).reshape(shape)
+    flags = np.concatenate([nonfinite, np.zeros((*nonfinite.shape[:-1], pad), dtype=bool)], axis=-1).reshape(shape)
+    magnitude = np.where(np.isnan(padded), -1.0, np.abs(padded))
+    pick = np.take_along_axis(padded, magnitude.argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    return pick, flags.any(axis=-1)

@@ -1,0 +1,405 @@
+"""The page of ``trainprobe report``: summary tables, the figures of
+:mod:`trainprobe.tools.report_figures` and the small script that switches their views.
+
+The page is one self-contained file: Plotly's JavaScript is inlined once (with the first figure),
+nothing is fetched from a network. When every figure has been drawn, the element
+``#tp-status`` gets ``data-state="rendered"``; a script error sets ``data-state="error"`` and
+lists the messages in ``data-errors`` (the browser test reads both).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import plotly.io as pio
+
+from trainprobe.tools.anomaly_analyse import DEFAULT_TOPK, AnomalyEvent
+from trainprobe.tools.report_data import ReportData, event_group, event_target
+from trainprobe.tools.report_figures import (
+    MAX_HEATMAP_COLUMNS,
+    MAX_LINE_POINTS,
+    MAX_TIMELINE_EVENTS,
+    PICKABLE_LINES,
+    TOP_LINES,
+    Figure,
+    anomaly_timeline,
+    group_heatmap,
+    group_lines,
+    heatmap_bucket,
+    is_csv_event,
+    line_bucket,
+    rank_comparison,
+)
+
+PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
+TIMELINE_TABLE_ROWS = DEFAULT_TOPK
+TIMELINE_MORE_ROWS = 100
+
+#: Switches the views of figures with ``tp-<dimension>`` menus and reports when all are drawn.
+SCRIPT = """
+(function () {
+  "use strict";
+  var rendered = 0, errors = [];
+  function status() { return document.getElementById("tp-status"); }
+  function note(message) {
+    errors.push(String(message));
+    var el = status();
+    if (el) { el.setAttribute("data-errors", errors.join(" | ")); el.setAttribute("data-state", "error"); }
+  }
+  window.addEventListener("error", function (e) { note(e.message || e); });
+  window.addEventListener("unhandledrejection", function (e) { note(e.reason); });
+
+  var ARRAYS = {f4: Float32Array, f8: Float64Array, i4: Int32Array, u1: Uint8Array};
+  function decode(value) {
+    if (!value || typeof value.bdata !== "string") return value;
+    var text = atob(value.bdata), bytes = new Uint8Array(text.length);
+    for (var i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    var flat = new ARRAYS[value.dtype](bytes.buffer);
+    if (!value.shape) return flat;
+    var dims = String(value.shape).split(",").map(Number), rows = [];
+    for (var r = 0; r < dims[0]; r++) rows.push(flat.subarray(r * dims[1], (r + 1) * dims[1]));
+    return rows;
+  }
+  function logOf(z, tiny) {
+    var out = new Array(z.length);
+    for (var i = 0; i < z.length; i++) {
+      var row = z[i], result = new Float32Array(row.length);
+      for (var j = 0; j < row.length; j++) {
+        var v = row[j];
+        result[j] = (v === null || v !== v) ? NaN : Math.log10(Math.abs(v) + tiny);
+      }
+      out[i] = result;
+    }
+    return out;
+  }
+  function setScale(gd, log) {
+    var idx = [], zs = [], hovers = [], titles = [];
+    gd._tpLinear = gd._tpLinear || {};
+    gd.data.forEach(function (trace, i) {
+      var m = trace.meta;
+      if (!m || m.role !== "z") return;
+      if (!(i in gd._tpLinear)) gd._tpLinear[i] = decode(trace.z);
+      idx.push(i);
+      zs.push(log ? logOf(gd._tpLinear[i], m.tiny) : gd._tpLinear[i]);
+      hovers.push(log ? m.loghover : m.hover);
+      titles.push(log ? "log10(|" + m.label + "|)" : m.label);
+    });
+    if (idx.length) Plotly.restyle(gd, {z: zs, hovertemplate: hovers, "colorbar.title.text": titles}, idx);
+  }
+  function showView(gd) {
+    var state = gd._tp, idx = [], visible = [];
+    gd.data.forEach(function (trace, i) {
+      var m = trace.meta;
+      if (!m || !m.tp) return;
+      var on = Object.keys(m.tp).every(function (k) { return (state[k] || 0) === m.tp[k]; });
+      idx.push(i);
+      visible.push(on ? (m.role === "line" && !m.top ? "legendonly" : true) : false);
+    });
+    if (idx.length) Plotly.restyle(gd, {visible: visible}, idx);
+  }
+  function attach(gd) {
+    var state = {};
+    (gd.layout.updatemenus || []).forEach(function (menu) {
+      if (menu.name && menu.name.indexOf("tp-") === 0) state[menu.name.slice(3)] = menu.active || 0;
+    });
+    gd._tp = state;
+    gd.on("plotly_buttonclicked", function (event) {
+      var name = event.menu && event.menu.name;
+      if (!name || name.indexOf("tp-") !== 0) return;
+      var key = name.slice(3);
+      if (state[key] === event.active) return;
+      state[key] = event.active;
+      if (key === "scale") setScale(gd, event.active === 1); else showView(gd);
+    });
+  }
+  window.tpReport = {
+    rendered: function (id) {
+      attach(document.getElementById(id));
+      rendered += 1;
+      var el = status();
+      el.setAttribute("data-rendered", String(rendered));
+      el.setAttribute("data-ms", String(Math.round(performance.now())));
+      if (rendered === Number(el.getAttribute("data-expected")) && !errors.length) {
+        el.setAttribute("data-state", "rendered");
+      }
+    }
+  };
+})();
+"""
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 24px 48px; color: #222; }
+h1 { font-size: 1.5em; margin: 16px 0 4px; } h2 { margin-top: 36px; border-bottom: 2px solid #ddd; }
+h3 { margin: 24px 0 4px; font-size: 1.1em; }
+.note { color: #555; max-width: 80em; } nav a { margin-right: 14px; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 0.92em; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.bad { color: #c00; font-weight: 600; } .ok { color: #070; font-weight: 600; }
+.figure { margin: 6px 0 18px; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _event_words(event: AnomalyEvent) -> str:
+    """``grad_reduced · 0:fc2.bias · rank 1 · step 4``."""
+    micro = f" · micro-step {event.data['micro_step']}" if not event.once_per_step else ""
+    return (
+        f"{event_group(event)} · {event_target(event)} · rank {event.data['rank']} · step {event.data['step']}{micro}"
+    )
+
+
+def _first_block(element_id: str, event: AnomalyEvent | None, none_text: str) -> str:
+    """A ``<span>`` naming ``event`` with its fields as data attributes (for tests and scripts)."""
+    if event is None:
+        return f'<span id="{element_id}" class="ok">{_e(none_text)}</span>'
+    attrs = {
+        "data-data-type": event_group(event),
+        "data-target": event_target(event),
+        "data-rank": event.data["rank"],
+        "data-step": event.data["step"],
+        "data-micro-step": event.data["micro_step"],
+    }
+    attr_text = " ".join(f'{k}="{_e(v)}"' for k, v in attrs.items())
+    return f'<span id="{element_id}" class="bad" {attr_text}>{_e(_event_words(event))}</span> ({_e(event_what(event))})'
+
+
+def event_what(event: AnomalyEvent) -> str:
+    """What happened, briefly: the CSV row's non-finite ops, or the alert's rule and ops
+    (``AnomalyNan on min, max, mean``)."""
+    if is_csv_event(event):
+        return event.data["message"]
+    ops = list(dict.fromkeys(re.findall(r", '([^']+)'\)", event.data["message"])))
+    return f"{event.rule or 'alert'} on {', '.join(ops)}" if ops else event.data["message"][:160]
+
+
+def _range(values: Sequence[int]) -> str:
+    return f"{len(values)} ({values[0]}–{values[-1]})" if values else "0"
+
+
+def summary_html(data: ReportData) -> str:
+    """The summary section: steps, ranks, data types, targets, rows, NaN/inf and alerts."""
+    steps = [int(s) for s in data.steps]
+    layouts = ", ".join({"v1": "Monitor V1", "v2": "Monitor V2"}[layout] for layout in data.layouts)
+    nonfinite_rows = sum(g.nonfinite_rows for g in data.groups)
+    bad_groups = sum(1 for g in data.groups if g.nonfinite_rows)
+    first = _first_block("tp-first-nonfinite", data.first_nonfinite, "none found")
+    alert_text = "no anomaly_detected/rank*/anomaly.json"
+    if data.anomaly_files:
+        first_alert = data.alerts[0] if data.alerts else None
+        alert_text = f"{len(data.alerts)} event(s) in {len(data.anomaly_files)} file(s); first: " + _first_block(
+            "tp-first-alert", first_alert, "none"
+        )
+    rows = [
+        ("Monitor output", f"{_e(data.root)} ({layouts})"),
+        ("Steps", _range(steps)),
+        ("Ranks", f"{len(data.ranks)} ({', '.join(map(str, data.ranks))})"),
+        ("Data types", f"{len(data.groups)}: {_e(', '.join(g.name for g in data.groups))}"),
+        ("Targets", f"{sum(len(g.targets) for g in data.groups)} (per data type below)"),
+        ("CSV rows", f"{sum(g.rows for g in data.groups)} in {data.files} file(s); torn rows skipped: {data.torn}"),
+        ("NaN/inf", f"{nonfinite_rows} row(s) in {bad_groups} data type(s); first in execution order: {first}"),
+        ("Alerts", alert_text),
+    ]
+    table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<section id="summary"><h2>Summary</h2><table>{table}</table>{_groups_table(data)}</section>'
+
+
+def _groups_table(data: ReportData) -> str:
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "data type",
+            "phase",
+            "ranks",
+            "targets",
+            "steps",
+            "ops",
+            "rows",
+            "NaN/inf rows",
+            "first NaN/inf step",
+        )
+    )
+    first_step: dict[str, int] = {}
+    for event in data.onsets:
+        first_step.setdefault(event_group(event), event.data["step"])
+    body = []
+    for g in data.groups:
+        first = str(first_step.get(g.name, "–"))
+        cells = [
+            _e(g.name),
+            g.phase,
+            ", ".join(map(str, sorted(g.ranks))),
+            str(len(g.targets)),
+            _range([int(s) for s in g.steps]),
+            _e(", ".join(g.ops)),
+            str(g.rows),
+            f'<span class="{"bad" if g.nonfinite_rows else "ok"}">{g.nonfinite_rows}</span>',
+            first,
+        ]
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def timeline_table(events: Sequence[AnomalyEvent], first: int = 1) -> str:
+    """``events`` (numbered from ``first``) as a table: step, micro-step, phase, rank, data type,
+    target, source (alert or CSV file) and what was found."""
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("order", "step", "micro-step", "phase", "rank", "data type", "target", "source", "what")
+    )
+    body = []
+    for n, e in enumerate(events, start=first):
+        micro = "after all" if e.once_per_step else e.data["micro_step"]
+        source = f"CSV {e.source.name}" if is_csv_event(e) else f"alert ({e.rule or 'anomaly.json'})"
+        cells = [n, e.data["step"], micro, e.phase, e.data["rank"], event_group(e), event_target(e), source]
+        cells.append(event_what(e))
+        body.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def timeline_tables(events: Sequence[AnomalyEvent]) -> str:
+    """The first :data:`TIMELINE_TABLE_ROWS` events (as many as the anomaly analyser keeps by
+    default), then up to :data:`TIMELINE_MORE_ROWS` more in a folded ``<details>``."""
+    top = events[:TIMELINE_TABLE_ROWS]
+    text = f"<h3>The first {len(top)} of {len(events)} events in execution order</h3>{timeline_table(top)}"
+    more = events[TIMELINE_TABLE_ROWS:TIMELINE_MORE_ROWS]
+    if more:
+        end = TIMELINE_TABLE_ROWS + len(more)
+        text += (
+            f"<details><summary>events {TIMELINE_TABLE_ROWS + 1}–{end}</summary>"
+            f"{timeline_table(more, TIMELINE_TABLE_ROWS + 1)}</details>"
+        )
+    return text
+
+
+class PageBuilder:
+    """Collects sections and figures; Plotly's JS goes with the first figure only."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.figures = 0
+
+    def add(self, text: str) -> None:
+        """Append raw HTML."""
+        self.parts.append(text)
+
+    def add_figure(self, figure: Figure) -> None:
+        """Append a figure; its div reports to ``tpReport`` once drawn."""
+        height = figure["layout"].get("height", 450)
+        self.parts.append(
+            '<div class="figure">'
+            + pio.to_html(
+                figure,
+                config=PLOT_CONFIG,
+                include_plotlyjs=self.figures == 0,
+                full_html=False,
+                validate=False,
+                default_height=f"{height}px",
+                post_script="tpReport.rendered('{plot_id}');",
+            )
+            + "</div>"
+        )
+        self.figures += 1
+
+
+def _timeline_section(page: PageBuilder, data: ReportData) -> None:
+    events = data.timeline
+    page.add('<section id="timeline"><h2>Anomaly timeline</h2>')
+    if not events:
+        page.add('<p class="ok">No NaN/inf rows in the CSVs and no anomaly.json events.</p></section>')
+        return
+    shown = events[:MAX_TIMELINE_EVENTS]
+    cut = f" Only the first {len(shown)} of {len(events)} events are drawn." if len(shown) < len(events) else ""
+    page.add(
+        '<p class="note">Circles: the first NaN/inf row of each target, data type and rank in the CSVs; diamonds: '
+        "the events Monitor V1 dumped to anomaly_detected/rank*/anomaly.json. Execution order: step, then "
+        "micro-step (reduced gradients and the optimizer after every micro-step), then phase (forward &lt; "
+        "backward &lt; optimizer), pipeline stage, call order, rank. The star marks the first event." + cut + "</p>"
+    )
+    page.add_figure(anomaly_timeline(data, shown))
+    page.add(f"{timeline_tables(events)}</section>")
+
+
+def _heatmap_section(page: PageBuilder, data: ReportData) -> None:
+    page.add('<section id="heatmaps"><h2>Heatmaps: targets × steps</h2>')
+    page.add(
+        f'<p class="note">One heatmap per data type; the menus pick the op, the rank and the colour scale '
+        f"(log colour: log10(|x| + tiny), tiny = a tenth of the smallest non-zero |x|). Rows are targets in "
+        f"model order (first appearance in the CSVs). Red cells: NaN or inf. Grey: no value. Runs longer than "
+        f"{MAX_HEATMAP_COLUMNS} steps (fewer on pages with many ranks, ops and data types) are downsampled: "
+        f"consecutive steps share a column, which shows the value of largest magnitude in its bucket (or red if "
+        f"any value in it is NaN/inf), so spikes are never lost. Micro-steps of one step are merged the same "
+        f"way.</p>"
+    )
+    for group in data.groups:
+        size = heatmap_bucket(group, len(data.groups))
+        note = f" — downsampled: {size} steps per column" if size > 1 else ""
+        page.add(f'<h3 id="heatmap-{_e(group.name)}">{_e(group.name)}{note}</h3>')
+        page.add_figure(group_heatmap(group, size))
+    page.add("</section>")
+
+
+def _lines_section(page: PageBuilder, data: ReportData) -> None:
+    page.add('<section id="lines"><h2>Line charts</h2>')
+    page.add(
+        f'<p class="note">Per data type, the {TOP_LINES} targets with the largest |norm| (or first op) over '
+        f"all steps and ranks are drawn; the next ones (up to {PICKABLE_LINES}) are in the legend: click a name "
+        f"to add or remove its line, double-click to isolate it. The menus pick the op, the rank and a log y "
+        f"axis. Runs longer than {MAX_LINE_POINTS} steps show the largest |value| of each bucket of steps. "
+        f"NaN/inf values are gaps.</p>"
+    )
+    for group in data.groups:
+        size = line_bucket(group, len(data.groups))
+        note = f" — downsampled: {size} steps per point" if size > 1 else ""
+        page.add(f"<h3>{_e(group.name)}{note}</h3>")
+        page.add_figure(group_lines(group, size))
+    page.add("</section>")
+
+
+def _ranks_section(page: PageBuilder, data: ReportData) -> None:
+    groups = [g for g in data.groups if len(g.ranks) > 1]
+    if not groups:
+        return
+    page.add('<section id="ranks"><h2>Rank comparison</h2>')
+    page.add(
+        '<p class="note">For each data type, the global norm per rank and step (sqrt of the sum of the '
+        "targets' squared norms; red where a target was NaN/inf). A rank that differs from the others stands "
+        "out as a row of another colour.</p>"
+    )
+    page.add_figure(rank_comparison(groups))
+    page.add("</section>")
+
+
+def _nav(data: ReportData) -> str:
+    links = [("summary", "Summary"), ("timeline", "Anomaly timeline"), ("heatmaps", "Heatmaps"), ("lines", "Lines")]
+    if any(len(g.ranks) > 1 for g in data.groups):
+        links.append(("ranks", "Rank comparison"))
+    return "<nav>" + "".join(f'<a href="#{key}">{label}</a>' for key, label in links) + "</nav>"
+
+
+def render_page(data: ReportData) -> str:
+    """The whole HTML document of the report."""
+    page = PageBuilder()
+    _timeline_section(page, data)
+    _heatmap_section(page, data)
+    _lines_section(page, data)
+    _ranks_section(page, data)
+    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    title = f"trainprobe report: {data.root.name or data.root}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
+        f'<div id="tp-status" data-state="loading" data-rendered="0" data-expected="{page.figures}" '
+        'data-errors="" hidden></div>'
+        f'<h1>{_e(title)}</h1><p class="note">Generated {_e(stamp)} by trainprobe report from '
+        f"{_e(data.root)}. Self-contained: works offline.</p>{_nav(data)}{summary_html(data)}"
+        + "".join(page.parts)
+        + "</body></html>\n"
+    )
