@@ -84,3 +84,15 @@ def test_torn_rows_are_skipped_and_counted(tmp_path, monitor_runs, caplog):
     assert len(table.rows) == whole and table.torn == 2
     assert "skipped 2 torn row(s)" in caplog.text
     assert STEPS == 6
+
+
+def test_tools_export_every_public_function():
+    import trainprobe.tools as tools
+    from trainprobe.pytorch.monitor.csv2tb import csv2tensorboard_by_step
+    from trainprobe.tools.anomaly_analyse import analyse
+    from trainprobe.tools.report import write_report
+
+    assert tools.csv2tensorboard_by_step is csv2tensorboard_by_step
+    assert tools.analyse is analyse and tools.write_report is write_report
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        tools.nope  # noqa: B018

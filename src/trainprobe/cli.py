@@ -18,6 +18,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.dump.cli", "add_compare_parser"),
     ("trainprobe.tools.anomaly_analyse", "add_parser"),
     ("trainprobe.tools.csv2tb", "add_parser"),
+    ("trainprobe.tools.csv2db", "add_parser"),
     ("trainprobe.tools.report", "add_parser"),
 )
 

@@ -1,0 +1,397 @@
+"""csv2db on real 2-rank V1 and V2 output: the database read back with sqlite3 and checked
+against the CSVs, partitions, idempotent re-runs, worker processes, filters, a run still being
+written, the command line and bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import read_csv
+from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
+from trainprobe.cli import main as cli_main
+from trainprobe.core.monitor.csv2db import CSV2DBConfig, CSV2DBResult, csv2db
+from trainprobe.errors import ConfigError
+
+Key = tuple[int, str, str, int, "int | None", "str | None", int]
+NAN = "nan"  # NaN stand-in: NaN != NaN would fail equal dicts
+
+_V1_FOLDER = re.compile(r"-rank(\d+)-")
+_V1_FILE = re.compile(r"^(.+)_(\d+)-(\d+)\.csv$")
+_V2_FILE = re.compile(r"^(.+)_step(\d+)-(\d+)\.csv$")
+
+
+def _cell(text: str) -> float | str:
+    value = float(text)
+    return NAN if math.isnan(value) else value
+
+
+def csv_rows(root: Path) -> dict[Key, dict[str, Any]]:
+    """Every row of every monitor CSV under ``root`` (V1 run folders or V2 rank folders), read
+    with the csv module: (rank, data type, name, vpp_stage, micro_step, scope, step) → {op: value}."""
+    out: dict[Key, dict[str, Any]] = {}
+    for path in sorted(root.glob("*/*.csv")):
+        v1 = _V1_FOLDER.search(path.parent.name)
+        rank = int(v1.group(1)) if v1 else int(path.parent.name.split("_")[1])
+        data_type = (_V1_FILE if v1 else _V2_FILE).match(path.name).group(1)
+        header, rows = read_csv(path)
+        keys = {"vpp_stage", "name", "module_name", "step", "micro_step", "scope"}
+        ops = [column for column in header if column not in keys]
+        for row in rows:
+            micro = row.get("micro_step") or None
+            key = (
+                rank,
+                data_type,
+                row["name"] if v1 else row["module_name"],
+                int(row["vpp_stage"]),
+                None if micro is None else int(micro),
+                None if v1 else row["scope"],
+                int(row["step"]),
+            )
+            assert key not in out, key
+            out[key] = {op: _cell(row[op]) for op in ops}
+    return out
+
+
+def db_rows(db: Path) -> dict[Key, dict[str, Any]]:
+    """The same mapping read from ``monitor_metrics.db`` (NaN from ``nan_mask``)."""
+    with sqlite3.connect(db) as conn:
+        ops = [name for (name,) in conn.execute("SELECT name FROM metrics ORDER BY metric_id")]
+        columns = ", ".join(f'v."{op}"' for op in ops)
+        query = (
+            f"SELECT v.rank, d.name, t.name, t.vpp_stage, t.micro_step, t.scope, v.step, v.nan_mask, {columns} "
+            "FROM metric_values v JOIN targets t USING (target_id) JOIN data_types d USING (data_type_id)"
+        )
+        out: dict[Key, dict[str, Any]] = {}
+        for rank, data_type, name, vpp, micro, scope, step, mask, *values in conn.execute(query):
+            key = (rank, data_type, name, vpp, micro, scope, step)
+            assert key not in out, key
+            out[key] = {
+                op: NAN if mask >> bit & 1 else value
+                for bit, (op, value) in enumerate(zip(ops, values))
+                if value is not None or mask >> bit & 1
+            }
+    return out
+
+
+def query(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def convert(monitor: Path, out: Path, **kwargs: Any) -> CSV2DBResult:
+    return csv2db(CSV2DBConfig(monitor, output_dirpath=out, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def v1_db(monitor_runs, tmp_path_factory) -> CSV2DBResult:
+    return convert(monitor_runs.v1, tmp_path_factory.mktemp("v1db"))
+
+
+@pytest.fixture(scope="module")
+def v2_db(monitor_runs, tmp_path_factory) -> CSV2DBResult:
+    return convert(monitor_runs.v2, tmp_path_factory.mktemp("v2db"))
+
+
+# --------------------------------------------------------------------------- content
+
+
+def test_v1_every_row_of_every_csv_is_in_the_db(monitor_runs, v1_db):
+    expected = csv_rows(monitor_runs.v1)
+    assert db_rows(v1_db.db_path) == expected
+    assert v1_db.rows == len(expected) and v1_db.torn == 0 and v1_db.unchanged == 0
+    assert v1_db.db_path.name == "monitor_metrics.db" and v1_db.tables == ("metrics_0_499",)
+    assert {k[0] for k in expected} == {0, 1}
+    types = {name for (name,) in query(v1_db.db_path, "SELECT name FROM data_types WHERE layout = 'v1'")}
+    assert {"actv", "actv_grad", "grad_reduced", "grad_unreduced", "exp_avg", "exp_avg_sq", "other"} <= types
+    collectives = [k for k in expected if k[1] == "other" and k[2].startswith("all_reduce")]
+    assert collectives and all(k in db_rows(v1_db.db_path) for k in collectives)
+    micro = query(v1_db.db_path, "SELECT DISTINCT micro_step FROM targets WHERE name LIKE '%fc1.input'")
+    assert sorted(m for (m,) in micro) == [0, 1]
+    assert [op for (op,) in query(v1_db.db_path, "SELECT name FROM metrics ORDER BY metric_id")] == OPS
+
+
+def test_v2_every_row_with_scope_and_monitor_as_data_type(monitor_runs, v2_db):
+    expected = csv_rows(monitor_runs.v2)
+    assert db_rows(v2_db.db_path) == expected
+    rows = query(v2_db.db_path, "SELECT name, layout FROM data_types ORDER BY name")
+    assert rows == [(name, "v2") for name in ("cc", "module", "optimizer", "param", "weight_grad")]
+    scopes = {s for (s,) in query(v2_db.db_path, "SELECT DISTINCT scope FROM targets")}
+    assert {"forward", "unreduced", "reduced", "exp_avg", "exp_avg_sq", "comm"} <= scopes
+    steps = query(v2_db.db_path, "SELECT min(step), max(step) FROM metric_values")
+    assert steps == [(0, STEPS - 1)]
+
+
+def test_nan_is_null_and_flagged_in_nan_mask(v1_db):
+    db = v1_db.db_path
+    (first,) = query(
+        db,
+        "SELECT v.step, v.rank, t.name FROM metric_values v JOIN targets t USING (target_id) "
+        "JOIN data_types d USING (data_type_id) WHERE d.name = 'grad_reduced' AND v.nan_mask != 0 "
+        "ORDER BY v.step, v.rank LIMIT 1",
+    )
+    assert first == (NAN_STEP, NAN_RANK, "0:fc2.bias")
+    bits = sum(1 << m for (m,) in query(db, "SELECT metric_id FROM metrics WHERE name IN ('min','max','mean','norm')"))
+    (row,) = query(
+        db,
+        'SELECT "min", "max", "mean", "norm", "nans", nan_mask FROM metric_values WHERE step = ? AND rank = ? '
+        "AND data_type_id = (SELECT data_type_id FROM data_types WHERE name = 'grad_reduced') "
+        "AND target_id = (SELECT target_id FROM targets WHERE name = '0:fc2.bias')",
+        NAN_STEP,
+        NAN_RANK,
+    )
+    assert row == (None, None, None, None, 1.0, bits)
+    # the nans op counts NaN elements: the other way to find them
+    assert query(db, "SELECT count(*) FROM metric_values WHERE nans > 0 AND rank = 0 AND step < ?", NAN_STEP) == [(0,)]
+
+
+def test_small_step_partition_and_indexes(monitor_runs, tmp_path):
+    result = convert(monitor_runs.v1, tmp_path, step_partition=2)
+    db = result.db_path
+    assert result.tables == ("metrics_0_1", "metrics_2_3", "metrics_4_5")
+    assert query(db, "SELECT * FROM partitions ORDER BY first_step") == [
+        ("metrics_0_1", 0, 1),
+        ("metrics_2_3", 2, 3),
+        ("metrics_4_5", 4, 5),
+    ]
+    for table, first, last in query(db, "SELECT * FROM partitions"):
+        assert query(db, f'SELECT min(step), max(step) FROM "{table}"') == [(first, last)]
+    assert db_rows(db) == csv_rows(monitor_runs.v1)
+    indexes = {name for (name,) in query(db, "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {f"{t}_by_target" for t in result.tables} <= indexes
+    plan = " ".join(r[-1] for r in query(db, "EXPLAIN QUERY PLAN SELECT * FROM metric_values WHERE target_id = 3"))
+    assert "_by_target (target_id=?)" in plan and "SCAN" not in plan
+    plan = " ".join(
+        r[-1]
+        for r in query(
+            db, "EXPLAIN QUERY PLAN SELECT * FROM metrics_2_3 WHERE rank = 0 AND data_type_id = 1 AND step = 3"
+        )
+    )
+    assert "PRIMARY KEY (rank=? AND data_type_id=? AND step=?)" in plan
+
+
+# --------------------------------------------------------------------------- re-runs and workers
+
+
+def test_rerun_is_idempotent(monitor_runs, tmp_path):
+    first = convert(monitor_runs.v2, tmp_path, step_partition=3)
+    count = query(first.db_path, "SELECT count(*) FROM metric_values")
+    again = convert(monitor_runs.v2, tmp_path, step_partition=3)
+    assert (again.rows, again.files, again.unchanged) == (0, 0, first.files)
+    assert query(first.db_path, "SELECT count(*) FROM metric_values") == count
+    copy = tmp_path / "copy"  # a changed mtime: every file read again, rows replaced, none doubled
+    shutil.copytree(monitor_runs.v2, copy)
+    for path in copy.glob("*/*.csv"):
+        os.utime(path, ns=(1, 1))
+    replaced = convert(copy, tmp_path, step_partition=3)
+    assert replaced.rows == first.rows and replaced.unchanged == 0
+    assert db_rows(first.db_path) == csv_rows(monitor_runs.v2)
+    with pytest.raises(ConfigError, match="step_partition: .* was made with step_partition 3, not 500"):
+        convert(monitor_runs.v2, tmp_path)
+
+
+def test_v1_and_v2_in_one_database(monitor_runs, tmp_path):
+    convert(monitor_runs.v1, tmp_path)
+    result = convert(monitor_runs.v2, tmp_path)
+    assert db_rows(result.db_path) == {**csv_rows(monitor_runs.v1), **csv_rows(monitor_runs.v2)}
+
+
+def test_process_num_2_gives_the_same_database(monitor_runs, tmp_path, v1_db):
+    result = convert(monitor_runs.v1, tmp_path, process_num=2)
+    assert result.rows == v1_db.rows
+    assert db_rows(result.db_path) == db_rows(v1_db.db_path)
+    ids = "SELECT * FROM targets ORDER BY target_id"
+    assert query(result.db_path, ids) == query(v1_db.db_path, ids)
+
+
+def test_data_type_filter(monitor_runs, tmp_path):
+    every = convert(monitor_runs.v2, tmp_path / "every", data_type_list=[])
+    assert every.files == len(list(monitor_runs.v2.glob("*/*.csv")))
+    result = convert(monitor_runs.v1, tmp_path, data_type_list=["grad_reduced", "other"])
+    assert {k[1] for k in db_rows(result.db_path)} == {"grad_reduced", "other"}
+    expected = {k: v for k, v in csv_rows(monitor_runs.v1).items() if k[1] in ("grad_reduced", "other")}
+    assert db_rows(result.db_path) == expected
+
+
+def test_a_run_still_being_written(monitor_runs, tmp_path, caplog):
+    copy = tmp_path / "v1"
+    shutil.copytree(monitor_runs.v1, copy)
+    path = sorted(copy.glob("*-rank1-*/grad_reduced_4-5.csv"))[0]
+    whole = path.read_text()
+    cut = len(whole) - 9  # the last row cut short, as by a writer killed mid-line
+    path.write_text(whole[:cut])
+    out = tmp_path / "out"
+    result = convert(copy, out)
+    assert result.torn == 1 and "skipped 1 torn row(s)" in caplog.text
+    expected = csv_rows(monitor_runs.v1)
+    got = db_rows(result.db_path)
+    (missing,) = set(expected) - set(got)
+    assert missing[:2] == (1, "grad_reduced") and missing[-1] == 5
+    assert {k: v for k, v in expected.items() if k != missing} == got
+    path.write_text(whole)  # the writer finished the line: converting again adds it
+    later = convert(copy, out)
+    assert later.files == 1 and later.torn == 0
+    assert db_rows(result.db_path) == expected
+
+
+def test_a_new_op_in_another_column_order_inf_and_nan(monitor_runs, tmp_path):
+    copy = tmp_path / "v2"
+    shutil.copytree(monitor_runs.v2, copy)
+    path = copy / f"rank_{NAN_RANK}" / "param_step3-5.csv"  # NaN from NAN_STEP on
+    header, *rows = path.read_text().splitlines()
+    cells = [row.split(",") for row in rows]
+    cells[0][4] = "inf"  # min
+    cells[1][5] = "-inf"  # max
+    lines = [header.replace(",scope,", ",scope,zeros,")] + [",".join([*c[:4], "7", *c[4:]]) for c in cells]
+    path.write_text("\n".join(lines) + "\n")
+    result = convert(copy, tmp_path / "out", step_partition=3)
+    assert [op for (op,) in query(result.db_path, "SELECT name FROM metrics ORDER BY metric_id")] == [*OPS, "zeros"]
+    got = db_rows(result.db_path)
+    assert got == csv_rows(copy)
+    assert any(v["max"] == NAN for k, v in got.items() if k[0] == NAN_RANK and k[1] == "param")
+    assert query(result.db_path, 'SELECT count(*) FROM metric_values WHERE "min" = 9e999 OR "max" = -9e999') == [(2,)]
+
+
+def test_default_output_folder_is_timestamped(monitor_runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = csv2db(CSV2DBConfig(str(monitor_runs.v2), data_type_list=["cc"]))
+    assert re.fullmatch(r"\d{14}_csv2db", result.db_path.parent.name)
+    assert result.db_path.parent.parent.resolve() == tmp_path.resolve()
+
+
+def test_progress_bar_on_request(monitor_runs, tmp_path, capsys):
+    csv2db(CSV2DBConfig(monitor_runs.v2, output_dirpath=tmp_path, process_num=2), progress=True)
+    assert "csv2db" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "trainprobe", "csv2db", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def test_cli_converts_and_prints_one_line(monitor_runs, tmp_path):
+    out = tmp_path / "out"
+    done = run_cli(str(monitor_runs.v2), "-o", str(out), "--step-partition", "3", "--data-type", "param", "cc")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress bar: stderr is not a terminal
+    (line,) = done.stdout.splitlines()
+    db = out / "monitor_metrics.db"
+    rows = query(db, "SELECT count(*) FROM metric_values")[0][0]
+    assert line.startswith(f"csv2db: {rows} rows from 8 file(s) into 2 table(s) in ") and line.endswith(f"-> {db}")
+    assert {n for (n,) in query(db, "SELECT name FROM data_types")} == {"param", "cc"}
+
+
+def test_cli_bad_input_exit_2_one_line(tmp_path):
+    done = run_cli(str(tmp_path / "nope"), "-o", str(tmp_path / "out"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"trainprobe csv2db: error: monitor_path: {str(tmp_path / 'nope')!r} does not exist"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--step-partition", "0"], "step_partition: expected an integer >= 1, got 0"),
+        (["--process-num", "0"], "process_num: expected an integer >= 1, got 0"),
+        (["--data-type", "grads"], r"data_type_list: unknown data type\(s\) \['grads'\]"),
+        (["--time-start", "Jan02_00-00-00", "--time-end", "Jan01_00-00-00"], "time_start: 'Jan02_00-00-00' is after"),
+        (["--time-end", "yesterday"], "time_end: 'yesterday' is not a monitor timestamp"),
+    ],
+)
+def test_cli_bad_options(monitor_runs, tmp_path, capsys, args, message):
+    assert cli_main(["csv2db", str(monitor_runs.v2), "-o", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert re.match(f"trainprobe csv2db: error: {message}", err) and len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- bad input (API)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"step_partition": 0}, "step_partition: expected an integer >= 1, got 0"),
+        ({"step_partition": True}, "step_partition: expected an integer >= 1, got True"),
+        ({"step_partition": "500"}, "step_partition: expected an integer >= 1, got '500'"),
+        ({"process_num": 0}, "process_num: expected an integer >= 1"),
+        ({"process_num": 1.5}, "process_num: expected an integer >= 1"),
+        ({"data_type_list": ["grads"]}, r"data_type_list: unknown data type\(s\) \['grads'\]"),
+        ({"data_type_list": "grad_reduced"}, "data_type_list: expected a list of data types"),
+        ({"time_start": "Dec3"}, "time_start: 'Dec3' is not a monitor timestamp"),
+        ({"time_end": 5}, "time_end: expected a timestamp"),
+        ({"time_start": "Jan02_00-00-00", "time_end": "Jan01_00-00-00"}, "time_start: 'Jan02_00-00-00' is after"),
+        ({"monitor_path": None}, "monitor_path: expected a path"),
+        ({"monitor_path": ""}, "monitor_path: expected a path"),
+        ({"output_dirpath": 3}, "output_dirpath: expected a path"),
+    ],
+)
+def test_config_checks_its_fields(kwargs, message):
+    kwargs = {"monitor_path": "monitor_output", **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        CSV2DBConfig(**kwargs)
+
+
+def test_bad_paths_and_outputs(monitor_runs, tmp_path):
+    with pytest.raises(ConfigError, match="monitor_path: .* does not exist"):
+        convert(tmp_path / "nope", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="monitor_path: no monitor CSV found"):
+        convert(tmp_path / "empty", tmp_path / "out")
+    with pytest.raises(ConfigError, match="no monitor CSV found"):
+        convert(monitor_runs.v1, tmp_path / "out", time_start="Jan01_00-00-00", time_end="Jan01_00-00-01")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="output_dirpath: .* exists and is not a folder"):
+        convert(monitor_runs.v2, tmp_path / "file")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "monitor_metrics.db").write_text("not a database, just text " * 100)
+    with pytest.raises(ConfigError, match="output_dirpath: .* is not a csv2db database"):
+        convert(monitor_runs.v2, tmp_path / "other")
+    with sqlite3.connect(tmp_path / "foreign.db") as conn:
+        conn.execute("CREATE TABLE t (x)")
+    (tmp_path / "foreign").mkdir()
+    shutil.move(tmp_path / "foreign.db", tmp_path / "foreign" / "monitor_metrics.db")
+    with pytest.raises(ConfigError, match="is not a csv2db database .*no meta table"):
+        convert(monitor_runs.v2, tmp_path / "foreign")
+
+
+def test_empty_csv_of_a_starting_run_is_skipped_then_taken(monitor_runs, tmp_path, caplog):
+    copy = tmp_path / "v2"
+    shutil.copytree(monitor_runs.v2, copy)
+    source = copy / "rank_0" / "param_step3-5.csv"
+    text = source.read_text()
+    path = copy / "rank_0" / "param_step6-8.csv"
+    path.write_text("")
+    out = tmp_path / "out"
+    result = convert(copy, out)
+    assert "param_step6-8.csv: empty" in caplog.text
+    assert db_rows(result.db_path) == csv_rows(monitor_runs.v2)
+    header, *rows = text.splitlines()
+    step6 = [row.replace("0,3,", "0,6,", 1) for row in rows if row.startswith("0,3,")]
+    path.write_text("\n".join([header, *step6]) + "\n")  # the run wrote its first step
+    later = convert(copy, out)
+    assert later.files == 1 and later.rows == len(step6) > 0
+    assert db_rows(result.db_path) == csv_rows(copy)
+
+
+def test_a_locked_database_is_a_clear_error(monitor_runs, tmp_path):
+    convert(monitor_runs.v2, tmp_path, data_type_list=["cc"])
+    with sqlite3.connect(tmp_path / "monitor_metrics.db") as other:
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(ConfigError, match="output_dirpath: cannot write .*monitor_metrics.db.*locked"):
+            convert(monitor_runs.v2, tmp_path)
+        other.rollback()
