@@ -13,8 +13,15 @@ Method (one process, one model, one optimizer for every configuration):
   ratio is its dumped block's mean step time over its undumped block's; the figure reported is
   the median over the pairs (with the range). ``control`` runs the same schedule with no dump on
   either side: its ratio is the noise floor of the method on this machine.
-* Tensor mode (``tensor-L0``, ``tensor-L1``): MB/s = bytes of ``.pt`` payload written during the
-  dumped blocks / the dumped blocks' wall time; the disk's sequential write speed is measured the
+* ``--clock wall`` (default) times steps with ``perf_counter``; ``--clock cpu`` with
+  ``process_time`` (CPU seconds of the whole process, writer thread included). On a machine
+  shared with other jobs, wall-clock ratios swing by 2x from one block to the next; with
+  ``--threads 1 --clock cpu`` a step's CPU time varies by about 3%, so that combination is the
+  one to compare code changes with (it measures the work added, not the waiting).
+* Tensor mode (``tensor-L0``, ``tensor-L1``, ``tensor-mix``): MB/s = tensor bytes of the ``.pt``
+  files produced during the dumped blocks / the dumped blocks' wall time ("MB/s files");
+  "MB/s serialised" counts only the bytes actually serialised (a tensor saved under several names
+  in one step is written once and hard-linked). The disk's sequential write speed is measured the
   same way (no fsync on either side, the same folder): the same number of bytes written as 4 MiB
   chunks, timed. Step directories are deleted between blocks to bound disk use.
 
@@ -23,6 +30,7 @@ Usage::
     python bench/bench_dump.py            # full run
     python bench/bench_dump.py --quick    # smoke run
     python bench/bench_dump.py --configs control,statistics-L0 --blocks 6
+    python bench/bench_dump.py --threads 1 --clock cpu   # stable on a shared machine
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ CONFIGS = (
     BenchConfig("statistics-mix", "statistics", "mix", 1.8),
     BenchConfig("tensor-L0", "tensor", "L0"),
     BenchConfig("tensor-L1", "tensor", "L1"),
+    BenchConfig("tensor-mix", "tensor", "mix"),
 )
 BY_KEY = {c.key: c for c in CONFIGS}
 
@@ -74,10 +83,15 @@ class Trainer:
         run = benchmark_setup(seed, BATCH_SIZE)
         self.cfg, self.model, self.optimizer, self.batches = run.cfg, run.model, run.optimizer, run.batches
 
+    clock = staticmethod(time.perf_counter)
+    last_wall = 0.0
+
     def step(self, debugger: PrecisionDebugger | None) -> float:
-        """One training step (with the debugger's calls around it); its wall seconds."""
+        """One training step (with the debugger's calls around it); its seconds on :attr:`clock`
+        (its wall seconds go to :attr:`last_wall`)."""
         batch = next(self.batches)
-        t0 = time.perf_counter()
+        w0 = time.perf_counter()
+        t0 = self.clock()
         if debugger is not None:
             debugger.start(self.model)
         loss = self.model.loss(batch)
@@ -87,7 +101,9 @@ class Trainer:
         if debugger is not None:
             debugger.stop()
             debugger.step()
-        return time.perf_counter() - t0
+        elapsed = self.clock() - t0
+        self.last_wall = time.perf_counter() - w0
+        return elapsed
 
 
 @dataclass
@@ -99,15 +115,22 @@ class Result:
     dumped_ms: list[float] = field(default_factory=list)
     plain_ms: list[float] = field(default_factory=list)
     bytes_written: int = 0
-    dumped_seconds: float = 0.0
+    bytes_serialised: int = 0
+    dumped_wall: float = 0.0
 
 
-def run_block(trainer: Trainer, steps: int, debugger: PrecisionDebugger | None, dump_dir: Path | None) -> list[float]:
+def run_block(
+    trainer: Trainer, steps: int, debugger: PrecisionDebugger | None, dump_dir: Path | None
+) -> tuple[list[float], float]:
+    """``steps`` steps: their times on the trainer's clock, and their wall seconds in all."""
     gc.collect()
-    times = [trainer.step(debugger) for _ in range(steps)]
+    times, wall = [], 0.0
+    for _ in range(steps):
+        times.append(trainer.step(debugger))
+        wall += trainer.last_wall
     if dump_dir is not None and dump_dir.exists():
         shutil.rmtree(dump_dir, ignore_errors=True)  # bound the disk use of tensor mode
-    return times
+    return times, wall
 
 
 def measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace) -> Result:
@@ -122,18 +145,27 @@ def measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namesp
         first_dumped = i % 2 == 0
         sides: dict[bool, list[float]] = {}
         for dumped in (first_dumped, not first_dumped):
-            before = debugger.files.bytes_written if debugger is not None else 0
-            t0 = time.perf_counter()
-            sides[dumped] = run_block(trainer, args.steps_per_block, debugger if dumped else None, dump_dir)
-            if dumped and debugger is not None:
-                res.bytes_written += debugger.files.bytes_written - before
-                res.dumped_seconds += sum(sides[dumped])
-            del t0
+            files = debugger.files if debugger is not None else None
+            before = _bytes(files)
+            sides[dumped], wall = run_block(trainer, args.steps_per_block, debugger if dumped else None, dump_dir)
+            if dumped and files is not None:
+                after = _bytes(files)
+                res.bytes_written += after[0] - before[0]
+                res.bytes_serialised += after[1] - before[1]
+                res.dumped_wall += wall
         a, b = statistics.fmean(sides[True]), statistics.fmean(sides[False])
         res.ratios.append(a / b)
         res.dumped_ms.append(1000 * a)
         res.plain_ms.append(1000 * b)
     return res
+
+
+def _bytes(files: object) -> tuple[int, int]:
+    """(bytes of files produced, bytes serialised) so far by a debugger's writer."""
+    if files is None:
+        return 0, 0
+    produced = int(getattr(files, "bytes_written", 0))
+    return produced, int(getattr(files, "bytes_serialised", produced))
 
 
 def disk_write_mb_s(folder: Path, nbytes: int) -> float:
@@ -152,17 +184,22 @@ def disk_write_mb_s(folder: Path, nbytes: int) -> float:
     return written / seconds / 1e6
 
 
-def print_report(results: list[Result], disk: float | None) -> None:
-    print("\n| config | median dumped/undumped | range | target | pass | dumped step | undumped step | MB/s written |")
-    print("|---|---|---|---|---|---|---|---|")
+def print_report(results: list[Result], disk: float | None, args: argparse.Namespace) -> None:
+    print(f"\nclock: {args.clock}, {args.blocks} block pairs of {args.steps_per_block} steps")
+    print(
+        "\n| config | median dumped/undumped | range | target | pass | dumped step | undumped step "
+        "| MB/s files | MB/s serialised |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         med = statistics.median(r.ratios)
         target = f"≤ {r.config.target:.2f}x" if r.config.target else "—"
         ok = "—" if r.config.target is None else ("yes" if med <= r.config.target else "**NO**")
-        mbs = f"{r.bytes_written / r.dumped_seconds / 1e6:.0f}" if r.bytes_written else "—"
+        mbs = f"{r.bytes_written / r.dumped_wall / 1e6:.0f}" if r.bytes_written else "—"
+        ser = f"{r.bytes_serialised / r.dumped_wall / 1e6:.0f}" if r.bytes_written else "—"
         print(
             f"| {r.config.key} | {med:.3f}x | {min(r.ratios):.3f}–{max(r.ratios):.3f} | {target} | {ok} "
-            f"| {statistics.median(r.dumped_ms):.0f} ms | {statistics.median(r.plain_ms):.0f} ms | {mbs} |"
+            f"| {statistics.median(r.dumped_ms):.0f} ms | {statistics.median(r.plain_ms):.0f} ms | {mbs} | {ser} |"
         )
     if disk is not None:
         print(f"\nDisk sequential write (same folder, no fsync, 4 MiB chunks): {disk:.0f} MB/s")
@@ -176,7 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--configs", default=",".join(c.key for c in CONFIGS))
     p.add_argument("--out", type=Path, default=None, help="where dumps go (default: a temp dir, removed)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="what a step's time is (see above)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        Trainer.clock = staticmethod(time.process_time)
     args.steps_per_block = args.steps_per_block or (2 if args.quick else 4)
     args.blocks = args.blocks or (2 if args.quick else 6)
     keys = [k.strip() for k in args.configs.split(",") if k.strip()]
@@ -200,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key}: median {statistics.median(res.ratios):.3f}x", file=sys.stderr, flush=True)
         total = max((r.bytes_written for r in results), default=0)
         disk = disk_write_mb_s(out, total) if any(r.bytes_written for r in results) else None
-        print_report(results, disk)
+        print_report(results, disk, args)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

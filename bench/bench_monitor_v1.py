@@ -50,7 +50,7 @@ CONFIGS: tuple[harness.BenchConfig, ...] = (
 class V1Monitor:
     """Gives ``TrainerMon`` the ``start()``/``stop()`` shape the harness drives."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], **_: Any) -> None:  # ``fr=`` (framework): PyTorch only
         self.out = Path(spec["output_dir"])
         self.config = spec["monitors"]
         self._mon: TrainerMon | None = None

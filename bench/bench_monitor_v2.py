@@ -242,12 +242,17 @@ class Result:
         return all(checks) if checks else None
 
 
-def measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace) -> Result:
-    """Alternating blocks, then the RSS run, for one configuration."""
+def measure(
+    cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace, framework: str = "pytorch"
+) -> Result:
+    """Alternating blocks, then the RSS run, for one configuration (``trainer``: anything with
+    ``model``, ``optimizer`` and ``step() -> seconds``; ``framework`` as TrainerMonitorV2's ``fr``)."""
     t_begin = time.perf_counter()
     monitor = None
     if cfg.monitors is not None:
-        monitor = TrainerMonitorV2({"output_dir": str(out / cfg.key.replace("+", "_")), "monitors": cfg.monitors})
+        monitor = TrainerMonitorV2(
+            {"output_dir": str(out / cfg.key.replace("+", "_")), "monitors": cfg.monitors}, fr=framework
+        )
     res = Result(cfg)
     # Warm-up pair, discarded: first start() of this config, caches after the switch.
     run_block(trainer, args.warmup_block_steps, monitor)
@@ -284,12 +289,14 @@ def measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namesp
 
 
 # -- profiling (optional) ---------------------------------------------------------------------
-def profile_config(cfg: BenchConfig, trainer: Trainer, out: Path, steps: int, top: int) -> None:
+def profile_config(
+    cfg: BenchConfig, trainer: Trainer, out: Path, steps: int, top: int, framework: str = "pytorch"
+) -> None:
     """cProfile of ``steps`` monitored steps (after one untimed step), top functions by own time."""
     if cfg.monitors is None:
         return
     monitor = TrainerMonitorV2(
-        {"output_dir": str(out / f"profile_{cfg.key.replace('+', '_')}"), "monitors": cfg.monitors}
+        {"output_dir": str(out / f"profile_{cfg.key.replace('+', '_')}"), "monitors": cfg.monitors}, fr=framework
     )
     monitor.start(model=trainer.model, optimizer=trainer.optimizer)
     trainer.step()

@@ -517,48 +517,81 @@ def test_reduced_rows_see_gradient_clipping_between_backward_and_step(tmp_path):
     assert float(origin[1]["norm"]) == pytest.approx(0.5 * float(updated[0]["norm"]), rel=1e-6)
 
 
-def test_single_process_weight_grad_hooks_no_parameter(tmp_path):
-    """One process, one row per step: unreduced rows are read once at the end of backward (a
-    forward hook on the root, nothing on the parameters), with and without accumulation."""
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def test_single_process_weight_grad_hooks_only_sentinel_parameters(tmp_path):
+    """One process, one row per step: unreduced rows are read once at the end of backward
+    (hooks on three sentinel parameters only), with and without accumulation."""
+    model = TinyTransformer()
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
     mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "ops": OPS, "grad_acc_steps": 3}})
     mon.start(model=model, optimizer=opt)
-    assert not any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
-    assert model._forward_hooks
+    hooked = [i for i, p in enumerate(params) if p._backward_hooks]
+    assert hooked == sorted({0, (len(params) - 1) // 2, len(params) - 1})
+    assert not any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params)
     snaps = []
-    train_mlp(model, opt, 3, capture=snaps, acc=3)
+    for _ in range(3):
+        for _ in range(3):
+            model.loss(torch.randint(0, 50, (2, 8))).backward()
+        snaps.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     mon.stop()
     rows = rows_of(out, "weight_grad")
-    for step, snap in enumerate(snaps):
+    for step, grads in enumerate(snaps):
         for scope in ("unreduced", "reduced"):
             got = [r for r in rows if r["scope"] == scope and int(r["step"]) == step]
-            assert sorted(r["module_name"] for r in got) == sorted(snap["grad"]), (step, scope)
+            assert sorted(r["module_name"] for r in got) == sorted(grads), (step, scope)
             for row in got:
                 assert row["micro_step"] == "3"
-                assert_row_matches(row, snap["grad"][row["module_name"]], rel=1e-6)
+                assert_row_matches(row, grads[row["module_name"]], rel=1e-6)
     assert no_hooks_left(model, opt)
 
 
-def test_backward_that_bypasses_the_root_falls_back_to_parameter_hooks(tmp_path, caplog):
-    """A loop that calls submodules itself never runs the root's forward hook: the first step
-    has no unreduced rows (said once), later steps are read with per-parameter hooks."""
+def test_loop_calling_submodules_directly_is_captured(tmp_path, caplog):
+    """Lightning-style loops call submodules, not the model: the sentinels still see backward."""
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "ops": OPS}})
     mon.start(model=model, optimizer=opt)
     grads = []
     with caplog.at_level(logging.WARNING, logger="trainprobe"):
-        for _ in range(3):
+        for _ in range(2):
             model.fc2(model.act(model.fc1(torch.randn(4, 6)))).pow(2).mean().backward()
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
             opt.step()
             opt.zero_grad(set_to_none=True)
     mon.stop()
-    assert caplog.text.count("did not go through the model's output") == 1
+    assert "reached none of the parameters" not in caplog.text
     rows = rows_of(out, "weight_grad")
-    unreduced = {int(r["step"]) for r in rows if r["scope"] == "unreduced"}
-    assert unreduced == {1, 2}
+    assert {(r["scope"], int(r["step"])) for r in rows} == {(s, k) for s in ("unreduced", "reduced") for k in (0, 1)}
+    for row in rows:
+        assert_row_matches(row, grads[int(row["step"])][row["module_name"]], rel=1e-6)
+
+
+def test_backward_missing_every_sentinel_falls_back_to_parameter_hooks(tmp_path, caplog, monkeypatch):
+    """A backward that reaches none of the sentinels (here only fc2.weight, parameter 2 of 4, gets a
+    gradient) has no unreduced rows (said once); later steps use per-parameter hooks."""
+    import trainprobe.log
+
+    monkeypatch.setattr(trainprobe.log, "_seen", set())
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "ops": OPS}})
+    mon.start(model=model, optimizer=opt)
+    grads = []
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        for step in range(3):
+            if step == 0:
+                model.fc2.weight.pow(2).sum().backward()
+            else:
+                model(torch.randn(4, 6)).pow(2).mean().backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    mon.stop()
+    assert caplog.text.count("reached none of the parameters watched for the end of backward") == 1
+    rows = rows_of(out, "weight_grad")
+    assert {int(r["step"]) for r in rows if r["scope"] == "unreduced"} == {1, 2}
     assert {int(r["step"]) for r in rows if r["scope"] == "reduced"} == {0, 1, 2}
     for row in rows:
         assert_row_matches(row, grads[int(row["step"])][row["module_name"]], rel=1e-6)

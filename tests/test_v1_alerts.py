@@ -97,11 +97,17 @@ def test_detector_units_turbulence_both_directions_and_threshold_nan():
         stream,
     )
     key = RowKey(0, "0:w", "reduced")
+    found = []
     for step, norm, mx in [(0, 1.0, 1.0), (1, 1.2, 1.0), (2, 0.4, 1.0), (3, 1.0, 500.0)]:
+        before = det.count
         det.write(StepBatch("weight_grad", step, [key], _host={0: [norm, mx]}))
-    steps = sorted(e["step"] for e in det.anomalies.values())
-    assert steps == [2, 3]  # 0.4 is more than 50% below the average 1.1; 500 > 100
-    assert all(e["pp_stage"] == 1 and e["group_mates"] == [0, 1] for e in det.anomalies.values())
+        if det.count > before:
+            found.extend(det.latest.values())
+    assert [e["step"] for e in found] == [2, 3]  # 0.4 is more than 50% below the average 1.1; 500 > 100
+    assert found[0]["message"].startswith("Rule AnomalyTurbulence") and found[1]["message"].startswith(
+        "Rule AnomalyNan"
+    )
+    assert all(e["pp_stage"] == 1 and e["group_mates"] == [0, 1] for e in found)
 
 
 def test_missing_gradient_is_never_an_anomaly(tmp_path, monkeypatch, capsys):
@@ -120,3 +126,60 @@ def test_missing_gradient_is_never_an_anomaly(tmp_path, monkeypatch, capsys):
     mon.stop()
     assert "trainprobe alert" not in capsys.readouterr().out
     assert not (tmp_path / "out" / "anomaly_detected").exists()
+
+
+class _Terminal(io.StringIO):
+    """A text stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_console_line_is_coloured_only_on_a_terminal():
+    rules = (AlertRule(rule_name="AnomalyNan", threshold=None),)
+    batch = StepBatch("weight_grad", 0, [RowKey(0, "0:w", "reduced")], _host={0: [math.nan]})
+    ctx = PipelineContext(rank=0, pp_stage=0, group_mates=(0,))
+    lines = {}
+    for kind, stream in (("tty", _Terminal()), ("file", io.StringIO())):
+        det = AlertDetector(rules, {"grad_reduced": ("norm",)}, lambda m, k: "grad_reduced", ctx, None, stream)
+        det.write(batch)
+        lines[kind] = stream.getvalue()
+    assert lines["tty"].startswith("\033[") and lines["tty"].count("\n") == 1
+    assert "\033[" not in lines["file"] and lines["file"].startswith("trainprobe alert: Rule AnomalyNan")
+
+
+def test_histogram_rows_are_not_judged():
+    det = AlertDetector(
+        (AlertRule(rule_name="AnomalyNan", threshold=1.0),),
+        {"adam_update": ("norm",)},
+        lambda m, k: k.scope,
+        PipelineContext(rank=0, pp_stage=0, group_mates=(0,)),
+        None,
+        io.StringIO(),
+    )
+    det.write(StepBatch("ur_histogram", 0, [RowKey(0, "0:w", "adam_update_histogram")], _host={0: [0.0, 5.0, 9.0]}))
+    assert det.count == 0 and det.latest == {}
+
+
+def test_dump_stays_valid_json_and_keeps_every_anomaly(tmp_path):
+    det = AlertDetector(
+        (AlertRule(rule_name="AnomalyNan", threshold=None),),
+        {"grad_reduced": ("norm",)},
+        lambda m, k: "grad_reduced",
+        PipelineContext(rank=0, pp_stage=0, group_mates=(0,)),
+        tmp_path / "anomaly_detected" / "rank0",
+        io.StringIO(),
+    )
+    path = tmp_path / "anomaly_detected" / "rank0" / "anomaly.json"
+    keys = [RowKey(0, "0:a", "reduced"), RowKey(0, "0:b", "reduced")]
+    for step in range(3):
+        det.write(StepBatch("weight_grad", step, keys, _host={0: [math.nan], 1: [1.0 if step else math.nan]}))
+        dump = json.loads(path.read_text())  # valid after every write
+        assert len(dump) == det.count == step + 2
+    assert sorted((e["step"], e["tag_name"]) for e in dump.values()) == [
+        (0, "0:a/rank0/grad_reduced"),
+        (0, "0:b/rank0/grad_reduced"),
+        (1, "0:a/rank0/grad_reduced"),
+        (2, "0:a/rank0/grad_reduced"),
+    ]
+    assert path.read_text().startswith('{\n    "0:a/rank0/grad_reduced_step_0_call_1": {\n        "rank": 0,')

@@ -105,6 +105,10 @@ def test_defaults(tmp_path):
         ({"cc_distribution": {"cc_codeline": "a.py"}}, r"cc_distribution.cc_codeline: must be a list of strings"),
         ({"cc_distribution": {"cc_log_only": 1}}, r"cc_distribution.cc_log_only: must be true or false"),
         ({"cc_distribution": {"cc_pre_hook": 1}}, r"cc_distribution.cc_pre_hook: must be true or false"),
+        (
+            {"cc_distribution": {"cc_codeline": ["a.py", "train.py[23"]}},
+            r"cc_distribution.cc_codeline\[1\]: 'train.py\[23' is not a valid regular expression",
+        ),
         ({"stack_info": 1}, r"stack_info: must be true or false"),
         ({"alert": {"rules": {}}}, r"alert.rules: must be a list of rules"),
         ({"alert": {"rules": [{"rule_name": "AnomalyX"}]}}, r"alert.rules\[0\].rule_name: 'AnomalyX' is not one of"),
@@ -141,6 +145,11 @@ def test_defaults(tmp_path):
 def test_invalid_field_names_its_path(patch, match):
     with pytest.raises(ConfigError, match=match):
         load_monitor_v1_config({**FULL, **patch})
+
+
+def test_empty_ops_mean_norm_and_regex_codelines_load():
+    cfg = load_monitor_v1_config({"ops": [], "cc_distribution": {"enable": True, "cc_codeline": ["train.py\\[23\\]"]}})
+    assert cfg.ops == ("norm",) and cfg.cc.cc_codeline == ("train.py\\[23\\]",)
 
 
 def test_file_errors(tmp_path):

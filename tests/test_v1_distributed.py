@@ -17,12 +17,29 @@ from test_v1_support import by_name, table
 from trainprobe.monitor_v1 import TrainerMon
 
 
+def _line_of(text: str) -> int:
+    """The line number of the first line of this file containing ``text``."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+GRAD_LINE = _line_of("dist.all_reduce(p.grad)")
+
+
 def _folder(out: Path, rank: int) -> Path:
     (folder,) = [p for p in out.iterdir() if f"-rank{rank}-" in p.name]
     return folder
 
 
-def _run(out: Path, config: dict, rank: int, steps: int = 2, nan_rank: int | None = None, **groups) -> None:
+def _run(
+    out: Path,
+    config: dict,
+    rank: int,
+    steps: int = 2,
+    nan_rank: int | None = None,
+    metric_sync: bool = False,
+    **groups,
+) -> None:
     os.environ["MONITOR_OUTPUT_DIR"] = str(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"config{rank}.json"
@@ -39,6 +56,8 @@ def _run(out: Path, config: dict, rank: int, steps: int = 2, nan_rank: int | Non
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= 2
+        if metric_sync:
+            dist.all_reduce(torch.ones(1))  # a collective that cc_codeline leaves out
         if step == 1 and rank == nan_rank:
             model.fc2.bias.grad[0] = math.nan
         opt.step()
@@ -51,6 +70,12 @@ def _worker(rank: int, base: str) -> None:
     world = dist.group.WORLD
     cc = {"wg_distribution": True, "cc_distribution": {"enable": True}, "ops": ["norm", "max"], "ndigits": 12}
     _run(base_dir / "cc", cc, rank)
+    codeline = {
+        "enable": True,
+        "cc_codeline": [rf"test_v1_distributed\.py\[{GRAD_LINE}\]"],
+        "cc_pre_hook": True,
+    }
+    _run(base_dir / "codeline", {"cc_distribution": codeline, "ndigits": 12}, rank, metric_sync=True)
     _run(base_dir / "dp", {"wg_distribution": True}, rank, dp_group=world)
     _run(base_dir / "tp", {"wg_distribution": True}, rank, tp_group=world)
     alert = {"wg_distribution": True, "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}
@@ -69,6 +94,13 @@ def test_two_ranks_cc_dp_tp_and_pipeline_group(tmp_path):
         first = [r for r in other if r["name"].startswith("all_reduce.0.out") and r["step"] == "0"][0]
         reduced = by_name([r for r in table(folder, "grad_reduced") if r["step"] == "0"], "0:fc1.weight")[0]
         assert float(first["norm"]) == pytest.approx(2 * float(reduced["norm"]), rel=1e-9)
+    # cc_codeline (a regular expression naming the gradient all_reduce line) and cc_pre_hook
+    rows = table(_folder(tmp_path / "codeline", 0), "other")
+    sites = {r["name"].split("@", 1)[1] for r in rows}
+    assert sites == {f"test_v1_distributed.py[{GRAD_LINE}]"}, sites
+    assert {r["name"].split("@")[0] for r in rows if r["step"] == "0"} == {
+        f"all_reduce.{i}.{side}.0" for i in range(4) for side in ("in", "out")
+    }
     dp0, dp1 = (_folder(tmp_path / "dp", r) for r in (0, 1))
     assert table(dp0, "grad_reduced") and not table(dp1, "grad_reduced")
     assert table(dp1, "grad_unreduced")

@@ -11,7 +11,7 @@ from torch import nn
 
 from conftest import read_csv, stats64
 from models import MLP, TinyTransformer, no_hooks_left
-from test_v1_support import by_name, make_v1, run_dir, table
+from test_v1_support import by_name, forget_warnings, make_v1, run_dir, table
 from trainprobe.errors import ConfigError
 
 ALL_OPS = ["min", "max", "norm", "mean", "zeros", "nans"]
@@ -169,6 +169,7 @@ def test_forward_only_and_backward_only(tmp_path, monkeypatch, flags, actv, grad
 
 
 def test_forward_and_backward_only_warns_and_collects_nothing(tmp_path, monkeypatch, caplog):
+    forget_warnings(monkeypatch)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cfg = {"xy_distribution": True, "all_xy": True, "forward_only": True, "backward_only": True}
@@ -246,8 +247,9 @@ def run_transformer(steps, monitor_factory=None):
     return losses, model, opt
 
 
-def test_monitoring_does_not_change_training_bitwise(tmp_path, monkeypatch):
-    cfg = {**FULL, "mg_direction": True, "stack_info": True, "monitor_mbs_grad": True}
+@pytest.mark.parametrize("mbs", [True, False])  # per-parameter gradient hooks / backward-end capture
+def test_monitoring_does_not_change_training_bitwise(tmp_path, monkeypatch, mbs):
+    cfg = {**FULL, "mg_direction": True, "stack_info": True, "monitor_mbs_grad": mbs, "ur_distribution": True}
     ref_losses, ref_model, _ = run_transformer(3)
     losses, model, opt = run_transformer(3, lambda: make_v1(tmp_path, monkeypatch, cfg))
     assert all(torch.equal(a, b) for a, b in zip(ref_losses, losses))
@@ -384,6 +386,7 @@ def test_reload_xy_and_ops_take_effect_next_step(tmp_path, monkeypatch):
 
 
 def test_legacy_api_warns_once_and_works(tmp_path, monkeypatch, caplog):
+    forget_warnings(monkeypatch)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with warnings.catch_warnings(record=True) as caught:
@@ -396,9 +399,12 @@ def test_legacy_api_warns_once_and_works(tmp_path, monkeypatch, caplog):
         "TrainerMon.set_wrapped_optimizer() is deprecated",
         "TrainerMon.monitor_gnorm_with_ad() is deprecated",
     }
+    with pytest.warns(DeprecationWarning):
+        mon.set_wrapped_optimizer(opt)  # a second call: no second log line
     train(model, opt, 1)
     mon.stop()
     assert table(run_dir(tmp_path), "grad_reduced")
+    assert caplog.text.count("set_wrapped_optimizer() is deprecated") == 1
 
 
 def test_append_output_continues_existing_folder(tmp_path, monkeypatch):
@@ -430,15 +436,33 @@ class Deep(nn.Module):
         return self.module.encoder.layers[0](x)
 
 
-@pytest.mark.parametrize(("squash", "name"), [(True, "0:layers.0.weight"), (False, "0:module.encoder.layers.0.weight")])
+@pytest.mark.parametrize(("squash", "name"), [(True, "0:layers.0"), (False, "0:module.encoder.layers.0")])
 def test_squash_name(tmp_path, monkeypatch, squash, name):
+    """Parameter and module names are squashed alike; targets match the squashed name too."""
     model = Deep()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "squash_name": squash})
+    target = "layers.0" if squash else "module.encoder.layers.0"
+    cfg = {"wg_distribution": True, "xy_distribution": True, "targets": {target: {}}, "squash_name": squash}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
     train(model, opt, 1)
     mon.stop()
-    assert name in {r["name"] for r in table(run_dir(tmp_path), "grad_reduced")}
+    folder = run_dir(tmp_path)
+    assert {r["name"] for r in table(folder, "grad_reduced")} == {f"{name}.weight", f"{name}.bias"}
+    assert {r["name"] for r in table(folder, "actv")} == {f"{name}.input", f"{name}.output"}
+
+
+def test_xy_without_all_xy_or_module_targets_warns(tmp_path, monkeypatch, caplog):
+    forget_warnings(monkeypatch)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"xy_distribution": True, "wg_distribution": True})
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    assert 'xy_distribution is true but no module is selected: set "all_xy": true' in caplog.text
+    assert not table(run_dir(tmp_path), "actv") and table(run_dir(tmp_path), "grad_reduced")
 
 
 def test_model_chunks_and_module_ranks(tmp_path, monkeypatch):
@@ -491,7 +515,7 @@ def test_params_have_main_grad_plain_pytorch_and_fault_isolation(tmp_path, monke
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "param_distribution": True})
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
-    probe = next(p for p in mon._session.probes if p.name == "param")
+    probe = next(p for p in mon._control.probes if p.name == "param")
     probe.stats.row = lambda t: 1 / 0  # a fault inside the monitor
     with caplog.at_level("ERROR", logger="trainprobe"):
         train(model, opt, 2)
@@ -505,3 +529,104 @@ def test_compat_import_path():
     from trainprobe.pytorch.monitor.module_hook import TrainerMon as Compat
 
     assert Compat is TrainerMon
+
+
+def test_public_import_paths():
+    import trainprobe
+    import trainprobe.pytorch
+    from trainprobe.monitor_v1 import TrainerMon
+
+    assert trainprobe.TrainerMon is TrainerMon and trainprobe.pytorch.TrainerMon is TrainerMon
+
+
+def test_parameter_name_target_selects_that_parameter(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters())
+    cfg = {"targets": {"fc1.weight": {}, "0:fc2": {}}, "wg_distribution": True, "mv_distribution": True}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    for kind in ("grad_reduced", "grad_unreduced", "exp_avg"):
+        assert {r["name"] for r in table(folder, kind)} == {"0:fc1.weight", "0:fc2.weight", "0:fc2.bias"}, kind
+
+
+def test_all_xy_with_targets_keeps_the_targets_choice(tmp_path, monkeypatch):
+    """all_xy hooks every module; a module named in targets keeps only what its entry lists."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"targets": {"fc1": {"output": "tensor"}}, "xy_distribution": True, "all_xy": True}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    actv = {r["name"] for r in table(folder, "actv")}
+    grads = {r["name"] for r in table(folder, "actv_grad")}
+    assert "0:fc1.output" in actv and "0:fc1.input" not in actv
+    assert not any(n.startswith("0:fc1.") for n in grads)
+    assert {"0:fc2.input", "0:fc2.output"} <= actv and {"0:fc2.input_grad", "0:fc2.output_grad"} <= grads
+
+
+def test_default_output_dir_is_monitor_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MONITOR_OUTPUT_DIR", raising=False)
+    (tmp_path / "c.json").write_text('{"wg_distribution": true}')
+    from trainprobe.monitor_v1 import TrainerMon
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = TrainerMon("c.json", params_have_main_grad=False)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    (folder,) = (tmp_path / "monitor_output").iterdir()
+    assert mon.output_dir is not None and mon.output_dir.resolve() == folder.resolve()
+    assert (folder / "grad_reduced_0-0.csv").exists()
+
+
+def test_eps_sets_the_zeros_threshold(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = make_v1(tmp_path, monkeypatch, {"param_distribution": True, "ops": ["zeros"], "eps": 0.1, "ndigits": 12})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    (row,) = by_name(table(run_dir(tmp_path), "param_origin"), "0:fc1.weight")
+    expected = (model.fc1.weight.abs() < 0.1).double().mean().item()
+    assert float(row["zeros"]) == pytest.approx(expected) and 0 < expected < 1
+
+
+def test_ops_set_before_set_monitor_apply_from_the_first_step(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True})
+    mon.ops = ["max"]
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    train(model, opt, 1)
+    mon.stop()
+    assert read_csv(run_dir(tmp_path) / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", "max"]
+
+
+def test_tensorboard_missing_is_a_config_error_not_a_fallback(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "format": "tensorboard"})
+    with pytest.raises(ConfigError, match=r"format: 'tensorboard' needs the tensorboard package"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    assert no_hooks_left(model, opt)
+    assert not list((tmp_path / "out").glob("*/*.csv"))
+
+
+def test_append_output_without_a_matching_folder_is_a_config_error(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"wg_distribution": True, "append_output": ["Jan01_00-00-00", "Jan01_00-00-01"]}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    with pytest.raises(ConfigError, match=r"append_output: no folder of rank 0 .* between Jan01_00-00-00 and"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    assert no_hooks_left(model, opt)

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from conftest import read_csv
-from test_v1_support import by_name, make_v1, run_dir, table
+from test_v1_support import by_name, forget_warnings, make_v1, run_dir, table
+from trainprobe.monitor_v1.histogram import histogram_row
 
 
 class Core(nn.Module):
@@ -90,3 +91,137 @@ def test_ur_distribution_and_mg_direction(tmp_path, monkeypatch):
     (mg,) = by_name(table(folder, "other"), "0:weight.mg_direction")
     assert mg["step"] == "1"
     assert float(mg["mean"]) == pytest.approx((grad.sign() == momentum.sign()).double().mean().item())
+
+
+def _adam_run(tmp_path, monkeypatch, cfg, steps=2):
+    """A Linear trained ``steps`` steps with Adam under ``cfg``; returns (model, optimizer)."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.9), eps=1e-6)
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    for _ in range(steps):
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    return model, opt
+
+
+def _update_and_ratio(opt, param, t):
+    state = opt.state[param]
+    m_hat = state["exp_avg"].double() / (1 - 0.8**t)
+    root = (state["exp_avg_sq"].double() / (1 - 0.9**t)).sqrt()
+    return m_hat / (root + 1e-6), m_hat / root
+
+
+def test_ur_distribution_histograms_in_tensorboard(tmp_path, monkeypatch):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    cfg = {"ur_distribution": True, "format": "tensorboard", "ops": ["norm", "max"]}
+    model, opt = _adam_run(tmp_path, monkeypatch, cfg)
+    folder = run_dir(tmp_path)
+    acc = event_accumulator.EventAccumulator(
+        str(folder), size_guidance={event_accumulator.HISTOGRAMS: 0, event_accumulator.SCALARS: 0}
+    )
+    acc.Reload()
+    assert set(acc.Tags()["histograms"]) == {
+        f"0:{p}/rank0/adam_{kind}_histogram" for p in ("weight", "bias") for kind in ("update", "ratio")
+    }
+    assert {"0:weight/rank0/adam_update_norm", "0:weight/rank0/adam_ratio_max"} <= set(acc.Tags()["scalars"])
+    update, ratio = _update_and_ratio(opt, model.weight, 2)
+    for tag, ref in (("0:weight/rank0/adam_update_histogram", update), ("0:weight/rank0/adam_ratio_histogram", ratio)):
+        events = acc.Histograms(tag)
+        assert [e.step for e in events] == [0, 1]
+        h = events[-1].histogram_value
+        assert h.min == pytest.approx(ref.min().item(), rel=1e-5)
+        assert h.max == pytest.approx(ref.max().item(), rel=1e-5)
+        assert h.num == ref.numel() == sum(h.bucket)
+        assert h.sum == pytest.approx(ref.sum().item(), rel=1e-4, abs=1e-6)
+        assert h.sum_squares == pytest.approx(ref.square().sum().item(), rel=1e-5)
+        assert len(h.bucket) == len(h.bucket_limit) == 30 and h.bucket_limit[-1] == pytest.approx(h.max)
+        expected = torch.histc(ref, bins=30, min=h.min, max=h.max).tolist()
+        assert sum(abs(a - b) for a, b in zip(h.bucket, expected)) <= 2  # an element on an edge may move
+    scalar = acc.Scalars("0:weight/rank0/adam_update_norm")[-1].value
+    assert scalar == pytest.approx(update.norm().item(), rel=1e-5)
+
+
+def test_ur_distribution_in_csv_has_statistics_only(tmp_path, monkeypatch, caplog):
+    forget_warnings(monkeypatch)
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        _adam_run(tmp_path, monkeypatch, {"ur_distribution": True, "ops": ["norm"]})
+    assert "histograms only with format 'tensorboard'" in caplog.text
+    names = {p.name for p in run_dir(tmp_path).iterdir()}
+    assert {"adam_update_0-0.csv", "adam_ratio_1-1.csv"} <= names
+    assert not any("histogram" in n for n in names)
+
+
+def test_ur_and_mg_with_a_non_adam_optimizer_warn_and_write_nothing(tmp_path, monkeypatch, caplog):
+    forget_warnings(monkeypatch)
+    model = nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    mon = make_v1(tmp_path, monkeypatch, {"ur_distribution": True, "mg_direction": True, "wg_distribution": True})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        for _ in range(3):
+            model(torch.randn(4, 6)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    mon.stop()
+    assert "ur_distribution needs an Adam-family optimizer" in caplog.text
+    assert "mg_direction needs an Adam-family optimizer" in caplog.text
+    folder = run_dir(tmp_path)
+    assert not table(folder, "adam_update") and not table(folder, "other")
+    assert table(folder, "grad_reduced")
+
+
+def test_histogram_row_leaves_out_non_finite_values():
+    row = histogram_row(torch.tensor([1.0, 2.0, float("nan"), 3.0, float("inf"), -1.0]), bins=4)
+    assert row[:5] == pytest.approx([-1.0, 3.0, 4.0, 5.0, 15.0])
+    assert row[5:] == [1.0, 0.0, 1.0, 2.0]
+    assert histogram_row(torch.full((5,), 2.0), bins=3)[:3] == [2.0, 2.0, 5.0]
+    assert histogram_row(torch.tensor([float("nan")]), bins=3)[2] == 0.0
+
+
+@pytest.mark.parametrize("order", ["s,b,h,d", "b,s,h,d"])
+def test_attention_sa_order_and_listed_linear_layers(tmp_path, monkeypatch, order):
+    """Q, K laid out per sa_order give the same features as the float64 reference; an explicit
+    linear_hook list hooks only the listed layers."""
+
+    class Core(nn.Module):
+        def forward(self, q, k):
+            return q + k
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qk = nn.Linear(8, 16)
+            self.core = Core()
+            self.out = nn.Linear(8, 2)
+
+        def forward(self, x):
+            q, k = self.qk(x).view(*x.shape[:2], 2, 2, 4).unbind(2)
+            return self.out(self.core(q, k).flatten(2))
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {
+        "recording_l2_features": True,
+        "l2_targets": {"attention_hook": ["0:core"], "linear_hook": ["out"]},
+        "sa_order": order,
+        "ndigits": 12,
+    }
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    seen = {}
+    model.core.register_forward_hook(lambda m, a, o: seen.update(q=a[0].detach().clone(), k=a[1].detach().clone()))
+    model(torch.randn(5, 3, 8)).sum().backward()
+    opt.step()
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert {r["name"] for r in table(folder, "linear_hook")} == {"0:out"}
+    perm = (1, 2, 0, 3) if order == "s,b,h,d" else (0, 2, 1, 3)
+    q, k = seen["q"].double().permute(*perm), seen["k"].double().permute(*perm)
+    p = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
+    (att,) = table(folder, "attention_hook")
+    assert float(att["entropy"]) == pytest.approx(-(p * p.log()).sum(-1).mean().item(), rel=1e-5)
+    assert float(att["softmax_max"]) == pytest.approx(p.amax(-1).mean().item(), rel=1e-5)

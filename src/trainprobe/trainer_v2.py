@@ -13,17 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainprobe.adapters import Backend, backend_for
 from trainprobe.config.monitor_v2 import MonitorV2Config, load_monitor_v2_config
-from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.collectives import CollectiveProbe
-from trainprobe.probes.model_view import ModelView, unwrap_optimizer
+from trainprobe.probes.model_view import ModelView
 from trainprobe.probes.module import ModuleProbe
 from trainprobe.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.probes.param import ParamProbe
-from trainprobe.probes.weight_grad import WeightGradProbe
 from trainprobe.session import Session
 from trainprobe.sinks.background import Writer
 from trainprobe.sinks.csv_sink import CsvSink
@@ -37,14 +36,24 @@ class TrainerMonitorV2:
 
     Args:
         config_path: path of a ``monitor_v2_config.json`` (a dict is accepted too).
-        fr: framework, overriding the file's ``framework`` (pytorch, pt, torch).
+        fr: framework, overriding the file's ``framework`` (pytorch, pt, torch, mindspore, ms).
+            MindSpore (PyNative) needs the ``trainprobe[mindspore]`` extra; see
+            ``docs/mindspore.md``.
 
     Raises:
-        ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path).
+        ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path);
+            the framework is not installed; a monitor the framework's adapter cannot run
+            (``monitors.cc`` on MindSpore).
     """
 
     def __init__(self, config_path: str | Path | dict[str, Any], fr: str | None = None) -> None:
         self.config: MonitorV2Config = load_monitor_v2_config(config_path, framework=fr)
+        self._backend: Backend = backend_for(self.config.framework, "fr" if fr is not None else "framework")
+        if self.config.cc.enabled and not self._backend.supports_collectives:
+            raise ConfigError(
+                f"monitors.cc: not supported on the {self.config.framework} backend of trainprobe "
+                '(see docs/mindspore.md); remove it or set "enabled": false'
+            )
         self._session: Session | None = None
         self._clock = StepClock(step=0)
         self._started = False
@@ -57,15 +66,17 @@ class TrainerMonitorV2:
     @property
     def output_dir(self) -> Path:
         """This rank's output folder, ``<output_dir>/rank_<rank>``."""
-        return self.config.output_dir / f"rank_{current_rank()}"
+        return self.config.output_dir / f"rank_{self._backend.rank()}"
 
     def start(self, model: Any = None, optimizer: Any = None, **context: Any) -> None:
         """Create the enabled monitors and attach them.
 
         Args:
-            model: an ``nn.Module`` or a list of model chunks (``vpp_stage`` = list index).
-            optimizer: a ``torch.optim.Optimizer`` or a wrapper with ``.optimizer``; required
-                by weight_grad, optimizer and param.
+            model: an ``nn.Module`` (MindSpore: an ``nn.Cell``) or a list of model chunks
+                (``vpp_stage`` = list index).
+            optimizer: a ``torch.optim.Optimizer`` or a wrapper with ``.optimizer`` (MindSpore:
+                an ``nn.Optimizer`` or ``mint.optim`` optimizer); required by weight_grad,
+                optimizer and param.
             context: ``grad_acc_steps`` / ``micro_batch_number`` (number of micro-batches per
                 optimizer step; the config's values win); ``optimizer_pre_step_hook`` (default
                 True): pass False when the loop runs forward and backward inside
@@ -79,7 +90,7 @@ class TrainerMonitorV2:
         """
         if self._started:
             raise RuntimeError("TrainerMonitorV2.start(): already started; call stop() first")
-        rank = current_rank()
+        rank = self._backend.rank()
         if not self.config.monitors_rank(rank):
             logger.info(
                 "trainprobe: rank %d is not in rank=%s, nothing is monitored here", rank, list(self.config.ranks)
@@ -126,9 +137,9 @@ class TrainerMonitorV2:
 
     # -- assembly ------------------------------------------------------------------------
     def _build_session(self, model: Any, optimizer: Any, context: dict[str, Any], rank: int) -> Session:
-        cfg = self.config
+        cfg, backend = self.config, self._backend
         enabled = cfg.enabled_monitors()
-        view = ModelView(model)
+        view = backend.model_view(model)
         if "module" in enabled and not view.chunks:
             raise ConfigError("start(): monitors.module is enabled but no model was passed; call start(model=...)")
         missing = [name for name in enabled if name in _NEEDS_OPTIMIZER]
@@ -136,7 +147,7 @@ class TrainerMonitorV2:
             raise ConfigError(
                 f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
             )
-        opt = unwrap_optimizer(optimizer) if optimizer is not None else None
+        opt = backend.unwrap_optimizer(optimizer) if optimizer is not None else None
         rank_dir = cfg.output_dir / f"rank_{rank}"
         clock = self._clock
         clock.micro_batches = self._micro_batches(context)
@@ -178,23 +189,22 @@ class TrainerMonitorV2:
         return 1
 
     def _probes(self, enabled: list[str], view: ModelView, opt: Any, rank: int, rank_dir: Path) -> list[Probe]:
-        cfg, clock = self.config, self._clock
+        cfg, clock, backend = self.config, self._clock, self._backend
         params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
         probes: list[Probe] = []
         if "module" in enabled:
-            probes.append(ModuleProbe(clock, cfg.module, view))
+            probes.append(ModuleProbe(clock, cfg.module, view, backend=backend))
         if "weight_grad" in enabled:
-            modules = [(name, module) for _, name, module in view.modules()]
             probes.append(
-                WeightGradProbe(clock, cfg.weight_grad, params, clock.micro_batches, modules, roots=view.chunks)
+                backend.weight_grad_probe(clock, cfg.weight_grad, params, clock.micro_batches, view, optimizer=opt)
             )
         if "optimizer" in enabled:
-            probes.append(OptimizerStateProbe(clock, cfg.optimizer, opt, params))
+            probes.append(OptimizerStateProbe(clock, cfg.optimizer, opt, params, backend=backend))
         if "param" in enabled:
-            probes.append(ParamProbe(clock, cfg.param, params))
+            probes.append(ParamProbe(clock, cfg.param, params, backend=backend))
         if "cc" in enabled:
             cc = cfg.cc
-            if not distributed_ready():
+            if not backend.distributed():
                 warn_once(
                     "v2-cc-no-dist",
                     "trainprobe: monitors.cc is enabled but torch.distributed is not initialised; cc is skipped",

@@ -83,7 +83,8 @@ class TargetConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CcConfig:
-    """``cc_distribution``."""
+    """``cc_distribution``; ``cc_codeline`` entries are regular expressions searched in the
+    collective's call stack (``<path>[<line>]`` per frame), or plain suffixes of its call site."""
 
     enable: bool = False
     cc_codeline: tuple[str, ...] = ()
@@ -263,9 +264,18 @@ def _targets(s: Section) -> tuple[TargetConfig, ...]:
 
 def _cc(s: Section) -> CcConfig:
     s.check_keys(("enable", "cc_codeline", "cc_pre_hook", "cc_log_only"))
+    codeline = s.str_list("cc_codeline")
+    for i, pattern in enumerate(codeline):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(
+                f"{join_path(s.where('cc_codeline'), i)}: {pattern!r} is not a valid regular expression ({exc}); "
+                "write a code line such as 'train.py\\[23\\]' (brackets escaped)"
+            ) from None
     return CcConfig(
         enable=s.boolean("enable", False),
-        cc_codeline=s.str_list("cc_codeline"),
+        cc_codeline=codeline,
         cc_pre_hook=s.boolean("cc_pre_hook", False),
         cc_log_only=s.boolean("cc_log_only", False),
     )

@@ -156,15 +156,8 @@ def _framework(top: Section, override: str | None) -> str:
         if not isinstance(override, str):
             raise ConfigError(f"fr: must be a string such as 'pytorch', not {override!r}")
         fr = check_choice(override, "fr", FRAMEWORKS, FRAMEWORK_ALIASES)
-        where = "fr"
     else:
         fr = top.choice("framework", "pytorch", FRAMEWORKS, aliases=FRAMEWORK_ALIASES)
-        where = "framework"
-    if fr == "mindspore":
-        raise ConfigError(
-            f"{where}: the MindSpore backend is not available yet in trainprobe; use 'pytorch' "
-            "(MindSpore support is planned)"
-        )
     return fr
 
 

@@ -13,6 +13,9 @@ outputs and inputs, which observe the gradients without changing the autograd gr
 stays bitwise identical); the gradient of an input is its gradient over all its uses, as in the
 ``module`` monitor.
 
+Task ``overflow_check`` keeps only the records that overflow, with their tensors
+(:mod:`trainprobe.dump.overflow`).
+
 Fault isolation: any exception in the collector's own code is logged once, written to
 ``dump_error_info.log`` and disables dumping; the training goes on. The user's function itself is
 always called outside that protection, so its own errors propagate unchanged.
@@ -20,7 +23,6 @@ always called outside that protection, so its own errors propagate unchanged.
 
 from __future__ import annotations
 
-import functools
 import linecache
 import os
 import sys
@@ -32,7 +34,8 @@ from typing import Any
 import torch
 
 from trainprobe.dump.config import DumpConfig
-from trainprobe.dump.entries import EntryOptions, as_list, clear_cache, has_overflow, tensors_in, value_entry
+from trainprobe.dump.entries import EntryOptions, as_list, clear_cache, tensors_in, value_entry
+from trainprobe.dump.overflow import DeferredFiles, backward_overflows, data_names, forward_overflows, writes_inputs
 from trainprobe.dump.store import StepStore
 from trainprobe.log import error_once
 
@@ -91,6 +94,10 @@ class Collector:
         self._scope_state = 0 if config.scope else 1  # 0 before, 1 inside, 2 after
         self._scope_closing: str | None = None
         self._opts_cache: dict[bool, EntryOptions] = {}
+        self.overflow_task = config.task == "overflow_check"
+        self.overflows = 0  # records kept by overflow_check over the run
+        self.overflow_done = False  # overflow_nums reached: nothing more is recorded
+        self._deferred: dict[str, DeferredFiles] = {}
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -101,6 +108,7 @@ class Collector:
             and self.store is not None
             and not self.disabled
             and not self.suppress
+            and not self.overflow_done
             and not getattr(self._tls, "busy", False)
         )
 
@@ -108,6 +116,7 @@ class Collector:
         """Forget the counters and pending gradient hooks of the previous step."""
         self.remove_handles()
         clear_cache()
+        self._deferred.clear()
         self.counts.clear()
         self.module_stack.clear()
         self.selected_modules.clear()
@@ -135,9 +144,10 @@ class Collector:
                 pass
 
     def guarded(self, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` that never raises: a fault disables dumping; our own torch calls are not dumped."""
+        """``fn`` that never raises: a fault disables dumping; our own torch calls are not dumped.
+        (No ``functools.wraps``: one is made per gradient hook, and copying the metadata would
+        cost more than the rest of the wrapper.)"""
 
-        @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
             if self.disabled:
                 return None
@@ -198,9 +208,12 @@ class Collector:
         if self._scope_closing == name:
             self._scope_state = 2
 
-    def options(self, name: str) -> EntryOptions:
-        """How tensors of record ``name`` are described (statistics, checksum, .pt files)."""
+    def options(self, name: str, deferred: DeferredFiles | None = None) -> EntryOptions:
+        """How tensors of record ``name`` are described (statistics, checksum, .pt files);
+        ``deferred``: overflow_check's holder of the record's tensors."""
         cfg = self.config
+        if deferred is not None:
+            return EntryOptions(statistics=True, summary_mode=cfg.summary_mode, save=deferred)
         save = cfg.task == "tensor" or (cfg.task == "statistics" and any(s in name for s in cfg.tensor_list))
         opts = self._opts_cache.get(save)
         if opts is None:
@@ -213,7 +226,7 @@ class Collector:
             self._opts_cache[save] = opts
         return opts
 
-    def _save_tensor(self, file_name: str, tensor: torch.Tensor) -> None:
+    def _save_tensor(self, file_name: str, tensor: torch.Tensor, entry: dict[str, Any]) -> None:
         store = self.store
         if store is not None:
             store.save_tensor(file_name, tensor)
@@ -224,12 +237,19 @@ class Collector:
         self._opts_cache.clear()
 
     # -- forward -------------------------------------------------------------------------
-    def forward_inputs(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """``input_args`` and ``input_kwargs`` entries of ``name`` (taken before the call)."""
+    def forward_inputs(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], module: torch.nn.Module | None = None
+    ) -> dict[str, Any]:
+        """``input_args`` and ``input_kwargs`` entries of ``name`` (taken before the call;
+        ``module``: the module called, for modules)."""
         cfg = self.config
+        deferred = None
+        if self.overflow_task:
+            deferred = DeferredFiles(copy=writes_inputs(name, kwargs, module))
+            self._deferred[name] = deferred
         if not (cfg.forward and cfg.inputs):
             return {"input_args": [], "input_kwargs": {}}
-        opts = self.options(name)
+        opts = self.options(name, deferred)
         return {
             "input_args": [value_entry(a, f"{name}.input.{i}", opts) for i, a in enumerate(args)],
             "input_kwargs": {k: value_entry(v, f"{name}.input.{k}", opts) for k, v in kwargs.items()},
@@ -247,7 +267,10 @@ class Collector:
     ) -> None:
         """Complete the forward record ``name`` with its output (and parameters) and store it."""
         cfg = self.config
-        opts = self.options(name)
+        deferred = self._deferred.pop(name, None) if self.overflow_task else None
+        if deferred is not None:
+            deferred.copy = False
+        opts = self.options(name, deferred)
         record["output"] = (
             [value_entry(o, f"{name}.output.{i}", opts) for i, o in enumerate(as_list(output))]
             if cfg.forward and cfg.outputs
@@ -262,15 +285,22 @@ class Collector:
         store = self.store
         if store is None:
             return
-        if not cfg.forward or (
-            cfg.task == "overflow_check"
-            and not (
-                has_overflow(record["output"]) and not has_overflow([record["input_args"], record["input_kwargs"]])
-            )
-        ):
+        if not cfg.forward or (self.overflow_task and not (forward_overflows(record) and self.take_overflow())):
             store.remove(name)
             return
         store.add(name, record, stack=stack, parent=parent if self.with_construct else None)
+        if deferred is not None:
+            deferred.keep(store)
+
+    def take_overflow(self) -> bool:
+        """Count one more kept overflow_check record; False when ``overflow_nums`` are kept already."""
+        limit = self.config.overflow_nums
+        if self.overflow_done:
+            return False
+        self.overflows += 1
+        if limit != -1 and self.overflows >= limit:
+            self.overflow_done = True
+        return True
 
     # -- backward ------------------------------------------------------------------------
     def watch_backward(self, name: str, inputs: Any, output: Any, parent: str | None) -> None:
@@ -279,15 +309,22 @@ class Collector:
         cfg = self.config
         if not cfg.backward or not torch.is_grad_enabled():
             return
-        outs = [t for _, t in tensors_in(output)]
+        if isinstance(output, torch.Tensor):
+            if not output.requires_grad:
+                return
+            outs = [output]
+        else:
+            outs = [t for _, t in tensors_in(output)]
+            if not any(t.requires_grad for t in outs):
+                return
         ins = [t for _, t in tensors_in(inputs)]
-        if not any(t.requires_grad for t in outs):
-            return
         record: dict[str, Any] = {
             "input": [None] * len(outs) if cfg.inputs else [],
             "output": [None] * len(ins) if cfg.outputs else [],
         }
-        state = {"stored": False}
+        state: dict[str, Any] = {"stored": False, "pending": 0}
+        if self.overflow_task:
+            state["deferred"] = DeferredFiles()
         if cfg.inputs:
             for i, t in enumerate(outs):
                 self._grad_hook(t, name, record, state, "input", i, parent)
@@ -300,20 +337,25 @@ class Collector:
         t: torch.Tensor,
         name: str,
         record: dict[str, Any],
-        state: dict[str, bool],
+        state: dict[str, Any],
         side: str,
         i: int,
         parent: str | None,
     ) -> None:
         if not t.requires_grad:
             return
+        state["pending"] += 1
 
         def hook(grad: torch.Tensor) -> None:
             store = self.store
             if store is None:
                 return
-            record[side][i] = value_entry(grad, f"{name}.{side}.{i}", self.options(name))
-            if not state["stored"]:
+            deferred: DeferredFiles | None = state.get("deferred")
+            record[side][i] = value_entry(grad, f"{name}.{side}.{i}", self.options(name, deferred))
+            state["pending"] -= 1
+            if deferred is not None:
+                self._judge_backward(name, record, state, deferred, store, parent)
+            elif not state["stored"]:
                 state["stored"] = True
                 store.add(name, record, parent=parent if self.with_construct else None)
             else:
@@ -321,21 +363,44 @@ class Collector:
 
         self.handles.append(t.register_hook(self.guarded(f"backward hook of {name}", hook)))
 
+    def _judge_backward(
+        self,
+        name: str,
+        record: dict[str, Any],
+        state: dict[str, Any],
+        deferred: DeferredFiles,
+        store: StepStore,
+        parent: str | None,
+    ) -> None:
+        """overflow_check: store the backward record ``name`` (and write its files) as soon as it
+        overflows; forget its held gradients once all arrived without it overflowing."""
+        if deferred.kept:
+            store.touch()
+        elif backward_overflows(name, record) and self.take_overflow():
+            state["stored"] = True
+            store.add(name, record, parent=parent if self.with_construct else None)
+            deferred.keep(store)
+        elif state["pending"] <= 0:
+            deferred.drop()
+
     def drop_unoverflowed_backward(self) -> None:
-        """overflow_check: keep only backward records whose outputs overflow and inputs do not."""
+        """overflow_check: drop the backward records kept early whose verdict changed since (an
+        ``input`` gradient that arrived late overflowed too), with their files."""
         store = self.store
-        if store is None or self.config.task != "overflow_check":
+        if store is None or not self.overflow_task:
             return
         with store.lock:
             for name in [n for n in store.data if ".backward" in n or ".parameters_grad." in n]:
                 record = store.data[name]
-                if ".parameters_grad." in name:
-                    keep = has_overflow(record)
-                else:
-                    keep = has_overflow(record["output"]) and not has_overflow(record["input"])
-                if not keep:
-                    del store.data[name]
-                    store.construct.pop(name, None)
+                if backward_overflows(name, record):
+                    continue
+                del store.data[name]
+                store.construct.pop(name, None)
+                self.overflows -= 1
+                self.overflow_done = False
+                store.files.wait()
+                for file_name in data_names(record):
+                    (store.tensor_dir / file_name).unlink(missing_ok=True)
 
     # -- APIs ------------------------------------------------------------------------------
     def api_call(self, base: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -366,6 +431,8 @@ class Collector:
             # collectives write without bumping the version counter, so cached statistics are stale
             output = [t for _, t in tensors_in([args, kwargs])]
             clear_cache()
+            if self.store is not None:
+                self.store.files.new_step()
         self.finish_forward(name, record, output, stack=stack, parent=parent)
         bname = name[: -len("forward")] + "backward"
         self.watch_backward(bname, [args, kwargs], result, _backward_name(parent))

@@ -6,8 +6,10 @@ ranges), ``async_dump``, ``dump_enable`` (dynamic on/off, re-read at every ``ste
 ``extra_info`` (accepted, reserved). The section named after the task holds ``scope`` (a
 ``[first, last]`` pair of names), ``list`` (names or substrings), ``tensor_list`` (names whose
 tensors are also saved under ``statistics``), ``data_mode`` (all, forward, backward, input,
-output) and ``summary_mode`` (statistics | md5 | xor). Every mistake is a :class:`ConfigError`
-naming the field. Defaults live in this file only.
+output) and ``summary_mode`` (statistics | md5 | xor); the ``overflow_check`` section also
+``overflow_nums`` (how many overflowing APIs/modules to record over the run, default 1, -1: no
+limit) and ``check_mode`` (accepted for compatibility; MindSpore only, ignored here). Every mistake
+is a :class:`ConfigError` naming the field. Defaults live in this file only.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ TOP_KEYS = (
 )
 TASK_KEYS = ("scope", "list", "tensor_list", "data_mode", "summary_mode", "file_format", "overflow_nums", "check_mode")
 DEFAULT_DUMP_PATH = "./dump_path"
+DEFAULT_OVERFLOW_NUMS = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +58,7 @@ class DumpConfig:
     tensor_list: tuple[str, ...] = ()
     data_mode: tuple[str, ...] = ("all",)
     summary_mode: str = "statistics"
+    overflow_nums: int = DEFAULT_OVERFLOW_NUMS
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -63,6 +67,7 @@ class DumpConfig:
             raise ConfigError(f"level: {self.level!r} is not one of {', '.join(LEVELS)}")
         if len(self.scope) not in (0, 2):
             raise ConfigError(f"{self.task}.scope: must be [] or [first, last], got {list(self.scope)}")
+        check_overflow_nums(self.overflow_nums, "overflow_check.overflow_nums")
 
     @property
     def forward(self) -> bool:
@@ -124,6 +129,13 @@ def _level(value: Any, where: str) -> str:
     raise ConfigError(f"{where}: {value!r} is not one of {', '.join(LEVELS)}")
 
 
+def check_overflow_nums(value: Any, where: str) -> int:
+    """``value`` if it is -1 or an integer >= 1, else a ConfigError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+        raise ConfigError(f"{where}: must be an integer >= 1, or -1 for no limit, got {value!r}")
+    return value
+
+
 def parse_steps(values: Any, where: str) -> tuple[int, ...]:
     """Steps from a list of integers and ``"a-b"`` ranges (inclusive)."""
     if not isinstance(values, list):
@@ -162,6 +174,7 @@ def parse_dump_config(data: dict[str, Any]) -> DumpConfig:
             raise ConfigError(f"{task}.data_mode[{i}]: {mode!r} is not one of {', '.join(DATA_MODES)}")
     summary = sec.raw("summary_mode", "statistics")
     summary = _choice(summary, f"{task}.summary_mode", SUMMARY_MODES)
+    overflow_nums = check_overflow_nums(sec.raw("overflow_nums", DEFAULT_OVERFLOW_NUMS), f"{task}.overflow_nums")
     return DumpConfig(
         task=task,
         level=level,
@@ -176,6 +189,7 @@ def parse_dump_config(data: dict[str, Any]) -> DumpConfig:
         tensor_list=sec.str_list("tensor_list"),
         data_mode=data_mode,
         summary_mode=summary,
+        overflow_nums=overflow_nums,
     )
 
 

@@ -169,7 +169,9 @@ class PrecisionDebugger:
                 "task": self.config.task,
                 "level": self.config.level,
                 "framework": "pytorch",
-                "dump_data_dir": str(rank_dir / "dump_tensor_data") if self.config.task == "tensor" else None,
+                "dump_data_dir": (
+                    str(rank_dir / "dump_tensor_data") if self.config.task in ("tensor", "overflow_check") else None
+                ),
             }
             self.store = StepStore(rank_dir, header, self.files, debug=debug)
             self.collector.set_store(self.store)
@@ -311,6 +313,7 @@ class PrecisionDebugger:
             self.stop()
         self._flush()
         self.collector.new_step()
+        self.files.new_step()
         self._modules.remove()
         self.store = None
         self.collector.set_store(None)

@@ -7,13 +7,15 @@ Task ``structure`` keeps type, dtype, shape and requires_grad only. Other values
 ``{"type": "int", "value": 3}``, ``torch.dtype``/``torch.Size``/``slice`` likewise, ``None`` →
 ``null``, lists/tuples → lists, dicts → objects, anything else ``{"type": <class name>}``.
 
-On accelerators the four statistics stay on the device (``"_stats"``) until :func:`resolve` reads
-them back when the JSON files are written.
+On accelerators the four statistics stay on the device until :func:`resolve_pending` reads all
+of them back at once (one device-to-host copy per device) when the JSON files are written; until
+then the entry holds ``null`` in their places and the device row under ``"_stats"``.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 import zlib
 from collections.abc import Callable, Iterator
@@ -33,11 +35,13 @@ _STATS_KEY = "_stats"
 @dataclass(frozen=True, slots=True)
 class EntryOptions:
     """How tensors are described: ``statistics`` (bool), ``summary_mode``, and ``save`` (a
-    callable taking ``(data_name, tensor)``, or None when no ``.pt`` files are written)."""
+    callable taking ``(file_name, tensor, entry)`` for a tensor whose entry names ``file_name``
+    in ``data_name``; it may remove that key when the file cannot be written; None when no
+    ``.pt`` files are written)."""
 
     statistics: bool
     summary_mode: str = "statistics"
-    save: Callable[[str, torch.Tensor], None] | None = None
+    save: Callable[[str, torch.Tensor, dict[str, Any]], None] | None = None
 
 
 _ROW_CACHE: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = {}
@@ -49,7 +53,10 @@ def statistics_row(t: torch.Tensor) -> Any:
     one API is the input of the next, and a tensor passed twice is summarised once. A hit needs
     the very same live tensor object with an unchanged version counter (no in-place write since)."""
     key = id(t)
-    version = t._version
+    try:
+        version = t._version
+    except RuntimeError:  # an inference tensor: no version counter, so no caching
+        return _STATS.row(t)
     hit = _ROW_CACHE.get(key)
     if hit is not None and hit[0]() is t and hit[1] == version:
         return hit[2]
@@ -83,24 +90,65 @@ def checksum(t: torch.Tensor, mode: str) -> str:
 
 def tensor_entry(t: torch.Tensor, data_name: str | None, opts: EntryOptions) -> dict[str, Any]:
     """The entry of one tensor (see the module docstring)."""
-    entry: dict[str, Any] = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
-    if opts.statistics:
-        if t.device.type == "meta":
-            entry.update(dict.fromkeys(STAT_KEYS))
-        else:
-            row = statistics_row(t)
-            if isinstance(row, list):
-                entry.update(zip(STAT_KEYS, (_json_float(v) for v in row)))
-            else:
-                entry[_STATS_KEY] = row
-    entry["requires_grad"] = bool(t.requires_grad)
-    if opts.statistics and opts.summary_mode != "statistics" and t.device.type != "meta":
-        entry["md5"] = checksum(t, opts.summary_mode)
+    if not opts.statistics:
+        entry: dict[str, Any] = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
+        entry["requires_grad"] = t.requires_grad
+    elif t.is_meta:
+        entry = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
+        entry.update(dict.fromkeys(STAT_KEYS))
+        entry["requires_grad"] = t.requires_grad
+    else:
+        entry = _entry_with_statistics(t, statistics_row(t))
+        if opts.summary_mode != "statistics":
+            entry["md5"] = checksum(t, opts.summary_mode)
     if data_name is not None and opts.save is not None:
         name = f"{data_name}.pt"
-        opts.save(name, t)
         entry["data_name"] = name
+        opts.save(name, t, entry)
     return entry
+
+
+def _entry_with_statistics(t: torch.Tensor, row: Any) -> dict[str, Any]:
+    if isinstance(row, list):
+        mx, mn, mean, norm = row
+        total = mx + mn + mean + norm
+        if total - total != 0.0:  # inf or NaN somewhere (or a finite sum that overflowed)
+            mx, mn, mean, norm = (_json_float(v) for v in row)
+        return {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape), "Max": mx, "Min": mn,
+                "Mean": mean, "Norm": norm, "requires_grad": t.requires_grad}  # fmt: skip
+    entry = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape), "Max": None, "Min": None,
+             "Mean": None, "Norm": None, "requires_grad": t.requires_grad, _STATS_KEY: row}  # fmt: skip
+    with _PENDING_LOCK:
+        _PENDING.append((entry, row))
+    return entry
+
+
+_PENDING: list[tuple[dict[str, Any], torch.Tensor]] = []
+_PENDING_LOCK = threading.Lock()
+
+
+def resolve_pending() -> None:
+    """Fill in every entry whose statistics are still on a device: the rows are stacked and
+    copied to the host once per device (one synchronisation instead of one per tensor)."""
+    with _PENDING_LOCK:
+        items = list(_PENDING)
+        _PENDING.clear()
+    if not items:
+        return
+    unique: dict[int, torch.Tensor] = {}
+    for _, row in items:
+        unique.setdefault(id(row), row)
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for row in unique.values():
+        by_device.setdefault(row.device, []).append(row)
+    values: dict[int, list[float]] = {}
+    for rows in by_device.values():
+        for row, host in zip(rows, torch.stack(rows).cpu().tolist()):
+            values[id(row)] = host
+    for entry, row in items:
+        if entry.get(_STATS_KEY) is row:
+            del entry[_STATS_KEY]
+            entry.update(zip(STAT_KEYS, (_json_float(v) for v in values[id(row)])))
 
 
 def _json_float(v: float) -> float | str | None:
@@ -159,26 +207,6 @@ def tensors_in(value: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from tensors_in(v, f"{prefix}.{k}" if prefix else str(k))
-
-
-def resolve(entry: Any) -> Any:
-    """``entry`` with device-resident statistics read back (in place); returns ``entry``."""
-    if isinstance(entry, dict):
-        row = entry.pop(_STATS_KEY, None)
-        if row is not None:
-            values = row.tolist()
-            stats = {k: _json_float(v) for k, v in zip(STAT_KEYS, values)}
-            rebuilt = {k: entry[k] for k in ("type", "dtype", "shape")} | stats
-            rest = {k: v for k, v in entry.items() if k not in rebuilt}
-            entry.clear()
-            entry.update(rebuilt | rest)
-        for v in entry.values():
-            if isinstance(v, (dict, list)):
-                resolve(v)
-    elif isinstance(entry, list):
-        for v in entry:
-            resolve(v)
-    return entry
 
 
 def has_overflow(entry: Any) -> bool:

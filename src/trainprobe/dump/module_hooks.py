@@ -17,6 +17,7 @@ from torch import nn
 
 from trainprobe.dump.collector import Collector, _backward_name, call_stack
 from trainprobe.dump.entries import value_entry
+from trainprobe.dump.overflow import DeferredFiles, backward_overflows
 
 
 def named_submodules(model: nn.Module | Sequence[nn.Module]) -> list[tuple[str, nn.Module]]:
@@ -102,7 +103,7 @@ class ModuleHooks:
             parent = c.module_stack[-1] if c.module_stack else None
             if selected:
                 c.selected_modules.add(prefix)
-                record = c.forward_inputs(name, args, kwargs)
+                record = c.forward_inputs(name, args, kwargs, module)
                 stack = call_stack(sys._getframe())
                 if c.store is not None:  # reserve the record's place in execution order
                     c.store.add(name, record, stack=stack, parent=parent if c.with_construct else None)
@@ -145,7 +146,7 @@ class ModuleHooks:
         def hook(grad: torch.Tensor) -> None:
             store = c.store
             cfg = c.config
-            if store is None or not c.recording or not cfg.backward or prefix not in c.selected_modules:
+            if store is None or not cfg.backward or prefix not in c.selected_modules:
                 return
             record = state["record"]
             if record is None or pname in record or state.get("step_store") is not store:
@@ -155,9 +156,16 @@ class ModuleHooks:
                 state["step_store"] = store
                 name = f"{prefix}.parameters_grad.{state['index']}"
                 state["name"] = name
-                store.add(name, record, parent=None)
+                state["deferred"] = DeferredFiles() if c.overflow_task else None
+                if not c.overflow_task:
+                    store.add(name, record, parent=None)
             name = state["name"]
-            record[pname] = [value_entry(grad, f"{name}.{pname}", c.options(name))]
-            store.touch()
+            deferred: DeferredFiles | None = state["deferred"]
+            record[pname] = [value_entry(grad, f"{name}.{pname}", c.options(name, deferred))]
+            if deferred is None or deferred.kept:
+                store.touch()
+            elif backward_overflows(name, record) and c.take_overflow():
+                store.add(name, record, parent=None)
+                deferred.keep(store)
 
         return hook

@@ -14,8 +14,9 @@ op of that row it fired on:
 
 Only values that exist are judged: a parameter without a gradient produces no row, so it is never
 an anomaly. Each anomaly prints one line (colour only when the stream is a terminal); with
-``alert.dump`` every anomaly is kept in ``<MONITOR_OUTPUT_DIR>/anomaly_detected/rank<r>/
-anomaly.json``, rewritten atomically after each step that found one.
+``alert.dump`` every anomaly of the run is kept in ``<MONITOR_OUTPUT_DIR>/anomaly_detected/rank<r>/
+anomaly.json`` (see :mod:`trainprobe.monitor_v1.anomaly_dump`: valid JSON after every step, each
+write costing only the new entries). The detector runs on the writer thread.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainprobe.config.monitor_v1 import AlertRule
+from trainprobe.monitor_v1.anomaly_dump import AnomalyFile
 from trainprobe.records import RowKey, StepBatch
-from trainprobe.sinks.files import write_json_atomically
 
 TURBULENCE_OPS = ("norm", "mean")
 
@@ -74,11 +75,15 @@ class AlertDetector:
 
     Args:
         rules: the configured rules, in priority order.
-        ops: table → op names (value order).
+        ops: table → op names (value order); rows of other tables (histograms) are not judged.
         table_of: the table of a row.
         context: rank, pipeline stage and group mates for the dump.
         dump_dir: folder of ``anomaly.json`` (None: no dump).
         stream: where the console lines go (default ``sys.stdout``).
+
+    Attributes:
+        count: anomalies found so far.
+        latest: the anomalies of the latest batch that had any (key → dump entry).
     """
 
     def __init__(
@@ -96,54 +101,67 @@ class AlertDetector:
         self.context = context
         self.dump_dir = dump_dir
         self.stream = stream
-        self.anomalies: dict[str, dict[str, Any]] = {}
-        self._history: dict[tuple[str, str, int | None, str], _Average] = {}
+        self.count = 0
+        self.latest: dict[str, dict[str, Any]] = {}
+        self._file = AnomalyFile(dump_dir / "anomaly.json") if dump_dir is not None else None
+        self._history: dict[tuple[str, str, int | None], dict[str, _Average]] = {}
         self._call_id = 0
 
     def write(self, batch: StepBatch) -> None:
-        found = False
+        found: dict[str, dict[str, Any]] = {}
         for key, values in batch.rows():
             self._call_id += 1
             table = self.table_of(batch.monitor, key)
             fired = self._check(table, key, values)
             if fired is not None:
-                found = True
-                self._report(batch.step, table, key, *fired)
-        if found and self.dump_dir is not None:
-            self._dump()
+                name, entry = self._report(batch.step, table, key, *fired)
+                found[name] = entry
+        if found:
+            self.count += len(found)
+            self.latest = found
+            if self._file is not None:
+                self._file.append(found)
 
     def _check(self, table: str, key: RowKey, values: list[float]) -> tuple[str, list[str]] | None:
-        ops = self.ops[table]
+        ops = self.ops.get(table)
+        if ops is None:  # not statistics (histograms): nothing to judge
+            return None
+        history = self._history.get((table, key.name, key.micro_step))
+        if history is None:
+            history = self._history[(table, key.name, key.micro_step)] = {}
         result: tuple[str, list[str]] | None = None
         for rule in self.rules:
+            threshold = rule.threshold
             if rule.rule_name == "AnomalyNan":
-                hit = [op for op, v in zip(ops, values) if _nan_like(op, v, rule.threshold)]
+                hit = [op for op, v in zip(ops, values) if _nan_like(op, v, threshold)]
             else:
-                assert rule.threshold is not None
+                assert threshold is not None
                 hit = [
                     op
                     for op, v in zip(ops, values)
-                    if op in TURBULENCE_OPS
-                    and _turbulent(v, self._history.get((table, key.name, key.micro_step, op)), rule.threshold)
+                    if op in TURBULENCE_OPS and _turbulent(v, history.get(op), threshold)
                 ]
             if hit:
                 result = (rule.rule_name, hit)
                 break
-        fired = set(result[1]) if result is not None else set()
+        fired = result[1] if result is not None else ()
         for op, v in zip(ops, values):
-            if op in TURBULENCE_OPS and math.isfinite(v) and op not in fired:
-                avg = self._history.setdefault((table, key.name, key.micro_step, op), _Average())
+            if op in TURBULENCE_OPS and op not in fired and math.isfinite(v):
+                avg = history.get(op)
+                if avg is None:
+                    avg = history[op] = _Average()
                 avg.count += 1
                 avg.total += v
         return result
 
-    def _report(self, step: int, table: str, key: RowKey, rule: str, ops: list[str]) -> None:
+    def _report(self, step: int, table: str, key: RowKey, rule: str, ops: list[str]) -> tuple[str, dict[str, Any]]:
+        """Print the console line; return the dump key and entry."""
         ctx = self.context
         micro = 0 if key.micro_step is None else key.micro_step
         tag = f"{key.name}/rank{ctx.rank}/{table}"
         signals = ", ".join(f"({tag!r}, {op!r})" for op in ops)
         message = f"Rule {rule} reports anomaly signal in {signals} at step {step}."
-        self.anomalies[f"{tag}_step_{step}_call_{self._call_id}"] = {
+        entry = {
             "rank": ctx.rank,
             "step": step,
             "micro_step": micro,
@@ -159,10 +177,7 @@ class AlertDetector:
         if getattr(stream, "isatty", lambda: False)():
             line = f"\033[1;33m{line}\033[0m"
         print(line, file=stream, flush=True)
-
-    def _dump(self) -> None:
-        assert self.dump_dir is not None
-        write_json_atomically(self.dump_dir / "anomaly.json", self.anomalies, indent=4)
+        return f"{tag}_step_{step}_call_{self._call_id}", entry
 
     def close(self, reached: int | None = None) -> None:
-        """Nothing to release (the dump is rewritten after each step that found an anomaly)."""
+        """Nothing to release (the dump is complete after every write)."""

@@ -8,7 +8,8 @@
   modules' first two tensor inputs are Q and K, laid out as ``sa_order`` says (``s,b,h,d`` or
   ``b,s,h,d``); with ``P = softmax(Q Kᵀ / √d)`` over the keys, ``entropy`` is the mean over batch,
   heads and queries of ``-Σ p log p`` and ``softmax_max`` the mean of ``max p``. No attention
-  mask is applied. Computed in float32 without gradients.
+  mask is applied. Computed in float32 without gradients, and on an accelerator without a host
+synchronisation (the values stay on the device until the step's rows are copied).
 
 Names are module names with the ``<vpp_stage>:`` prefix; modules are matched with or without it.
 """
@@ -26,20 +27,28 @@ from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import ModelView
 from trainprobe.probes.tensor_walk import call_tensors
 from trainprobe.records import RowKey
+from trainprobe.stats.torch_stats import RowValues
 
 LINEAR_COLUMNS = ("sr", "kernel_norm")
 ATTENTION_COLUMNS = ("entropy", "softmax_max")
 
 
-def linear_features(weight: torch.Tensor) -> list[float]:
-    """``[sr, kernel_norm]`` of a 2-D weight."""
-    w = weight.detach().float()
-    spectral = torch.linalg.matrix_norm(w, ord=2).item()
-    frobenius = torch.linalg.matrix_norm(w).item()
-    return [frobenius / spectral if spectral else float("nan"), spectral]
+def _row(values: list[torch.Tensor]) -> RowValues:
+    """Host floats on the CPU, a float64 device tensor elsewhere."""
+    row = torch.stack(values).to(torch.float64)
+    return row.tolist() if row.device.type == "cpu" else row
 
 
-def attention_features(q: torch.Tensor, k: torch.Tensor, sa_order: str) -> list[float]:
+def linear_features(weight: torch.Tensor) -> RowValues:
+    """``[sr, kernel_norm]`` of a 2-D weight (``sr`` NaN for a zero matrix)."""
+    with torch.no_grad():
+        w = weight.detach().float()
+        spectral = torch.linalg.matrix_norm(w, ord=2)
+        frobenius = torch.linalg.matrix_norm(w)
+        return _row([frobenius / spectral, spectral])
+
+
+def attention_features(q: torch.Tensor, k: torch.Tensor, sa_order: str) -> RowValues:
     """``[entropy, softmax_max]`` of ``softmax(Q Kᵀ/√d)`` (see the module docstring)."""
     with torch.no_grad():
         q, k = q.detach().float(), k.detach().float()
@@ -48,8 +57,8 @@ def attention_features(q: torch.Tensor, k: torch.Tensor, sa_order: str) -> list[
         else:
             q, k = q.permute(0, 2, 1, 3), k.permute(0, 2, 1, 3)
         p = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
-        entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean().item()
-        return [entropy, p.amax(-1).mean().item()]
+        entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean()
+        return _row([entropy, p.amax(-1).mean()])
 
 
 class L2Probe(Probe):

@@ -5,17 +5,22 @@ model, as the reference writes them. Activation rows are ``<module>.input`` / ``
 (file ``actv``) and gradient rows ``<module>.input_grad`` / ``<module>.output_grad`` (file
 ``actv_grad``); when a call has several tensors and the target does not pick one with
 ``"tuple[N]:i"``, each gets its index: ``<module>.input.0``, ``<module>.input.1``.
+
+With ``squash_name`` (the default) parameter and module names are shortened to their meaningful
+tail (:func:`squash_name`); ``targets`` entries match the full or the shortened name, with or
+without the ``<vpp_stage>:`` prefix. Activations are collected for every module with
+``all_xy``, else for the modules ``targets`` names.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from trainprobe.config.monitor_v1 import MonitorV1Config, TensorSpec
+from trainprobe.config.monitor_v1 import MonitorV1Config, TargetConfig, TensorSpec
 from trainprobe.probes.module import Picked
 
 _SQUASH = tuple(
@@ -61,31 +66,55 @@ def _pick(spec: TensorSpec | None, row: str, tensors: list[torch.Tensor]) -> Pic
     return [(f"{row}.{i}", t) for i, t in enumerate(tensors)]
 
 
+def display_name(config: MonitorV1Config, name: str) -> str:
+    """``name`` (``<vpp_stage>:<module or parameter>``) as written, squashed with ``squash_name``."""
+    if not config.squash_name:
+        return name
+    head, sep, tail = name.partition(":")
+    if sep and head.isdigit():
+        return f"{head}:{squash_name(tail)}"
+    return squash_name(name)
+
+
 @dataclass(frozen=True, slots=True)
 class V1Naming:
     """:class:`~trainprobe.probes.module.ModuleNaming` of Monitor V1 (``targets``, ``all_xy``,
-    ``forward_only``, ``backward_only``, per-tensor specs)."""
+    ``forward_only``, ``backward_only``, per-tensor specs, ``squash_name``). Each module's row
+    name and ``targets`` entry are worked out once and remembered (hooks run for every call)."""
 
     config: MonitorV1Config
     forward_scope: str = "actv"
     backward_scope: str = "actv_grad"
+    _known: dict[str, tuple[str, TargetConfig | None]] = field(default_factory=dict, compare=False, repr=False)
 
     def wants(self, vpp_stage: int, name: str, module: nn.Module) -> bool:
-        return self.config.all_xy or self.config.target(name) is not None
+        return self.config.all_xy or self._lookup(name)[1] is not None
 
     def forward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
         if self.config.backward_only:
             return []
-        return self._select(name, kind, f"{name}.{kind}", tensors)
+        return self._select(name, kind, tensors)
 
     def backward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
         if self.config.forward_only:
             return []
-        return self._select(name, f"{kind}_grad", f"{name}.{kind}_grad", tensors)
+        return self._select(name, f"{kind}_grad", tensors)
 
-    def _select(self, name: str, kind: str, row: str, tensors: list[torch.Tensor]) -> Picked:
-        target = self.config.target(name)
-        if target is not None and not target.wants(kind):
+    def _lookup(self, name: str) -> tuple[str, TargetConfig | None]:
+        """``(row name of the module, its targets entry or None)``."""
+        try:
+            return self._known[name]
+        except KeyError:
+            shown = display_name(self.config, name)
+            target = self.config.target(name) or (self.config.target(shown) if shown != name else None)
+            found = self._known[name] = (shown, target)
+            return found
+
+    def _select(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+        shown, target = self._lookup(name)
+        row = f"{shown}.{kind}"
+        if target is None:
+            return _pick(None, row, tensors)
+        if not target.wants(kind):
             return []
-        spec = target.specs.get(kind) if target is not None else None
-        return _pick(spec, row, tensors)
+        return _pick(target.specs.get(kind), row, tensors)

@@ -7,10 +7,13 @@
   ``grad_unreduced``, ``grad_reduced``, ``exp_avg``, ``exp_avg_sq``, ``param_origin``,
   ``param_updated``, ``other`` (mg_direction, cc), ``linear_hook``, ``attention_hook`` (their own
   columns, see :mod:`trainprobe.monitor_v1.l2`), ``adam_update``, ``adam_ratio`` (ur_distribution).
+  With ``format: tensorboard``, ur_distribution also writes the histogram tables
+  ``adam_update_histogram`` and ``adam_ratio_histogram`` (TensorBoard only).
 * Header: ``vpp_stage,name,step[,micro_step],<ops>``; ``micro_step`` only in ``actv``,
   ``actv_grad`` and, with ``monitor_mbs_grad``, ``grad_unreduced``.
 * TensorBoard tags: ``<name>:<micro_step>/rank<r>/<table>_<op>`` for activations,
-  ``<name>/rank<r>/<table>_<op>`` otherwise.
+  ``<name>/rank<r>/<table>_<op>`` otherwise; histograms ``<name>/rank<r>/<table>``
+  (``0:fc1.weight/rank0/adam_update_histogram``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ TABLES = (
     "adam_update",
     "adam_ratio",
 )
+HISTOGRAM_TABLES = {"adam_update": "adam_update_histogram", "adam_ratio": "adam_ratio_histogram"}
+"""ur_distribution table → the table of its TensorBoard histograms."""
 L2_COLUMNS = {"linear_hook": ("sr", "kernel_norm"), "attention_hook": ("entropy", "softmax_max")}
 MICRO_STEP_TABLES = ("actv", "actv_grad")
 
@@ -81,7 +86,11 @@ def layouts(ops: tuple[str, ...], ndigits: int, mbs_grad: bool) -> dict[str, Tab
 def tag_of(rank: int) -> Callable[[str, RowKey, str], str]:
     """Tag function for TensorBoard (see the module docstring)."""
 
+    histograms = frozenset(HISTOGRAM_TABLES.values())
+
     def tag(table: str, key: RowKey, op: str) -> str:
+        if table in histograms:
+            return f"{key.name}/rank{rank}/{table}"
         if table in MICRO_STEP_TABLES:
             return f"{key.name}:{key.micro_step}/rank{rank}/{table}_{op}"
         return f"{key.name}/rank{rank}/{table}_{op}"

@@ -10,7 +10,7 @@
   gradient has its tensor's size and dtype). The front door then ends the run with exit code 0.
 * :class:`StackProbe` (``stack_info``): the call stack of every module's first forward call in
   the first collected step, written to ``<run folder>/stack_info.csv`` (columns ``name,
-  stack_info``), frames of torch and trainprobe left out.
+  stack_info``), frames of torch, mindspore and trainprobe left out.
 """
 
 from __future__ import annotations
@@ -79,12 +79,11 @@ class StructProbe(Probe):
         return True
 
 
+_LIBRARY_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "mindspore", "trainprobe"))
+
+
 def _user_stack() -> str:
-    frames = [
-        f
-        for f in traceback.extract_stack()[:-2]
-        if f"{os.sep}torch{os.sep}" not in f.filename and f"{os.sep}trainprobe{os.sep}" not in f.filename
-    ]
+    frames = [f for f in traceback.extract_stack()[:-2] if not any(d in f.filename for d in _LIBRARY_DIRS)]
     return "\n".join(f"File {f.filename}, line {f.lineno}, in {f.name}" for f in frames[-12:])
 
 

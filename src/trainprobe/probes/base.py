@@ -12,12 +12,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainprobe.log import error_once
 from trainprobe.records import RowBuffer
 from trainprobe.sinks.csv_sink import TableLayout
-from trainprobe.stats.torch_stats import TensorStats
+
+if TYPE_CHECKING:
+    from trainprobe.adapters import Backend
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,14 +36,20 @@ class StepClock:
 class Probe:
     """Base class of the monitors. Subclasses set ``name`` and ``with_micro_step`` and
     implement :meth:`attach`; optimizer-driven probes override :meth:`before_optimizer_step`
-    and :meth:`after_optimizer_step`."""
+    and :meth:`after_optimizer_step`. ``backend`` is the framework adapter (PyTorch by
+    default); ``self.stats`` is its statistics kernel."""
 
     name: str = "probe"
     with_micro_step: bool = False
 
-    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float) -> None:
+    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float, *, backend: Backend | None = None) -> None:
+        if backend is None:
+            from trainprobe.adapters.pytorch import TORCH
+
+            backend = TORCH
         self.clock = clock
-        self.stats = TensorStats(ops, eps)
+        self.backend: Backend = backend
+        self.stats = backend.stats(ops, eps)
         self.rows = RowBuffer()
         self.layout = TableLayout(self.with_micro_step, tuple(ops))
         self.disabled = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,24 +27,48 @@ class NamedParam:
 
     vpp_stage: int
     name: str
-    param: torch.nn.Parameter
+    param: Any  # the framework's parameter (torch.nn.Parameter, mindspore.Parameter)
 
 
 class ModelView:
-    """Read-only naming view over ``model`` (a module, a list of modules, or None)."""
+    """Read-only naming view over ``model`` (a module, a list of modules, or None).
+
+    The framework shows through four methods only (``_is_model``, ``_named_modules``,
+    ``_named_parameters``, ``_param_groups``) and ``model_kind``; another framework's adapter
+    subclasses this view and overrides them.
+    """
+
+    model_kind = "torch.nn.Module"
 
     def __init__(self, model: nn.Module | Sequence[nn.Module] | None) -> None:
         if model is None:
             self.chunks: list[nn.Module] = []
             self.is_list = False
-        elif isinstance(model, nn.Module):
+        elif self._is_model(model):
             self.chunks, self.is_list = [model], False
-        elif isinstance(model, (list, tuple)) and all(isinstance(m, nn.Module) for m in model):
+        elif isinstance(model, (list, tuple)) and all(self._is_model(m) for m in model):
             self.chunks, self.is_list = list(model), True
         else:
             raise ConfigError(
-                f"start(model=...): expected a torch.nn.Module or a list of them, got {type(model).__name__}"
+                f"start(model=...): expected a {self.model_kind} or a list of them, got {type(model).__name__}"
             )
+
+    # -- the framework ---------------------------------------------------------------------
+    def _is_model(self, obj: object) -> bool:
+        """Whether ``obj`` is a module of the framework."""
+        return isinstance(obj, nn.Module)
+
+    def _named_modules(self, chunk: Any) -> Iterator[tuple[str, Any]]:
+        """``(name, module)`` of every module of ``chunk``, the chunk itself first as ``""``."""
+        return chunk.named_modules()
+
+    def _named_parameters(self, chunk: Any) -> Iterator[tuple[str, Any]]:
+        """``(name, parameter)`` of every parameter of ``chunk``."""
+        return chunk.named_parameters()
+
+    def _param_groups(self, optimizer: Any) -> list[list[Any]]:
+        """The optimizer's parameters, group by group."""
+        return [group["params"] for group in optimizer.param_groups]
 
     def prefix(self, vpp_stage: int) -> str:
         """Name prefix of chunk ``vpp_stage`` (empty for a single model)."""
@@ -52,7 +77,7 @@ class ModelView:
     def modules(self) -> Iterator[tuple[int, str, nn.Module]]:
         """``(vpp_stage, name, module)`` for every module, each chunk in order, root first."""
         for vpp, chunk in enumerate(self.chunks):
-            for name, module in chunk.named_modules():
+            for name, module in self._named_modules(chunk):
                 yield vpp, self.prefix(vpp) + (name or ROOT_NAME), module
 
     def parameters(self) -> list[NamedParam]:
@@ -60,7 +85,7 @@ class ModelView:
         seen: set[int] = set()
         out: list[NamedParam] = []
         for vpp, chunk in enumerate(self.chunks):
-            for name, p in chunk.named_parameters():
+            for name, p in self._named_parameters(chunk):
                 if id(p) not in seen:
                     seen.add(id(p))
                     out.append(NamedParam(vpp, self.prefix(vpp) + name, p))
@@ -69,11 +94,12 @@ class ModelView:
     def optimizer_parameters(self, optimizer: torch.optim.Optimizer) -> list[NamedParam]:
         """The optimizer's parameters, in model order; ones the model does not hold are named
         ``param_group<g>.<i>`` and come last."""
-        in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        groups = self._param_groups(optimizer)
+        in_optimizer = {id(p) for group in groups for p in group}
         named = [np for np in self.parameters() if id(np.param) in in_optimizer]
         known = {id(np.param) for np in named}
-        for g, group in enumerate(optimizer.param_groups):
-            for i, p in enumerate(group["params"]):
+        for g, group in enumerate(groups):
+            for i, p in enumerate(group):
                 if id(p) not in known:
                     known.add(id(p))
                     named.append(NamedParam(0, f"param_group{g}.{i}", p))

@@ -5,18 +5,22 @@ Rows: ``module_name`` = ``<param>.exp_avg`` / ``<param>.exp_avg_sq`` with scope 
 scope telling the moments apart). Any optimizer whose per-parameter state holds ``exp_avg``/``exp_avg_sq`` tensors
 is supported (Adam, AdamW, NAdam, RAdam, and most fused or third-party Adam variants). For any
 other optimizer the monitor logs one warning naming the optimizer's class and switches itself
-off. ``mv_distribution: false`` also switches it off.
+off. ``mv_distribution: false`` also switches it off. The moments are found by the backend
+(``optimizer_moments``; MindSpore's Adam-family moments are renamed ``exp_avg``/``exp_avg_sq``).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trainprobe.config.monitor_v2 import OptimizerConfig
 from trainprobe.log import warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
+
+if TYPE_CHECKING:
+    from trainprobe.adapters import Backend
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -30,12 +34,13 @@ class OptimizerStateProbe(Probe):
         self,
         clock: StepClock,
         config: OptimizerConfig,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Any,
         params: list[NamedParam],
         *,
         suffix_names: bool = True,
+        backend: Backend | None = None,
     ) -> None:
-        super().__init__(clock, config.ops, config.eps)
+        super().__init__(clock, config.ops, config.eps, backend=backend)
         self.suffix_names = suffix_names
         self.optimizer = optimizer
         self.params = params
@@ -43,23 +48,18 @@ class OptimizerStateProbe(Probe):
 
     def after_optimizer_step(self) -> None:
         keys: list[RowKey] = []
-        tensors: list[torch.Tensor] = []
-        state = self.optimizer.state
-        for named in self.params:
-            entry = state.get(named.param)
-            if not entry:
-                continue
-            for moment in MOMENTS:
-                value = entry.get(moment)
-                if isinstance(value, torch.Tensor):
-                    row = f"{named.name}.{moment}" if self.suffix_names else named.name
-                    keys.append(RowKey(named.vpp_stage, row, moment))
-                    tensors.append(value)
-        if not keys and state:
+        tensors: list[Any] = []
+        found, has_state = self.backend.optimizer_moments(self.optimizer, self.params)
+        for named, moment, value in found:
+            row = f"{named.name}.{moment}" if self.suffix_names else named.name
+            keys.append(RowKey(named.vpp_stage, row, moment))
+            tensors.append(value)
+        if not keys and has_state:
             self.disabled = True
+            kind = getattr(self.optimizer, "class_name", type(self.optimizer).__name__)  # adapters' wrappers
             warn_once(
-                f"optimizer-unsupported-{type(self.optimizer).__name__}",
-                f"trainprobe optimizer monitor: {type(self.optimizer).__name__} keeps no exp_avg/exp_avg_sq "
+                f"optimizer-unsupported-{kind}",
+                f"trainprobe optimizer monitor: {kind} keeps no exp_avg/exp_avg_sq "
                 "state (only Adam-family optimizers do); the optimizer monitor is skipped",
             )
             return

@@ -3,16 +3,20 @@
 ``param_distribution: false`` switches it off.
 
 In a single-process run, a parameter that has not changed since the last ``param_updated``
-row (same tensor, same version counter) reuses those statistics as its ``param_origin`` row."""
+row (same tensor, same version counter) reuses those statistics as its ``param_origin`` row
+(where the backend can tell: its ``unchanged_cache()``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainprobe.config.monitor_v2 import ParamConfig
-from trainprobe.dist_info import distributed_ready
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
-from trainprobe.stats.torch_stats import UnchangedCache
+
+if TYPE_CHECKING:
+    from trainprobe.adapters import Backend
 
 
 class ParamProbe(Probe):
@@ -20,11 +24,13 @@ class ParamProbe(Probe):
 
     name = "param"
 
-    def __init__(self, clock: StepClock, config: ParamConfig, params: list[NamedParam]) -> None:
-        super().__init__(clock, config.ops, config.eps)
+    def __init__(
+        self, clock: StepClock, config: ParamConfig, params: list[NamedParam], *, backend: Backend | None = None
+    ) -> None:
+        super().__init__(clock, config.ops, config.eps, backend=backend)
         self.params = params
         self.disabled = not config.param_distribution
-        self._cache = UnchangedCache() if not distributed_ready() else None
+        self._cache = self.backend.unchanged_cache()
 
     def _record(self, scope: str) -> None:
         cache = self._cache

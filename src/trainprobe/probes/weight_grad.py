@@ -19,16 +19,16 @@ or else from ``start(...)``; 1 by default.
 
 How ``unreduced`` rows are taken depends on the run:
 
-* Single process, one row per step (no ``monitor_mbs_grad``), model chunks known: no hook per
-  parameter. A forward hook on each chunk's root puts one tensor hook on the chunk's output; when
-  backward reaches it, a callback is queued that autograd runs once backward has finished, and
-  that callback summarises every parameter's accumulated gradient after the last micro-batch
-  (nothing has reduced it: there is no other process). ``reduced`` rows reuse those statistics
-  for gradients nothing touched before the step (same tensor, same version counter; clipping
-  bumps the version). Three Python calls per backward instead of two per parameter: this is what
-  keeps the monitor cheap enough to leave on. A step whose backward never went through a chunk's
-  output (the loop called a submodule directly) has no ``unreduced`` rows; the monitor says so
-  once and switches to per-parameter hooks from the next step.
+* Single process, one row per step (no ``monitor_mbs_grad``): no hook per parameter. Tensor
+  hooks on three sentinel parameters (the first, middle and last trainable ones) notice that a
+  backward is running; the first to fire queues a callback that autograd runs once that
+  backward has finished, and the callback summarises every parameter's accumulated gradient
+  after the last micro-batch (nothing has reduced it: there is no other process). ``reduced``
+  rows reuse those statistics for gradients nothing touched before the step (same tensor, same
+  version counter; clipping bumps the version). A few Python calls per backward instead of two
+  per parameter: this is what keeps the monitor cheap enough to leave on. A step whose backward
+  reached none of the sentinels but left gradients has no ``unreduced`` rows; the monitor says
+  so once and switches to per-parameter hooks from the next step.
 * Otherwise (distributed runs, where DDP/FSDP reduce gradients during backward; per-micro-batch
   rows; FSDP2 shards): a tensor hook on every parameter, as described above.
 
@@ -72,7 +72,6 @@ class WeightGradProbe(Probe):
         *,
         grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
-        roots: list[nn.Module] | None = None,
     ) -> None:
         super().__init__(clock, config.ops, config.eps)
         self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = grad_of or _dot_grad
@@ -85,7 +84,6 @@ class WeightGradProbe(Probe):
         self._hooked_unsharded: set[int] = set()
         self._cache: UnchangedCache | None = None
         self._pending: dict[int, Any] = {}
-        self.roots = list(roots or [])
         self._backwards = 0  # backward passes finished in this step (backward-end capture)
         self._queued = False
         self._captured = False
@@ -95,8 +93,8 @@ class WeightGradProbe(Probe):
         self.backward_end = self._backward_end_capture()
         if self.backward_end:
             self._cache = UnchangedCache()
-            for root in self.roots:
-                self.keep(root.register_forward_hook(self.guard(self._hook_output)))
+            for index in self._sentinels():
+                self.keep(self.params[index].param.register_hook(self.guard(self._backward_started)))
             return
         self._attach_param_hooks()
 
@@ -108,20 +106,17 @@ class WeightGradProbe(Probe):
 
     def _backward_end_capture(self) -> bool:
         """Whether ``unreduced`` rows can be read once at the end of backward (see the module
-        docstring): single process, one row per step, chunk roots known, no FSDP2 shard."""
-        return bool(self.roots) and not self.per_micro_batch and not distributed_ready() and not self.hooked_sharded()
+        docstring): single process, one row per step, no FSDP2 shard."""
+        return bool(self.params) and not self.per_micro_batch and not distributed_ready() and not self.hooked_sharded()
+
+    def _sentinels(self) -> list[int]:
+        """Indices of the parameters whose gradient hooks announce a backward pass."""
+        last = len(self.params) - 1
+        return sorted({0, last // 2, last})
 
     # -- backward-end capture ----------------------------------------------------------------
-    def _hook_output(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.backward_end or not self.active or not torch.is_grad_enabled():
-            return
-        self._queued = False
-        for t in _tensors(output):
-            if t.requires_grad:
-                t.register_hook(self.guard(self._backward_started))
-
     def _backward_started(self, grad: torch.Tensor) -> None:
-        if not self._queued:
+        if self.backward_end and self.active and not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.guard(self._backward_finished))
 
@@ -152,9 +147,9 @@ class WeightGradProbe(Probe):
             return
         warn_once(
             "weight_grad-no-backward-end",
-            f"trainprobe weight_grad: backward at step {self.clock.step} did not go through the model's "
-            "output, so its unreduced rows are missing; per-parameter gradient hooks are used from the "
-            "next step on",
+            f"trainprobe weight_grad: backward at step {self.clock.step} reached none of the parameters "
+            f"watched for the end of backward ({', '.join(self.params[i].name for i in self._sentinels())}), "
+            "so its unreduced rows are missing; per-parameter gradient hooks are used from the next step on",
         )
         self.backward_end = False
         self._attach_param_hooks()
@@ -265,17 +260,6 @@ class WeightGradProbe(Probe):
         self._pending.clear()
         if self._cache is not None:
             self._cache.clear()
-
-
-def _tensors(output: Any) -> list[torch.Tensor]:
-    """The tensors of a module's output: the tensor itself, or the tensors of a tuple/list/dict."""
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, (tuple, list)):
-        return [t for t in output if isinstance(t, torch.Tensor)]
-    if isinstance(output, dict):
-        return [t for t in output.values() if isinstance(t, torch.Tensor)]
-    return []
 
 
 def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:

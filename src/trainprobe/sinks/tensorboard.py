@@ -3,15 +3,27 @@
 Event files are written by ``torch.utils.tensorboard.SummaryWriter`` (needs the ``tensorboard``
 package: ``pip install trainprobe[tensorboard]``) into ``log_dir``. The tag of each value comes
 from ``tag_of(table, key, op)``, so each dialect names its tags itself.
+
+Histograms: rows of the tables named in ``histogram_tables`` are not statistics but histograms
+laid out as :data:`HISTOGRAM_HEAD` followed by the bucket counts, the buckets splitting
+``[min, max]`` into equal widths. Each such row is one histogram event
+(``add_histogram_raw``) tagged ``tag_of(table, key, HISTOGRAM_OP)``; a row with no finite value
+(``num`` 0) is skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
 from trainprobe.records import RowKey, StepBatch
+
+HISTOGRAM_HEAD = ("min", "max", "num", "sum", "sum_squares")
+"""The first values of a histogram row (over the finite values only); the bucket counts follow."""
+HISTOGRAM_OP = "histogram"
+"""The ``op`` passed to ``tag_of`` for a histogram row."""
 
 
 def _summary_writer_class() -> type:
@@ -33,6 +45,7 @@ class TensorBoardSink:
         ops: monitor or table → op names (value order), looked up with ``table_of``.
         table_of: the table of a row.
         tag_of: the tag of ``(table, key, op)``.
+        histogram_tables: tables whose rows are histograms (see the module docstring).
 
     Raises:
         ConfigError: the tensorboard package is missing (at construction, never in training).
@@ -44,6 +57,7 @@ class TensorBoardSink:
         ops: Mapping[str, tuple[str, ...]],
         table_of: Callable[[str, RowKey], str],
         tag_of: Callable[[str, RowKey, str], str],
+        histogram_tables: Collection[str] = (),
     ) -> None:
         writer_class = _summary_writer_class()
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -51,12 +65,30 @@ class TensorBoardSink:
         self.ops = dict(ops)
         self.table_of = table_of
         self.tag_of = tag_of
+        self.histogram_tables = frozenset(histogram_tables)
 
     def write(self, batch: StepBatch) -> None:
         for key, values in batch.rows():
             table = self.table_of(batch.monitor, key)
+            if table in self.histogram_tables:
+                self._write_histogram(self.tag_of(table, key, HISTOGRAM_OP), values, batch.step)
+                continue
             for op, value in zip(self.ops[table], values):
                 self._writer.add_scalar(self.tag_of(table, key, op), value, batch.step)
+
+    def _write_histogram(self, tag: str, values: Sequence[float], step: int) -> None:
+        head = len(HISTOGRAM_HEAD)
+        lo, hi, num, total, squares = values[:head]
+        counts = list(values[head:])
+        if not num or not counts or not (math.isfinite(lo) and math.isfinite(hi)):
+            return
+        if hi > lo:
+            width = (hi - lo) / len(counts)
+            limits = [lo + width * (i + 1) for i in range(len(counts))]
+            limits[-1] = hi
+        else:
+            limits, counts = [hi], [num]
+        self._writer.add_histogram_raw(tag, lo, hi, num, total, squares, limits, counts, global_step=step)
 
     def flush(self) -> None:
         """Push pending events to disk."""

@@ -19,6 +19,7 @@ NaN propagates into min, max, mean and norm, as in PyTorch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,15 @@ ALL_OPS: tuple[str, ...] = ("min", "max", "mean", "norm", "nans", "zeros")
 DEFAULT_OPS: tuple[str, ...] = ("min", "max", "mean", "norm", "nans")
 COUNT_OPS: frozenset[str] = frozenset({"nans"})
 DEFAULT_EPS = 1e-8
+EMPTY_TENSOR_VALUES: dict[str, float] = {
+    "min": math.nan,
+    "max": math.nan,
+    "mean": math.nan,
+    "norm": 0.0,
+    "nans": 0.0,
+    "zeros": 0.0,
+}
+"""The statistics of an empty tensor (see the table above)."""
 
 
 def parse_ops(

@@ -1,0 +1,128 @@
+"""The MindSpore adapter: :class:`~trainprobe.adapters.Backend` over MindSpore in PyNative mode.
+
+* statistics: :class:`~trainprobe.mindspore.stats.MindSporeStats`;
+* module hooks: ``Cell.register_forward_pre_hook``/``register_forward_hook`` (with kwargs),
+  gradients of a call's tensors through ``Tensor.register_hook`` (the hook returns the gradient
+  unchanged; its handle is removed at the end of the step, so a tensor the loop reuses, such
+  as a fixed batch, does not collect hooks). A forward is recorded when the cell is in
+  training mode (``set_train()``) or runs under a gradient transform (``value_and_grad``,
+  ``TrainOneStepCell``), since plain PyNative loops often never call ``set_train()``;
+* the optimizer: :class:`~trainprobe.mindspore.optimizer.MindSporeOptimizer` (its cell's
+  forward hooks are the step hooks);
+* ``weight_grad``: :class:`~trainprobe.mindspore.weight_grad.MindSporeWeightGradProbe`;
+* no statistics reuse (MindSpore's in-place updates do not bump ``Parameter._version``);
+* no ``cc`` (see ``docs/mindspore.md``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import mindspore as ms
+
+from trainprobe.errors import ConfigError
+from trainprobe.mindspore import runtime
+from trainprobe.mindspore.model_view import CellView
+from trainprobe.mindspore.optimizer import MindSporeOptimizer, unwrap_optimizer
+from trainprobe.mindspore.stats import MindSporeStats
+from trainprobe.probes.model_view import ModelView, NamedParam
+
+if TYPE_CHECKING:
+    from trainprobe.config.monitor_v2 import WeightGradConfig
+    from trainprobe.probes.base import Probe, StepClock
+    from trainprobe.stats.torch_stats import UnchangedCache
+
+
+class MindSporeBackend:
+    """MindSpore, PyNative mode."""
+
+    name = "mindspore"
+    tensor_type: type = ms.Tensor
+    supports_collectives = False
+
+    def stats(self, ops: Sequence[str], eps: float) -> MindSporeStats:
+        return MindSporeStats(ops, eps)
+
+    def records_forward(self, module: Any, record_eval_mode: bool) -> bool:
+        return bool(module.training) or record_eval_mode or runtime.grad_recording()
+
+    def grad_recording(self) -> bool:
+        return runtime.grad_recording()
+
+    def wants_grad(self, t: Any) -> bool:
+        return bool(t.is_floating_point())
+
+    def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Any:
+        def hook(grad: Any) -> Any:
+            fn(grad)
+            return grad  # MindSpore hooks must return the gradient to leave it unchanged
+
+        return t.register_hook(hook)
+
+    def unchanged_cache(self) -> UnchangedCache | None:
+        return None
+
+    def optimizer_moments(
+        self, optimizer: MindSporeOptimizer, params: Sequence[NamedParam]
+    ) -> tuple[list[tuple[NamedParam, str, Any]], bool]:
+        moments = optimizer.moments()
+        if moments is None:
+            return [], True  # state of another kind (or none): the probe warns and stops
+        position = {id(p): i for i, p in enumerate(optimizer.parameters)}
+        found: list[tuple[NamedParam, str, Any]] = []
+        for named in params:
+            i = position.get(id(named.param))
+            if i is not None:
+                found.extend((named, moment, tensors[i]) for moment, tensors in moments.items())
+        return found, True
+
+    def rank(self) -> int:
+        if self.distributed():
+            from mindspore.communication import get_rank
+
+            return int(get_rank())
+        try:
+            return int(os.environ.get("RANK", "0"))
+        except ValueError:
+            return 0
+
+    def distributed(self) -> bool:
+        from mindspore.communication.management import GlobalComm
+
+        return bool(GlobalComm.INITED)
+
+    def model_view(self, model: Any) -> ModelView:
+        runtime.check_runs_operators("start()")
+        if not runtime.pynative_mode():
+            raise ConfigError(
+                "start(model=...): MindSpore runs in GRAPH_MODE, where cell and tensor hooks do not run; "
+                "trainprobe needs PyNative mode: mindspore.set_context(mode=mindspore.PYNATIVE_MODE)"
+            )
+        return CellView(model)
+
+    def unwrap_optimizer(self, optimizer: Any) -> MindSporeOptimizer:
+        return unwrap_optimizer(optimizer)
+
+    def weight_grad_probe(
+        self,
+        clock: StepClock,
+        config: WeightGradConfig,
+        params: list[NamedParam],
+        micro_batches: int,
+        view: ModelView,
+        *,
+        optimizer: Any = None,
+        grad_of: Callable[[Any], Any] | None = None,
+        keep_reduced: Callable[[NamedParam], bool] | None = None,
+    ) -> Probe:
+        from trainprobe.mindspore.weight_grad import MindSporeWeightGradProbe
+
+        return MindSporeWeightGradProbe(
+            clock, config, params, micro_batches, optimizer, backend=self, keep_reduced=keep_reduced
+        )
+
+
+MINDSPORE = MindSporeBackend()
+"""The MindSpore adapter (stateless; shared)."""

@@ -1,0 +1,43 @@
+"""``cc_distribution`` of Monitor V1: the engine's collective probe with the reference's
+``cc_codeline``.
+
+A ``cc_codeline`` entry is a regular expression (the spec's example is ``"train.py\\\\[23\\\\]"``)
+searched in every frame of the collective's call stack, written ``<path>[<line>]``; an entry that
+is a plain suffix of the call site (``"train.py[23]"``) matches as well. An empty list selects
+every call. Rows, ``cc_pre_hook`` and ``cc_log_only`` are the engine's
+(:mod:`trainprobe.probes.collectives`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from trainprobe.config.monitor_v2 import CcConfig
+from trainprobe.probes.base import StepClock
+from trainprobe.probes.collectives import CollectiveProbe
+
+_MAX_FRAMES = 64
+
+
+class V1CollectiveProbe(CollectiveProbe):
+    """Collectives selected by the reference's ``cc_codeline`` patterns."""
+
+    def __init__(self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path) -> None:
+        super().__init__(clock, config, rank, rank_dir)
+        self._patterns = [re.compile(line) for line in config.cc_codeline]
+
+    def _selected(self, full_site: str) -> bool:
+        lines = self.config.cc_codeline
+        if not lines or any(full_site.endswith(line) for line in lines):
+            return True
+        frame = sys._getframe(1)
+        for _ in range(_MAX_FRAMES):
+            if frame is None:
+                break
+            site = f"{frame.f_code.co_filename}[{frame.f_lineno}]"
+            if any(p.search(site) for p in self._patterns):
+                return True
+            frame = frame.f_back
+        return False

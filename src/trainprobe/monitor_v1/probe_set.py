@@ -1,0 +1,148 @@
+"""Which engine probes a Monitor V1 configuration runs, and over which parameters.
+
+One probe per enabled field: ``xy_distribution`` → module probe (with :class:`V1Naming`),
+``wg_distribution`` → weight-gradient probe, ``mv_distribution`` → optimizer-state probe,
+``param_distribution`` → parameter probe, ``ur_distribution`` → update/ratio probe (plus its
+histogram rows with ``format: tensorboard``), ``recording_l2_features`` → l2 probe,
+``mg_direction`` → sign-agreement probe, ``cc_distribution`` → collective probe,
+``stack_info`` → stack probe. Module-level monitoring (xy, l2, stack_info) runs only on the
+``module_ranks``. Parameters are those of the optimizer that ``targets`` selects, named with
+their ``<vpp_stage>:`` prefix (squashed with ``squash_name``).
+"""
+
+from __future__ import annotations
+
+from trainprobe.config.monitor_v1 import MonitorV1Config
+from trainprobe.config.monitor_v2 import CcConfig as EngineCcConfig
+from trainprobe.config.monitor_v2 import ModuleMonitorConfig, OptimizerConfig, ParamConfig, WeightGradConfig
+from trainprobe.dist_info import distributed_ready
+from trainprobe.log import warn_once
+from trainprobe.monitor_v1 import output
+from trainprobe.monitor_v1.attachment import Attachment
+from trainprobe.monitor_v1.collectives import V1CollectiveProbe
+from trainprobe.monitor_v1.features import HistogramRows, MgDirectionProbe, UpdateRatioProbe
+from trainprobe.monitor_v1.l2 import L2Probe
+from trainprobe.monitor_v1.naming import V1Naming, display_name, param_targeted
+from trainprobe.monitor_v1.struct import StackProbe
+from trainprobe.probes.base import Probe
+from trainprobe.probes.model_view import NamedParam
+from trainprobe.probes.module import ModuleProbe
+from trainprobe.probes.optimizer_state import OptimizerStateProbe
+from trainprobe.probes.param import ParamProbe
+
+
+def monitored_params(cfg: MonitorV1Config, att: Attachment) -> list[NamedParam]:
+    """The optimizer's parameters that ``targets`` selects, in model order, V1-named."""
+    out = []
+    for named in att.view.optimizer_parameters(att.optimizer):
+        name = display_name(cfg, named.name)
+        if param_targeted(cfg, named.name) or param_targeted(cfg, name):
+            out.append(NamedParam(named.vpp_stage, name, named.param))
+    return out
+
+
+def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+    """The probes ``cfg`` enables, unattached (may create the run folder for stack_info)."""
+    params = monitored_params(cfg, att)
+    probes: list[Probe] = []
+    module_rank = cfg.monitors_rank(att.rank)
+    if cfg.xy_distribution and module_rank:
+        probes += _activations(cfg, att)
+    if cfg.wg_distribution:
+        probes.append(_weight_grad(cfg, att, params))
+    if cfg.mv_distribution:
+        mv = OptimizerConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
+        probes.append(
+            OptimizerStateProbe(att.clock, mv, att.optimizer, params, suffix_names=False, backend=att.backend)
+        )
+    if cfg.param_distribution:
+        param_cfg = ParamConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
+        probes.append(ParamProbe(att.clock, param_cfg, params, backend=att.backend))
+    if cfg.ur_distribution and _torch_only("ur_distribution", att):
+        probes += _update_ratio(cfg, att, params)
+    if cfg.l2.enabled and module_rank and _torch_only("recording_l2_features", att):
+        probes += _l2(cfg, att)
+    if cfg.mg_direction and _torch_only("mg_direction", att):
+        probes.append(MgDirectionProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, att.grad_of))
+    if cfg.cc.enable and _torch_only("cc_distribution", att):
+        probes += _collectives(cfg, att)
+    if cfg.stack_info and module_rank:
+        probes.append(StackProbe(att.clock, att.view, att.run_folder(cfg)))
+    return probes
+
+
+def _torch_only(field: str, att: Attachment) -> bool:
+    """Whether the PyTorch-only feature ``field`` can run (else it is skipped with a warning;
+    MindSpore's front door refuses it up front, this covers dynamic-mode edits)."""
+    if att.backend.name == "pytorch":
+        return True
+    warn_once(f"v1-torch-only-{field}", f"trainprobe: {field} is not supported on {att.backend.name}; it is skipped")
+    return False
+
+
+def _activations(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+    if cfg.forward_only and cfg.backward_only:
+        warn_once(
+            "v1-fwd-bwd-only", "trainprobe: forward_only and backward_only are both true, so no activation is collected"
+        )
+        return []
+    naming = V1Naming(cfg)
+    if not any(naming.wants(v, n, m) for v, n, m in att.view.modules()):
+        warn_once(
+            "v1-xy-no-module",
+            'trainprobe: xy_distribution is true but no module is selected: set "all_xy": true, or name '
+            "modules in targets (print_struct lists their names)",
+        )
+        return []
+    module_cfg = ModuleMonitorConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
+    return [ModuleProbe(att.clock, module_cfg, att.view, naming=naming, backend=att.backend)]
+
+
+def _weight_grad(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> Probe:
+    wg = WeightGradConfig(enabled=True, ops=cfg.ops, eps=cfg.eps, monitor_mbs_grad=cfg.monitor_mbs_grad)
+    return att.backend.weight_grad_probe(
+        att.clock,
+        wg,
+        params,
+        att.clock.micro_batches,
+        att.view,
+        optimizer=att.optimizer,
+        grad_of=att.grad_of,
+        keep_reduced=att.keep_reduced,
+    )
+
+
+def _update_ratio(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> list[Probe]:
+    histograms = HistogramRows(att.clock, cfg.ops, cfg.eps) if cfg.format == "tensorboard" else None
+    if histograms is None:
+        warn_once(
+            "v1-ur-no-histograms",
+            f"trainprobe: ur_distribution writes its update/ratio histograms only with format 'tensorboard'; "
+            f"with format {cfg.format!r} only their statistics (adam_update, adam_ratio) are written",
+        )
+    probe = UpdateRatioProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, histograms)
+    return [probe] if histograms is None else [probe, histograms]
+
+
+def _l2(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+    if cfg.l2.attention_hook or cfg.l2.linear_hook is not None:
+        return [L2Probe(att.clock, cfg.l2, att.view)]
+    warn_once("v1-l2-empty", "trainprobe: recording_l2_features is true but l2_targets lists no hook")
+    return []
+
+
+def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+    if not distributed_ready():
+        warn_once("v1-cc-no-dist", "trainprobe: cc_distribution needs torch.distributed; it is skipped")
+        return []
+    cc = EngineCcConfig(
+        enabled=True,
+        ops=cfg.ops,
+        eps=cfg.eps,
+        cc_codeline=cfg.cc.cc_codeline,
+        cc_log_only=cfg.cc.cc_log_only,
+        cc_pre_hook=cfg.cc.cc_pre_hook,
+    )
+    # cc_log.json goes to the run folder, or with format api (no run folder) next to it
+    folder = att.run_folder(cfg) if cfg.format != "api" else output.output_root() / f"cc_log-rank{att.rank}"
+    return [V1CollectiveProbe(att.clock, cc, att.rank, folder)]
