@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup browser demo test lint bench clean
+.PHONY: setup browser demo test test-mindspore lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,6 +16,18 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 setup: $(BIN)/.installed
+
+# MindSpore (the second backend) is built against NumPy 1.x, while the rest of the suite runs on
+# NumPy 2: mindspore goes into .venv (it changes nothing there), and .venv/ms is a small overlay
+# virtualenv holding only numpy<2 that sees everything else in .venv.
+MS_BIN := $(VENV)/ms/bin
+$(MS_BIN)/.installed: $(BIN)/.installed
+	$(BIN)/python -m pip install -q "mindspore>=2.4.10"
+	test -x $(MS_BIN)/python || $(PY) -m venv $(VENV)/ms
+	$(MS_BIN)/python -m pip install -q "numpy<2"
+	$(BIN)/python -c "import sysconfig; print('import site; site.addsitedir(%r)' % sysconfig.get_paths()['purelib'])" \
+	  > "$$($(MS_BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/trainprobe_base.pth"
+	touch $@
 
 # The HTML report's tests drive Debian's chromium headless; installed here when missing (root or
 # sudo needed; without it those tests are skipped with a message saying so).
@@ -31,8 +43,12 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check src tests bench
 
-test: lint browser
-	$(BIN)/python -m pytest -q
+test: lint browser $(MS_BIN)/.installed
+	$(BIN)/python -m pytest -q --ignore-glob='tests/test_mindspore_*'
+	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py
+
+test-mindspore: $(MS_BIN)/.installed
+	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py
 
 bench: setup
 	$(BIN)/python bench/bench_monitor_v2.py
