@@ -23,6 +23,7 @@ from pathlib import Path
 from trainprobe.errors import ConfigError
 from trainprobe.metrics.compose import Metric
 from trainprobe.metrics.config import LOG, TENSORBOARD
+from trainprobe.sinks.fast_crc import use_fast_crc
 
 metrics_logger = logging.getLogger("trainprobe.metrics")
 
@@ -39,6 +40,7 @@ def summary_writer_class() -> type:
             f"tensorboard.tensorboard_dir: writing event files needs the tensorboard package ({exc}); "
             "install it with `pip install trainprobe[tensorboard]` or remove the tensorboard section"
         ) from None
+    use_fast_crc()
     return SummaryWriter
 
 

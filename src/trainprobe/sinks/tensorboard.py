@@ -19,6 +19,7 @@ from pathlib import Path
 
 from trainprobe.errors import ConfigError
 from trainprobe.records import RowKey, StepBatch
+from trainprobe.sinks.fast_crc import use_fast_crc
 
 HISTOGRAM_HEAD = ("min", "max", "num", "sum", "sum_squares")
 """The first values of a histogram row (over the finite values only); the bucket counts follow."""
@@ -34,6 +35,7 @@ def _summary_writer_class() -> type:
             f"format: 'tensorboard' needs the tensorboard package ({exc}); install it with "
             "`pip install tensorboard` (or trainprobe[tensorboard]), or use format 'csv'"
         ) from None
+    use_fast_crc()
     return SummaryWriter
 
 

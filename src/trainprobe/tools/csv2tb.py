@@ -60,6 +60,7 @@ from typing import Any
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
+from trainprobe.sinks.fast_crc import use_fast_crc
 from trainprobe.tools.monitor_output import CsvTable, MonitorCsv, Record, find_csv_files, read_table
 from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder
 
@@ -260,6 +261,7 @@ def _event_modules() -> tuple[Any, Any, Any]:
             f"csv2tensorboard: needs the tensorboard package ({exc}); install it with `pip install tensorboard` "
             "(or trainprobe[tensorboard])"
         ) from None
+    use_fast_crc()
     return event_pb2, summary_pb2, EventFileWriter
 
 
