@@ -54,12 +54,23 @@ class TensorBoardOutput:
         self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size)
 
     def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
-        add = self._writer.add_scalar
+        """One event per x value: every scalar of the step in one summary at ``step``, their
+        ``-vs-samples`` twins in one at ``samples`` (what ``add_scalar`` writes, one record per
+        step instead of one per scalar: the writer thread's cost per step)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        by_step: list[Summary.Value] = []
+        by_samples: list[Summary.Value] = []
         for m in metrics:
             if TENSORBOARD in m.formats:
-                add(m.tag, m.value, step)
+                by_step.append(Summary.Value(tag=m.tag, simple_value=float(m.value)))
                 if m.vs_samples and samples is not None:
-                    add(m.tag + SAMPLES_SUFFIX, m.value, samples)
+                    by_samples.append(Summary.Value(tag=m.tag + SAMPLES_SUFFIX, simple_value=float(m.value)))
+        file_writer = self._writer._get_file_writer()  # torch's FileWriter: add_summary(summary, step)
+        if by_step:
+            file_writer.add_summary(Summary(value=by_step), step)
+        if by_samples:
+            file_writer.add_summary(Summary(value=by_samples), samples)
 
     def text(self, entries: Sequence[tuple[str, str]]) -> None:
         for tag, body in entries:
