@@ -119,15 +119,14 @@ def make_monitor_runs(base: Path) -> MonitorRuns:
     This only makes data for the tools' tests (the distributed monitors have their own tests),
     so a worker that dies at process exit on an overloaded machine (seen once: "terminate called
     without an active exception" from a C++ thread) is retried once in a fresh folder."""
-    for attempt in range(2):
-        folder = base / f"attempt{attempt}"
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            launch(_worker, str(folder))
-        except mp.ProcessExitedException as exc:
-            if attempt:
-                raise
-            print(f"monitor_runs: a worker died ({exc}); retrying once")
-            continue
-        return MonitorRuns(v1=folder / "v1", v2=folder / "v2")
-    raise AssertionError("unreachable")
+    try:
+        return _run_in(base / "attempt0")
+    except mp.ProcessExitedException as exc:
+        print(f"monitor_runs: a worker died ({exc}); retrying once")
+        return _run_in(base / "attempt1")
+
+
+def _run_in(folder: Path) -> MonitorRuns:
+    folder.mkdir(parents=True, exist_ok=True)
+    launch(_worker, str(folder))
+    return MonitorRuns(v1=folder / "v1", v2=folder / "v2")

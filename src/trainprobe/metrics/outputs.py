@@ -19,6 +19,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from trainprobe.errors import ConfigError
 from trainprobe.metrics.compose import Metric
@@ -52,15 +53,17 @@ class TensorBoardOutput:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
         self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size)
+        from tensorboard.compat.proto.summary_pb2 import Summary  # present: the writer class loaded
+
+        self._summary = Summary
 
     def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
         """One event per x value: every scalar of the step in one summary at ``step``, their
         ``-vs-samples`` twins in one at ``samples`` (what ``add_scalar`` writes, one record per
         step instead of one per scalar: the writer thread's cost per step)."""
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        by_step: list[Summary.Value] = []
-        by_samples: list[Summary.Value] = []
+        Summary = self._summary  # noqa: N806 - the protobuf class
+        by_step: list[Any] = []
+        by_samples: list[Any] = []
         for m in metrics:
             if TENSORBOARD in m.formats:
                 by_step.append(Summary.Value(tag=m.tag, simple_value=float(m.value)))

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainprobe.config.monitor_v2 import WeightGradConfig
-from trainprobe.log import warn_once
 from trainprobe.mindspore.optimizer import MindSporeOptimizer
 from trainprobe.mindspore.stats import MindSporeStats
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
+from trainprobe.probes.weight_grad import warn_short_step
 from trainprobe.records import RowBuffer, RowKey, StepBatch
 
 if TYPE_CHECKING:
@@ -119,14 +119,7 @@ class MindSporeWeightGradProbe(Probe):
     def end_step(self) -> None:
         if not self.per_micro_batch and self.clock.collecting:
             short = max(self._seen, default=0)
-            if 0 < short < self.micro_batches:
-                warn_once(
-                    "weight_grad-micro-batches",
-                    f"trainprobe weight_grad: step {self.clock.step} ran {short} backward pass(es) but "
-                    f"the number of micro-batches is {self.micro_batches}, so no unreduced row was "
-                    "written; set grad_acc_steps (or micro_batch_number) to the micro-batches per "
-                    "optimizer step, in the config or in start(...)",
-                )
+            warn_short_step(self.clock.step, short, self.micro_batches)
         self._seen = [0] * len(self.params)
         self._sums.clear()
 

@@ -245,14 +245,7 @@ class WeightGradProbe(Probe):
     def end_step(self) -> None:
         if not self.per_micro_batch and self.clock.collecting:
             short = self._backwards if self.backward_end else max(self._seen, default=0)
-            if 0 < short < self.micro_batches:
-                warn_once(
-                    "weight_grad-micro-batches",
-                    f"trainprobe weight_grad: step {self.clock.step} ran {short} backward pass(es) but "
-                    f"the number of micro-batches is {self.micro_batches}, so no unreduced row was "
-                    "written; set grad_acc_steps (or micro_batch_number) to the micro-batches per "
-                    "optimizer step, in the config or in start(...)",
-                )
+            warn_short_step(self.clock.step, short, self.micro_batches)
         self._seen = [0] * len(self.params)
         self._backwards = 0
         self._captured = False
@@ -260,6 +253,18 @@ class WeightGradProbe(Probe):
         self._pending.clear()
         if self._cache is not None:
             self._cache.clear()
+
+
+def warn_short_step(step: int, backwards: int, micro_batches: int) -> None:
+    """Warn once when a collected step ran fewer backward passes than its micro-batches (no
+    ``unreduced`` row can be written for it); shared by every framework's weight_grad probe."""
+    if 0 < backwards < micro_batches:
+        warn_once(
+            "weight_grad-micro-batches",
+            f"trainprobe weight_grad: step {step} ran {backwards} backward pass(es) but the number of "
+            f"micro-batches is {micro_batches}, so no unreduced row was written; set grad_acc_steps (or "
+            "micro_batch_number) to the micro-batches per optimizer step, in the config or in start(...)",
+        )
 
 
 def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:
