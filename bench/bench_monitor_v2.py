@@ -307,7 +307,7 @@ def profile_config(
     prof.disable()
     monitor.stop()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime")).print_stats(top)
     print(f"\n### cProfile: {cfg.label}, {steps} steps, main thread only, sorted by own time\n")
     print("```")
     print(buf.getvalue().strip())

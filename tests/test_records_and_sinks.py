@@ -23,7 +23,7 @@ def test_device_strategy_matches_host_strategy():
     for t in (torch.randn(1000), torch.tensor([1.0, float("nan"), -2.0, 0.0]), torch.randn(3, 4, dtype=torch.bfloat16)):
         x = t.float() if t.dtype == torch.bfloat16 else t
         device_row = stats._device_row(x).tolist()
-        host_row = stats._host_row(x)
+        host_row = stats.row(x)
         assert device_row == pytest.approx(host_row, rel=1e-6, nan_ok=True)
 
 
@@ -89,3 +89,33 @@ def test_writer_reports_a_failing_monitor_once_and_keeps_the_others(tmp_path):
     writer.close(reached=2)
     assert errors == [("bad", "IsADirectoryError")]
     assert sorted(p.name for p in tmp_path.glob("good*")) == ["good_step0-0.csv", "good_step1-1.csv", "good_step2-2.csv"]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        TableLayout(True, ("min", "max", "mean", "norm", "nans", "zeros")),
+        TableLayout(False, ("min", "nans"), ("vpp_stage", "name", "step"), 3),
+        TableLayout(False, ("max", "nans"), ("vpp_stage", "name")),
+    ],
+)
+def test_fast_csv_text_is_what_the_csv_module_writes(layout):
+    """TableLayout.text (templates cached per key) gives the csv module's bytes for awkward
+    names, NaN counts, integers, infinities and signed zeros, on first and repeated use."""
+    import csv
+    import io
+
+    samples = [
+        ("a,b%d", "x", None, [1.0, 2.5, float("nan"), 1e-300, 3.0, 0.5]),
+        ('q"t', "y\nz", 2, [float("inf"), -0.0, 1 / 3, 2.0, float("nan"), 0.0]),
+        (" sp ", "", 0, [1, 2, 3, 4, 5, 6]),
+        ("%s%%", "p", 3, [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        ("n", "p", 3, [1.5, float("nan"), 3.0, 4.0, float("nan"), 6.0]),
+    ]
+    rows = [(RowKey(0, name, scope, micro), values[: len(layout.ops)]) for name, scope, micro, values in samples]
+    for step in (7, 8):
+        expected = io.StringIO()
+        writer = csv.writer(expected, lineterminator="\n")
+        for key, values in rows:
+            writer.writerow(layout.cells(key, step, values))
+        assert layout.text(rows, step) == expected.getvalue()

@@ -468,6 +468,25 @@ def test_rows_one_per_tensor() -> None:
     assert s.rows([]) == []
 
 
+@pytest.mark.parametrize("ops", [DEFAULT_OPS, ALL_OPS, ("nans",), ("norm", "nans"), ("zeros", "min")])
+def test_rows_batches_small_tensors_with_row_values(ops: tuple[str, ...]) -> None:
+    """rows() stacks small same-size tensors: the values are row()'s and the float64 reference's."""
+    g = gen()
+    tensors = [torch.randn(256, generator=g) * (i + 1) for i in range(6)]
+    tensors[2][7] = math.nan
+    tensors[3][:5] = 0.0
+    tensors[4][0] = math.inf
+    tensors += [torch.randn(16, 16, generator=g), torch.randn(300, generator=g), torch.randn(5000, generator=g)]
+    tensors += [torch.empty(0), torch.randn(256, generator=g).to(torch.bfloat16), torch.randn(256, generator=g).half()]
+    tensors += [torch.randn(256, 4, generator=g).t()]  # non-contiguous, 1,024 elements, alone in its group
+    s = TensorStats(ops)
+    batched = s.rows(tensors)
+    assert len(batched) == len(tensors)
+    for t, got in zip(tensors, batched, strict=True):
+        assert got == s.row(t) or all(same(a, b) for a, b in zip(got, s.row(t), strict=True))
+        assert_close(as_dict(ops, got), reference(t))
+
+
 def test_unknown_op_rejected() -> None:
     with pytest.raises(AssertionError, match="unknown ops"):
         TensorStats(["min", "nrom"])

@@ -516,7 +516,7 @@ def test_params_have_main_grad_plain_pytorch_and_fault_isolation(tmp_path, monke
     mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "param_distribution": True})
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
     probe = next(p for p in mon._control.probes if p.name == "param")
-    probe.stats.row = lambda t: 1 / 0  # a fault inside the monitor
+    probe.stats.rows = lambda ts: 1 / 0  # a fault inside the monitor
     with caplog.at_level("ERROR", logger="trainprobe"):
         train(model, opt, 2)
     mon.stop()

@@ -33,15 +33,13 @@ class ParamProbe(Probe):
         self._cache = self.backend.unchanged_cache()
 
     def _record(self, scope: str) -> None:
-        cache = self._cache
-        values = []
-        for i, p in enumerate(self.params):
-            found = cache.get(i, p.param) if cache is not None and scope == "param_origin" else None
-            if found is None:
-                found = self.stats.row(p.param)
-                if cache is not None and scope == "param_updated":
-                    cache.put(i, p.param, found)
-            values.append(found)
+        cache = self._cache if scope == "param_origin" else None
+        values: list = [cache.get(i, p.param) if cache is not None else None for i, p in enumerate(self.params)]
+        missing = [i for i, v in enumerate(values) if v is None]
+        for i, found in zip(missing, self.stats.rows([self.params[i].param for i in missing])):
+            values[i] = found
+            if self._cache is not None and scope == "param_updated":
+                self._cache.put(i, self.params[i].param, found)
         self.rows.extend([RowKey(p.vpp_stage, p.name, scope) for p in self.params], values)
 
     def before_optimizer_step(self) -> None:

@@ -129,11 +129,9 @@ class WeightGradProbe(Probe):
             return
         self._captured = True
         cache = self._cache
-        for index, named in enumerate(self.params):
-            grad = self.grad_of(named.param)
-            if grad is None:
-                continue
-            values = self.stats.row(grad)
+        present = [(i, g) for i, named in enumerate(self.params) if (g := self.grad_of(named.param)) is not None]
+        for (index, grad), values in zip(present, self.stats.rows([g for _, g in present])):
+            named = self.params[index]
             self.rows.add(RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches), values)
             if cache is not None:
                 cache.put(index, grad, values)
@@ -236,10 +234,10 @@ class WeightGradProbe(Probe):
         ]
         keys = [RowKey(p.vpp_stage, p.name, "reduced", self.micro_batches) for _, p, _ in present]
         cache = self._cache
-        values = []
-        for i, _, g in present:
-            found = cache.get(i, g) if cache is not None else None
-            values.append(found if found is not None else self.stats.row(g))
+        values: list = [cache.get(i, g) if cache is not None else None for i, _, g in present]
+        missing = [k for k, v in enumerate(values) if v is None]
+        for k, found in zip(missing, self.stats.rows([present[k][2] for k in missing])):
+            values[k] = found
         return keys, values
 
     def end_step(self) -> None:

@@ -14,16 +14,15 @@ existing file is continued (no second header) instead of being truncated.
 
 from __future__ import annotations
 
-import csv
-import io
+import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainprobe.records import RowKey, StepBatch
 from trainprobe.schedule import Schedule
-from trainprobe.stats.ops import format_value
+from trainprobe.stats.ops import COUNT_OPS, format_value
 
 V2_KEY_COLUMNS: tuple[str, ...] = ("vpp_stage", "step", "module_name", "scope")
 
@@ -47,20 +46,87 @@ class TableLayout:
         return list(self.key_columns) + (["micro_step"] if self.with_micro_step else []) + list(self.ops)
 
     def cells(self, key: RowKey, step: int, values: list[float]) -> list[object]:
-        """One CSV row for ``key`` at ``step``."""
-        head: list[object] = []
-        for column in self.key_columns:
-            if column == "vpp_stage":
-                head.append(key.vpp_stage)
-            elif column == "step":
-                head.append(step)
-            elif column in ("module_name", "name"):
-                head.append(key.name)
-            else:
-                head.append(key.scope)
-        if self.with_micro_step:
-            head.append("" if key.micro_step is None else key.micro_step)
-        return head + [format_value(op, v, self.ndigits) for op, v in zip(self.ops, values)]
+        """One CSV row for ``key`` at ``step``, as cells."""
+        return [_key_value(column, key, step) for column in self._key_order()] + [
+            format_value(op, v, self.ndigits) for op, v in zip(self.ops, values)
+        ]
+
+    def text(self, rows: Iterable[tuple[RowKey, list[float]]], step: int) -> str:
+        """CSV text of ``rows`` at ``step``, one line each, every line ending in ``\\n``.
+
+        The same text :mod:`csv` writes for :meth:`cells` (names quoted only where they hold a
+        comma, quote or line break), made about 4x faster because it runs on the writer thread,
+        which shares the CPU with training: each key gets a ``%``-template of its whole line
+        once (step as ``%d``, values as ``%r``, counts as ``%d``), filled with one operation per
+        row of plain floats.
+        """
+        templates = _LINE_TEMPLATES.setdefault(self, {})
+        if len(templates) > _MAX_TEMPLATES:
+            templates.clear()
+        with_step = "step" in self.key_columns
+        lines = []
+        for key, values in rows:
+            line = None
+            if self.ndigits is None and all(type(v) is float for v in values):
+                template = templates.get(key)
+                if template is None:
+                    template = templates[key] = self._line_template(key)
+                try:
+                    line = template % ((step, *values) if with_step else tuple(values))
+                except (ValueError, TypeError):  # a NaN count (no integer to print), a short row
+                    line = None
+            if line is None:
+                line = self._slow_line(key, step, values)
+            lines.append(line)
+        return "".join(lines)
+
+    def _key_order(self) -> tuple[str, ...]:
+        return self.key_columns + (("micro_step",) if self.with_micro_step else ())
+
+    def _line_template(self, key: RowKey) -> str:
+        head = ["%d" if c == "step" else _key_cell(c, key, 0).replace("%", "%%") for c in self._key_order()]
+        return ",".join(head) + "," + _value_template(self.ops) + "\n"
+
+    def _slow_line(self, key: RowKey, step: int, values: list[float]) -> str:
+        head = [_key_cell(column, key, step) for column in self._key_order()]
+        tail = [_csv_text(format_value(op, v, self.ndigits)) for op, v in zip(self.ops, values)]
+        return ",".join(head + tail) + "\n"
+
+
+_LINE_TEMPLATES: dict[TableLayout, dict[RowKey, str]] = {}
+"""Per layout, the line template of each key seen (see :meth:`TableLayout.text`)."""
+_MAX_TEMPLATES = 1 << 17
+
+
+@functools.lru_cache(maxsize=64)
+def _value_template(ops: tuple[str, ...]) -> str:
+    """``"%r,%r,%d"`` for ``("min", "max", "nans")``: what :func:`format_value` writes for floats."""
+    return ",".join("%d" if op in COUNT_OPS else "%r" for op in ops)
+
+
+def _key_value(column: str, key: RowKey, step: int) -> object:
+    if column == "vpp_stage":
+        return key.vpp_stage
+    if column == "step":
+        return step
+    if column in ("module_name", "name"):
+        return key.name
+    if column == "micro_step":
+        return "" if key.micro_step is None else key.micro_step
+    return key.scope
+
+
+def _key_cell(column: str, key: RowKey, step: int) -> str:
+    value = _key_value(column, key, step)
+    return _csv_text(value) if isinstance(value, str) else str(value)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _csv_text(text: str) -> str:
+    """``text`` as one CSV cell: quoted, with quotes doubled, only when it needs it."""
+    if any(c in text for c in ',"\r\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def file_name(monitor: str, first: int, last: int) -> str:
@@ -115,18 +181,14 @@ class CsvSink:
         """Append the batch's rows to their tables' current window files (raises OSError)."""
         if not len(batch):
             return
-        buffers: dict[str, io.StringIO] = {}
-        writers: dict[str, object] = {}
+        by_table: dict[str, list[tuple[RowKey, list[float]]]] = {}
         for key, values in batch.rows():
-            table = self.table_of(batch.monitor, key)
-            out = writers.get(table)
-            if out is None:
-                buffers[table] = io.StringIO()
-                out = writers[table] = csv.writer(buffers[table], lineterminator="\n")
-            out.writerow(self.layouts[table].cells(key, batch.step, values))  # type: ignore[attr-defined]
-        for table, buf in buffers.items():
-            handle = self._file_for(table, batch.step, self.layouts[table])
-            _write_all(handle.fd, buf.getvalue().encode("utf-8"))
+            by_table.setdefault(self.table_of(batch.monitor, key), []).append((key, values))
+        for table, rows in by_table.items():
+            layout = self.layouts[table]
+            text = layout.text(rows, batch.step)
+            handle = self._file_for(table, batch.step, layout)
+            _write_all(handle.fd, text.encode("utf-8"))
         self.rows_written[batch.monitor] = self.rows_written.get(batch.monitor, 0) + len(batch)
 
     def _file_for(self, table: str, step: int, layout: TableLayout) -> _OpenFile:
