@@ -48,6 +48,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import ctypes
 import ctypes.util
@@ -61,6 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,7 @@ class BenchConfig:
     monitors: dict[str, Any] | None  # None: no monitor at all (the control)
     ratio_target: float | None = None
     rss_target_pct: float | None = None
+    kernels_only: bool = False  # the "floor" row: see kernel_floor()
 
 
 def _on(*names: str) -> dict[str, Any]:
@@ -97,6 +100,12 @@ CONFIGS: tuple[BenchConfig, ...] = (
         _on("weight_grad", "optimizer", "param"),
         ratio_target=1.05,
         rss_target_pct=5.0,
+    ),
+    BenchConfig(
+        "floor",
+        "floor: weight_grad+optimizer+param, kernels only",
+        _on("weight_grad", "optimizer", "param"),
+        kernels_only=True,
     ),
     BenchConfig("module", "module(all modules)", _on("module"), ratio_target=1.35),
     BenchConfig("all", "all (module+weight_grad+optimizer+param)", _on("module", "weight_grad", "optimizer", "param")),
@@ -247,6 +256,43 @@ def measure(
 ) -> Result:
     """Alternating blocks, then the RSS run, for one configuration (``trainer``: anything with
     ``model``, ``optimizer`` and ``step() -> seconds``; ``framework`` as TrainerMonitorV2's ``fr``)."""
+    with kernel_floor(cfg.kernels_only):
+        return _measure(cfg, trainer, out, args, framework)
+
+
+@contextlib.contextmanager
+def kernel_floor(active: bool) -> Iterator[None]:
+    """While active, statistics cost only the three reductions that any exact implementation of
+    min/max, mean and norm must run over each tensor (``aminmax``, row sums, row norms, for every
+    tensor of 4,096 elements or more: 99% of the values); rows are written as zeros. The
+    ``floor`` row measured this way is the overhead left with no Python, batching, combination
+    or number formatting at all: what the monitor's own code adds is the distance to it."""
+    if not active:
+        yield
+        return
+    from trainprobe.stats import torch_stats
+
+    real = torch_stats.TensorStats.rows
+
+    def reductions_only(self: Any, tensors: list[torch.Tensor]) -> list[list[float]]:
+        for t in tensors:
+            x = t.detach()
+            n = x.numel() - x.numel() % 256
+            if n >= 4096:
+                torch.aminmax(x)
+                rows = x.reshape(-1)[:n].view(-1, 256)
+                rows.sum(1)
+                torch.linalg.vector_norm(rows, dim=1)
+        return [[0.0] * len(self.ops) for _ in tensors]
+
+    torch_stats.TensorStats.rows = reductions_only
+    try:
+        yield
+    finally:
+        torch_stats.TensorStats.rows = real
+
+
+def _measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace, framework: str) -> Result:
     t_begin = time.perf_counter()
     monitor = None
     if cfg.monitors is not None:

@@ -45,14 +45,19 @@ class OptimizerStateProbe(Probe):
         self.optimizer = optimizer
         self.params = params
         self.disabled = not config.mv_distribution
+        self._keys: dict[tuple[int, str], RowKey] = {}  # (id of the NamedParam, moment) -> its row key
 
     def after_optimizer_step(self) -> None:
         keys: list[RowKey] = []
         tensors: list[Any] = []
         found, has_state = self.backend.optimizer_moments(self.optimizer, self.params)
+        known = self._keys
         for named, moment, value in found:
-            row = f"{named.name}.{moment}" if self.suffix_names else named.name
-            keys.append(RowKey(named.vpp_stage, row, moment))
+            key = known.get((id(named), moment))
+            if key is None:
+                row = f"{named.name}.{moment}" if self.suffix_names else named.name
+                key = known[(id(named), moment)] = RowKey(named.vpp_stage, row, moment)
+            keys.append(key)
             tensors.append(value)
         if not keys and has_state:
             self.disabled = True

@@ -31,6 +31,7 @@ class ParamProbe(Probe):
         self.params = params
         self.disabled = not config.param_distribution
         self._cache = self.backend.unchanged_cache()
+        self._keys: dict[str, list[RowKey]] = {}
 
     def _record(self, scope: str) -> None:
         cache = self._cache if scope == "param_origin" else None
@@ -40,7 +41,10 @@ class ParamProbe(Probe):
             values[i] = found
             if self._cache is not None and scope == "param_updated":
                 self._cache.put(i, self.params[i].param, found)
-        self.rows.extend([RowKey(p.vpp_stage, p.name, scope) for p in self.params], values)
+        keys = self._keys.get(scope)
+        if keys is None:
+            keys = self._keys[scope] = [RowKey(p.vpp_stage, p.name, scope) for p in self.params]
+        self.rows.extend(keys, values)
 
     def before_optimizer_step(self) -> None:
         self._record("param_origin")

@@ -84,6 +84,7 @@ class WeightGradProbe(Probe):
         self._hooked_unsharded: set[int] = set()
         self._cache: UnchangedCache | None = None
         self._pending: dict[int, Any] = {}
+        self._row_keys: dict[tuple[int, str, int], RowKey] = {}
         self._backwards = 0  # backward passes finished in this step (backward-end capture)
         self._queued = False
         self._captured = False
@@ -131,8 +132,7 @@ class WeightGradProbe(Probe):
         cache = self._cache
         present = [(i, g) for i, named in enumerate(self.params) if (g := self.grad_of(named.param)) is not None]
         for (index, grad), values in zip(present, self.stats.rows([g for _, g in present])):
-            named = self.params[index]
-            self.rows.add(RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches), values)
+            self.rows.add(self._key(index, "unreduced", self.micro_batches), values)
             if cache is not None:
                 cache.put(index, grad, values)
 
@@ -232,13 +232,21 @@ class WeightGradProbe(Probe):
             for i, p in enumerate(self.params)
             if (g := self.grad_of(p.param)) is not None and (keep is None or keep(p))
         ]
-        keys = [RowKey(p.vpp_stage, p.name, "reduced", self.micro_batches) for _, p, _ in present]
+        keys = [self._key(i, "reduced", self.micro_batches) for i, _, _ in present]
         cache = self._cache
         values: list = [cache.get(i, g) if cache is not None else None for i, _, g in present]
         missing = [k for k, v in enumerate(values) if v is None]
         for k, found in zip(missing, self.stats.rows([present[k][2] for k in missing])):
             values[k] = found
         return keys, values
+
+    def _key(self, index: int, scope: str, micro_step: int) -> RowKey:
+        """The row key of parameter ``index`` (made once, reused every step)."""
+        key = self._row_keys.get((index, scope, micro_step))
+        if key is None:
+            named = self.params[index]
+            key = self._row_keys[(index, scope, micro_step)] = RowKey(named.vpp_stage, named.name, scope, micro_step)
+        return key
 
     def end_step(self) -> None:
         if not self.per_micro_batch and self.clock.collecting:

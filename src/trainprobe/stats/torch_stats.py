@@ -58,12 +58,14 @@ def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fast_input(t: torch.Tensor) -> torch.Tensor:
-    """:func:`as_statistic_input`, with the common case (a dense float tensor) first."""
-    if t.dtype in _PLAIN_FLOATS and t.layout == torch.strided and not t.is_meta:
-        x = t.detach()
-        if type(x) is torch.Tensor:
-            return x
+    """:func:`as_statistic_input`, with the common case first: a dense float tensor or parameter
+    is used as it is (``rows`` runs under ``no_grad``, so no graph is recorded)."""
+    if type(t) in _PLAIN_TYPES and t.dtype in _PLAIN_FLOATS and t.layout == torch.strided and not t.is_meta:
+        return t
     return as_statistic_input(t)
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 _ROW = 256
@@ -155,9 +157,12 @@ class TensorStats:
         kernels, and the float64 combination of every large tensor's partial sums is one
         kernel per op (see the module docstring).
         """
-        xs = [_fast_input(t) for t in tensors]
+        with torch.no_grad():
+            return self._rows([_fast_input(t) for t in tensors])
+
+    def _rows(self, xs: list[torch.Tensor]) -> list[RowValues]:
         out: list[RowValues] = [[] for _ in xs]
-        small: dict[tuple[int, torch.dtype], list[int]] = {}
+        small: dict[tuple[torch.Size, torch.dtype], list[int]] = {}
         large: list[int] = []
         for i, x in enumerate(xs):
             n = x.numel()
@@ -166,11 +171,11 @@ class TensorStats:
             elif x.device.type != "cpu":
                 out[i] = self._device_row(x)
             elif n < _NORM_ROWS_FROM:
-                small.setdefault((n, x.dtype), []).append(i)
+                small.setdefault((x.shape, x.dtype), []).append(i)
             else:
                 large.append(i)
         for members in small.values():
-            block = torch.stack([xs[i].reshape(-1) for i in members])
+            block = torch.stack([xs[i] for i in members]).view(len(members), -1)
             for i, values in zip(members, self._host_block(block)):
                 out[i] = values
         if large:
