@@ -219,7 +219,7 @@ def test_api_format_and_metrics_on_demand(tmp_path, monkeypatch):
         ("print_struct", {"print_struct": True}),
         ("ur_distribution", {"ur_distribution": True}),
         ("mg_direction", {"mg_direction": True}),
-        ("cc_distribution", {"cc_distribution": {"enable": True}}),
+        ("recording_l2_features", {"recording_l2_features": True, "l2_targets": {"attention_hook": ["0:fc1"]}}),
     ],
 )
 def test_pytorch_only_fields_are_config_errors(tmp_path, monkeypatch, field, config):

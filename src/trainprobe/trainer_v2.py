@@ -49,7 +49,7 @@ class TrainerMonitorV2:
     def __init__(self, config_path: str | Path | dict[str, Any], fr: str | None = None) -> None:
         self.config: MonitorV2Config = load_monitor_v2_config(config_path, framework=fr)
         self._backend: Backend = backend_for(self.config.framework, "fr" if fr is not None else "framework")
-        if self.config.cc.enabled and not self._backend.supports_collectives:
+        if self.config.cc.enabled and self._backend.collective_api() is None:
             raise ConfigError(
                 f"monitors.cc: not supported on the {self.config.framework} backend of trainprobe "
                 '(see docs/mindspore.md); remove it or set "enabled": false'
@@ -207,10 +207,11 @@ class TrainerMonitorV2:
             if not backend.distributed():
                 warn_once(
                     "v2-cc-no-dist",
-                    "trainprobe: monitors.cc is enabled but torch.distributed is not initialised; cc is skipped",
+                    f"trainprobe: monitors.cc is enabled but {backend.name}'s distributed communication is not "
+                    "initialised; cc is skipped",
                 )
             elif cc.module_ranks and rank not in cc.module_ranks:
                 logger.info("trainprobe: cc skipped on rank %d (module_ranks=%s)", rank, list(cc.module_ranks))
             else:
-                probes.append(CollectiveProbe(clock, cc, rank, rank_dir))
+                probes.append(CollectiveProbe(clock, cc, rank, rank_dir, backend=backend))
         return probes

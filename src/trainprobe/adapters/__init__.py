@@ -13,8 +13,9 @@ framework's tensors, modules, autograd or optimizers goes through one :class:`Ba
   (an object with the :class:`StepHooks` methods, which the session hooks), ``optimizer_moments``
   (Adam-family ``exp_avg``/``exp_avg_sq``), ``weight_grad_probe`` (gradients are where the
   frameworks differ most);
-* process: ``rank``, ``distributed``, ``unchanged_cache`` (statistics reuse in single-process runs),
-  ``supports_collectives``.
+* process: ``rank``, ``distributed``, ``unchanged_cache`` (statistics reuse in single-process runs);
+* collectives: ``collective_api`` (a :class:`~trainprobe.probes.collectives.CollectiveApi`: the
+  namespaces and primitive classes the ``cc`` probe wraps, how asynchronous calls complete).
 
 Two adapters exist: :mod:`trainprobe.adapters.pytorch` (the default) and
 :mod:`trainprobe.mindspore.backend`. :func:`backend_for` resolves a framework name without
@@ -31,6 +32,7 @@ from trainprobe.errors import ConfigError
 if TYPE_CHECKING:
     from trainprobe.config.monitor_v2 import WeightGradConfig
     from trainprobe.probes.base import Probe, StepClock
+    from trainprobe.probes.collectives import CollectiveApi
     from trainprobe.probes.model_view import ModelView, NamedParam
     from trainprobe.stats.torch_stats import UnchangedCache
 
@@ -85,8 +87,10 @@ class Backend(Protocol):
     """Framework name as the config dialects spell it (``pytorch``, ``mindspore``)."""
     tensor_type: type | tuple[type, ...]
     """The framework's tensor class(es)."""
-    supports_collectives: bool
-    """Whether the ``cc`` monitor can run on this framework."""
+
+    def collective_api(self) -> CollectiveApi | None:
+        """The framework's collectives for the ``cc`` monitor, or None where it cannot run."""
+        ...
 
     def stats(self, ops: Sequence[str], eps: float) -> StatsKernel:
         """A statistics kernel for ``ops`` (names from :data:`trainprobe.stats.ops.ALL_OPS`)."""

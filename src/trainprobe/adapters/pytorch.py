@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainprobe.adapters.pytorch_collectives import TORCH_COLLECTIVES, TorchCollectives
 from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.probes.model_view import ModelView, NamedParam, unwrap_optimizer
 from trainprobe.probes.optimizer_state import MOMENTS
@@ -28,7 +29,9 @@ class TorchBackend:
 
     name = "pytorch"
     tensor_type: type = torch.Tensor
-    supports_collectives = True
+
+    def collective_api(self) -> TorchCollectives:
+        return TORCH_COLLECTIVES
 
     def stats(self, ops: Sequence[str], eps: float) -> TensorStats:
         return TensorStats(ops, eps)

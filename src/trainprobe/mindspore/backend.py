@@ -11,7 +11,8 @@
   forward hooks are the step hooks);
 * ``weight_grad``: :class:`~trainprobe.mindspore.weight_grad.MindSporeWeightGradProbe`;
 * no statistics reuse (MindSpore's in-place updates do not bump ``Parameter._version``);
-* no ``cc`` (see ``docs/mindspore.md``).
+* collectives: :class:`~trainprobe.mindspore.collectives.MindSporeCollectives`
+  (``mint.distributed`` functions and the communication primitives).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import mindspore as ms
 
 from trainprobe.errors import ConfigError
 from trainprobe.mindspore import runtime
+from trainprobe.mindspore.collectives import MINDSPORE_COLLECTIVES, MindSporeCollectives
 from trainprobe.mindspore.model_view import CellView
 from trainprobe.mindspore.optimizer import MindSporeOptimizer, unwrap_optimizer
 from trainprobe.mindspore.stats import MindSporeStats
@@ -40,7 +42,9 @@ class MindSporeBackend:
 
     name = "mindspore"
     tensor_type: type = ms.Tensor
-    supports_collectives = False
+
+    def collective_api(self) -> MindSporeCollectives:
+        return MINDSPORE_COLLECTIVES
 
     def stats(self, ops: Sequence[str], eps: float) -> MindSporeStats:
         return MindSporeStats(ops, eps)

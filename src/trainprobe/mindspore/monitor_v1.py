@@ -6,8 +6,9 @@ and dynamic mode; only :func:`attach` differs. Supported fields, as the spec's M
 lists them: ``xy_distribution`` (with ``all_xy``, ``targets`` and their specs,
 ``forward_only``/``backward_only``), ``wg_distribution`` (with ``monitor_mbs_grad``),
 ``mv_distribution``, ``param_distribution``, ``stack_info``, ``format``, ``ops``, ``ndigits``,
-``alert`` (with ``dump``), dynamic on/off. ``print_struct``, ``ur_distribution``,
-``mg_direction``, ``recording_l2_features`` and ``cc_distribution`` are PyTorch-only: the
+``alert`` (with ``dump``), dynamic on/off, ``cc_distribution`` (``mint.distributed`` and the
+communication primitives, see :mod:`trainprobe.mindspore.collectives`). ``print_struct``,
+``ur_distribution``, ``mg_direction`` and ``recording_l2_features`` are PyTorch-only: the
 constructor refuses them with a ConfigError naming the field (a dynamic-mode edit that switches
 one on is skipped with a warning).
 
@@ -31,7 +32,7 @@ from trainprobe.monitor_v1.attachment import Attachment, check_arguments, redund
 from trainprobe.monitor_v1.trainer import TrainerMon as _TrainerMon
 from trainprobe.probes.base import StepClock
 
-TORCH_ONLY_FIELDS = ("print_struct", "ur_distribution", "mg_direction", "recording_l2_features", "cc_distribution")
+TORCH_ONLY_FIELDS = ("print_struct", "ur_distribution", "mg_direction", "recording_l2_features")
 
 
 def unsupported_fields(config: MonitorV1Config) -> list[str]:
@@ -41,7 +42,6 @@ def unsupported_fields(config: MonitorV1Config) -> list[str]:
         "ur_distribution": config.ur_distribution,
         "mg_direction": config.mg_direction,
         "recording_l2_features": config.l2.enabled,
-        "cc_distribution": config.cc.enable,
     }
     return [name for name in TORCH_ONLY_FIELDS if on[name]]
 

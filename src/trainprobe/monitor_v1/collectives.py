@@ -13,10 +13,14 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainprobe.config.monitor_v2 import CcConfig
 from trainprobe.probes.base import StepClock
 from trainprobe.probes.collectives import CollectiveProbe
+
+if TYPE_CHECKING:
+    from trainprobe.adapters import Backend
 
 _MAX_FRAMES = 64
 
@@ -24,8 +28,10 @@ _MAX_FRAMES = 64
 class V1CollectiveProbe(CollectiveProbe):
     """Collectives selected by the reference's ``cc_codeline`` patterns."""
 
-    def __init__(self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path) -> None:
-        super().__init__(clock, config, rank, rank_dir)
+    def __init__(
+        self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend | None = None
+    ) -> None:
+        super().__init__(clock, config, rank, rank_dir, backend=backend)
         self._patterns = [re.compile(line) for line in config.cc_codeline]
 
     def _selected(self, full_site: str) -> bool:

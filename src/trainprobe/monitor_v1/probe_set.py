@@ -15,7 +15,6 @@ from __future__ import annotations
 from trainprobe.config.monitor_v1 import MonitorV1Config
 from trainprobe.config.monitor_v2 import CcConfig as EngineCcConfig
 from trainprobe.config.monitor_v2 import ModuleMonitorConfig, OptimizerConfig, ParamConfig, WeightGradConfig
-from trainprobe.dist_info import distributed_ready
 from trainprobe.log import warn_once
 from trainprobe.monitor_v1 import output
 from trainprobe.monitor_v1.attachment import Attachment
@@ -64,7 +63,7 @@ def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
         probes += _l2(cfg, att)
     if cfg.mg_direction and _torch_only("mg_direction", att):
         probes.append(MgDirectionProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, att.grad_of))
-    if cfg.cc.enable and _torch_only("cc_distribution", att):
+    if cfg.cc.enable:
         probes += _collectives(cfg, att)
     if cfg.stack_info and module_rank:
         probes.append(StackProbe(att.clock, att.view, att.run_folder(cfg)))
@@ -132,8 +131,11 @@ def _l2(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
 
 
 def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
-    if not distributed_ready():
-        warn_once("v1-cc-no-dist", "trainprobe: cc_distribution needs torch.distributed; it is skipped")
+    if not att.backend.distributed():
+        warn_once(
+            "v1-cc-no-dist",
+            f"trainprobe: cc_distribution needs {att.backend.name}'s distributed communication; it is skipped",
+        )
         return []
     cc = EngineCcConfig(
         enabled=True,
@@ -145,4 +147,4 @@ def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
     )
     # cc_log.json goes to the run folder, or with format api (no run folder) next to it
     folder = att.run_folder(cfg) if cfg.format != "api" else output.output_root() / f"cc_log-rank{att.rank}"
-    return [V1CollectiveProbe(att.clock, cc, att.rank, folder)]
+    return [V1CollectiveProbe(att.clock, cc, att.rank, folder, backend=att.backend)]
