@@ -126,6 +126,27 @@ def sum64(x: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def norm64(x: torch.Tensor) -> torch.Tensor:
+    """L2 norm of ``x`` with float64 accumulation across rows (a 0-d float64 tensor).
+
+    Below 4,096 elements: one float64 reduction. Above: the norms of rows of 256 elements in
+    float32, combined in float64. A flat float32 norm of 4M elements is off by up to 1e-4
+    relative (measured), this by about 1e-10, at the speed of the flat float32 reduction.
+    Squares of float32 values beyond about 1e18 overflow and below 1e-19 underflow inside a row:
+    :func:`_host_norm` redoes such results in float64.
+    """
+    if x.dtype == torch.float64:
+        return torch.linalg.vector_norm(x)
+    if x.numel() < _NORM_ROWS_FROM:
+        return torch.linalg.vector_norm(x, dtype=torch.float64)
+    rows, tail = _split_rows(x)
+    row_norms = torch.linalg.vector_norm(rows, dim=1, dtype=_row_accumulator(x))
+    total = torch.linalg.vector_norm(row_norms, dtype=torch.float64)
+    if tail is not None:
+        total = torch.hypot(total, torch.linalg.vector_norm(tail, dtype=torch.float64))
+    return total
+
+
 class TensorStats:
     """Computes a fixed list of ops for tensors.
 
@@ -147,7 +168,30 @@ class TensorStats:
 
     def row(self, t: torch.Tensor) -> RowValues:
         """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise."""
-        return self.rows([t])[0]
+        return self._row_of(as_statistic_input(t))
+
+    def _row_of(self, x: torch.Tensor) -> RowValues:
+        if x.numel() == 0:
+            return list(self._empty)
+        if x.device.type != "cpu":
+            return self._device_row(x)
+        return self._host_row(x)
+
+    def _host_row(self, x: torch.Tensor) -> list[float]:
+        """One CPU tensor on its own: the arithmetic of the batched paths (float64 below 4,096
+        elements, rows of 256 combined in float64 above) in the fewest kernels, no batching."""
+        ops = self.ops
+        found: dict[str, float] = {}
+        if "min" in ops or "max" in ops:
+            lo, hi = torch.aminmax(x)
+            found["min"], found["max"] = lo.item(), hi.item()
+        if "mean" in ops:
+            found["mean"] = sum64(x).item()
+        if "norm" in ops:
+            found["norm"] = norm64(x).item()
+        if "zeros" in ops:
+            found["zeros"] = float(torch.count_nonzero(x.abs() < self.eps).item())
+        return self._finish([[found[op] for op in ops if op != "nans"]], [x], numels=[x.numel()])[0]
 
     def rows(self, tensors: Sequence[torch.Tensor]) -> list[RowValues]:
         """Statistics of several tensors, one row each, in order.
@@ -175,10 +219,15 @@ class TensorStats:
             else:
                 large.append(i)
         for members in small.values():
+            if len(members) == 1:
+                out[members[0]] = self._host_row(xs[members[0]])
+                continue
             block = torch.stack([xs[i] for i in members]).view(len(members), -1)
             for i, values in zip(members, self._host_block(block)):
                 out[i] = values
-        if large:
+        if len(large) == 1:
+            out[large[0]] = self._host_row(xs[large[0]])
+        elif large:
             for i, values in zip(large, self._host_large([xs[i] for i in large])):
                 out[i] = values
         return out
