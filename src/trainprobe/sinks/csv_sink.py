@@ -57,17 +57,21 @@ class TableLayout:
         The same text :mod:`csv` writes for :meth:`cells` (names quoted only where they hold a
         comma, quote or line break), made about 4x faster because it runs on the writer thread,
         which shares the CPU with training: each key gets a ``%``-template of its whole line
-        once (step as ``%d``, values as ``%r``, counts as ``%d``), filled with one operation per
-        row of plain floats.
+        once (step as ``%d``, values as ``%r`` after ``round(v, ndigits)`` when ``ndigits`` is
+        set, counts as ``%d``), filled with one operation per row of plain floats.
         """
         templates = _LINE_TEMPLATES.setdefault(self, {})
         if len(templates) > _MAX_TEMPLATES:
             templates.clear()
         with_step = "step" in self.key_columns
+        digits = self.ndigits
+        counts = [op in COUNT_OPS for op in self.ops]
         lines = []
         for key, values in rows:
             line = None
-            if self.ndigits is None and all(type(v) is float for v in values):
+            if all(type(v) is float for v in values):
+                if digits is not None:  # format_value's rounding; counts are printed as integers
+                    values = [v if c else round(v, digits) for v, c in zip(values, counts)]
                 template = templates.get(key)
                 if template is None:
                     template = templates[key] = self._line_template(key)
