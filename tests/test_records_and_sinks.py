@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,6 +112,7 @@ def test_fast_csv_text_is_what_the_csv_module_writes(layout):
         (" sp ", "", 0, [1, 2, 3, 4, 5, 6]),
         ("%s%%", "p", 3, [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]),
         ("n", "p", 3, [1.5, float("nan"), 3.0, 4.0, float("nan"), 6.0]),
+        ("np", "p", 4, [np.float64(0.1), np.float32(2.5), 3.0, 4.0, 5.0, 6.0]),  # NumPy scalars: not %r
     ]
     rows = [(RowKey(0, name, scope, micro), values[: len(layout.ops)]) for name, scope, micro, values in samples]
     for step in (7, 8):

@@ -69,7 +69,7 @@ class TableLayout:
         lines = []
         for key, values in rows:
             line = None
-            if all(type(v) is float for v in values):
+            if set(map(type, values)) == _FLOAT_ONLY:  # plain floats (not NumPy scalars, ints)
                 if digits is not None:  # format_value's rounding; counts are printed as integers
                     values = [v if c else round(v, digits) for v, c in zip(values, counts)]
                 template = templates.get(key)
@@ -100,6 +100,7 @@ class TableLayout:
 _LINE_TEMPLATES: dict[TableLayout, dict[RowKey, str]] = {}
 """Per layout, the line template of each key seen (see :meth:`TableLayout.text`)."""
 _MAX_TEMPLATES = 1 << 17
+_FLOAT_ONLY = {float}
 
 
 @functools.lru_cache(maxsize=64)
