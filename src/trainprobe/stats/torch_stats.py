@@ -4,10 +4,11 @@ Two strategies, picked per tensor by its device, both returning values in the or
 
 * CPU tensors: a call of :meth:`TensorStats.rows` summarises all its CPU tensors together and
   reads the values back at once (on the CPU a read-back is not a device sync). Tensors of fewer
-  than 4,096 elements are stacked by size and dtype and reduced one kernel per op for the whole
+  than 4,096 elements are stacked by shape and dtype and reduced one kernel per op for the whole
   group; larger ones get three kernels each (``aminmax``, row sums, row norms over rows of 256
   elements) and the per-row partial results of all of them are combined in float64 by one
-  segmented reduction per op. NaN counting is lazy: min, max, mean and norm propagate NaN, so
+  segmented reduction per op. A tensor alone in its group, or the only large one, takes the
+  direct path (:meth:`TensorStats.row`'s), which has fewer kernels. NaN counting is lazy: min, max, mean and norm propagate NaN, so
   when one of them is not NaN the tensor has no NaN and the counting pass is skipped. Result: a
   ``list[float]`` per tensor.
 * Accelerator tensors: every value stays on the device, with no host synchronisation; rows are
@@ -57,15 +58,15 @@ def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
     return x
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _fast_input(t: torch.Tensor) -> torch.Tensor:
     """:func:`as_statistic_input`, with the common case first: a dense float tensor or parameter
     is used as it is (``rows`` runs under ``no_grad``, so no graph is recorded)."""
     if type(t) in _PLAIN_TYPES and t.dtype in _PLAIN_FLOATS and t.layout == torch.strided and not t.is_meta:
         return t
     return as_statistic_input(t)
-
-
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 _ROW = 256
@@ -133,7 +134,7 @@ def norm64(x: torch.Tensor) -> torch.Tensor:
     float32, combined in float64. A flat float32 norm of 4M elements is off by up to 1e-4
     relative (measured), this by about 1e-10, at the speed of the flat float32 reduction.
     Squares of float32 values beyond about 1e18 overflow and below 1e-19 underflow inside a row:
-    :func:`_host_norm` redoes such results in float64.
+    :class:`TensorStats` redoes such results as one float64 reduction.
     """
     if x.dtype == torch.float64:
         return torch.linalg.vector_norm(x)
