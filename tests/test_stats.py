@@ -487,6 +487,36 @@ def test_rows_batches_small_tensors_with_row_values(ops: tuple[str, ...]) -> Non
         assert_close(as_dict(ops, got), reference(t))
 
 
+@pytest.mark.parametrize("ops", [DEFAULT_OPS, ALL_OPS, ("mean",), ("norm", "nans"), ("nans",)])
+def test_rows_combines_large_tensors_like_the_float64_reference(ops: tuple[str, ...]) -> None:
+    """Several large tensors in one call take the segmented path (row results of all of them
+    combined in float64): every row matches the float64 reference and row()'s value, including
+    tails shorter than a row, half types, NaN/inf, float32 row overflow and underflow."""
+    g = gen()
+    tensors = [
+        torch.randn(4096, generator=g),
+        torch.randn(5000, generator=g) + 3.0,  # tail of 136 elements
+        torch.randn(70_001, generator=g),  # above 65,536: float32 rows, float64 across rows
+        torch.randn(300, 100, generator=g).t(),  # non-contiguous
+        torch.randn(8192, generator=g).to(torch.bfloat16),
+        torch.randn(8192, generator=g).half(),
+        torch.randn(6000, generator=g, dtype=torch.float64),
+        torch.randn(5000, generator=g) * 1e30,  # squares overflow float32 inside a row
+        torch.randn(5000, generator=g) * 1e-25,  # squares underflow float32 inside a row
+        torch.full((70_000,), 3e38),  # row sums overflow float32: the mean is redone in float64
+    ]
+    tensors[0][17] = math.nan
+    tensors[1][4999] = math.inf
+    s = TensorStats(ops)
+    batched = s.rows(tensors)
+    for t, got in zip(tensors, batched, strict=True):
+        ref = reference(t)
+        assert_close(as_dict(ops, got), ref, mean_scale=float(t.double().abs().mean()))
+        alone = s.row(t)
+        for a, b in zip(got, alone, strict=True):
+            assert same(a, b) or a == pytest.approx(b, rel=1e-12)
+
+
 def test_unknown_op_rejected() -> None:
     with pytest.raises(AssertionError, match="unknown ops"):
         TensorStats(["min", "nrom"])
