@@ -2,8 +2,8 @@
 ``tests/test_mindspore_cc.py``): a data-parallel MLP whose gradients are averaged with the
 ``ops.AllReduce`` primitive, plus ``mint.distributed`` calls
 (a synchronous and an asynchronous ``all_reduce``, an ``all_gather``), monitored first by Monitor
-V2 (``cc`` with ``cc_pre_hook`` and ``weight_grad``), then by Monitor V1 (``cc_distribution``
-restricted by ``cc_codeline`` to the synchronous ``all_reduce``).
+V2 (``cc`` with ``cc_pre_hook`` and ``weight_grad``), then by V2 with ``cc_log_only``, then by
+Monitor V1 (``cc_distribution`` restricted by ``cc_codeline`` to the synchronous ``all_reduce``).
 
 Usage: ``msrun --worker_num=2 --local_worker_num=2 ... ms_cc_worker.py <output folder>``
 """
@@ -67,6 +67,12 @@ def main(out: Path) -> None:
     mon = TrainerMonitorV2({"output_dir": str(out / "v2"), "monitors": v2}, fr="mindspore")
     mon.start(model=net, optimizer=opt)
     train(net, opt, 2)
+    mon.stop()
+
+    log_only = {"cc": {"enabled": True, "cc_log_only": True}}
+    mon = TrainerMonitorV2({"output_dir": str(out / "v2_log"), "monitors": log_only}, fr="mindspore")
+    mon.start(model=net, optimizer=opt)
+    train(net, opt, 1)
     mon.stop()
 
     sync_line = next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1) if "# SYNC" in line)

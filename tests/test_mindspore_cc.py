@@ -3,6 +3,7 @@ monitored by Monitor V2 and Monitor V1 (``tests/ms_cc_worker.py`` is one rank)."
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -92,3 +93,18 @@ def test_v1_cc_distribution_keeps_the_cc_codeline_call(cc_run: Path) -> None:
         assert {r["name"].split("@", 1)[1] for r in rows} == {sync}
         assert {r["step"] for r in rows} == {"0", "1"}
         assert all((float(r["min"]), float(r["max"]), float(r["norm"])) == (3.0, 4.0, 5.0) for r in rows)
+
+
+def test_v2_cc_log_only_lists_each_call_site_once(cc_run: Path) -> None:
+    sync = f"ms_cc_worker.py[{_line('# SYNC')}]"
+    for rank in (0, 1):
+        folder = cc_run / "v2_log" / f"rank_{rank}"
+        assert not list(folder.glob("cc_step*.csv"))  # a log, no statistics
+        entries = json.loads((folder / "cc_log.json").read_text())
+        sync_entries = [e for e in entries if e["codeline"].endswith(sync)]
+        assert len(sync_entries) == 1, entries
+        entry = sync_entries[0]
+        assert entry["op"] == "all_reduce" and entry["group"] == "world"
+        assert entry["shapes"] == [[2], [2]] and entry["dtypes"] == ["Float32"]
+        assert any("ms_cc_worker.py" in line for line in entry["stack"])
+        assert {e["op"] for e in entries} == {"all_reduce", "all_gather"}
