@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from conftest import read_csv, rows_of, stats64, write_config
 from models import MLP
 from trainprobe import TrainerMonitorV2
-from trainprobe.probes.collectives import FUNCTIONS as COLLECTIVES
+from trainprobe.probes.collectives import FUNCTIONS
 
 WORLD = 2
 OPS = ["min", "max", "mean", "norm", "nans"]
@@ -385,7 +385,7 @@ FILTERED_LINE = _filtered_site.__code__.co_firstlineno + 1
 
 def _patched_state() -> dict[str, list[Any]]:
     """The objects torch.distributed and distributed_c10d hold under each collective's name."""
-    return {op: [getattr(dist, op, None), getattr(c10d, op, None)] for op in COLLECTIVES}
+    return {op: [getattr(dist, op, None), getattr(c10d, op, None)] for op in FUNCTIONS}
 
 
 def _same_objects(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> bool:
@@ -423,7 +423,7 @@ def _cc_worker(rank: int, root: Path) -> None:
         # every collective this torch has is replaced in both namespaces, by the same wrapper
         patched_during["every_op"] = all(
             (a is not b) == (b is not None) and now[op][0] is now[op][1]
-            for op in COLLECTIVES
+            for op in FUNCTIONS
             for a, b in zip(now[op], originals[op])
         )
         _manual_steps(loop)(mon)

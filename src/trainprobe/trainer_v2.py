@@ -42,8 +42,8 @@ class TrainerMonitorV2:
 
     Raises:
         ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path);
-            the framework is not installed; a monitor the framework's adapter cannot run
-            (``monitors.cc`` on MindSpore).
+            the framework is not installed; ``monitors.cc`` on a framework whose adapter has no
+            collectives (both built-in adapters have them).
     """
 
     def __init__(self, config_path: str | Path | dict[str, Any], fr: str | None = None) -> None:

@@ -20,6 +20,7 @@ kernel (``InnerCommAllReduce``), so it cannot be exercised here.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -42,7 +43,6 @@ class _HandleRecorder:
     """Records a call's outputs once, when the loop waits for its handle or at the end of the step."""
 
     def __init__(self, handle: Any, record: Callable[[], None]) -> None:
-        self.handle = handle
         self.record = record
         self.done = False
         original_wait = handle.wait
@@ -72,8 +72,6 @@ class MindSporeCollectives:
     tensor_type = ms.Tensor
 
     def namespaces(self) -> tuple[ModuleType, ...]:
-        import sys
-
         home = sys.modules[mint_dist.all_reduce.__module__]
         return (home, mint_dist) if home is not mint_dist else (mint_dist,)
 

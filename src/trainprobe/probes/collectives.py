@@ -67,7 +67,6 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "scatter": (("scatter_list",), ("tensor",)),
     "gather": (("tensor",), ("gather_list",)),
 }
-COLLECTIVES = FUNCTIONS  # the name earlier versions exported
 
 
 class CollectiveApi(Protocol):

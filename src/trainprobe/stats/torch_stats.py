@@ -80,15 +80,13 @@ def _split_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     flat = x.reshape(-1)
     n = flat.numel()
     body = n - n % _ROW
-    return flat[:body].view(-1, _ROW), (flat[body:] if body < n else None)
+    if body == n:
+        return flat.view(-1, _ROW), None
+    return flat[:body].view(-1, _ROW), flat[body:]
 
 
 _ROW_ACCUMULATOR = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 """float32 accumulation inside a row for half types (their own precision is too coarse)."""
-
-
-def _row_accumulator(x: torch.Tensor) -> torch.dtype | None:
-    return _ROW_ACCUMULATOR.get(x.dtype)
 
 
 @functools.lru_cache(maxsize=256)
@@ -121,7 +119,7 @@ def sum64(x: torch.Tensor) -> torch.Tensor:
     if x.numel() < _EXACT_BELOW:
         return x.sum(dtype=torch.float64)
     rows, tail = _split_rows(x)
-    total = rows.sum(1, dtype=_row_accumulator(x)).sum(dtype=torch.float64)
+    total = rows.sum(1, dtype=_ROW_ACCUMULATOR.get(x.dtype)).sum(dtype=torch.float64)
     if tail is not None:
         total = total + tail.sum(dtype=torch.float64)
     return total
@@ -141,7 +139,7 @@ def norm64(x: torch.Tensor) -> torch.Tensor:
     if x.numel() < _NORM_ROWS_FROM:
         return torch.linalg.vector_norm(x, dtype=torch.float64)
     rows, tail = _split_rows(x)
-    row_norms = torch.linalg.vector_norm(rows, dim=1, dtype=_row_accumulator(x))
+    row_norms = torch.linalg.vector_norm(rows, dim=1, dtype=_ROW_ACCUMULATOR.get(x.dtype))
     total = torch.linalg.vector_norm(row_norms, dtype=torch.float64)
     if tail is not None:
         total = torch.hypot(total, torch.linalg.vector_norm(tail, dtype=torch.float64))
@@ -166,6 +164,13 @@ class TensorStats:
         self.ops = tuple(ops)
         self.eps = float(eps)
         self._empty = [_EMPTY[op] for op in self.ops]
+        # where each op sits in a host row before the NaN count is inserted (see _finish)
+        plain = [op for op in self.ops if op != "nans"]
+        self._nan_at = self.ops.index("nans") if "nans" in self.ops else None
+        self._mean_at = plain.index("mean") if "mean" in plain else None
+        self._zeros_at = plain.index("zeros") if "zeros" in plain else None
+        self._norm_at = plain.index("norm") if "norm" in plain else None
+        self._nan_proof_at = [j for j, op in enumerate(plain) if op in ("max", "norm", "mean")]
 
     def row(self, t: torch.Tensor) -> RowValues:
         """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise."""
@@ -268,27 +273,24 @@ class TensorStats:
         for x in xs:
             n = x.numel()
             numels.append(n)
-            body = n - n % _ROW
-            flat = x.reshape(-1)
-            rows = (flat if body == n else flat[:body]).view(-1, _ROW)
+            rows, tail = _split_rows(x)
             acc = _ROW_ACCUMULATOR.get(x.dtype)
             if minmax:
-                lo, hi = torch.aminmax(flat)
+                lo, hi = torch.aminmax(x)
                 los.append(lo)
                 his.append(hi)
             if want_sum:  # float64 throughout below 65,536 elements, as sum64 does
                 sums.append(rows.sum(1, dtype=f64 if n < _EXACT_BELOW else acc))
             if want_norm:
                 norms.append(torch.linalg.vector_norm(rows, dim=1, dtype=acc))
-            if body != n:
-                tail = flat[body:]
+            if tail is not None:
                 if want_sum:
                     sums.append(tail.sum(dtype=f64).reshape(1))
                 if want_norm:
                     norms.append(torch.linalg.vector_norm(tail, dtype=f64).reshape(1))
             if want_zeros:
-                zeros.append(torch.count_nonzero(flat.abs() < self.eps))
-            lengths.append(body // _ROW + (body != n))
+                zeros.append(torch.count_nonzero(x.abs() < self.eps))
+            lengths.append(rows.shape[0] + (tail is not None))
         cols: dict[str, torch.Tensor] = {}
         if minmax:
             cols["min"], cols["max"] = torch.stack(los), torch.stack(his)
@@ -303,45 +305,42 @@ class TensorStats:
     def _finish(
         self, table: list[list[float]], xs: Sequence[torch.Tensor] | torch.Tensor, numels: list[int] | None = None
     ) -> list[list[float]]:
-        """Complete host rows: means and zero fractions of large tensors divided by their size
-        (``numels``), float32 partial results that overflowed or underflowed redone in float64,
-        NaN counts. ``xs[r]`` (the tensor of row r) is read only when a row needs it."""
-        ops = self.ops
-        plain = [op for op in ops if op != "nans"]
-        nan_at = ops.index("nans") if "nans" in ops else None
-        scaled = [j for j, op in enumerate(plain) if op in ("mean", "zeros")] if numels is not None else []
-        norm_at = plain.index("norm") if numels is not None and "norm" in plain else None
-        probes = [j for j, op in enumerate(plain) if op in ("max", "norm", "mean")]
+        """Complete host rows (``table``: one per tensor, every op but ``nans``): with ``numels``
+        (rows holding sums and counts), means and zero fractions divided by the tensor's size and
+        float32 partial results that overflowed or underflowed redone in float64; then NaN counts.
+        ``xs[r]`` (the tensor of row r) is read only when a row needs it."""
         for r, values in enumerate(table):
             if numels is not None:
-                self._finish_large(values, xs, r, numels[r], scaled, norm_at, plain)
-            if nan_at is not None:
-                clean = probes and not any(values[j] != values[j] for j in probes)
-                values.insert(nan_at, 0.0 if clean else float(torch.count_nonzero(torch.isnan(xs[r])).item()))
+                self._finish_sums(values, xs[r] if self._needs_redo(values) else None, numels[r])
+            if self._nan_at is not None:
+                clean = self._nan_proof_at and not any(values[j] != values[j] for j in self._nan_proof_at)
+                count = 0.0 if clean else float(torch.count_nonzero(torch.isnan(xs[r])).item())
+                values.insert(self._nan_at, count)
         return table
 
-    @staticmethod
-    def _finish_large(
-        values: list[float],
-        xs: Sequence[torch.Tensor] | torch.Tensor,
-        r: int,
-        n: int,
-        scaled: list[int],
-        norm_at: int | None,
-        plain: list[str],
-    ) -> None:
-        """Divide the mean and zeros of row r by ``n``; redo in float64 a mean or norm whose
-        float32 row results may have overflowed or underflowed (rare: NaN, inf or extreme values)."""
-        for j in scaled:
-            total = values[j]
-            if plain[j] == "mean" and not math.isfinite(total) and xs[r].dtype != torch.float64:
-                total = xs[r].sum(dtype=torch.float64).item()
-            values[j] = total / n
-        if norm_at is None:
-            return
-        norm = values[norm_at]
-        if not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm and xs[r].dtype != torch.float64:
-            values[norm_at] = torch.linalg.vector_norm(xs[r], dtype=torch.float64).item()
+    def _needs_redo(self, values: list[float]) -> bool:
+        """Whether a row's mean or norm may hide a float32 overflow or underflow inside a row."""
+        mean_at, norm_at = self._mean_at, self._norm_at
+        if mean_at is not None and not math.isfinite(values[mean_at]):
+            return True
+        return norm_at is not None and not (_NORM_SAFE[0] < values[norm_at] < _NORM_SAFE[1])
+
+    def _finish_sums(self, values: list[float], x: torch.Tensor | None, n: int) -> None:
+        """Divide the mean and zeros of a row by ``n``; with ``x`` (see :meth:`_needs_redo`), redo
+        its non-finite mean and out-of-range norm as one float64 reduction (float32 inputs only)."""
+        redo = x is not None and x.dtype != torch.float64
+        if self._mean_at is not None:
+            total = values[self._mean_at]
+            if redo and not math.isfinite(total):
+                total = x.sum(dtype=torch.float64).item()
+            values[self._mean_at] = total / n
+        if self._zeros_at is not None:
+            values[self._zeros_at] /= n
+        norm_at = self._norm_at
+        if redo and norm_at is not None:
+            norm = values[norm_at]
+            if not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm:
+                values[norm_at] = torch.linalg.vector_norm(x, dtype=torch.float64).item()
 
     def _device_row(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
