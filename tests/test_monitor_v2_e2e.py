@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from torch import nn
 
 from conftest import assert_row_matches, read_csv, rows_of, write_config
 from models import MLP, TinyTransformer, no_hooks_left
@@ -493,7 +494,8 @@ def test_optimizer_wrappers_are_unwrapped_to_the_innermost(tmp_path):
 
 
 def test_reduced_rows_see_gradient_clipping_between_backward_and_step(tmp_path):
-    """reduced reuses unreduced statistics only for an untouched gradient: clipping is seen."""
+    """reduced rows hold the gradients as the step sees them (after clipping), param_origin the
+    parameters as they are before the step (after an in-place change between steps)."""
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}, "param": {"enabled": True}})
@@ -515,6 +517,71 @@ def test_reduced_rows_see_gradient_clipping_between_backward_and_step(tmp_path):
     origin = [r for r in rows_of(out, "param") if r["scope"] == "param_origin" and r["module_name"] == "fc1.weight"]
     updated = [r for r in rows_of(out, "param") if r["scope"] == "param_updated" and r["module_name"] == "fc1.weight"]
     assert float(origin[1]["norm"]) == pytest.approx(0.5 * float(updated[0]["norm"]), rel=1e-6)
+
+
+def test_changes_that_bypass_the_version_counter_are_seen(tmp_path):
+    """GradScaler.unscale_ and writes through ``.data`` do not bump autograd's version counter:
+    reduced rows must still show the unscaled/edited gradient and param_origin the edited
+    parameter (nothing is reused from the earlier scope)."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}, "param": {"enabled": True}})
+    mon.start(model=model, optimizer=opt)
+    scaled, final, origin = [], [], []
+    for _ in range(2):
+        scaler.scale(model(torch.randn(4, 6)).pow(2).mean()).backward()
+        scaled.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        scaler.unscale_(opt)
+        model.fc1.weight.grad.data.mul_(0.25)  # a legacy in-place edit through .data
+        final.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        origin.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        model.fc2.weight.data.clamp_(-0.01, 0.01)  # weight clipping between steps, WGAN style
+    mon.stop()
+    assert scaled[0]["fc1.weight"].norm() > 100 * final[0]["fc1.weight"].norm()
+    for row in rows_of(out, "weight_grad"):
+        source = scaled if row["scope"] == "unreduced" else final
+        assert_row_matches(row, source[int(row["step"])][row["module_name"]])
+    for row in rows_of(out, "param"):
+        if row["scope"] == "param_origin":
+            assert_row_matches(row, origin[int(row["step"])][row["module_name"]])
+
+
+def test_reentrant_checkpointing_keeps_every_unreduced_row(tmp_path):
+    """With ``checkpoint(..., use_reentrant=True)`` the last parameters' gradients come from a
+    nested backward: rows are still read once at the end of the outer backward, for every
+    parameter, with their final values."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(4, 8)
+            self.body = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.body, self.embed(x), use_reentrant=True)
+
+    model = Checkpointed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True}})
+    mon.start(model=model, optimizer=opt)
+    grads = []
+    for _ in range(2):
+        model(torch.randn(3, 4)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    rows = [r for r in rows_of(out, "weight_grad") if r["scope"] == "unreduced"]
+    assert sorted((r["step"], r["module_name"]) for r in rows) == sorted(
+        (str(s), n) for s in range(2) for n, _ in model.named_parameters()
+    )
+    for row in rows:
+        assert_row_matches(row, grads[int(row["step"])][row["module_name"]])
 
 
 def test_single_process_weight_grad_hooks_only_sentinel_parameters(tmp_path):

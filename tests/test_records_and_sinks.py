@@ -121,3 +121,46 @@ def test_fast_csv_text_is_what_the_csv_module_writes(layout):
         for key, values in rows:
             writer.writerow(layout.cells(key, step, values))
         assert layout.text(rows, step) == expected.getvalue()
+
+
+FILE_LIMIT_SCRIPT = r"""
+import resource, signal, sys
+from pathlib import Path
+from trainprobe.records import RowBuffer, RowKey
+from trainprobe.schedule import Schedule
+from trainprobe.sinks.background import Writer
+from trainprobe.sinks.csv_sink import CsvSink, TableLayout
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
+out = Path(sys.argv[1])
+errors = []
+sink = CsvSink(out, Schedule(step_count_per_record=1000), {"m": TableLayout(False, ("min", "max", "norm"))})
+writer = Writer(sink, background=True, on_error=lambda m, e: errors.append((m, type(e).__name__)))
+resource.setrlimit(resource.RLIMIT_FSIZE, (5000, resource.RLIM_INFINITY))
+for step in range(200):
+    buf = RowBuffer()
+    for i in range(7):
+        buf.add(RowKey(0, f"layer{i}.weight", ""), [0.1 * step, 1.0 / 3.0, float(i)])
+    writer.submit(buf.drain("m", step))
+writer.close(reached=199)
+print(errors)
+"""
+
+
+def test_a_write_cut_short_by_a_full_disk_leaves_whole_rows(tmp_path):
+    """A write failing part-way (here the file size limit, as a full disk would) is cut back:
+    the monitor is reported once and disabled, and its file still ends with a whole row."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FILE_LIMIT_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[('m', 'OSError')]"
+    (path,) = tmp_path.glob("m_step*.csv")
+    text = path.read_text()
+    assert 0 < len(text) <= 5000 and text.endswith("\n")
+    header, rows = read_csv(path)
+    assert header == ["vpp_stage", "step", "module_name", "scope", "min", "max", "norm"]
+    assert rows and all(len(r) == len(header) for r in rows)

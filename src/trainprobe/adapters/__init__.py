@@ -13,7 +13,7 @@ framework's tensors, modules, autograd or optimizers goes through one :class:`Ba
   (an object with the :class:`StepHooks` methods, which the session hooks), ``optimizer_moments``
   (Adam-family ``exp_avg``/``exp_avg_sq``), ``weight_grad_probe`` (gradients are where the
   frameworks differ most);
-* process: ``rank``, ``distributed``, ``unchanged_cache`` (statistics reuse in single-process runs);
+* process: ``rank``, ``distributed``;
 * collectives: ``collective_api`` (a :class:`~trainprobe.probes.collectives.CollectiveApi`: the
   namespaces and primitive classes the ``cc`` probe wraps, how asynchronous calls complete).
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from trainprobe.probes.base import Probe, StepClock
     from trainprobe.probes.collectives import CollectiveApi
     from trainprobe.probes.model_view import ModelView, NamedParam
-    from trainprobe.stats.torch_stats import UnchangedCache
 
 MINDSPORE_INSTALL_HINT = "pip install trainprobe[mindspore]"
 
@@ -112,11 +111,6 @@ class Backend(Protocol):
         """Call ``fn(grad)`` when the gradient of ``t`` is computed, without changing it.
         Returns a handle the caller removes at the end of the step, or None when the hook lives
         and dies with the tensor."""
-        ...
-
-    def unchanged_cache(self) -> UnchangedCache | None:
-        """A cache reusing statistics of tensors unchanged since they were summarised, or None
-        where "unchanged" cannot be told (distributed runs, no version counter)."""
         ...
 
     def optimizer_moments(

@@ -17,7 +17,7 @@ from trainprobe.adapters.pytorch_collectives import TORCH_COLLECTIVES, TorchColl
 from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.probes.model_view import ModelView, NamedParam, unwrap_optimizer
 from trainprobe.probes.optimizer_state import MOMENTS
-from trainprobe.stats.torch_stats import TensorStats, UnchangedCache
+from trainprobe.stats.torch_stats import TensorStats
 
 if TYPE_CHECKING:
     from trainprobe.config.monitor_v2 import WeightGradConfig
@@ -48,9 +48,6 @@ class TorchBackend:
     def hook_grad(self, t: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> None:
         t.register_hook(fn)  # returns None: the gradient is unchanged
         return None
-
-    def unchanged_cache(self) -> UnchangedCache | None:
-        return None if distributed_ready() else UnchangedCache()
 
     def optimizer_moments(
         self, optimizer: torch.optim.Optimizer, params: Sequence[NamedParam]

@@ -10,7 +10,6 @@
 * the optimizer: :class:`~trainprobe.mindspore.optimizer.MindSporeOptimizer` (its cell's
   forward hooks are the step hooks);
 * ``weight_grad``: :class:`~trainprobe.mindspore.weight_grad.MindSporeWeightGradProbe`;
-* no statistics reuse (MindSpore's in-place updates do not bump ``Parameter._version``);
 * collectives: :class:`~trainprobe.mindspore.collectives.MindSporeCollectives`
   (``mint.distributed`` functions and the communication primitives).
 """
@@ -34,7 +33,6 @@ from trainprobe.probes.model_view import ModelView, NamedParam
 if TYPE_CHECKING:
     from trainprobe.config.monitor_v2 import WeightGradConfig
     from trainprobe.probes.base import Probe, StepClock
-    from trainprobe.stats.torch_stats import UnchangedCache
 
 
 class MindSporeBackend:
@@ -64,9 +62,6 @@ class MindSporeBackend:
             return grad  # MindSpore hooks must return the gradient to leave it unchanged
 
         return t.register_hook(hook)
-
-    def unchanged_cache(self) -> UnchangedCache | None:
-        return None
 
     def optimizer_moments(
         self, optimizer: MindSporeOptimizer, params: Sequence[NamedParam]

@@ -2,9 +2,9 @@
 (``param_updated``) ``optimizer.step()``. ``module_name`` is the parameter's name.
 ``param_distribution: false`` switches it off.
 
-In a single-process run, a parameter that has not changed since the last ``param_updated``
-row (same tensor, same version counter) reuses those statistics as its ``param_origin`` row
-(where the backend can tell: its ``unchanged_cache()``)."""
+Both scopes are computed from the parameters as they are at that moment: ``param_origin`` is
+never taken from the previous step's ``param_updated``, because writes through ``.data`` (weight
+clipping, loading weights) change a parameter without bumping autograd's version counter."""
 
 from __future__ import annotations
 
@@ -30,17 +30,10 @@ class ParamProbe(Probe):
         super().__init__(clock, config.ops, config.eps, backend=backend)
         self.params = params
         self.disabled = not config.param_distribution
-        self._cache = self.backend.unchanged_cache()
         self._keys: dict[str, list[RowKey]] = {}
 
     def _record(self, scope: str) -> None:
-        cache = self._cache if scope == "param_origin" else None
-        values: list = [cache.get(i, p.param) if cache is not None else None for i, p in enumerate(self.params)]
-        missing = [i for i, v in enumerate(values) if v is None]
-        for i, found in zip(missing, self.stats.rows([self.params[i].param for i in missing])):
-            values[i] = found
-            if self._cache is not None and scope == "param_updated":
-                self._cache.put(i, self.params[i].param, found)
+        values = self.stats.rows([p.param for p in self.params])
         keys = self._keys.get(scope)
         if keys is None:
             keys = self._keys[scope] = [RowKey(p.vpp_stage, p.name, scope) for p in self.params]

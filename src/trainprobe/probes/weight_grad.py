@@ -23,12 +23,19 @@ How ``unreduced`` rows are taken depends on the run:
   hooks on three sentinel parameters (the first, middle and last trainable ones) notice that a
   backward is running; the first to fire queues a callback that autograd runs once that
   backward has finished, and the callback summarises every parameter's accumulated gradient
-  after the last micro-batch (nothing has reduced it: there is no other process). ``reduced``
-  rows reuse those statistics for gradients nothing touched before the step (same tensor, same
-  version counter; clipping bumps the version). A few Python calls per backward instead of two
-  per parameter: this is what keeps the monitor cheap enough to leave on. A step whose backward
-  reached none of the sentinels but left gradients has no ``unreduced`` rows; the monitor says
-  so once and switches to per-parameter hooks from the next step.
+  after the last micro-batch (nothing has reduced it: there is no other process). A few Python
+  calls per backward instead of one per parameter: this is what keeps the monitor cheap enough
+  to leave on. A sentinel whose gradient is computed inside a nested backward (reentrant
+  activation checkpointing, ``checkpoint(..., use_reentrant=True)``) does not queue the callback:
+  it would run at the end of the nested backward, before the parameters outside the checkpointed
+  block have their gradients. A step whose backward reached no sentinel outside a nested
+  backward but left gradients has no ``unreduced`` rows; the monitor says so once and switches
+  to per-parameter hooks from the next step.
+
+``reduced`` rows are always computed from the gradients as they are at the step, never reused
+from ``unreduced``: loss-scale unscaling (``GradScaler.unscale_``) and writes through ``.data``
+change gradients without bumping autograd's version counter, and telling such a change apart is
+the very purpose of the two scopes.
 * Otherwise (distributed runs, where DDP/FSDP reduce gradients during backward; per-micro-batch
   rows; FSDP2 shards): a tensor hook on every parameter, as described above.
 
@@ -41,6 +48,7 @@ full local gradient before the reduce-scatter, and ``reduced`` rows the local sh
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +61,6 @@ from trainprobe.log import warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
-from trainprobe.stats.torch_stats import UnchangedCache
 
 
 class WeightGradProbe(Probe):
@@ -82,8 +89,6 @@ class WeightGradProbe(Probe):
         self.modules = modules or []
         self._seen = [0] * len(self.params)
         self._hooked_unsharded: set[int] = set()
-        self._cache: UnchangedCache | None = None
-        self._pending: dict[int, Any] = {}
         self._row_keys: dict[tuple[int, str, int], RowKey] = {}
         self._backwards = 0  # backward passes finished in this step (backward-end capture)
         self._queued = False
@@ -93,7 +98,6 @@ class WeightGradProbe(Probe):
     def attach(self) -> None:
         self.backward_end = self._backward_end_capture()
         if self.backward_end:
-            self._cache = UnchangedCache()
             for index in self._sentinels():
                 self.keep(self.params[index].param.register_hook(self.guard(self._backward_started)))
             return
@@ -103,7 +107,6 @@ class WeightGradProbe(Probe):
         for index, named in enumerate(self.params):
             self.keep(named.param.register_hook(self.guard(self._on_grad(index, named.param))))
         self._attach_fsdp2()
-        self._attach_reuse()
 
     def _backward_end_capture(self) -> bool:
         """Whether ``unreduced`` rows can be read once at the end of backward (see the module
@@ -117,7 +120,7 @@ class WeightGradProbe(Probe):
 
     # -- backward-end capture ----------------------------------------------------------------
     def _backward_started(self, grad: torch.Tensor) -> None:
-        if self.backward_end and self.active and not self._queued:
+        if self.backward_end and self.active and not self._queued and not _in_nested_backward():
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.guard(self._backward_finished))
 
@@ -129,12 +132,9 @@ class WeightGradProbe(Probe):
         if self._backwards != self.micro_batches:
             return
         self._captured = True
-        cache = self._cache
         present = [(i, g) for i, named in enumerate(self.params) if (g := self.grad_of(named.param)) is not None]
-        for (index, grad), values in zip(present, self.stats.rows([g for _, g in present])):
+        for (index, _), values in zip(present, self.stats.rows([g for _, g in present])):
             self.rows.add(self._key(index, "unreduced", self.micro_batches), values)
-            if cache is not None:
-                cache.put(index, grad, values)
 
     def _check_capture(self) -> None:
         """A collected step that reached the optimizer with gradients but no backward-end
@@ -146,32 +146,16 @@ class WeightGradProbe(Probe):
         warn_once(
             "weight_grad-no-backward-end",
             f"trainprobe weight_grad: backward at step {self.clock.step} reached none of the parameters "
-            f"watched for the end of backward ({', '.join(self.params[i].name for i in self._sentinels())}), "
+            f"watched for the end of backward ({', '.join(self.params[i].name for i in self._sentinels())}) "
+            "outside a nested backward (reentrant checkpointing), "
             "so its unreduced rows are missing; per-parameter gradient hooks are used from the next step on",
         )
         self.backward_end = False
         self._attach_param_hooks()
 
-    def _attach_reuse(self) -> None:
-        """Single process, plain ``.grad``: let ``reduced`` reuse the ``unreduced`` statistics of a
-        gradient nothing touched between backward and the step (same tensor, same version)."""
-        if distributed_ready() or self.grad_of is not _dot_grad or self.hooked_sharded():
-            return
-        self._cache = UnchangedCache()
-        for index, named in enumerate(self.params):
-            self.keep(named.param.register_post_accumulate_grad_hook(self.guard(self._after_accumulate(index))))
-
     def hooked_sharded(self) -> bool:
         """Whether any parameter is an FSDP2 shard."""
         return any(_is_sharded(p.param) for p in self.params)
-
-    def _after_accumulate(self, index: int) -> Any:
-        def remember(param: torch.Tensor) -> None:
-            values = self._pending.pop(index, None)
-            if values is not None and self._cache is not None and param.grad is not None:
-                self._cache.put(index, param.grad, values)
-
-        return remember
 
     def _attach_fsdp2(self) -> None:
         """Hook the unsharded parameters of FSDP2 modules when they appear in forward."""
@@ -212,10 +196,7 @@ class WeightGradProbe(Probe):
                 accumulated = self.grad_of(holder)
                 local = grad if accumulated is None else accumulated + grad
                 key = RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches)
-                values = self.stats.row(local)
-                self.rows.add(key, values)
-                if self._cache is not None:
-                    self._pending[index] = values
+                self.rows.add(key, self.stats.row(local))
 
         return on_grad
 
@@ -233,12 +214,7 @@ class WeightGradProbe(Probe):
             if (g := self.grad_of(p.param)) is not None and (keep is None or keep(p))
         ]
         keys = [self._key(i, "reduced", self.micro_batches) for i, _, _ in present]
-        cache = self._cache
-        values: list = [cache.get(i, g) if cache is not None else None for i, _, g in present]
-        missing = [k for k, v in enumerate(values) if v is None]
-        for k, found in zip(missing, self.stats.rows([present[k][2] for k in missing])):
-            values[k] = found
-        return keys, values
+        return keys, self.stats.rows([g for _, _, g in present])
 
     def _key(self, index: int, scope: str, micro_step: int) -> RowKey:
         """The row key of parameter ``index`` (made once, reused every step)."""
@@ -256,9 +232,6 @@ class WeightGradProbe(Probe):
         self._backwards = 0
         self._captured = False
         self._queued = False
-        self._pending.clear()
-        if self._cache is not None:
-            self._cache.clear()
 
 
 def warn_short_step(step: int, backwards: int, micro_batches: int) -> None:
@@ -271,6 +244,22 @@ def warn_short_step(step: int, backwards: int, micro_batches: int) -> None:
             f"micro-batches is {micro_batches}, so no unreduced row was written; set grad_acc_steps (or "
             "micro_batch_number) to the micro-batches per optimizer step, in the config or in start(...)",
         )
+
+
+_BACKWARD_OF_FUNCTION = torch.autograd.function.BackwardCFunction.apply.__code__
+"""Code of the frame that runs a custom autograd Function's backward (reentrant checkpointing
+runs a nested backward from there)."""
+
+
+def _in_nested_backward() -> bool:
+    """Whether the caller runs inside a backward started from a custom autograd Function's
+    backward (a nested backward, as reentrant activation checkpointing runs)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _BACKWARD_OF_FUNCTION:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ existing file is continued (no second header) instead of being truncated.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -234,7 +235,16 @@ class CsvSink:
 
 
 def _write_all(fd: int, data: bytes) -> None:
+    """Append ``data`` to ``fd`` whole or not at all: a write that fails part-way (disk full,
+    file size limit) is cut back to where it began, so the file keeps whole rows; the error is
+    raised for the writer to report."""
+    start = os.lseek(fd, 0, os.SEEK_END)
     view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    try:
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise
