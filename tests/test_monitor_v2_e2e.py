@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import trainprobe.log
 from conftest import assert_row_matches, read_csv, rows_of, write_config
 from models import MLP, TinyTransformer, no_hooks_left
 from trainprobe import TrainerMonitorV2
@@ -324,15 +325,20 @@ def test_manual_step_mode_and_ignored_manual_step(tmp_path, caplog):
     assert sorted({r["step"] for r in rows_of(out2, "param")}) == ["0"]
 
 
-def test_non_adam_optimizer_skips_optimizer_monitor_with_warning(tmp_path, caplog):
+@pytest.mark.parametrize("momentum", [0.9, 0.0], ids=["momentum", "plain"])
+def test_non_adam_optimizer_skips_optimizer_monitor_with_warning(tmp_path, caplog, monkeypatch, momentum):
+    """SGD keeps a momentum buffer, or no state at all without momentum: either way one warning
+    names the class and no optimizer CSV is written."""
+    monkeypatch.setattr(trainprobe.log, "_seen", set())  # the warning is once per process
     model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
     mon, out = make_monitor(tmp_path, {"optimizer": {"enabled": True}, "weight_grad": {"enabled": True}})
     mon.start(model=model, optimizer=opt)
     with caplog.at_level(logging.WARNING, logger="trainprobe"):
         train_mlp(model, opt, 2)
     mon.stop()
-    assert any("SGD" in r.getMessage() and "optimizer monitor" in r.getMessage() for r in caplog.records)
+    warnings = [r.getMessage() for r in caplog.records if "optimizer monitor" in r.getMessage()]
+    assert len(warnings) == 1 and "SGD keeps no exp_avg/exp_avg_sq state" in warnings[0]
     assert not list((out / "rank_0").glob("optimizer_*.csv"))
     assert rows_of(out, "weight_grad")
 

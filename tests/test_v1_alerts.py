@@ -7,10 +7,11 @@ import io
 import json
 import math
 
+import pytest
 import torch
 
 from models import MLP
-from test_v1_support import make_v1
+from test_v1_support import by_name, forget_warnings, make_v1, run_dir, table
 from trainprobe.config.monitor_v1 import AlertRule
 from trainprobe.monitor_v1.alerts import AlertDetector, PipelineContext
 from trainprobe.records import RowKey, StepBatch
@@ -183,3 +184,86 @@ def test_dump_stays_valid_json_and_keeps_every_anomaly(tmp_path):
         (2, "0:a/rank0/grad_reduced"),
     ]
     assert path.read_text().startswith('{\n    "0:a/rank0/grad_reduced_step_0_call_1": {\n        "rank": 0,')
+
+
+class _Moe(torch.nn.Module):
+    """A router and one expert that never receives a token: the expert runs on ``(0, 4)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(4, 1)
+        self.expert = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        chosen = self.router(x).squeeze(1) > 1e9  # no token is routed to the expert
+        out = x.clone()
+        out[chosen] = self.expert(x[chosen])
+        return out.pow(2).mean() + self.router(x).sum()
+
+
+def test_empty_tensor_is_never_a_nan_anomaly(tmp_path, monkeypatch, capsys):
+    model = _Moe()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cfg = {
+        "xy_distribution": True,
+        "all_xy": True,
+        "wg_distribution": True,
+        "ops": ["min", "max", "mean", "norm", "nans"],
+        "alert": {"rules": [{"rule_name": "AnomalyNan", "args": {"threshold": 1e6}}], "dump": True},
+    }
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    for _ in range(3):
+        model(torch.randn(5, 4)).backward()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    assert "trainprobe alert" not in capsys.readouterr().out
+    assert not (tmp_path / "out" / "anomaly_detected").exists()
+    rows = by_name(table(run_dir(tmp_path), "actv"), "0:expert.input")
+    assert len(rows) == 3  # the CSV keeps the empty-tensor convention
+    assert all(r["min"] == r["max"] == r["mean"] == "nan" and r["norm"] == "0.0" and r["nans"] == "0" for r in rows)
+
+
+def _nan_detector(ops):
+    stream = io.StringIO()
+    det = AlertDetector(
+        (AlertRule(rule_name="AnomalyNan", threshold=None),),
+        {"actv": ops},
+        lambda m, k: "actv",
+        PipelineContext(rank=0, pp_stage=0, group_mates=(0,)),
+        None,
+        stream,
+    )
+    return det, stream
+
+
+def _judge(det, row):
+    det.write(StepBatch("module", 0, [RowKey(0, "0:expert.input", "actv", 0)], _host={0: list(row)}))
+    return det.count
+
+
+@pytest.mark.parametrize(
+    ("ops", "empty", "holding_nan"),
+    [
+        (("min", "norm"), (math.nan, 0.0), (math.nan, math.nan)),
+        (("max", "mean", "nans"), (math.nan, math.nan, 0.0), (math.nan, math.nan, 2.0)),
+        (("min", "nans"), (math.nan, 0.0), (math.nan, 1.0)),
+        (("mean", "zeros", "norm"), (math.nan, 0.0, 0.0), (math.nan, 0.25, math.nan)),
+    ],
+)
+def test_detector_tells_an_empty_tensor_from_a_nan_one(ops, empty, holding_nan):
+    det, _ = _nan_detector(ops)
+    assert _judge(det, empty) == 0
+    assert _judge(det, holding_nan) == 1
+
+
+def test_detector_warns_once_when_ops_cannot_tell_empty_from_nan(monkeypatch, caplog):
+    forget_warnings(monkeypatch)
+    det, stream = _nan_detector(("min", "max"))
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        assert _judge(det, (math.nan, math.nan)) == 0
+        assert _judge(det, (math.nan, math.nan)) == 0
+        assert _judge(det, (1.0, math.nan)) == 1  # a finite min: the tensor has elements, its NaN max is real
+    warnings = [r.getMessage() for r in caplog.records if "cannot tell" in r.getMessage()]
+    assert len(warnings) == 1 and "add 'norm' or 'nans' to ops" in warnings[0]

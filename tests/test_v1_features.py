@@ -155,11 +155,35 @@ def test_ur_distribution_in_csv_has_statistics_only(tmp_path, monkeypatch, caplo
     assert not any("histogram" in n for n in names)
 
 
-def test_ur_and_mg_with_a_non_adam_optimizer_warn_and_write_nothing(tmp_path, monkeypatch, caplog):
+class PlainDescent(torch.optim.Optimizer):
+    """A third-party-style optimizer that keeps no per-parameter state at all."""
+
+    def __init__(self, params, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
+
+
+@pytest.mark.parametrize(
+    ("make_opt", "kind"),
+    [
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), "SGD"),  # state of another kind
+        (lambda ps: torch.optim.SGD(ps, lr=0.1), "SGD"),  # no state at all
+        (lambda ps: PlainDescent(ps), "PlainDescent"),  # unknown class, no state after a step
+    ],
+    ids=["sgd-momentum", "sgd", "stateless"],
+)
+def test_ur_mv_and_mg_with_a_non_adam_optimizer_warn_and_write_nothing(tmp_path, monkeypatch, caplog, make_opt, kind):
     forget_warnings(monkeypatch)
     model = nn.Linear(6, 3)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    mon = make_v1(tmp_path, monkeypatch, {"ur_distribution": True, "mg_direction": True, "wg_distribution": True})
+    opt = make_opt(model.parameters())
+    cfg = {"ur_distribution": True, "mg_direction": True, "mv_distribution": True, "wg_distribution": True}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
     with caplog.at_level("WARNING", logger="trainprobe"):
         for _ in range(3):
@@ -167,11 +191,127 @@ def test_ur_and_mg_with_a_non_adam_optimizer_warn_and_write_nothing(tmp_path, mo
             opt.step()
             opt.zero_grad()
     mon.stop()
-    assert "ur_distribution needs an Adam-family optimizer" in caplog.text
-    assert "mg_direction needs an Adam-family optimizer" in caplog.text
+    assert (
+        f"ur_distribution needs an Adam-family optimizer (exp_avg, exp_avg_sq and step in its state, betas in its groups); {kind} has none"
+        in caplog.text
+    )
+    assert f"mg_direction needs an Adam-family optimizer (exp_avg in its state); {kind} has none" in caplog.text
+    assert f"optimizer monitor: {kind} keeps no exp_avg/exp_avg_sq state" in caplog.text
     folder = run_dir(tmp_path)
-    assert not table(folder, "adam_update") and not table(folder, "other")
+    assert not table(folder, "adam_update") and not table(folder, "other") and not table(folder, "exp_avg")
     assert table(folder, "grad_reduced")
+
+
+class LateExpert(nn.Module):
+    """A shared layer and an expert that is used only from the second step on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(4, 4)
+        self.expert = nn.Linear(4, 4)
+
+    def forward(self, x, use_expert: bool):
+        h = self.shared(x)
+        return (self.expert(h) if use_expert else h).pow(2).mean()
+
+
+def test_mv_ur_mg_start_when_a_targeted_layer_gets_its_first_gradient_later(tmp_path, monkeypatch, caplog):
+    """No Adam state for the targeted expert at the first step is not an unsupported optimizer:
+    the expert has no rows until the optimizer keeps its moments, then every feature writes them."""
+    forget_warnings(monkeypatch)
+    model = LateExpert()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    cfg = {
+        "targets": {"expert": {}},
+        "mv_distribution": True,
+        "ur_distribution": True,
+        "mg_direction": True,
+        "ops": ["norm", "nans"],
+    }
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        for step in range(4):
+            model(torch.randn(2, 4), use_expert=step > 0).backward()
+            opt.step()
+            opt.zero_grad()
+    mon.stop()
+    assert "Adam-family" not in caplog.text and "keeps no" not in caplog.text
+    folder = run_dir(tmp_path)
+    names = {"0:expert.weight", "0:expert.bias"}
+    for name in ("exp_avg", "exp_avg_sq", "adam_update", "adam_ratio"):
+        rows = table(folder, name)
+        assert {r["name"] for r in rows} == names, name
+        assert sorted({r["step"] for r in rows}) == ["1", "2", "3"], name  # no state at step 0
+    mg = table(folder, "other")
+    assert {r["name"] for r in mg} == {f"{n}.mg_direction" for n in names}
+    assert sorted({r["step"] for r in mg}) == ["2", "3"]  # momentum exists from the step after the first update
+
+
+def test_ur_ratio_of_elements_never_updated_is_zero_and_nan_only_from_the_moments(tmp_path, monkeypatch, capsys):
+    """Embedding rows never looked up keep exp_avg = exp_avg_sq = 0: their ratio 0/0 is written as
+    0 (no NaN, no alert); a NaN planted in a moment still shows as NaN."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 1))  # rows 5..9 are never used
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.8, 0.9), eps=1e-6)
+    cfg = {
+        "ur_distribution": True,
+        "ops": ["min", "max", "norm", "nans"],
+        "ndigits": 12,
+        "alert": {"rules": [{"rule_name": "AnomalyNan"}]},
+    }
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    weight = model[0].weight
+    for step in range(3):
+        if step == 2:
+            opt.state[weight]["exp_avg"][7, 1] = float("nan")  # an unused row: m NaN, v 0
+        model(torch.randint(0, 5, (8,))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 1:
+            update, ratio = _update_and_ratio(opt, weight, 2)
+    mon.stop()
+    out = capsys.readouterr().out
+    alerts = [line for line in out.splitlines() if line.startswith("trainprobe alert")]
+    assert len(alerts) == 2 and all(line.endswith("at step 2.") for line in alerts)  # only the planted NaN
+    assert "adam_update', 'nans')" in alerts[0] and "adam_ratio', 'nans')" in alerts[1]
+    assert torch.isnan(ratio).sum() >= 5 * 4  # the naive m̂/√v̂ of the unused rows is 0/0
+    expected = torch.where(ratio.isnan(), torch.zeros_like(ratio), ratio)
+    folder = run_dir(tmp_path)
+    at_1 = {r["name"]: r for r in table(folder, "adam_ratio") if r["step"] == "1"}
+    assert at_1["0:0.weight"]["nans"] == "0"
+    assert float(at_1["0:0.weight"]["norm"]) == pytest.approx(expected.norm().item(), rel=1e-6)
+    assert float(at_1["0:0.weight"]["min"]) == pytest.approx(expected.min().item(), rel=1e-6)
+    upd_1 = by_name([r for r in table(folder, "adam_update") if r["step"] == "1"], "0:0.weight")[0]
+    assert float(upd_1["norm"]) == pytest.approx(update.norm().item(), rel=1e-6) and upd_1["nans"] == "0"
+    at_2 = by_name([r for r in table(folder, "adam_ratio") if r["step"] == "2"], "0:0.weight")[0]
+    assert at_2["nans"] == "1" and at_2["norm"] == "nan"
+
+
+@pytest.mark.parametrize("ops", [None, ["min", "max", "mean", "norm", "nans", "zeros"]], ids=["default-ops", "all-ops"])
+def test_mg_direction_row_holds_the_fraction_whatever_the_ops(tmp_path, monkeypatch, ops):
+    """Every op column of an mg_direction row is a statistic of the fraction of agreeing signs
+    (default ops: just norm), not of the 0/1 mask (whose norm would be √count)."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    cfg = {"mg_direction": True, "ndigits": 12} | ({"ops": ops} if ops else {})
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    for step in range(2):
+        model(torch.randn(8, 16)).pow(2).sum().backward()
+        if step == 1:
+            g, m = model.weight.grad, opt.state[model.weight]["exp_avg"]
+            fraction = (g.sign() == m.sign()).double().mean().item()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    assert 0 < fraction < 1
+    (row,) = by_name(table(run_dir(tmp_path), "other"), "0:weight.mg_direction")
+    expected = {"min": fraction, "max": fraction, "mean": fraction, "norm": fraction, "nans": 0, "zeros": 0}
+    for op in ops or ["norm"]:
+        assert float(row[op]) == pytest.approx(expected[op], abs=1e-12), op
 
 
 def test_histogram_row_leaves_out_non_finite_values():

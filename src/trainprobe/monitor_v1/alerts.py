@@ -13,7 +13,16 @@ op of that row it fired on:
   any value with ``|value| > t``.
 
 Only values that exist are judged: a parameter without a gradient produces no row, so it is never
-an anomaly. Each anomaly prints one line (colour only when the stream is a terminal); with
+an anomaly, and an empty tensor (a module called on a ``(0, n)`` batch, such as a mixture-of-experts
+expert that received no token) is written with the engine's placeholders ``min = max = mean =
+nan`` (:data:`~trainprobe.stats.ops.EMPTY_TENSOR_VALUES`), which are not values: ``AnomalyNan``
+never fires on them. The row itself tells an empty tensor from one holding NaN when its ops include
+``norm`` (0 for an empty tensor, NaN for one holding NaN) or ``nans`` (the exact NaN count); with
+neither, a row whose ``min``/``max``/``mean`` are all NaN could be either, so it is not reported and
+one warning per table says to add ``norm`` or ``nans`` to ``ops``. Real values of an empty
+tensor's row (``norm`` = 0, ``nans`` = 0) are judged like any other.
+
+Each anomaly prints one line (colour only when the stream is a terminal); with
 ``alert.dump`` every anomaly of the run is kept in ``<MONITOR_OUTPUT_DIR>/anomaly_detected/rank<r>/
 anomaly.json`` (see :mod:`trainprobe.monitor_v1.anomaly_dump`: valid JSON after every step, each
 write costing only the new entries). The detector runs on the writer thread.
@@ -29,10 +38,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainprobe.config.monitor_v1 import AlertRule
+from trainprobe.log import warn_once
 from trainprobe.monitor_v1.anomaly_dump import AnomalyFile
 from trainprobe.records import RowKey, StepBatch
+from trainprobe.stats.ops import EMPTY_TENSOR_VALUES
 
 TURBULENCE_OPS = ("norm", "mean")
+PLACEHOLDER_OPS: frozenset[str] = frozenset(op for op, v in EMPTY_TENSOR_VALUES.items() if math.isnan(v))
+"""Ops whose value for an empty tensor is a NaN placeholder (``min``, ``max``, ``mean``)."""
+EMPTY_PROOF_OPS: frozenset[str] = frozenset({"norm", "nans"})
+"""Ops that tell an empty tensor's row from a NaN tensor's: ``norm`` is 0 for an empty tensor and
+NaN for any tensor holding NaN; ``nans`` counts NaN elements exactly."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +76,22 @@ def _turbulent(value: float, history: _Average | None, threshold: float) -> bool
         return False
     deviation = abs(value - avg)
     return deviation > threshold * abs(avg)
+
+
+def empty_tensor_row(ops: tuple[str, ...], values: list[float]) -> bool | None:
+    """Whether a row of statistics is an empty tensor's (see the module docstring).
+
+    Returns:
+        False when a value differs from :data:`~trainprobe.stats.ops.EMPTY_TENSOR_VALUES` (the
+        tensor has elements), True when the row equals it and holds ``norm`` or ``nans`` (only an
+        empty tensor, or for ``mean`` one holding both infinities but no NaN, gives that row),
+        None when the ops cannot tell (the row equals an empty tensor's but has neither).
+    """
+    for op, value in zip(ops, values):
+        empty = EMPTY_TENSOR_VALUES[op]
+        if math.isnan(empty) != math.isnan(value) or (not math.isnan(value) and value != empty):
+            return False
+    return True if EMPTY_PROOF_OPS.intersection(ops) else None
 
 
 def _nan_like(op: str, value: float, threshold: float | None) -> bool:
@@ -133,7 +165,8 @@ class AlertDetector:
         for rule in self.rules:
             threshold = rule.threshold
             if rule.rule_name == "AnomalyNan":
-                hit = [op for op, v in zip(ops, values) if _nan_like(op, v, threshold)]
+                placeholders = self._placeholders(table, ops, values)
+                hit = [op for op, v in zip(ops, values) if op not in placeholders and _nan_like(op, v, threshold)]
             else:
                 assert threshold is not None
                 hit = [
@@ -153,6 +186,23 @@ class AlertDetector:
                 avg.count += 1
                 avg.total += v
         return result
+
+    @staticmethod
+    def _placeholders(table: str, ops: tuple[str, ...], values: list[float]) -> frozenset[str]:
+        """The ops of a row whose NaN is an empty tensor's placeholder, not a value (none unless
+        the row has a NaN ``min``/``max``/``mean``); warns once per table when the ops cannot tell."""
+        nan_ops = frozenset(op for op, v in zip(ops, values) if op in PLACEHOLDER_OPS and math.isnan(v))
+        if not nan_ops:
+            return nan_ops
+        empty = empty_tensor_row(ops, values)
+        if empty is None:
+            warn_once(
+                f"v1-alert-empty-or-nan-{table}",
+                f"trainprobe alert: AnomalyNan cannot tell NaN {'/'.join(sorted(nan_ops))} values of table "
+                f"{table!r} from an empty tensor's placeholders (ops {list(ops)} hold neither 'norm' nor "
+                "'nans'), so such rows are not reported; add 'norm' or 'nans' to ops",
+            )
+        return nan_ops if empty is not False else frozenset()
 
     def _report(self, step: int, table: str, key: RowKey, rule: str, ops: list[str]) -> tuple[str, dict[str, Any]]:
         """Print the console line; return the dump key and entry."""
