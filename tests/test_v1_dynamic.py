@@ -9,6 +9,7 @@ import torch
 
 from models import MLP
 from test_v1_support import make_v1, run_dir, table
+from trainprobe.monitor_v1 import control
 
 _bump = [0]
 
@@ -113,3 +114,76 @@ def test_invalid_edit_keeps_current_config(tmp_path, monkeypatch, caplog):
         run.steps(2)
     assert "the current configuration stays in force" in caplog.text and "ops[0]" in caplog.text
     assert run.collected() == [1, 2, 3]
+
+
+def test_scenario5_edit_during_the_last_collected_step_is_applied(tmp_path, monkeypatch):
+    """An edit read at the end of the last collected step restarts collection instead of being
+    overwritten by the switch-off."""
+    run = Run(tmp_path, monkeypatch, {"dynamic_on": True, "collect_times": 3})
+    run.steps(3)  # steps 1, 2 collected; step 3 is the last one of collect_times 3
+    edit(run.path, collect_times=2, ops=["max"])
+    run.steps(5)
+    assert run.collected() == [1, 2, 3, 4, 5]
+    folder = run_dir(tmp_path)
+    assert "norm" in (folder / "grad_reduced_3-3.csv").read_text().splitlines()[0]
+    assert "max" in (folder / "grad_reduced_4-4.csv").read_text().splitlines()[0]
+    data = json.loads(run.path.read_text())
+    assert (data["dynamic_on"], data["collect_times"], data["ops"]) == (False, 2, ["max"])
+
+
+def test_edit_while_switching_off_is_not_overwritten(tmp_path, monkeypatch):
+    """The user saves the file just after the monitor read it at the end of collection: the
+    switch-off leaves the edit alone and it applies from the next step."""
+    run = Run(tmp_path, monkeypatch, {"dynamic_on": True, "collect_times": 1})
+    watcher = run.mon._control.watcher
+    poll = watcher.poll
+
+    def poll_then_user_saves():
+        fresh = poll()
+        if run.mon._control.session is None and not getattr(watcher, "saved", False):
+            watcher.saved = True
+            edit(run.path, collect_times=2, ops=["max"])
+        return fresh
+
+    monkeypatch.setattr(watcher, "poll", poll_then_user_saves)
+    run.steps(6)
+    assert run.collected() == [1, 2, 3]
+    data = json.loads(run.path.read_text())
+    assert (data["dynamic_on"], data["collect_times"], data["ops"]) == (False, 2, ["max"])
+
+
+def test_switch_off_never_replaces_a_file_edited_while_writing(tmp_path, monkeypatch):
+    """The file changes between reading it and replacing it: the user's file stays."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"dynamic_on": True, "wg_distribution": True}))
+    watcher = control.GuardedWatcher(path)
+    real_load = control.load_json_object
+
+    def load_then_user_saves(p):
+        data = real_load(p)
+        edit(path, ops=["max"])
+        return data
+
+    monkeypatch.setattr(control, "load_json_object", load_then_user_saves)
+    assert watcher.switch_off_unless_edited() is False
+    assert json.loads(path.read_text()) == {"dynamic_on": True, "wg_distribution": True, "ops": ["max"]}
+    assert not list(tmp_path.glob(".*.tmp")) and watcher.edited()
+    monkeypatch.setattr(control, "load_json_object", real_load)
+    assert watcher.poll() is not None and watcher.switch_off_unless_edited() is True
+    assert json.loads(path.read_text())["dynamic_on"] is False and not watcher.edited()
+
+
+def test_invalid_edit_in_the_last_step_is_ignored(tmp_path, monkeypatch, caplog):
+    """An invalid edit read at the end of the last collected step is ignored like any invalid
+    edit: collection ends and dynamic_on is set to false, the user's other keys kept."""
+    run = Run(tmp_path, monkeypatch, {"dynamic_on": True, "collect_times": 2})
+    run.steps(2)
+    edit(run.path, ops=["nrom"])
+    with caplog.at_level("ERROR", logger="trainprobe"):
+        run.steps(2)
+    assert "the current configuration stays in force" in caplog.text
+    data = json.loads(run.path.read_text())
+    assert data["dynamic_on"] is False and data["ops"] == ["nrom"]
+    edit(run.path, ops=["max"], dynamic_on=True)  # fixed and switched on again: read at the end of step 4
+    run.steps(2)
+    assert run.collected() == [1, 2, 5]

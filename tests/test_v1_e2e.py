@@ -622,11 +622,127 @@ def test_tensorboard_missing_is_a_config_error_not_a_fallback(tmp_path, monkeypa
     assert not list((tmp_path / "out").glob("*/*.csv"))
 
 
-def test_append_output_without_a_matching_folder_is_a_config_error(tmp_path, monkeypatch):
+def test_append_output_rank_without_a_folder_in_range_starts_a_new_one(tmp_path, monkeypatch, caplog):
+    """Ranks with no folder in the range are not continued: they write to a new folder (one
+    warning); other ranks' folders are left alone."""
+    forget_warnings(monkeypatch)
+    other = tmp_path / "out" / "Dec03_21-34-40-rank1-abcdef01"  # only rank 1 of the earlier run is in range
+    other.mkdir(parents=True)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cfg = {"wg_distribution": True, "append_output": ["Jan01_00-00-00", "Jan01_00-00-01"]}
+    cfg = {"wg_distribution": True, "append_output": ["Dec03_21-34-40", "Dec03_21-34-41"]}
     mon = make_v1(tmp_path, monkeypatch, cfg)
-    with pytest.raises(ConfigError, match=r"append_output: no folder of rank 0 .* between Jan01_00-00-00 and"):
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+        train(model, opt, 2)
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert folder != other and mon.output_dir == folder and not list(other.iterdir())
+    assert sorted({r["step"] for r in table(folder, "grad_reduced")}) == ["0", "1"]
+    assert caplog.text.count("append_output: no folder of rank 0") == 1
+    assert "this rank is not continued and writes to a new folder" in caplog.text
+
+
+def test_append_output_with_an_impossible_date_is_a_config_error(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"wg_distribution": True, "append_output": ["Feb30_00-00-00", "Mar01_00-00-01"]}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    with pytest.raises(ConfigError, match=r"append_output\[0\]: 'Feb30_00-00-00' is not a valid timestamp"):
         mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
     assert no_hooks_left(model, opt)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x):
+        return self.norm(self.mlp(x))
+
+
+class Stacked(nn.Module):
+    """``layers.<i>.norm`` all squash to ``norm``; ``encoder.final_ln`` squashes to ``final_ln``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.encoder = nn.Module()
+        self.encoder.final_ln = nn.Linear(4, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.encoder.final_ln(x)
+
+
+def test_squash_name_keeps_different_objects_apart(tmp_path, monkeypatch, caplog):
+    """Names that squashing would merge keep their full names (one warning per kind); other
+    names are still squashed, and targets still match the squashed names."""
+    forget_warnings(monkeypatch)
+    model = Stacked()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"wg_distribution": True, "xy_distribution": True, "targets": {"norm": {}, "final_ln": {}}, "ndigits": 12}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+        model(torch.randn(2, 4)).pow(2).sum().backward()
+        reduced, _ = mon.generate_wgrad_metrics()
+        expected = model.layers[1].norm.weight.grad.norm().item()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    norms = [f"0:layers.{i}.norm.{p}" for i in (0, 1) for p in ("weight", "bias")]
+    assert set(reduced) == {*norms, "0:final_ln.weight", "0:final_ln.bias"}
+    assert reduced["0:layers.1.norm.weight"]["norm"] == pytest.approx(expected)
+    folder = run_dir(tmp_path)
+    rows = table(folder, "grad_reduced")
+    assert sorted(r["name"] for r in rows) == sorted({*norms, "0:final_ln.weight", "0:final_ln.bias"})
+    actv = {r["name"] for r in table(folder, "actv")}
+    assert actv == {f"0:layers.{i}.norm.{k}" for i in (0, 1) for k in ("input", "output")} | {
+        "0:final_ln.input",
+        "0:final_ln.output",
+    }
+    assert caplog.text.count("squash_name would give different parameters the same name") == 1
+    assert "these keep their full names: 0:layers.0.norm.weight, 0:layers.0.norm.bias" in caplog.text
+    assert caplog.text.count("squash_name would give different modules the same name") == 1
+
+
+def test_display_names_resolve_chained_clashes():
+    """A name given back its full name may clash with another squashed name: that one keeps its
+    full name too; names that clash with nothing stay squashed."""
+    from trainprobe.config.monitor_v1 import load_monitor_v1_config
+    from trainprobe.monitor_v1.naming import display_names
+
+    names = ["0:norm.weight", "0:layers.0.norm.weight", "0:model.layers.0.norm.weight", "0:model.layers.1.mlp"]
+    shown = display_names(load_monitor_v1_config({}), names)
+    assert [shown(n) for n in names] == [
+        "0:norm.weight",
+        "0:layers.0.norm.weight",
+        "0:model.layers.0.norm.weight",
+        "0:layers.1.mlp",
+    ]
+    assert shown.kept == ("0:layers.0.norm.weight", "0:model.layers.0.norm.weight")
+    assert shown.forms("0:layers.0.norm.weight") == ("0:layers.0.norm.weight", "0:norm.weight")
+    plain = display_names(load_monitor_v1_config({"squash_name": False}), names)
+    assert [plain(n) for n in names] == names and plain.kept == ()
+
+
+def test_targets_that_name_nothing_warn_with_close_names(tmp_path, monkeypatch, caplog):
+    forget_warnings(monkeypatch)
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters())
+    targets = {"fc3": {}, "fc1.weight": {}, "0:fc2": {}, "act": {}}
+    cfg = {"targets": targets, "wg_distribution": True, "mv_distribution": True, "param_distribution": True}
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+        train(model, opt, 2)
+    mon.stop()
+    assert caplog.text.count("targets name no module or parameter of the model") == 1
+    assert "'fc3' (closest: 'fc1'" in caplog.text or "'fc3' (closest: 'fc2'" in caplog.text
+    assert not any(f"'{t}' (closest" in caplog.text for t in ("fc1.weight", "0:fc2", "act"))
+    names = {r["name"] for r in table(run_dir(tmp_path), "grad_reduced")}
+    assert names == {"0:fc1.weight", "0:fc2.weight", "0:fc2.bias"}

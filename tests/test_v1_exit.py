@@ -12,7 +12,7 @@ from pathlib import Path
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, torch, torch.distributed as dist
+    import json, os, sys, torch, torch.distributed as dist
     sys.path.insert(0, {tests!r})
     from models import MLP
     from trainprobe.monitor_v1 import TrainerMon
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = TrainerMon({config!r}, params_have_main_grad=False)
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
-    for step in range(3):
+    for step in range({steps!r}):
         model(torch.randn(4, 6)).sum().backward()
         if {dist!r}:
             for p in model.parameters():
@@ -30,19 +30,34 @@ SCRIPT = textwrap.dedent(
         opt.step()
         opt.zero_grad()
         print("trained step", step, flush=True)
+        if step == 1 and {edit!r} is not None:  # edit the config between steps 1 and 2
+            with open({config!r}, "w") as fh:
+                json.dump({edit!r}, fh)
+            t = os.stat({config!r}).st_mtime_ns + 5_000_000_000
+            os.utime({config!r}, ns=(t, t))
     print("training finished", flush=True)
     """
 )
 
 
-def _run(tmp_path: Path, config: dict, use_dist: bool) -> subprocess.CompletedProcess:
+def _run(
+    tmp_path: Path,
+    config: dict,
+    use_dist: bool,
+    dynamic: bool = False,
+    edit: dict | None = None,
+    steps: int = 3,
+) -> subprocess.CompletedProcess:
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(config))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    script = SCRIPT.format(tests=str(Path(__file__).parent), dist=use_dist, port=port, config=str(cfg))
+    script = SCRIPT.format(
+        tests=str(Path(__file__).parent), dist=use_dist, port=port, config=str(cfg), edit=edit, steps=steps
+    )
     env = {**os.environ, "MONITOR_OUTPUT_DIR": str(tmp_path / "out")}
+    env["DYNAMIC_MONITOR"] = "True" if dynamic else "False"
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -62,3 +77,23 @@ def test_cc_log_only_prints_call_sites_and_exits_0(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "all_reduce at" in proc.stdout and "cc_log_only is set" in proc.stdout
     assert "trained step 0" not in proc.stdout and "training finished" not in proc.stdout
+
+
+def test_print_struct_waits_for_dynamic_on(tmp_path):
+    """Dynamic mode with dynamic_on false monitors nothing: print_struct does not end the run."""
+    proc = _run(tmp_path, {"print_struct": True, "wg_distribution": True}, use_dist=False, dynamic=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "training finished" in proc.stdout and "print_struct is set" not in proc.stdout
+    assert not (tmp_path / "out" / "module_struct").exists()
+
+
+def test_print_struct_switched_on_by_a_dynamic_edit(tmp_path):
+    """An edit (read at the end of step 2) switching print_struct on records step 3's structure,
+    then ends the run."""
+    edit = {"dynamic_on": True, "print_struct": True, "wg_distribution": True}
+    proc = _run(tmp_path, {"wg_distribution": True}, use_dist=False, dynamic=True, edit=edit, steps=6)
+    assert proc.returncode == 0, proc.stderr
+    assert "trained step 2" in proc.stdout and "trained step 3" not in proc.stdout
+    assert "print_struct is set" in proc.stdout
+    struct = json.loads((tmp_path / "out" / "module_struct" / "rank0" / "module_struct.json").read_text())
+    assert set(struct) == {"0:root", "0:fc1", "0:act", "0:fc2"}

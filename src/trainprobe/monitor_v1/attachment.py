@@ -55,11 +55,8 @@ class Attachment:
     backend: Backend = TORCH
 
     def run_folder(self, config: MonitorV1Config) -> Path:
-        """This rank's output folder, created (or found, with ``append_output``) on first use.
-
-        Raises:
-            ConfigError: ``append_output`` names no existing folder of this rank.
-        """
+        """This rank's output folder, created (or found, with ``append_output``; a rank with no
+        folder in that range starts a new one) on first use."""
         if self.folder is None:
             self.folder = output.run_folder(self.rank, config.append_output)
         return self.folder

@@ -7,7 +7,9 @@
   step the file's modification time is checked: a valid edit replaces the configuration and
   restarts collection at the next step with ``collect_times`` counted afresh (``dynamic_on:
   false`` stops it); an invalid edit is logged and ignored. Reaching ``collect_times`` sets
-  ``dynamic_on`` to false in the file.
+  ``dynamic_on`` to false in the file, unless the file was edited meanwhile: an edit read at the
+  end of the last collected step wins (it restarts collection at the next step as any edit
+  does), and the switch-off never overwrites an edit it has not read.
 * Changes made through the API (``reload_xy``, ``monitor.ops = [...]``) apply from the next step:
   at once when made between ``optimizer.step()`` and the next forward, else at the end of the
   running step. The running session keeps its collection window. In dynamic mode while nothing
@@ -16,14 +18,53 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
+from trainprobe.config.fields import load_json_object
 from trainprobe.config.monitor_v1 import MonitorV1Config
+from trainprobe.errors import ConfigError
 from trainprobe.log import logger
 from trainprobe.monitor_v1.assembly import SessionFactory
 from trainprobe.monitor_v1.dynamic import ConfigWatcher
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.session import Session
+
+
+class GuardedWatcher(ConfigWatcher):
+    """A :class:`ConfigWatcher` with a switch-off that leaves a newer edit of the file alone
+    (:meth:`ConfigWatcher.switch_off` writes whatever the file holds when it runs)."""
+
+    def edited(self) -> bool:
+        """Whether the file changed since it was last read (an edit the next :meth:`poll` reports)."""
+        return self._stat() != self._mtime
+
+    def switch_off_unless_edited(self) -> bool:
+        """Write ``"dynamic_on": false`` into the file (atomically, keeping the other keys) unless
+        the file was edited since it was last read: that edit is newer than the end of collection,
+        so it is left as the user wrote it and the next :meth:`poll` applies it.
+
+        Returns:
+            Whether the file was written.
+        """
+        if self.edited():
+            return False
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            data = load_json_object(self.path)
+            data["dynamic_on"] = False
+            tmp.write_text(json.dumps(data, indent=4), encoding="utf-8")
+            if self.edited():  # edited while we wrote: the user's file stays
+                tmp.unlink()
+                return False
+            os.replace(tmp, self.path)
+        except (ConfigError, OSError) as exc:
+            logger.error("trainprobe: could not set dynamic_on to false in %s: %s", self.path, exc)
+            tmp.unlink(missing_ok=True)
+            return False
+        self._mtime = self._stat()  # our own write is no edit
+        return True
 
 
 class MonitorControl:
@@ -39,8 +80,12 @@ class MonitorControl:
         self.config = config
         self.config_path = config_path
         self.dynamic = dynamic
-        self.watcher = ConfigWatcher(config_path) if dynamic else None
+        self.watcher = GuardedWatcher(config_path) if dynamic else None
         self.session: Session | None = None
+        self.active_from: int | None = None
+        """The first step of the configuration in force: ``set_monitor``'s first step (static
+        mode), the step after ``dynamic_on: true`` was read (dynamic mode); None while dynamic
+        mode monitors nothing (``dynamic_on`` false, or ``collect_times`` reached)."""
         self._factory: SessionFactory | None = None
         self._clock: StepClock | None = None
         self._pending: MonitorV1Config | None = None
@@ -62,8 +107,10 @@ class MonitorControl:
         if self._pending is not None:
             self.config, self._pending = self._pending, None
         if not self.dynamic:
+            self.active_from = clock.step
             self._start(self.config, None)
         elif self.config.dynamic_on:
+            self.active_from = clock.step + 1
             self._start(self.config, clock.step + 1)
 
     def change(self, cfg: MonitorV1Config) -> None:
@@ -94,14 +141,21 @@ class MonitorControl:
         self._between_steps = True
 
     def after_step(self) -> None:
-        """Between steps: end a finished session, apply a file edit or a pending change."""
-        if self.session is not None and self.session.closed:
+        """Between steps: end a finished session, apply a file edit or a pending change.
+
+        In dynamic mode the file is read before a finished collection switches it off, so a valid
+        edit made up to the end of the last collected step is applied (collection restarts at the
+        next step, ``collect_times`` counted afresh) rather than overwritten; an invalid one is
+        ignored as always. ``dynamic_on`` is set to false only in the file as last read: an edit
+        saved while switching off is never overwritten, it is applied instead.
+        """
+        finished = self.session is not None and self.session.closed
+        if finished:
             self.session = None
-            if self.watcher is not None:
-                self.watcher.switch_off()
-                logger.info("trainprobe: collect_times reached; dynamic_on set to false in %s", self.config_path)
         if self.watcher is not None:
             fresh = self.watcher.poll()
+            if fresh is None and finished:
+                fresh = self._switch_off()
             if fresh is not None:
                 self._reconfigure(fresh)
                 return
@@ -115,11 +169,24 @@ class MonitorControl:
             self.session = None
 
     # -- internals -----------------------------------------------------------------------
+    def _switch_off(self) -> MonitorV1Config | None:
+        """``collect_times`` reached (dynamic mode): monitoring stops and ``dynamic_on`` is set to
+        false in the file, unless the user saved it since it was last read: then the file stays as
+        written and its configuration (if valid) is returned, to apply as any edit."""
+        self.active_from = None
+        assert self.watcher is not None
+        if self.watcher.switch_off_unless_edited():
+            logger.info("trainprobe: collect_times reached; dynamic_on set to false in %s", self.config_path)
+            return None
+        return self.watcher.poll()  # edited while switching off (or the write failed: nothing new)
+
     def _reconfigure(self, fresh: MonitorV1Config) -> None:
         """A valid edit of the file (dynamic mode): restart from the next step, or stop."""
         self.config, self._pending = fresh, None
         self.close()
+        self.active_from = None
         if fresh.dynamic_on and self._clock is not None:
+            self.active_from = self._clock.step
             self._start(fresh, self._clock.step)
 
     def _apply_pending(self) -> None:

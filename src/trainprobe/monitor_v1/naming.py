@@ -7,21 +7,29 @@ model, as the reference writes them. Activation rows are ``<module>.input`` / ``
 ``"tuple[N]:i"``, each gets its index: ``<module>.input.0``, ``<module>.input.1``.
 
 With ``squash_name`` (the default) parameter and module names are shortened to their meaningful
-tail (:func:`squash_name`); ``targets`` entries match the full or the shortened name, with or
+tail (:func:`squash_name`), except where that would give two different parameters (or two
+different modules) the same name: those keep their full names, with one warning listing them
+(:func:`display_names`). ``targets`` entries match the full or the shortened name, with or
 without the ``<vpp_stage>:`` prefix. Activations are collected for every module with
 ``all_xy``, else for the modules ``targets`` names.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from trainprobe.config.monitor_v1 import MonitorV1Config, TargetConfig, TensorSpec
+from trainprobe.log import warn_once
 from trainprobe.probes.module import Picked
+
+_LISTED = 8
+"""At most this many names are listed in a warning."""
 
 _SQUASH = tuple(
     re.compile(p)
@@ -77,12 +85,103 @@ def display_name(config: MonitorV1Config, name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class DisplayNames:
+    """The written names of one set of names (all parameters, or all modules, of a model).
+
+    Attributes:
+        shown: full name → the name written in rows (the squashed one, or the full one where
+            squashing would have merged it with another).
+        squashed: full name → what :func:`display_name` makes of it alone (``targets`` entries
+            may use it even where it is not written).
+        kept: the names that keep their full name because of a clash, in model order.
+    """
+
+    shown: Mapping[str, str]
+    squashed: Mapping[str, str]
+    kept: tuple[str, ...] = ()
+
+    def __call__(self, name: str) -> str:
+        """The written name of ``name`` (a name outside the set is returned as is)."""
+        return self.shown.get(name, name)
+
+    def forms(self, name: str) -> tuple[str, ...]:
+        """The names a ``targets`` entry may use for ``name``: full, written, squashed."""
+        return tuple(dict.fromkeys((name, self(name), self.squashed.get(name, name))))
+
+    def warn_clashes(self, what: str) -> None:
+        """Warn once that :attr:`kept` keep their full names (nothing when none do).
+
+        Args:
+            what: the kind of names, plural (``"parameters"``, ``"modules"``).
+        """
+        if not self.kept:
+            return
+        listed = ", ".join(self.kept[:_LISTED])
+        if len(self.kept) > _LISTED:
+            listed += f", ... ({len(self.kept)} in all)"
+        warn_once(
+            f"v1-squash-clash-{what}-{'|'.join(self.kept)}",
+            f"trainprobe: squash_name would give different {what} the same name; these keep their full names: {listed}",
+        )
+
+
+def display_names(config: MonitorV1Config, names: Iterable[str]) -> DisplayNames:
+    """The written names of ``names`` (full ``<vpp_stage>:<name>``) under ``squash_name``:
+    squashed, except names that squashing would make equal (to each other, or to another name
+    as written), which keep their full names, so that different objects never share a name.
+
+    Args:
+        config: gives ``squash_name``.
+        names: every name of one kind (all parameters, or all modules, of the model).
+    """
+    full = list(dict.fromkeys(names))
+    squashed = {n: display_name(config, n) for n in full}
+    shown = dict(squashed)
+    kept: list[str] = []
+    while True:  # each round gives at least one squashed name its full name back, so it ends
+        owners: dict[str, list[str]] = {}
+        for n in full:
+            owners.setdefault(shown[n], []).append(n)
+        clashes = [n for group in owners.values() if len(group) > 1 for n in group if shown[n] != n]
+        if not clashes:
+            break
+        for n in clashes:
+            shown[n] = n
+        kept += clashes
+    order = {n: i for i, n in enumerate(full)}
+    return DisplayNames(shown=shown, squashed=squashed, kept=tuple(sorted(kept, key=order.__getitem__)))
+
+
+def unmatched_targets(config: MonitorV1Config, *known: DisplayNames) -> dict[str, list[str]]:
+    """The ``targets`` entries that name nothing in ``known``, each with up to three close names
+    (without the ``<vpp_stage>:`` prefix).
+
+    An entry matches a name (full, written or squashed, with or without the ``<vpp_stage>:``
+    prefix) that it equals or that starts with it followed by ``"."`` (a module holding it).
+    """
+    candidates: set[str] = set()
+    for names in known:
+        for name in names.shown:
+            for form in names.forms(name):
+                candidates.update((form, bare(form)))
+    plain = sorted(c for c in candidates if bare(c) == c)
+    out: dict[str, list[str]] = {}
+    for t in config.targets:
+        if not any(c == t.name or c.startswith(t.name + ".") for c in candidates):
+            out[t.name] = difflib.get_close_matches(bare(t.name), plain, n=3, cutoff=0.6)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class V1Naming:
     """:class:`~trainprobe.probes.module.ModuleNaming` of Monitor V1 (``targets``, ``all_xy``,
     ``forward_only``, ``backward_only``, per-tensor specs, ``squash_name``). Each module's row
-    name and ``targets`` entry are worked out once and remembered (hooks run for every call)."""
+    name and ``targets`` entry are worked out once and remembered (hooks run for every call).
+    ``names`` gives the written module names (:func:`display_names` over the model's modules);
+    without it each name is squashed alone."""
 
     config: MonitorV1Config
+    names: DisplayNames | None = None
     forward_scope: str = "actv"
     backward_scope: str = "actv_grad"
     _known: dict[str, tuple[str, TargetConfig | None]] = field(default_factory=dict, compare=False, repr=False)
@@ -105,8 +204,12 @@ class V1Naming:
         try:
             return self._known[name]
         except KeyError:
-            shown = display_name(self.config, name)
-            target = self.config.target(name) or (self.config.target(shown) if shown != name else None)
+            if self.names is not None:
+                shown, forms = self.names(name), self.names.forms(name)
+            else:
+                shown = display_name(self.config, name)
+                forms = (name, shown)
+            target = next((t for t in map(self.config.target, forms) if t is not None), None)
             found = self._known[name] = (shown, target)
             return found
 

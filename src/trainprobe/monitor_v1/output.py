@@ -2,7 +2,8 @@
 
 * Folder: ``<MONITOR_OUTPUT_DIR>/<MonDD_HH-MM-SS>-rank<r>-<id>/`` (local time, ``id`` 8 random hex
   digits); ``MONITOR_OUTPUT_DIR`` defaults to ``./monitor_output``. With ``append_output`` the
-  existing folder of this rank whose timestamp lies in the given range (inclusive) is reused.
+  existing folder of this rank whose timestamp lies in the given range (inclusive) is reused; a
+  rank with no folder in the range is not continued: it starts a new folder, with one warning.
 * Tables (one file per window, ``<table>_<first>-<last>.csv``): ``actv``, ``actv_grad``,
   ``grad_unreduced``, ``grad_reduced``, ``exp_avg``, ``exp_avg_sq``, ``param_origin``,
   ``param_updated``, ``other`` (mg_direction, cc), ``linear_hook``, ``attention_hook`` (their own
@@ -25,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+from trainprobe.log import warn_once
 from trainprobe.records import RowKey
 from trainprobe.sinks.csv_sink import TableLayout
 
@@ -107,19 +109,22 @@ def api_key(key: RowKey) -> str:
 
 
 def run_folder(rank: int, append_output: tuple[str, ...]) -> Path:
-    """This rank's output folder (created). ``append_output`` reuses an existing one.
+    """This rank's output folder (created). ``append_output`` (two validated timestamps) reuses
+    this rank's existing folder whose timestamp lies in the range; when there is none the rank is
+    not continued and gets a new folder, with one warning saying so.
 
     Raises:
-        ConfigError: ``append_output`` is set but no folder of this rank lies in the range.
+        ConfigError: an ``append_output`` timestamp that is no date (``Feb30_00-00-00``).
     """
     root = output_root()
     if append_output:
         found = _existing(root, rank, append_output)
         if found is not None:
             return found
-        raise ConfigError(
-            f"append_output: no folder of rank {rank} under {str(root)!r} has a timestamp between "
-            f"{append_output[0]} and {append_output[1]}"
+        warn_once(
+            f"v1-append-none-{rank}",
+            f"trainprobe: append_output: no folder of rank {rank} under {str(root)!r} has a timestamp between "
+            f"{append_output[0]} and {append_output[1]}; this rank is not continued and writes to a new folder",
         )
     stamp = datetime.now().astimezone().strftime(STAMP_FORMAT)
     folder = root / f"{stamp}-rank{rank}-{uuid.uuid4().hex[:8]}"
@@ -128,11 +133,19 @@ def run_folder(rank: int, append_output: tuple[str, ...]) -> Path:
 
 
 def _stamp(text: str) -> datetime:
-    return datetime.strptime(text, STAMP_FORMAT)
+    """A folder timestamp as a date in a leap year (the stamps carry no year; ``Feb29`` is valid)."""
+    return datetime.strptime(f"2000{text}", f"%Y{STAMP_FORMAT}")
+
+
+def _bound(bounds: tuple[str, ...], i: int) -> datetime:
+    try:
+        return _stamp(bounds[i])
+    except ValueError as exc:
+        raise ConfigError(f"append_output[{i}]: {bounds[i]!r} is not a valid timestamp ({exc})") from None
 
 
 def _existing(root: Path, rank: int, bounds: tuple[str, ...]) -> Path | None:
-    lo, hi = _stamp(bounds[0]), _stamp(bounds[1])
+    lo, hi = _bound(bounds, 0), _bound(bounds, 1)
     if not root.is_dir():
         return None
     for folder in sorted(root.iterdir()):

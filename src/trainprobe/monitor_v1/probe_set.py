@@ -7,7 +7,9 @@ histogram rows with ``format: tensorboard``), ``recording_l2_features`` → l2 p
 ``mg_direction`` → sign-agreement probe, ``cc_distribution`` → collective probe,
 ``stack_info`` → stack probe. Module-level monitoring (xy, l2, stack_info) runs only on the
 ``module_ranks``. Parameters are those of the optimizer that ``targets`` selects, named with
-their ``<vpp_stage>:`` prefix (squashed with ``squash_name``).
+their ``<vpp_stage>:`` prefix (squashed with ``squash_name``, distinct names kept distinct: see
+:func:`~trainprobe.monitor_v1.naming.display_names`). A ``targets`` entry that names no module
+or parameter of the model is reported once, with the closest names.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from trainprobe.monitor_v1.attachment import Attachment
 from trainprobe.monitor_v1.collectives import V1CollectiveProbe
 from trainprobe.monitor_v1.features import HistogramRows, MgDirectionProbe, UpdateRatioProbe
 from trainprobe.monitor_v1.l2 import L2Probe
-from trainprobe.monitor_v1.naming import V1Naming, display_name, param_targeted
+from trainprobe.monitor_v1.naming import DisplayNames, V1Naming, display_names, param_targeted, unmatched_targets
 from trainprobe.monitor_v1.struct import StackProbe
 from trainprobe.probes.base import Probe
 from trainprobe.probes.model_view import NamedParam
@@ -30,23 +32,52 @@ from trainprobe.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.probes.param import ParamProbe
 
 
-def monitored_params(cfg: MonitorV1Config, att: Attachment) -> list[NamedParam]:
-    """The optimizer's parameters that ``targets`` selects, in model order, V1-named."""
-    out = []
-    for named in att.view.optimizer_parameters(att.optimizer):
-        name = display_name(cfg, named.name)
-        if param_targeted(cfg, named.name) or param_targeted(cfg, name):
-            out.append(NamedParam(named.vpp_stage, name, named.param))
-    return out
+def parameter_names(cfg: MonitorV1Config, att: Attachment) -> tuple[list[NamedParam], DisplayNames]:
+    """The optimizer's parameters (model order, full names) and their written names."""
+    every = att.view.optimizer_parameters(att.optimizer)
+    return every, display_names(cfg, [named.name for named in every])
+
+
+def module_names(cfg: MonitorV1Config, att: Attachment) -> DisplayNames:
+    """The written names of the model's modules."""
+    return display_names(cfg, [name for _, name, _ in att.view.modules()])
+
+
+def monitored_params(cfg: MonitorV1Config, every: list[NamedParam], names: DisplayNames) -> list[NamedParam]:
+    """The parameters of ``every`` that ``targets`` selects (by full, written or squashed name),
+    in model order, with their written names (no two alike)."""
+    return [
+        NamedParam(named.vpp_stage, names(named.name), named.param)
+        for named in every
+        if any(param_targeted(cfg, form) for form in names.forms(named.name))
+    ]
 
 
 def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
-    """The probes ``cfg`` enables, unattached (may create the run folder for stack_info)."""
-    params = monitored_params(cfg, att)
+    """The probes ``cfg`` enables, unattached (may create the run folder for stack_info).
+
+    Warns once when squashing would merge names (those keep their full names) and when a
+    ``targets`` entry names nothing in the model.
+    """
+    every, param_names = parameter_names(cfg, att)
+    params = monitored_params(cfg, every, param_names)
     probes: list[Probe] = []
     module_rank = cfg.monitors_rank(att.rank)
-    if cfg.xy_distribution and module_rank:
-        probes += _activations(cfg, att)
+    xy = cfg.xy_distribution and module_rank
+    per_param = (
+        cfg.wg_distribution,
+        cfg.mv_distribution,
+        cfg.param_distribution,
+        cfg.ur_distribution,
+        cfg.mg_direction,
+    )
+    modules = module_names(cfg, att) if xy or cfg.targets else None
+    if cfg.targets and (cfg.xy_distribution or any(per_param)):
+        _warn_unmatched(cfg, param_names, modules)
+    if any(per_param) and params:
+        param_names.warn_clashes("parameters")
+    if xy and modules is not None:
+        probes += _activations(cfg, att, modules)
     if cfg.wg_distribution:
         probes.append(_weight_grad(cfg, att, params))
     if cfg.mv_distribution:
@@ -57,11 +88,11 @@ def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
     if cfg.param_distribution:
         param_cfg = ParamConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
         probes.append(ParamProbe(att.clock, param_cfg, params, backend=att.backend))
-    if cfg.ur_distribution and _torch_only("ur_distribution", att):
+    if cfg.ur_distribution and torch_only("ur_distribution", att):
         probes += _update_ratio(cfg, att, params)
-    if cfg.l2.enabled and module_rank and _torch_only("recording_l2_features", att):
+    if cfg.l2.enabled and module_rank and torch_only("recording_l2_features", att):
         probes += _l2(cfg, att)
-    if cfg.mg_direction and _torch_only("mg_direction", att):
+    if cfg.mg_direction and torch_only("mg_direction", att):
         probes.append(MgDirectionProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, att.grad_of))
     if cfg.cc.enable:
         probes += _collectives(cfg, att)
@@ -70,7 +101,7 @@ def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
     return probes
 
 
-def _torch_only(field: str, att: Attachment) -> bool:
+def torch_only(field: str, att: Attachment) -> bool:
     """Whether the PyTorch-only feature ``field`` can run (else it is skipped with a warning;
     MindSpore's front door refuses it up front, this covers dynamic-mode edits)."""
     if att.backend.name == "pytorch":
@@ -79,13 +110,29 @@ def _torch_only(field: str, att: Attachment) -> bool:
     return False
 
 
-def _activations(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+def _warn_unmatched(cfg: MonitorV1Config, params: DisplayNames, modules: DisplayNames | None) -> None:
+    """One warning naming the ``targets`` entries that match no parameter or module."""
+    unmatched = unmatched_targets(cfg, params, *([modules] if modules is not None else []))
+    if not unmatched:
+        return
+    parts = []
+    for target, close in unmatched.items():
+        hint = f" (closest: {', '.join(repr(c) for c in close)})" if close else ""
+        parts.append(f"{target!r}{hint}")
+    warn_once(
+        f"v1-unmatched-targets-{'|'.join(unmatched)}",
+        f"trainprobe: targets name no module or parameter of the model, so nothing is collected for them: "
+        f"{'; '.join(parts)}. print_struct lists the module names",
+    )
+
+
+def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames) -> list[Probe]:
     if cfg.forward_only and cfg.backward_only:
         warn_once(
             "v1-fwd-bwd-only", "trainprobe: forward_only and backward_only are both true, so no activation is collected"
         )
         return []
-    naming = V1Naming(cfg)
+    naming = V1Naming(cfg, names)
     if not any(naming.wants(v, n, m) for v, n, m in att.view.modules()):
         warn_once(
             "v1-xy-no-module",
@@ -93,6 +140,7 @@ def _activations(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
             "modules in targets (print_struct lists their names)",
         )
         return []
+    names.warn_clashes("modules")
     module_cfg = ModuleMonitorConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
     return [ModuleProbe(att.clock, module_cfg, att.view, naming=naming, backend=att.backend)]
 

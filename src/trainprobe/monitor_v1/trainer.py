@@ -12,6 +12,11 @@ start of a step. At the end of each step it writes the step's rows, then ends ``
 and ``cc_log_only`` runs (exit code 0), then applies what changed (see
 :mod:`trainprobe.monitor_v1.control`).
 
+``print_struct`` follows the configuration in force like every other field: in static mode the
+structure is recorded during the first step after ``set_monitor``; in dynamic mode during the
+first step of a configuration read with ``dynamic_on: true`` (at start or from an edit), and never
+while ``dynamic_on`` is false. The run ends after that step.
+
 The work is split by job: :mod:`~trainprobe.monitor_v1.attachment` (what ``set_monitor``
 attaches to), :mod:`~trainprobe.monitor_v1.probe_set` and :mod:`~trainprobe.monitor_v1.assembly`
 (a session from a configuration), :mod:`~trainprobe.monitor_v1.control` (dynamic mode and
@@ -37,8 +42,8 @@ from trainprobe.monitor_v1.control import MonitorControl
 from trainprobe.monitor_v1.dynamic import dynamic_mode
 from trainprobe.monitor_v1.exits import run_end_message
 from trainprobe.monitor_v1.metrics_api import Metrics, wgrad_metrics, xy_metrics
+from trainprobe.monitor_v1.probe_set import torch_only
 from trainprobe.monitor_v1.struct import StructProbe
-from trainprobe.probes.base import Probe
 from trainprobe.stats.ops import ALL_OPS, parse_ops
 
 
@@ -78,7 +83,7 @@ class TrainerMon:
         self._factory: SessionFactory | None = None
         self._wrapped_optimizer: Any = None
         self._hooks: list[Any] = []
-        self._extras: list[Probe] = []
+        self._struct: StructProbe | None = None
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -149,6 +154,7 @@ class TrainerMon:
         try:
             self._hook_steps(att)
             self._control.begin(self._factory, att.clock)
+            self._sync_struct()
         except BaseException:
             self.stop()  # a failed set_monitor leaves the model and optimizer as they were
             self._att = self._factory = None
@@ -158,15 +164,28 @@ class TrainerMon:
     """Resolves ``set_monitor``'s arguments (another framework's front door swaps it)."""
 
     def _hook_steps(self, att: Attachment) -> None:
-        """The step hooks, and the structure probe of ``print_struct``."""
+        """The step hooks."""
         first, last = att.optimizers[0], att.optimizers[-1]
         self._hooks = [first.register_step_pre_hook(self._pre_step), last.register_step_post_hook(self._post_step)]
         for chunk in att.view.chunks:
             self._hooks.append(chunk.register_forward_pre_hook(self._step_begins, prepend=True))
-        if self.config.print_struct:
-            self._extras.append(StructProbe(att.clock, att.view, output.output_root(), att.rank))
-        for probe in self._extras:
-            probe.attach()
+
+    def _sync_struct(self) -> None:
+        """Keep the structure probe of ``print_struct`` in line with the configuration in force:
+        one recording the first step of that configuration (see the module docstring) when it
+        sets ``print_struct``, none otherwise (nor on a backend other than PyTorch, with a
+        warning)."""
+        att, first = self._att, self._control.active_from
+        wanted = first if self.config.print_struct else None
+        if self._struct is not None and self._struct.first_step != wanted:
+            self._struct.detach()
+            self._struct = None
+        if att is None or wanted is None or self._struct is not None or not torch_only("print_struct", att):
+            return
+        probe = StructProbe(att.clock, att.view, output.output_root(), att.rank)
+        probe.first_step = wanted
+        probe.attach()
+        self._struct = probe
 
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         """Deprecated: pass the optimizer to :meth:`set_monitor` instead."""
@@ -216,9 +235,9 @@ class TrainerMon:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        for probe in self._extras:
-            probe.detach()
-        self._extras = []
+        if self._struct is not None:
+            self._struct.detach()
+            self._struct = None
 
     # -- step hooks ----------------------------------------------------------------------
     def _step_begins(self, module: nn.Module, args: Any) -> None:
@@ -230,12 +249,13 @@ class TrainerMon:
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._control.end_step()
         try:
-            message = run_end_message(self._extras, self._control.probes)
+            message = run_end_message([self._struct] if self._struct is not None else [], self._control.probes)
             if message is not None:
                 self.stop()
                 print(message, flush=True)
                 raise SystemExit(0)
             self._control.after_step()
+            self._sync_struct()
         except SystemExit:
             raise
         except Exception as exc:  # noqa: BLE001 - never raise into training
