@@ -9,7 +9,8 @@ import torch
 
 from models import MLP
 from test_v1_support import make_v1, run_dir, table
-from trainprobe.monitor_v1 import control
+from trainprobe.monitor_v1 import dynamic
+from trainprobe.monitor_v1.dynamic import ConfigWatcher
 
 _bump = [0]
 
@@ -156,20 +157,20 @@ def test_switch_off_never_replaces_a_file_edited_while_writing(tmp_path, monkeyp
     """The file changes between reading it and replacing it: the user's file stays."""
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"dynamic_on": True, "wg_distribution": True}))
-    watcher = control.GuardedWatcher(path)
-    real_load = control.load_json_object
+    watcher = ConfigWatcher(path)
+    real_load = dynamic.load_json_object
 
     def load_then_user_saves(p):
         data = real_load(p)
         edit(path, ops=["max"])
         return data
 
-    monkeypatch.setattr(control, "load_json_object", load_then_user_saves)
-    assert watcher.switch_off_unless_edited() is False
+    monkeypatch.setattr(dynamic, "load_json_object", load_then_user_saves)
+    assert watcher.switch_off() is False
     assert json.loads(path.read_text()) == {"dynamic_on": True, "wg_distribution": True, "ops": ["max"]}
     assert not list(tmp_path.glob(".*.tmp")) and watcher.edited()
-    monkeypatch.setattr(control, "load_json_object", real_load)
-    assert watcher.poll() is not None and watcher.switch_off_unless_edited() is True
+    monkeypatch.setattr(dynamic, "load_json_object", real_load)
+    assert watcher.poll() is not None and watcher.switch_off() is True
     assert json.loads(path.read_text())["dynamic_on"] is False and not watcher.edited()
 
 

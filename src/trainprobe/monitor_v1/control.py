@@ -18,53 +18,14 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
-from trainprobe.config.fields import load_json_object
 from trainprobe.config.monitor_v1 import MonitorV1Config
-from trainprobe.errors import ConfigError
 from trainprobe.log import logger
 from trainprobe.monitor_v1.assembly import SessionFactory
 from trainprobe.monitor_v1.dynamic import ConfigWatcher
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.session import Session
-
-
-class GuardedWatcher(ConfigWatcher):
-    """A :class:`ConfigWatcher` with a switch-off that leaves a newer edit of the file alone
-    (:meth:`ConfigWatcher.switch_off` writes whatever the file holds when it runs)."""
-
-    def edited(self) -> bool:
-        """Whether the file changed since it was last read (an edit the next :meth:`poll` reports)."""
-        return self._stat() != self._mtime
-
-    def switch_off_unless_edited(self) -> bool:
-        """Write ``"dynamic_on": false`` into the file (atomically, keeping the other keys) unless
-        the file was edited since it was last read: that edit is newer than the end of collection,
-        so it is left as the user wrote it and the next :meth:`poll` applies it.
-
-        Returns:
-            Whether the file was written.
-        """
-        if self.edited():
-            return False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            data = load_json_object(self.path)
-            data["dynamic_on"] = False
-            tmp.write_text(json.dumps(data, indent=4), encoding="utf-8")
-            if self.edited():  # edited while we wrote: the user's file stays
-                tmp.unlink()
-                return False
-            os.replace(tmp, self.path)
-        except (ConfigError, OSError) as exc:
-            logger.error("trainprobe: could not set dynamic_on to false in %s: %s", self.path, exc)
-            tmp.unlink(missing_ok=True)
-            return False
-        self._mtime = self._stat()  # our own write is no edit
-        return True
 
 
 class MonitorControl:
@@ -80,7 +41,7 @@ class MonitorControl:
         self.config = config
         self.config_path = config_path
         self.dynamic = dynamic
-        self.watcher = GuardedWatcher(config_path) if dynamic else None
+        self.watcher = ConfigWatcher(config_path) if dynamic else None
         self.session: Session | None = None
         self.active_from: int | None = None
         """The first step of the configuration in force: ``set_monitor``'s first step (static
@@ -175,7 +136,7 @@ class MonitorControl:
         written and its configuration (if valid) is returned, to apply as any edit."""
         self.active_from = None
         assert self.watcher is not None
-        if self.watcher.switch_off_unless_edited():
+        if self.watcher.switch_off():
             logger.info("trainprobe: collect_times reached; dynamic_on set to false in %s", self.config_path)
             return None
         return self.watcher.poll()  # edited while switching off (or the write failed: nothing new)

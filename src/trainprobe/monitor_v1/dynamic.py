@@ -5,11 +5,13 @@ modification time changed. A changed, valid file is returned (monitoring restart
 step with it, ``collect_times`` counted afresh); a changed but invalid file is reported once and
 ignored, so the current configuration stays in force. When ``collect_times`` is reached,
 :meth:`ConfigWatcher.switch_off` sets ``dynamic_on`` to false in the file, atomically (a temporary
-file then ``os.replace``) and keeping every other key as the user wrote it.
+file then ``os.replace``) and keeping every other key as the user wrote it, unless the user
+edited the file since it was last read: then the edit wins and the next poll applies it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,7 +19,6 @@ from trainprobe.config.fields import load_json_object
 from trainprobe.config.monitor_v1 import MonitorV1Config, load_monitor_v1_config
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger
-from trainprobe.sinks.files import write_json_atomically
 
 DYNAMIC_ENV = "DYNAMIC_MONITOR"
 
@@ -54,12 +55,33 @@ class ConfigWatcher:
             )
             return None
 
-    def switch_off(self) -> None:
-        """Write ``"dynamic_on": false`` into the file, keeping the other keys."""
+    def edited(self) -> bool:
+        """Whether the file changed since it was last read (an edit the next :meth:`poll` reports)."""
+        return self._stat() != self._mtime
+
+    def switch_off(self) -> bool:
+        """Write ``"dynamic_on": false`` into the file (atomically, keeping the other keys) unless
+        the file was edited since it was last read: that edit is newer than the end of collection,
+        so it is left as the user wrote it and the next :meth:`poll` applies it. The file is
+        checked again just before the temporary file replaces it.
+
+        Returns:
+            Whether the file was written.
+        """
+        if self.edited():
+            return False
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             data = load_json_object(self.path)
             data["dynamic_on"] = False
-            write_json_atomically(self.path, data, indent=4)
+            tmp.write_text(json.dumps(data, indent=4), encoding="utf-8")
+            if self.edited():  # edited while we wrote: the user's file stays
+                tmp.unlink()
+                return False
+            os.replace(tmp, self.path)
         except (ConfigError, OSError) as exc:
             logger.error("trainprobe: could not set dynamic_on to false in %s: %s", self.path, exc)
-        self._mtime = self._stat()
+            tmp.unlink(missing_ok=True)
+            return False
+        self._mtime = self._stat()  # our own write is no edit
+        return True
