@@ -3,7 +3,9 @@ groups, and the run folder; validated once and shared by every session of the ru
 
 * ``model``: a module or a list of chunks (chunk ``i`` is ``vpp_stage`` i; names always carry
   the ``<vpp_stage>:`` prefix, also for a single model).
-* ``optimizer``: unwrapped by :func:`~trainprobe.monitor_v1.optimizers.unwrap_all`.
+* ``optimizer``: unwrapped by :func:`~trainprobe.monitor_v1.optimizers.unwrap_all`; a
+  mixed-precision wrapper's float32 master copies are seen as the model's parameters
+  (:func:`~trainprobe.monitor_v1.optimizers.model_facing`).
 * ``params_have_main_grad``: gradients are read from ``param.main_grad`` where it is a tensor
   (Megatron), else from ``.grad``.
 * ``dp_group``: only the first rank of the data-parallel group keeps reduced-gradient rows;
@@ -31,7 +33,7 @@ from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.errors import ConfigError
 from trainprobe.monitor_v1 import output
 from trainprobe.monitor_v1.alerts import PipelineContext
-from trainprobe.monitor_v1.optimizers import OptimizerGroup, unwrap_all
+from trainprobe.monitor_v1.optimizers import OptimizerGroup, model_facing, unwrap_all
 from trainprobe.probes.base import StepClock
 from trainprobe.probes.model_view import ModelView, NamedParam
 
@@ -94,7 +96,7 @@ def attach(
         clock=StepClock(step=start_iteration, micro_batches=grad_acc_steps),
         view=view,
         optimizers=optimizers,
-        optimizer=optimizers[0] if len(optimizers) == 1 else OptimizerGroup(optimizers),
+        optimizer=model_facing(optimizer, optimizers[0] if len(optimizers) == 1 else OptimizerGroup(optimizers)),
         rank=rank,
         grad_of=main_grad if params_have_main_grad else None,
         keep_reduced=redundancy_filter(dp_group, tp_group),

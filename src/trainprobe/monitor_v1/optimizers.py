@@ -66,3 +66,104 @@ class _MergedState(Mapping):
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._states)
+
+
+_MASTER_LAYOUTS: tuple[tuple[str, str], ...] = (
+    ("float16_groups", "fp32_from_float16_groups"),  # Megatron Float16OptimizerWithFloat16Params
+    ("model_float16_groups", "shard_fp32_from_float16_groups"),  # Megatron DistributedOptimizer
+    ("model_fp32_groups", "shard_fp32_groups"),  # its fp32 parameters' shards
+)
+"""Attribute pairs by which mixed-precision wrappers hold (model parameters, the optimizer's
+copies of them), group by group."""
+
+
+def master_pairs(optimizer: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(model parameter, the copy the inner optimizer steps)`` for every parameter a
+    mixed-precision wrapper (Megatron's ``Float16OptimizerWithFloat16Params`` and
+    ``DistributedOptimizer``, chains of them) keeps a float32 master copy or shard of; empty for
+    anything else. DeepSpeed ZeRO keeps flat partitions with no per-parameter copy: not mapped."""
+    chain = getattr(optimizer, "chained_optimizers", None)
+    if isinstance(chain, (list, tuple)) and chain:
+        return [pair for inner in chain for pair in master_pairs(inner)]
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for model_attr, master_attr in _MASTER_LAYOUTS:
+        models, masters = getattr(optimizer, model_attr, None), getattr(optimizer, master_attr, None)
+        if not isinstance(models, (list, tuple)) or not isinstance(masters, (list, tuple)):
+            continue
+        for model_group, master_group in zip(models, masters):
+            pairs += [(m, c) for m, c in zip(model_group, master_group) if m is not c]
+    return pairs
+
+
+class MasterMapped:
+    """An optimizer (or :class:`OptimizerGroup`) seen through the model's parameters: its
+    ``param_groups`` list the model parameter where the optimizer holds a master copy, and its
+    ``state`` is looked up through the copy. Rows are then named after the model's parameters,
+    ``targets`` select them, gradients come from them (``main_grad``), and moments from the
+    optimizer's state of their copies (of this rank's shard under Megatron's distributed
+    optimizer)."""
+
+    def __init__(self, optimizer: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.inner = optimizer
+        self._model_of = {id(copy): model for model, copy in pairs}
+        self._copy_of = {id(model): copy for model, copy in pairs}
+
+    @property
+    def param_groups(self) -> list[Mapping[str, Any]]:
+        return [_ModelGroup(group, self._model_of) for group in self.inner.param_groups]
+
+    @property
+    def state(self) -> _ThroughCopies:
+        return _ThroughCopies(self.inner.state, self._copy_of, self._model_of)
+
+
+class _ModelGroup(Mapping):
+    """A live view of a parameter group whose ``params`` name model parameters."""
+
+    def __init__(self, group: Mapping[str, Any], model_of: dict[int, torch.Tensor]) -> None:
+        self._group = group
+        self._model_of = model_of
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._group[key]
+        if key == "params":
+            return [self._model_of.get(id(p), p) for p in value]
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._group)
+
+    def __len__(self) -> int:
+        return len(self._group)
+
+
+class _ThroughCopies(Mapping):
+    """Optimizer state keyed by model parameters, read from the state of their copies."""
+
+    def __init__(
+        self, state: Mapping[Any, Any], copy_of: dict[int, torch.Tensor], model_of: dict[int, torch.Tensor]
+    ) -> None:
+        self._state = state
+        self._copy_of = copy_of
+        self._model_of = model_of
+
+    def __getitem__(self, key: Any) -> Any:
+        copy = self._copy_of.get(id(key), key)
+        if copy not in self._state:  # never insert into a defaultdict
+            raise KeyError(key)
+        return self._state[copy]
+
+    def __iter__(self) -> Iterator[Any]:
+        for key in self._state:
+            yield self._model_of.get(id(key), key)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+
+def model_facing(wrapper: Any, optimizer: Any) -> Any:
+    """``optimizer`` (what :func:`unwrap_all` found inside ``wrapper``) as the parameter and
+    moment probes should see it: through the model's parameters when ``wrapper`` steps float32
+    master copies of them (:func:`master_pairs`), else unchanged."""
+    pairs = master_pairs(wrapper)
+    return MasterMapped(optimizer, pairs) if pairs else optimizer
