@@ -384,8 +384,11 @@ FILTERED_LINE = _filtered_site.__code__.co_firstlineno + 1
 
 
 def _patched_state() -> dict[str, list[Any]]:
-    """The objects torch.distributed and distributed_c10d hold under each collective's name."""
-    return {op: [getattr(dist, op, None), getattr(c10d, op, None)] for op in FUNCTIONS}
+    """The objects torch.distributed and distributed_c10d hold under each collective's name, and
+    the ``wait`` in ``Work``'s own dictionary (replaced while cc runs, for gloo's irecv)."""
+    state = {op: [getattr(dist, op, None), getattr(c10d, op, None)] for op in FUNCTIONS}
+    state["Work.wait"] = [vars(dist.Work).get("wait")]
+    return state
 
 
 def _same_objects(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> bool:
@@ -643,6 +646,7 @@ def test_cc_stop_restores_the_original_functions(cc_run: Path) -> None:
 def test_stop_restores_all_reduce_in_this_process(tmp_path: Path) -> None:
     """Single-process gloo group (world size 1): the exact objects come back after stop()."""
     original = (dist.all_reduce, c10d.all_reduce)
+    original_wait = vars(dist.Work)["wait"]
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=30)
     )
@@ -655,11 +659,14 @@ def test_stop_restores_all_reduce_in_this_process(tmp_path: Path) -> None:
         assert dist.all_reduce is c10d.all_reduce
         t = torch.ones(2)
         dist.all_reduce(t)
+        assert vars(dist.Work)["wait"] is not original_wait
         mon.step()
         mon.stop()
         assert dist.all_reduce is original[0] and c10d.all_reduce is original[1]
+        assert vars(dist.Work)["wait"] is original_wait
         mon.stop()  # idempotent
         assert dist.all_reduce is original[0] and c10d.all_reduce is original[1]
+        assert vars(dist.Work)["wait"] is original_wait
     finally:
         dist.destroy_process_group()
     (row,) = rows_of(tmp_path / "out", "cc", 0)

@@ -40,7 +40,9 @@ def cc_run(tmp_path_factory) -> Path:
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((out / "msrun_log").glob("worker_*.log")))
+        logs = "\n".join(
+            p.read_text(errors="replace")[-3000:] for p in sorted((out / "msrun_log").glob("worker_*.log"))
+        )
         pytest.fail(f"msrun failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}\n{logs}")
     return out
 
@@ -52,7 +54,9 @@ def _rows(folder: Path) -> list[dict[str, str]]:
 
 
 def _at(rows: list[dict[str, str]], prefix: str, site: str, step: str) -> dict[str, str]:
-    found = [r for r in rows if r["module_name"].startswith(prefix) and r["module_name"].endswith(site) and r["step"] == step]
+    found = [
+        r for r in rows if r["module_name"].startswith(prefix) and r["module_name"].endswith(site) and r["step"] == step
+    ]
     assert len(found) == 1, (prefix, site, step, [r["module_name"] for r in rows if r["step"] == step])
     return found[0]
 

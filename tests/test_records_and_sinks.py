@@ -36,7 +36,12 @@ def test_row_buffer_keeps_order_across_host_and_device_values():
     buf.extend(keys[2:], [[5.0, 6.0], torch.tensor([7.0, 8.0], dtype=torch.float64)])
     batch = buf.drain("m", 3)
     assert len(buf) == 0 and batch.step == 3
-    assert [(k.name, v) for k, v in batch.rows()] == [("t0", [1.0, 2.0]), ("t1", [3.0, 4.0]), ("t2", [5.0, 6.0]), ("t3", [7.0, 8.0])]
+    assert [(k.name, v) for k, v in batch.rows()] == [
+        ("t0", [1.0, 2.0]),
+        ("t1", [3.0, 4.0]),
+        ("t2", [5.0, 6.0]),
+        ("t3", [7.0, 8.0]),
+    ]
 
 
 def test_row_buffer_is_thread_safe():
@@ -69,7 +74,12 @@ def test_csv_sink_windows_header_and_precision(tmp_path):
         sink.write(batch_of("wg", step, [("a", [value, 2.0])], micro=1))
         sink.write(batch_of("p", step, [("a", [1 / 3])]))
     sink.close(reached=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p_step0-1.csv", "p_step2-2.csv", "wg_step0-1.csv", "wg_step2-2.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "p_step0-1.csv",
+        "p_step2-2.csv",
+        "wg_step0-1.csv",
+        "wg_step2-2.csv",
+    ]
     header, rows = read_csv(tmp_path / "wg_step0-1.csv")
     assert header == ["vpp_stage", "step", "module_name", "scope", "micro_step", "min", "nans"]
     assert [r["step"] for r in rows] == ["0", "1"]
@@ -89,7 +99,11 @@ def test_writer_reports_a_failing_monitor_once_and_keeps_the_others(tmp_path):
         writer.submit(batch_of("good", step, [("x", [1.0])]))
     writer.close(reached=2)
     assert errors == [("bad", "IsADirectoryError")]
-    assert sorted(p.name for p in tmp_path.glob("good*")) == ["good_step0-0.csv", "good_step1-1.csv", "good_step2-2.csv"]
+    assert sorted(p.name for p in tmp_path.glob("good*")) == [
+        "good_step0-0.csv",
+        "good_step1-1.csv",
+        "good_step2-2.csv",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -37,8 +37,9 @@ def test_v2_output_is_found_and_read_like_the_csv(monitor_runs):
 
 def test_nan_is_read_as_nan(monitor_runs):
     (file,) = [
-        f for f in find_csv_files(monitor_runs.v1, data_types=["grad_reduced"]) if f.rank == NAN_RANK
-        and f.first_step <= NAN_STEP <= f.last_step
+        f
+        for f in find_csv_files(monitor_runs.v1, data_types=["grad_reduced"])
+        if f.rank == NAN_RANK and f.first_step <= NAN_STEP <= f.last_step
     ]
     nans = [r for r in read_table(file).records() if r.step == NAN_STEP and r.values[OPS.index("nans")] > 0]
     assert [r.target for r in nans] == ["0:fc2.bias"]

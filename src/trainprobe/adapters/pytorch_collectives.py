@@ -1,20 +1,44 @@
 """``torch.distributed`` as the ``cc`` probe sees it (:class:`~trainprobe.probes.collectives.CollectiveApi`).
 
 The functions are replaced in ``torch.distributed`` and ``torch.distributed.distributed_c10d``.
-An asynchronous call's work is followed through its future (recorded when it completes); a
-backend whose works have no future (gloo's point-to-point works) is read at the end of the step,
-after one ``wait()``.
+An asynchronous call's outputs are recorded when its work completes:
+
+* a work with a future (NCCL, gloo collectives): when the future completes;
+* a work without one (gloo's ``isend``/``irecv``, also through ``batch_isend_irecv``): when the
+  loop's ``wait()`` on it returns, so a buffer reused after ``wait()`` is recorded with what was
+  received. For this ``torch.distributed.Work.wait`` is replaced at class level while a ``cc``
+  monitor runs (restored exactly by the last ``stop()``); the work the loop gets is the very
+  object torch returned, of type ``Work``. A work never waited for from Python (only polled with
+  ``is_completed()``, or waited for by C++ code) is read at the end of the step, after one
+  ``wait()`` if it has not completed by then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+if TYPE_CHECKING:
+    from trainprobe.probes.collectives import Wrap
+
+
+class _AwaitedWork:
+    """A work without a future and the ``record`` of one listener's call, run once: when the loop
+    waits for the work, or at the end of the step."""
+
+    __slots__ = ("work", "record", "done", "__weakref__")
+
+    def __init__(self, work: Any, record: Callable[[], None]) -> None:
+        self.work = work
+        self.record = record
+        self.done = False
 
 
 class TorchCollectives:
@@ -22,11 +46,59 @@ class TorchCollectives:
 
     tensor_type = torch.Tensor
 
+    # id(work) -> the calls waiting for it; weak: a probe that stops forgets its pending calls.
+    # Class-level: one Work.wait wrapper serves every instance (one patch per adapter type).
+    _awaited: dict[int, list[weakref.ref[_AwaitedWork]]] = {}
+    _lock = threading.Lock()
+
     def namespaces(self) -> tuple[ModuleType, ...]:
         return (c10d, dist)
 
     def primitives(self) -> Mapping[type, str]:
         return {}
+
+    def patches(self) -> Sequence[tuple[Any, str, Wrap]]:
+        return ((dist.Work, "wait", self._wrap_wait),)
+
+    def _wrap_wait(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``Work.wait`` that, once the work completed, records the calls waiting for it."""
+        awaited = self._awaited
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(work, *args, **kwargs)
+            if awaited:
+                self._completed(work)
+            return result
+
+        wait.__wrapped__ = original  # type: ignore[attr-defined]
+        wait.__name__ = getattr(original, "__name__", "wait")
+        wait.__qualname__ = getattr(original, "__qualname__", "Work.wait")
+        wait.__doc__ = original.__doc__
+        return wait
+
+    def _completed(self, work: Any) -> None:
+        with self._lock:
+            refs = self._awaited.pop(id(work), [])
+        for ref in refs:
+            pending = ref()
+            if pending is not None and pending.work is work:
+                self._finish(pending)
+
+    def _finish(self, pending: _AwaitedWork) -> None:
+        with self._lock:
+            if pending.done:
+                return
+            pending.done = True
+        pending.record()
+
+    def _forget(self, pending: _AwaitedWork) -> None:
+        with self._lock:
+            refs = self._awaited.get(id(pending.work))
+            if refs is None:
+                return
+            refs[:] = [ref for ref in refs if ref() is not None and ref() is not pending]
+            if not refs:
+                del self._awaited[id(pending.work)]
 
     def defer(self, result: Any, record: Callable[[], None]) -> Any:
         if result is None or not hasattr(result, "get_future"):
@@ -34,16 +106,22 @@ class TorchCollectives:
         try:
             future = result.get_future()
         except RuntimeError:
-            return (result, record)  # no futures here: read after wait() at the end of the step
+            # no future (gloo point-to-point): recorded when the loop's wait() returns
+            pending = _AwaitedWork(result, record)
+            with self._lock:
+                self._awaited.setdefault(id(result), []).append(weakref.ref(pending))
+            return pending
         return future.then(lambda _f: record())
 
     def settle(self, pending: Any) -> None:
-        if isinstance(pending, tuple):
-            work, record = pending
-            if not work.is_completed():
+        if isinstance(pending, _AwaitedWork):
+            self._forget(pending)
+            if pending.done:
+                return
+            if not pending.work.is_completed():
                 # never wait twice: a second wait() on a gloo irecv blocks for another message
-                work.wait()
-            record()
+                pending.work.wait()
+            self._finish(pending)
         else:
             pending.wait()
 

@@ -21,13 +21,16 @@ kernel (``InnerCommAllReduce``), so it cannot be exercised here.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mindspore as ms
 import mindspore.mint.distributed as mint_dist
 from mindspore.ops.operations import comm_ops
+
+if TYPE_CHECKING:
+    from trainprobe.probes.collectives import Wrap
 
 PRIMITIVE_OPS: dict[str, str] = {
     "AllReduce": "all_reduce",
@@ -77,6 +80,9 @@ class MindSporeCollectives:
 
     def primitives(self) -> Mapping[type, str]:
         return {getattr(comm_ops, name): op for name, op in PRIMITIVE_OPS.items() if hasattr(comm_ops, name)}
+
+    def patches(self) -> Sequence[tuple[Any, str, Wrap]]:
+        return ()  # a CommHandle's own wait() is wrapped per call (_HandleRecorder)
 
     def defer(self, result: Any, record: Callable[[], None]) -> Any:
         if result is None or not hasattr(result, "wait"):

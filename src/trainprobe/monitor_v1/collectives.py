@@ -3,7 +3,7 @@
 
 A ``cc_codeline`` entry is a regular expression (the spec's example is ``"train.py\\\\[23\\\\]"``)
 searched in every frame of the collective's call stack, written ``<path>[<line>]``; an entry that
-is a plain suffix of the call site (``"train.py[23]"``) matches as well. An empty list selects
+ends the call site at a path component (``"train.py[23]"``, not ``pretrain.py[23]``) matches as well. An empty list selects
 every call. Rows, ``cc_pre_hook`` and ``cc_log_only`` are the engine's
 (:mod:`trainprobe.probes.collectives`).
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from trainprobe.config.monitor_v2 import CcConfig
 from trainprobe.probes.base import StepClock
-from trainprobe.probes.collectives import CollectiveProbe
+from trainprobe.probes.collectives import CollectiveProbe, codeline_matches
 
 if TYPE_CHECKING:
     from trainprobe.adapters import Backend
@@ -36,7 +36,7 @@ class V1CollectiveProbe(CollectiveProbe):
 
     def _selected(self, full_site: str) -> bool:
         lines = self.config.cc_codeline
-        if not lines or any(full_site.endswith(line) for line in lines):
+        if not lines or any(codeline_matches(full_site, line) for line in lines):
             return True
         frame = sys._getframe(1)
         for _ in range(_MAX_FRAMES):

@@ -6,9 +6,13 @@ calls. ``module_name`` is ``<op>.<call>.<side>.<i>@<file>[<line>]``: the functio
 call's index among calls of that function in the step, ``in`` (before the op, with
 ``cc_pre_hook``) or ``out`` (after it), the tensor's index in that argument, and the call site.
 ``send``/``isend`` have no output: their tensor is always written as ``in``. Asynchronous calls
-(``async_op=True``, ``isend``/``irecv``) are recorded when their work completes.
+(``async_op=True``, ``isend``/``irecv``) are recorded when their work completes (see the adapter
+for how it learns that: a future, or the loop's ``wait()``), at the latest at the end of the step.
 
-Two kinds of entry points are wrapped, both restored exactly on :meth:`Probe.detach`:
+``cc_codeline`` keeps the calls whose call site ``<path>[<line>]`` ends with an entry at a path
+component boundary: ``"train.py[3]"`` selects ``.../train.py[3]``, not ``.../pretrain.py[3]``.
+
+Two kinds of entry points are wrapped, both restored exactly when the last probe detaches:
 
 * functions in the style of ``torch.distributed`` (:data:`FUNCTIONS` gives their argument
   names; PyTorch: ``torch.distributed``, MindSpore: ``mindspore.mint.distributed``), replaced in
@@ -19,8 +23,14 @@ Two kinds of entry points are wrapped, both restored exactly on :meth:`Probe.det
   instances created before ``start()`` are seen too. Inputs are the call's tensors, outputs the
   tensors it returns.
 
-``cc_log_only`` prints each distinct call site once per rank (op, dtypes, shapes, group, stack)
-and keeps them in ``rank_<r>/cc_log.json``; it records no statistics and does not interrupt
+The wrappers are shared (:class:`CollectivePatch`): one per function and primitive, whatever the
+number of running monitors. The first ``cc`` probe to attach installs them, every call is handed
+to each attached probe, and the last probe to detach restores the originals, in whatever order
+the monitors stop.
+
+``cc_log_only`` prints each distinct call site once per rank (op, dtypes, shapes, group, then
+the stack, one indented ``<path>[<line>] in <function>: <source>`` line per frame, innermost
+last) and keeps them in ``rank_<r>/cc_log.json``; it records no statistics and does not interrupt
 training.
 """
 
@@ -31,7 +41,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -68,6 +78,11 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gather": (("tensor",), ("gather_list",)),
 }
 
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+"""Makes the replacement of an attribute from the original it replaces."""
+
+_STACK_LIMIT = 12  # frames kept by cc_log_only (console and cc_log.json)
+
 
 class CollectiveApi(Protocol):
     """A framework's collectives, as the ``cc`` probe needs them (one per adapter)."""
@@ -83,10 +98,18 @@ class CollectiveApi(Protocol):
         (for rows and logs); empty where the framework has none."""
         ...
 
+    def patches(self) -> Sequence[tuple[Any, str, Wrap]]:
+        """Further attributes replaced while any ``cc`` probe is attached, as ``(owner, name,
+        wrap)``: ``owner.name`` becomes ``wrap(original)`` and is restored exactly with the
+        collectives (PyTorch: ``Work.wait``, to see when the loop waits for a work without a
+        future); empty where the adapter needs none."""
+        ...
+
     def defer(self, result: Any, record: Callable[[], None]) -> Any:
         """None when a call's outputs are ready now (``record`` is then called by the probe); else
         something :meth:`settle` completes at the end of the step, after which ``record`` has run
-        (an asynchronous call: ``result`` is its work handle)."""
+        (an asynchronous call: ``result`` is its work handle). ``record`` runs once, as soon as
+        the adapter knows the work completed."""
         ...
 
     def settle(self, pending: Any) -> None:
@@ -122,34 +145,119 @@ def call_site(frame: FrameType | None) -> tuple[str, str]:
     return f"{path}[{frame.f_lineno}]", f"{os.path.basename(path)}[{frame.f_lineno}]"
 
 
-class CollectivePatch:
-    """Replaces collective functions and primitive ``__call__`` methods by wrappers and restores
-    exactly what was there."""
+def codeline_matches(full_site: str, line: str) -> bool:
+    """Whether the ``cc_codeline`` entry ``line`` selects the call site ``full_site``
+    (``"<path>[<line>]"``): it is the whole site, or a suffix of it that starts a path component
+    (preceded by ``/`` or ``\\``, or itself starting with one). ``"train.py[3]"`` selects
+    ``/src/train.py[3]``, not ``/src/pretrain.py[3]`` nor ``/src/train.py[33]``."""
+    if not line or not full_site.endswith(line):
+        return False
+    if len(full_site) == len(line) or line[0] in "/\\":
+        return True
+    return full_site[-len(line) - 1] in "/\\"
 
-    def __init__(self) -> None:
-        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original or _ABSENT)
 
-    def install(
+def _arguments_of_function(
+    api: CollectiveApi, op: str, original: Callable[..., Any]
+) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[list[Any], list[Any], Any]]:
+    signature = inspect.signature(original)
+    inputs_names, outputs_names = FUNCTIONS[op]
+
+    def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        return _tensors(api, bound, inputs_names), _tensors(api, bound, outputs_names), bound.get("group")
+
+    return arguments
+
+
+def _arguments_of_primitive(
+    api: CollectiveApi,
+) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[list[Any], list[Any], Any]]:
+    def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+        inputs = [t for value in (*args[1:], *kwargs.values()) for t in tensors_of(api, value)]
+        return inputs, [], getattr(args[0], "group", None)
+
+    return arguments
+
+
+class CallArguments:
+    """One call's ``(inputs, outputs, group)``, read from its arguments once, when a listener
+    first asks (a call no listener records costs no binding)."""
+
+    __slots__ = ("_read", "_args", "_kwargs", "_value")
+
+    def __init__(
         self,
-        api: CollectiveApi,
-        wrap_function: Callable[[str, Callable[..., Any]], Callable[..., Any]],
-        wrap_primitive: Callable[[str, Callable[..., Any]], Callable[..., Any]],
+        read: Callable[[tuple[Any, ...], dict[str, Any]], tuple[list[Any], list[Any], Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> None:
+        self._read = read
+        self._args = args
+        self._kwargs = kwargs
+        self._value: tuple[list[Any], list[Any], Any] | None = None
+
+    def get(self) -> tuple[list[Any], list[Any], Any]:
+        """``(input tensors, output tensors, group)``; raises what binding the arguments raises."""
+        if self._value is None:
+            self._value = self._read(self._args, self._kwargs)
+        return self._value
+
+
+_ABSENT = object()
+
+
+class CollectivePatch:
+    """The wrappers of one framework's collectives, shared by every ``cc`` probe listening to them
+    (use :func:`listen`).
+
+    Installed when the first listener arrives: each function of :data:`FUNCTIONS` the first
+    namespace defines is replaced, in every namespace holding that same object, by one
+    dispatching wrapper; each primitive class's ``__call__`` and each of the adapter's
+    :meth:`~CollectiveApi.patches` likewise. A call is handed to every listener (in the order they
+    arrived), the original runs once, then each listener sees the result. A collective called by
+    another collective (``all_gather_into_tensor`` -> ``all_gather_single``) runs unobserved: the
+    outer call is the one recorded. Removed when the last listener leaves: every replaced
+    attribute gets back the exact object it held (a class attribute it did not hold is deleted).
+    """
+
+    def __init__(self, api: CollectiveApi) -> None:
+        self.api = api
+        self.listeners: tuple[CollectiveProbe, ...] = ()
+        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original or _ABSENT)
+        self._nesting = threading.local()
+
+    def install(self) -> None:
+        """Replace the collectives by the dispatching wrappers (all or, on an error, none)."""
+        try:
+            self._install()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _install(self) -> None:
+        api = self.api
         namespaces = api.namespaces()
         for op in FUNCTIONS:
             original = getattr(namespaces[0], op, None)
             if original is None:
                 continue
-            wrapper = wrap_function(op, original)
+            wrapper = self._function(op, original)
             for namespace in namespaces:
                 if getattr(namespace, op, None) is original:
-                    self._saved.append((namespace, op, original))
-                    setattr(namespace, op, wrapper)
+                    self._replace(namespace, op, wrapper)
         for cls, op in api.primitives().items():
-            self._saved.append((cls, "__call__", cls.__dict__.get("__call__", _ABSENT)))
-            cls.__call__ = wrap_primitive(op, cls.__call__)
+            self._replace(cls, "__call__", self._primitive(op, cls.__call__))
+        for owner, name, wrap in api.patches():
+            self._replace(owner, name, wrap(getattr(owner, name)))
+
+    def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
+        held = vars(owner).get(attribute, _ABSENT) if isinstance(owner, type) else getattr(owner, attribute)
+        self._saved.append((owner, attribute, held))
+        setattr(owner, attribute, replacement)
 
     def remove(self) -> None:
+        """Put back exactly what the collectives' attributes held before :meth:`install`."""
         saved, self._saved = self._saved, []
         for owner, attribute, original in reversed(saved):
             if original is _ABSENT:
@@ -157,8 +265,86 @@ class CollectivePatch:
             else:
                 setattr(owner, attribute, original)
 
+    # -- wrappers ------------------------------------------------------------------------
+    def _function(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        collective = self._dispatcher(op, original, _arguments_of_function(self.api, op, original), False)
+        collective.__wrapped__ = original  # type: ignore[attr-defined]
+        collective.__name__ = getattr(original, "__name__", op)
+        collective.__qualname__ = getattr(original, "__qualname__", op)
+        collective.__doc__ = original.__doc__
+        return collective
 
-_ABSENT = object()
+    def _primitive(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        return self._dispatcher(op, original, _arguments_of_primitive(self.api), True)
+
+    def _dispatcher(
+        self,
+        op: str,
+        original: Callable[..., Any],
+        read: Callable[[tuple[Any, ...], dict[str, Any]], tuple[list[Any], list[Any], Any]],
+        outputs_returned: bool,
+    ) -> Callable[..., Any]:
+        nesting = self._nesting
+
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            listeners = self.listeners
+            if not listeners or getattr(nesting, "depth", 0):
+                return original(*args, **kwargs)
+            frame = sys._getframe(1)
+            arguments = CallArguments(read, args, kwargs)
+            calls = [(probe, probe.before_call(op, arguments, outputs_returned, frame)) for probe in listeners]
+            del frame
+            nesting.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                nesting.depth = 0
+            for probe, call in calls:
+                if call is not None:
+                    probe.after_call(call, result, outputs_returned)
+            return result
+
+        return collective
+
+
+_PATCHES: dict[type, CollectivePatch] = {}
+_PATCHES_LOCK = threading.Lock()
+
+
+class Listening:
+    """A probe's subscription to a :class:`CollectivePatch`; :meth:`remove` ends it (idempotent)
+    and restores the collectives when it was the last one."""
+
+    def __init__(self, patch: CollectivePatch, probe: CollectiveProbe) -> None:
+        self._patch: CollectivePatch | None = patch
+        self._probe = probe
+
+    def remove(self) -> None:
+        with _PATCHES_LOCK:
+            patch, self._patch = self._patch, None
+            if patch is None:
+                return
+            patch.listeners = tuple(p for p in patch.listeners if p is not self._probe)
+            if not patch.listeners:
+                if _PATCHES.get(type(patch.api)) is patch:
+                    del _PATCHES[type(patch.api)]
+                patch.remove()
+
+
+def listen(api: CollectiveApi, probe: CollectiveProbe) -> Listening:
+    """Hand ``api``'s collective calls to ``probe`` until the returned handle is removed.
+
+    There is one :class:`CollectivePatch` per adapter type, installed by the first listener and
+    removed with the last, so monitors may start and stop in any order and ``torch.distributed``
+    (or ``mindspore``) ends exactly as it was once none listens."""
+    with _PATCHES_LOCK:
+        patch = _PATCHES.get(type(api))
+        if patch is None:
+            patch = CollectivePatch(api)
+            patch.install()
+            _PATCHES[type(api)] = patch
+        patch.listeners = (*patch.listeners, probe)
+    return Listening(patch, probe)
 
 
 @dataclass(slots=True)
@@ -184,88 +370,33 @@ class CollectiveProbe(Probe):
         self.config = config
         self.rank = rank
         self.log_path = rank_dir / "cc_log.json"
-        self._patch = CollectivePatch()
-        self._signatures: dict[str, inspect.Signature] = {}
         self._counts: dict[str, int] = {}
         self._pending: list[Any] = []
         self._sites: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self._nesting = threading.local()
+        self.before_call = self.guard(self._before)
+        self.after_call = self.guard(self._after)
 
     def attach(self) -> None:
-        self._patch.install(self.api, self._wrap_function, self._wrap_primitive)
-        self.keep(self._patch)
+        self.keep(listen(self.api, self))
 
-    def _wrap_function(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(original)
-        inputs_names, outputs_names = FUNCTIONS[op]
+    def detach(self) -> None:
+        """Stop listening (the last ``cc`` probe to detach restores the collectives) and forget
+        the asynchronous calls still pending."""
+        super().detach()
+        self._pending = []
 
-        def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-            bound = signature.bind_partial(*args, **kwargs).arguments
-            api = self.api
-            return _tensors(api, bound, inputs_names), _tensors(api, bound, outputs_names), bound.get("group")
-
-        collective = self._wrapper(op, original, arguments, outputs_returned=False)
-        collective.__wrapped__ = original  # type: ignore[attr-defined]
-        collective.__name__ = getattr(original, "__name__", op)
-        collective.__doc__ = original.__doc__
-        return collective
-
-    def _wrap_primitive(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
-            inputs = [t for value in (*args[1:], *kwargs.values()) for t in tensors_of(self.api, value)]
-            return inputs, [], getattr(args[0], "group", None)
-
-        return self._wrapper(op, original, arguments, outputs_returned=True)
-
-    def _wrapper(
-        self,
-        op: str,
-        original: Callable[..., Any],
-        arguments: Callable[[tuple[Any, ...], dict[str, Any]], tuple[list[Any], list[Any], Any]],
-        *,
-        outputs_returned: bool,
-    ) -> Callable[..., Any]:
-        before = self.guard(self._before)
-        after = self.guard(self._after)
-
-        def collective(*args: Any, **kwargs: Any) -> Any:
-            if getattr(self._nesting, "depth", 0):
-                # called by another collective (all_gather_into_tensor -> all_gather_single):
-                # the outer call is the one recorded
-                return original(*args, **kwargs)
-            call = None
-            if not self.disabled:
-                call = before(op, arguments, args, kwargs, outputs_returned, sys._getframe(1))
-            self._nesting.depth = 1
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                self._nesting.depth = 0
-            if call is not None:
-                if outputs_returned:
-                    call.outputs = tensors_of(self.api, result)
-                after(call, result if not outputs_returned else None)
-            return result
-
-        return collective
-
-    def _before(
-        self,
-        op: str,
-        arguments: Callable[[tuple[Any, ...], dict[str, Any]], tuple[list[Any], list[Any], Any]],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        outputs_returned: bool,
-        frame: FrameType,
-    ) -> _Call | None:
+    def _before(self, op: str, arguments: CallArguments, outputs_returned: bool, frame: FrameType) -> _Call | None:
+        """Called before the original collective runs; the returned call, if any, is handed to
+        :meth:`_after` with the result."""
         full_site, short_site = call_site(frame)
-        inputs, outputs, group = arguments(args, kwargs)
         if self.config.cc_log_only:
+            inputs, outputs, group = arguments.get()
             self._log_site(op, full_site, inputs + outputs, group, frame)
             return None
         if not self.clock.collecting or not self._selected(full_site):
             return None
+        inputs, outputs, _ = arguments.get()
         index = self._counts.get(op, 0)
         self._counts[op] = index + 1
         tag_site = f"@{short_site}"
@@ -275,10 +406,14 @@ class CollectiveProbe(Probe):
         return _Call(op, index, tag_site, outputs) if has_outputs else None
 
     def _selected(self, full_site: str) -> bool:
+        """Whether ``cc_codeline`` keeps a call made at ``full_site`` (see :func:`codeline_matches`)."""
         lines = self.config.cc_codeline
-        return not lines or any(full_site.endswith(line) for line in lines)
+        return not lines or any(codeline_matches(full_site, line) for line in lines)
 
-    def _after(self, call: _Call, result: Any) -> None:
+    def _after(self, call: _Call, result: Any, outputs_returned: bool) -> None:
+        if outputs_returned:
+            call.outputs = tensors_of(self.api, result)
+            result = None
         if not call.outputs:
             return
         pending = self.api.defer(result, self.guard(lambda: self._record_call(call)))
@@ -305,20 +440,24 @@ class CollectiveProbe(Probe):
         key = (op, full_site)
         if key in self._sites:
             return
+        stack = traceback.extract_stack(frame, limit=_STACK_LIMIT)
         entry = {
             "op": op,
             "codeline": full_site,
             "dtypes": sorted({str(t.dtype) for t in tensors}),
             "shapes": [list(t.shape) for t in tensors],
             "group": self.api.describe_group(group),
-            "stack": [line.rstrip() for line in traceback.format_stack(frame, limit=12)],
+            "stack": [line.rstrip() for line in stack.format()],
         }
         with self._lock:
             self._sites[key] = entry
             snapshot = list(self._sites.values())
-        print(
+        lines = [
             f"[trainprobe cc rank {self.rank}] {op} at {full_site} dtypes={entry['dtypes']} "
-            f"shapes={entry['shapes']} group={entry['group']}",
-            flush=True,
-        )
+            f"shapes={entry['shapes']} group={entry['group']}"
+        ]
+        for fs in stack:  # outermost first: the call site is the last line
+            source = (fs.line or "").strip()
+            lines.append(f"    {fs.filename}[{fs.lineno}] in {fs.name}" + (f": {source}" if source else ""))
+        print("\n".join(lines), flush=True)
         write_json_atomically(self.log_path, snapshot)

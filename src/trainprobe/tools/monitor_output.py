@@ -226,7 +226,10 @@ def _runs(root: Path, lo: datetime | None, hi: datetime | None) -> Iterator[tupl
             v2_seen = True
             yield folder, "v2", int(v2["rank"])
     if v2_seen and (lo is not None or hi is not None):
-        warn_once(f"v2-time:{root}", f"monitor output {str(root)!r}: Monitor V2 folders carry no timestamp; the time range is ignored")
+        warn_once(
+            f"v2-time:{root}",
+            f"monitor output {str(root)!r}: Monitor V2 folders carry no timestamp; the time range is ignored",
+        )
 
 
 def _in_range(when: datetime, lo: datetime | None, hi: datetime | None) -> bool:
