@@ -132,6 +132,14 @@ def _cc_patch_worker(rank: int, root: Path) -> None:
     _session(root / "p2p", rank, {"cc": {"enabled": True, "ops": OPS}}, p2p)
     facts["p2p_restored"] = _unchanged(_torch_state(), originals)
 
+    def stop_mid_step(mon: Any) -> None:  # no mon.step(): stop() comes inside step 0
+        if rank == 0:
+            dist.send(torch.full((N,), 7.5), 1)
+        else:
+            facts["mid_step_buffer"] = dist.irecv(torch.zeros(N), 0) is not None  # never waited
+
+    _session(root / "mid_step", rank, {"cc": {"enabled": True, "ops": OPS}}, stop_mid_step)
+
     train, pretrain = (_load_site(root / "sites", name) for name in ("train.py", "pretrain.py"))
 
     def sites(mon: Any) -> None:
@@ -193,6 +201,16 @@ def test_cc_irecv_is_recorded_when_wait_returns_not_after_the_buffer_is_reused(p
     irecv_line = _line_of(_p2p_step, "work = dist.irecv(buf, 0)")
     sites = {r["module_name"].split("@")[1] for r in rows if r["module_name"].startswith("irecv.0.")}
     assert sites == {f"{THIS_FILE}[{irecv_line}]"}
+
+
+def test_cc_stop_inside_a_step_writes_the_receive_still_pending(patch_run: Path) -> None:
+    """stop() in the middle of a step whose only call is an irecv nobody waited for: the
+    receive is read then and its row written."""
+    out = patch_run / "mid_step"
+    _assert_no_probe_errors(out)
+    here = _tags(rows_of(out, "cc", 1), 0)
+    assert sorted(here) == ["irecv.0.out.0"]
+    _assert_stats(here["irecv.0.out.0"], torch.full((N,), 7.5, dtype=torch.float64))
 
 
 def test_cc_isend_rows_and_the_returned_works_are_torchs_own(patch_run: Path) -> None:

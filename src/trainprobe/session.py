@@ -75,7 +75,7 @@ class Session:
         if self.closed:
             return
         reached = self.clock.step - 1
-        if self._attached and self.clock.collecting and any(len(p.rows) for p in self.probes):
+        if self._attached and self.clock.collecting and any(p.has_work() for p in self.probes):
             self._flush_rows()
             reached = self.clock.step
         self._finish(reached)

@@ -87,6 +87,11 @@ class Probe:
         """Called once at the end of every step, collected or not, before the rows are taken."""
 
     # -- fault isolation -----------------------------------------------------------------
+    def has_work(self) -> bool:
+        """Whether this step left rows to write (or, for probes that record later, work that
+        ``end_step`` turns into rows): what a mid-step ``stop()`` must still flush."""
+        return len(self.rows) > 0
+
     def fail(self, exc: BaseException) -> None:
         """Log ``exc`` once, stop this probe and drop its pending rows."""
         self.disabled = True

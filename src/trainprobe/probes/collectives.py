@@ -429,6 +429,9 @@ class CollectiveProbe(Probe):
         keys = [RowKey(0, f"{op}.{index}.{side}.{i}{tag_site}", "comm") for i in range(len(tensors))]
         self.rows.extend(keys, self.stats.rows(tensors))
 
+    def has_work(self) -> bool:
+        return len(self.rows) > 0 or bool(self._pending)
+
     def end_step(self) -> None:
         pending, self._pending = self._pending, []
         for item in pending:
