@@ -109,6 +109,11 @@ class MasterMapped:
         self._copy_of = {id(model): copy for model, copy in pairs}
 
     @property
+    def class_name(self) -> str:
+        """The inner optimizer's class name (for messages)."""
+        return type(self.inner).__name__
+
+    @property
     def param_groups(self) -> list[Mapping[str, Any]]:
         return [_ModelGroup(group, self._model_of) for group in self.inner.param_groups]
 
