@@ -20,6 +20,10 @@ Method (one process, one model, one optimizer for every configuration):
   (with the interquartile range of the pair ratios).
 * Control. ``control`` runs the same schedule with no monitor on either side; its ratio is the
   noise floor of the method on this machine (ideally 1.00x).
+* Clock. Step times are wall clock by default (the headline). ``--clock cpu`` times steps by the
+  process's CPU time, every thread included (the writer thread's work too); with ``--threads 1``
+  it is close to wall time on an idle machine and hardly moved by other jobs on a shared one,
+  which only ever lengthen wall time.
 * Memory. ``peak RSS`` is ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` after the configuration
   (process-wide, so it can only grow from one configuration to the next). ``RSS growth`` is
   ``VmRSS`` (``/proc/self/status``) after ``--rss-steps`` consecutive monitored steps (monitor
@@ -31,8 +35,9 @@ Method (one process, one model, one optimizer for every configuration):
   them. The details therefore also give the median over the pairs of the ratio of the two
   blocks' *fastest* steps ("min-step ratio"), which is less sensitive to such bursts; the mean
   ratio stays the headline figure because it includes every cost, spikes of the monitor too.
-  (Process CPU time is no help here: torch's OpenMP workers spin while they wait, so CPU time
-  is about threads × wall time.) The load average is printed at the start and at the end: a
+  (Process CPU time with several threads is no help: torch's OpenMP workers spin while they
+  wait, so CPU time is about threads × wall time; with one thread it is, see ``--clock``.) The
+  load average is printed at the start and at the end: a
   load above the CPU count means other processes were competing and ``control`` will show it.
 
 Output (CSV files) goes to a temporary directory, removed at the end unless ``--out`` is given.
@@ -43,6 +48,7 @@ Usage::
     python bench/bench_monitor_v2.py --quick         # smoke run
     python bench/bench_monitor_v2.py --configs control,weight_grad --blocks 12
     python bench/bench_monitor_v2.py --configs module --profile   # cProfile of a monitored block
+    python bench/bench_monitor_v2.py --threads 1 --clock cpu      # CPU time, 1 thread: stable when shared
 """
 
 from __future__ import annotations
@@ -122,15 +128,18 @@ class Trainer:
         self.cfg, self.model, self.optimizer, self.batches = run.cfg, run.model, run.optimizer, run.batches
         self.last_loss = float("nan")
 
+    clock = staticmethod(time.perf_counter)
+    """What a step's time is: wall clock, or the process's CPU time with ``--clock cpu``."""
+
     def step(self) -> float:
-        """One training step; returns its wall-clock seconds."""
+        """One training step; returns its seconds on :attr:`clock`."""
         batch = next(self.batches)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         loss = self.model.loss(batch)
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        elapsed = time.perf_counter() - t0
+        elapsed = self.clock() - t0
         self.last_loss = loss.item()
         return elapsed
 
@@ -434,7 +443,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="keep the CSV output here (default: a temp dir, removed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print a cProfile of each monitored config")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="a step's time: wall clock (the headline), or the process's CPU time, every thread included "
+        "(with --threads 1, robust to other jobs on a shared machine)",
+    )
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        Trainer.clock = staticmethod(time.process_time)
     quick = args.quick
     defaults = {"steps_per_block": (2, 5), "blocks": (2, 8), "rss_steps": (6, 40), "warmup": (2, 10)}
     for name, (small, full) in defaults.items():
@@ -466,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         n_params = sum(p.numel() for p in trainer.model.parameters())
         print(
             f"TinyGPT {n_params / 1e6:.2f}M params, batch {BATCH_SIZE}, seq {trainer.cfg.seq_len}, AdamW; "
-            f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock; "
             f"{args.blocks} blocks x {args.steps_per_block} steps per side; RSS run {args.rss_steps} steps; "
             f"output in {out}",
             flush=True,
