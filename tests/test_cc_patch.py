@@ -60,13 +60,14 @@ def _value(step: int, k: int) -> float:
 
 
 # -- scenarios (every call site of the rows lives in this file) -----------------------------------
-def _p2p_step(rank: int, step: int, facts: dict[str, Any]) -> None:
-    """Rank 0 sends three tensors; rank 1 receives them asynchronously and reuses each buffer."""
+def _p2p_step(rank: int, step: int, facts: dict[str, Any]) -> tuple[Any, torch.Tensor] | None:
+    """Rank 0 sends three tensors; rank 1 receives them asynchronously and reuses each buffer,
+    and returns the third receive, which the loop waits for only after the step boundary."""
     if rank == 0:
         dist.isend(torch.full((N,), _value(step, 1)), 1).wait()
         dist.isend(torch.full((N,), _value(step, 2)), 1).wait()
         dist.send(torch.full((N,), _value(step, 3)), 1)
-        return
+        return None
     buf = torch.zeros(N)
     work = dist.irecv(buf, 0)
     facts["irecv_type_is_work"] = type(work) is dist.Work
@@ -79,7 +80,7 @@ def _p2p_step(rank: int, step: int, facts: dict[str, Any]) -> None:
         w.wait()
     buf2.fill_(-2.0)
     buf3 = torch.zeros(N)
-    facts.setdefault("never_waited", []).append(dist.irecv(buf3, 0) is not None)  # read at the end of the step
+    return dist.irecv(buf3, 0), buf3
 
 
 def _load_site(folder: Path, file_name: str) -> Any:
@@ -126,19 +127,30 @@ def _cc_patch_worker(rank: int, root: Path) -> None:
 
     def p2p(mon: Any) -> None:
         for step in range(2):
-            _p2p_step(rank, step, facts)
+            late = _p2p_step(rank, step, facts)
             mon.step()
+            if late is not None:  # the monitor must not have waited first: a second wait would hang
+                work, buf = late
+                work.wait()
+                facts.setdefault("late", []).append(buf.tolist())
+                buf.fill_(-3.0)
 
     _session(root / "p2p", rank, {"cc": {"enabled": True, "ops": OPS}}, p2p)
     facts["p2p_restored"] = _unchanged(_torch_state(), originals)
+
+    unwaited: list[tuple[Any, torch.Tensor]] = []
 
     def stop_mid_step(mon: Any) -> None:  # no mon.step(): stop() comes inside step 0
         if rank == 0:
             dist.send(torch.full((N,), 7.5), 1)
         else:
-            facts["mid_step_buffer"] = dist.irecv(torch.zeros(N), 0) is not None  # never waited
+            buf = torch.zeros(N)
+            unwaited.append((dist.irecv(buf, 0), buf))  # not waited for while monitored
 
     _session(root / "mid_step", rank, {"cc": {"enabled": True, "ops": OPS}}, stop_mid_step)
+    for work, buf in unwaited:  # the loop waits after stop(): it gets its message, no hang
+        work.wait()
+        facts["mid_step_value"] = buf.tolist()
 
     train, pretrain = (_load_site(root / "sites", name) for name in ("train.py", "pretrain.py"))
 
@@ -192,25 +204,30 @@ def test_cc_irecv_is_recorded_when_wait_returns_not_after_the_buffer_is_reused(p
     out = patch_run / "p2p"
     _assert_no_probe_errors(out)
     rows = rows_of(out, "cc", 1)
-    for step in range(2):
+    for step in range(3):
         here = _tags(rows, step)
-        assert sorted(here) == ["irecv.0.out.0", "irecv.1.out.0", "irecv.2.out.0"]
-        for k in range(3):  # dist.irecv + wait, batch_isend_irecv + wait, irecv never waited
+        mine = ["irecv.0.out.0", "irecv.1.out.0"] if step < 2 else []
+        late = ["irecv.2.out.0"] if step > 0 else []  # the previous step's, waited after its end
+        assert sorted(here) == mine + late
+        for k in range(2 if step < 2 else 0):  # dist.irecv + wait, batch_isend_irecv + wait
             _assert_stats(here[f"irecv.{k}.out.0"], torch.full((N,), _value(step, k + 1), dtype=torch.float64))
+        if late:  # recorded when the loop waited, in the step running then
+            _assert_stats(here["irecv.2.out.0"], torch.full((N,), _value(step - 1, 3), dtype=torch.float64))
+    assert _facts(patch_run, 1)["late"] == [[_value(s, 3)] * N for s in range(2)]
     # the row names the loop's line, though it is written later, when wait() returns
     irecv_line = _line_of(_p2p_step, "work = dist.irecv(buf, 0)")
     sites = {r["module_name"].split("@")[1] for r in rows if r["module_name"].startswith("irecv.0.")}
     assert sites == {f"{THIS_FILE}[{irecv_line}]"}
 
 
-def test_cc_stop_inside_a_step_writes_the_receive_still_pending(patch_run: Path) -> None:
-    """stop() in the middle of a step whose only call is an irecv nobody waited for: the
-    receive is read then and its row written."""
+def test_cc_stop_inside_a_step_never_waits_on_the_loops_behalf(patch_run: Path) -> None:
+    """stop() in the middle of a step whose only call is an irecv nobody waited for yet: the
+    monitor does not wait for it (a second wait() on a gloo receive would block the loop), so
+    there is no row, and the loop's own later wait() gets the message."""
     out = patch_run / "mid_step"
     _assert_no_probe_errors(out)
-    here = _tags(rows_of(out, "cc", 1), 0)
-    assert sorted(here) == ["irecv.0.out.0"]
-    _assert_stats(here["irecv.0.out.0"], torch.full((N,), 7.5, dtype=torch.float64))
+    assert rows_of(out, "cc", 1) == []
+    assert _facts(patch_run, 1)["mid_step_value"] == [7.5] * N
 
 
 def test_cc_isend_rows_and_the_returned_works_are_torchs_own(patch_run: Path) -> None:
@@ -223,7 +240,6 @@ def test_cc_isend_rows_and_the_returned_works_are_torchs_own(patch_run: Path) ->
     # the loop gets the Work torch made, not a stand-in: type checks and torch's own calls hold
     assert facts["irecv_type_is_work"] is True
     assert facts["batch_types_are_work"] == [True]
-    assert facts["never_waited"] == [True, True]
     assert all(_facts(patch_run, r)["p2p_restored"] for r in range(WORLD))
 
 

@@ -673,6 +673,29 @@ def test_stop_restores_all_reduce_in_this_process(tmp_path: Path) -> None:
     assert row["module_name"].startswith("all_reduce.0.out.0@")
 
 
+def test_a_collective_called_with_wrong_arguments_keeps_the_monitor_on(tmp_path: Path, caplog) -> None:
+    """The loop's own TypeError (a bad argument it catches) reaches the loop and leaves the cc
+    monitor recording the next calls: it is not a fault of the monitor."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
+    try:
+        mon = TrainerMonitorV2(
+            write_config(tmp_path, {"output_dir": str(tmp_path / "out"), "monitors": {"cc": {"enabled": True}}})
+        )
+        mon.start()
+        with pytest.raises(TypeError, match="bogus"):
+            dist.all_reduce(torch.ones(2), bogus=1)
+        dist.all_reduce(torch.full((2,), 3.0))
+        mon.step()
+        mon.stop()
+    finally:
+        dist.destroy_process_group()
+    assert "disabled" not in caplog.text
+    (row,) = rows_of(tmp_path / "out", "cc", 0)
+    assert row["module_name"].startswith("all_reduce.0.out.0@") and float(row["max"]) == 3.0
+
+
 # ==============================================================================================
 # FSDP on CPU / gloo
 # ==============================================================================================

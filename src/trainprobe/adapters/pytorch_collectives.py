@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 class _AwaitedWork:
     """A work without a future and the ``record`` of one listener's call, run once: when the loop
-    waits for the work, or at the end of the step."""
+    waits for the work (or at the end of a step, if it has completed by then)."""
 
     __slots__ = ("work", "record", "done", "__weakref__")
 
@@ -113,17 +113,18 @@ class TorchCollectives:
             return pending
         return future.then(lambda _f: record())
 
-    def settle(self, pending: Any) -> None:
-        if isinstance(pending, _AwaitedWork):
-            self._forget(pending)
-            if pending.done:
-                return
-            if not pending.work.is_completed():
-                # never wait twice: a second wait() on a gloo irecv blocks for another message
-                pending.work.wait()
-            self._finish(pending)
-        else:
-            pending.wait()
+    def settle(self, pending: Any) -> bool:
+        if not isinstance(pending, _AwaitedWork):
+            pending.wait()  # a future: waiting on it again is harmless
+            return True
+        if not pending.done and not pending.work.is_completed():
+            # Never wait on the loop's behalf: a second wait() on a gloo irecv blocks for another
+            # message, so a loop that waits after the step boundary would hang. The call stays
+            # registered and is recorded when the loop waits (in a later step).
+            return False
+        self._forget(pending)
+        self._finish(pending)
+        return True
 
     def describe_group(self, group: Any) -> Any:
         if group is None or group is dist.GroupMember.WORLD:

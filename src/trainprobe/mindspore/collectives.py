@@ -89,8 +89,9 @@ class MindSporeCollectives:
             return None
         return _HandleRecorder(result, record)
 
-    def settle(self, pending: Any) -> None:
+    def settle(self, pending: Any) -> bool:
         pending.settle()
+        return True
 
     def describe_group(self, group: Any) -> Any:
         from mindspore.communication import GlobalComm

@@ -112,8 +112,11 @@ class CollectiveApi(Protocol):
         the adapter knows the work completed."""
         ...
 
-    def settle(self, pending: Any) -> None:
-        """Wait for a deferred call and make sure its ``record`` ran (end of the step)."""
+    def settle(self, pending: Any) -> bool:
+        """At the end of the step: make sure a deferred call's ``record`` ran and return True, or
+        return False for a call that cannot complete without a wait the loop itself may still
+        make (PyTorch: a gloo point-to-point work nobody waited for; it is recorded when the loop
+        waits, in a later step, and never if the loop never waits)."""
         ...
 
     def describe_group(self, group: Any) -> Any:
@@ -390,13 +393,15 @@ class CollectiveProbe(Probe):
         """Called before the original collective runs; the returned call, if any, is handed to
         :meth:`_after` with the result."""
         full_site, short_site = call_site(frame)
-        if self.config.cc_log_only:
+        if not self.config.cc_log_only and (not self.clock.collecting or not self._selected(full_site)):
+            return None
+        try:
             inputs, outputs, group = arguments.get()
+        except TypeError:  # the caller's own arguments do not fit: the collective raises it to them
+            return None
+        if self.config.cc_log_only:
             self._log_site(op, full_site, inputs + outputs, group, frame)
             return None
-        if not self.clock.collecting or not self._selected(full_site):
-            return None
-        inputs, outputs, _ = arguments.get()
         index = self._counts.get(op, 0)
         self._counts[op] = index + 1
         tag_site = f"@{short_site}"
@@ -433,9 +438,7 @@ class CollectiveProbe(Probe):
         return len(self.rows) > 0 or bool(self._pending)
 
     def end_step(self) -> None:
-        pending, self._pending = self._pending, []
-        for item in pending:
-            self.api.settle(item)
+        self._pending = [item for item in self._pending if not self.api.settle(item)]
         self._counts.clear()
 
     # -- cc_log_only ---------------------------------------------------------------------
