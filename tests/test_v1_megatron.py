@@ -62,13 +62,14 @@ def test_master_copies_are_named_and_selected_as_the_model_parameters(tmp_path, 
     cfg = {"targets": {"2": {}}, "wg_distribution": True, "mv_distribution": True, "param_distribution": True}
     mon = make_v1(tmp_path, monkeypatch, {**cfg, "ops": ["norm"]})
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
-    grads, moments = [], []
+    grads, moments, updated = [], [], []
     for _ in range(2):
         model(torch.randn(3, 4).bfloat16()).float().pow(2).mean().backward()
         grads.append(model[2].weight.main_grad.clone())
         opt.step()
         master = opt.fp32_from_float16_groups[0][2]
         moments.append(opt.state[master]["exp_avg"].clone())
+        updated.append(master.detach().clone())
         opt.zero_grad()
     mon.stop()
     assert "keeps no" not in caplog.text
@@ -80,3 +81,5 @@ def test_master_copies_are_named_and_selected_as_the_model_parameters(tmp_path, 
         assert float(row["norm"]) == pytest.approx(float(grads[step].double().norm()), abs=1e-6)
     for step, row in enumerate(by_name(table(folder, "exp_avg"), "0:2.weight")):
         assert float(row["norm"]) == pytest.approx(float(moments[step].double().norm()), abs=1e-6)
+    for step, row in enumerate(by_name(table(folder, "param_updated"), "0:2.weight")):  # the stepped masters
+        assert float(row["norm"]) == pytest.approx(float(updated[step].double().norm()), abs=1e-6)

@@ -117,6 +117,13 @@ class MgDirectionProbe(_AdamFeature):
             grad = self.grad_of(named.param)
             if grad is None or not isinstance(moment, torch.Tensor) or grad.numel() == 0:
                 continue
+            if moment.shape != grad.shape:  # a shard of the parameter (Megatron's distributed optimizer)
+                warn_once(
+                    f"mg-shard-{named.name}",
+                    f"trainprobe mg_direction: the optimizer's exp_avg of {named.name} is a shard "
+                    f"{tuple(moment.shape)} of its gradient {tuple(grad.shape)}; no mg_direction row for it",
+                )
+                continue
             fraction = self.agreement(grad.detach(), moment)
             self.rows.add(RowKey(named.vpp_stage, f"{named.name}.mg_direction", "other"), self.stats.row(fraction))
 

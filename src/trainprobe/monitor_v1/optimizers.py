@@ -99,14 +99,19 @@ class MasterMapped:
     """An optimizer (or :class:`OptimizerGroup`) seen through the model's parameters: its
     ``param_groups`` list the model parameter where the optimizer holds a master copy, and its
     ``state`` is looked up through the copy. Rows are then named after the model's parameters,
-    ``targets`` select them, gradients come from them (``main_grad``), and moments from the
-    optimizer's state of their copies (of this rank's shard under Megatron's distributed
-    optimizer)."""
+    ``targets`` select them, gradients come from them (``main_grad``), and moments and parameter
+    values (``param_origin``/``param_updated``) from the copies the optimizer steps (this rank's
+    shard under Megatron's distributed optimizer): the wrapper copies them back into the model
+    only after the inner optimizer's step, when its post-step hook has already run."""
 
     def __init__(self, optimizer: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.inner = optimizer
         self._model_of = {id(copy): model for model, copy in pairs}
         self._copy_of = {id(model): copy for model, copy in pairs}
+
+    def copy_of(self, param: torch.Tensor) -> torch.Tensor:
+        """The copy the optimizer steps for a model parameter (the parameter itself if none)."""
+        return self._copy_of.get(id(param), param)
 
     @property
     def class_name(self) -> str:

@@ -87,7 +87,9 @@ def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
         )
     if cfg.param_distribution:
         param_cfg = ParamConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
-        probes.append(ParamProbe(att.clock, param_cfg, params, backend=att.backend))
+        copy_of = getattr(att.optimizer, "copy_of", None)  # the float32 masters a wrapper steps
+        stepped = [NamedParam(n.vpp_stage, n.name, copy_of(n.param)) for n in params] if copy_of else params
+        probes.append(ParamProbe(att.clock, param_cfg, stepped, backend=att.backend))
     if cfg.ur_distribution and torch_only("ur_distribution", att):
         probes += _update_ratio(cfg, att, params)
     if cfg.l2.enabled and module_rank and torch_only("recording_l2_features", att):
