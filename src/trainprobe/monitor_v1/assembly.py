@@ -65,6 +65,7 @@ class SessionFactory:
                 table_of=output.table_of,
                 name_file=output.file_name,
                 append=bool(cfg.append_output),
+                first_step=self.att.clock.step,
             )
             sinks.append(csv)
         elif cfg.format == "tensorboard":

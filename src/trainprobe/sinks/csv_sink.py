@@ -162,6 +162,10 @@ class CsvSink:
         table_of: the table of a row, from its monitor and key (default: the monitor).
         name_file: file name of a table's window (default: :func:`file_name`).
         append: continue existing files instead of truncating them.
+        first_step: the first step this sink can see (a session started inside a window, such as
+            Monitor V1's after a ``reload_xy`` or an ``ops`` change): its first file is named from
+            there, not from the window's first step, so it never shares a name range with the
+            file of the session before it.
     """
 
     def __init__(
@@ -173,8 +177,10 @@ class CsvSink:
         table_of: Callable[[str, RowKey], str] = _by_monitor,
         name_file: Callable[[str, int, int], str] = file_name,
         append: bool = False,
+        first_step: int = 0,
     ) -> None:
         self.rank_dir = rank_dir
+        self.first_step = first_step
         self.schedule = schedule
         self.layouts = dict(layouts)
         self.table_of = table_of
@@ -199,6 +205,7 @@ class CsvSink:
 
     def _file_for(self, table: str, step: int, layout: TableLayout) -> _OpenFile:
         first, last = self.schedule.window(step)
+        first = max(first, min(self.first_step, step))
         current = self._open.get(table)
         if current is not None and current.first == first:
             return current
