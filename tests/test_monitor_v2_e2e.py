@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 
 import pytest
 import torch
@@ -669,3 +670,38 @@ def test_backward_missing_every_sentinel_falls_back_to_parameter_hooks(tmp_path,
     for row in rows:
         assert_row_matches(row, grads[int(row["step"])][row["module_name"]], rel=1e-6)
     assert no_hooks_left(model, opt)
+
+
+def test_a_step_grad_scaler_skips_keeps_its_own_step(tmp_path):
+    """An inf gradient makes GradScaler skip optimizer.step(): that iteration is still a step of
+    its own (its unreduced rows, holding the inf, written; no reduced row, as no step ran) and the
+    next iteration's rows are not merged into it. GradScaler.step is restored at stop()."""
+    original = vars(torch.amp.GradScaler)["step"]
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "ops": ["norm"]}})
+    mon.start(model=model, optimizer=opt)
+    scaled = []
+    for i in range(3):
+        x = torch.randn(4, 6)
+        if i == 1:
+            x[0, 0] = float("inf")
+        scaler.scale(model(x).pow(2).mean()).backward()
+        scaled.append(model.fc1.weight.grad.norm().item())
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    mon.stop()
+    assert vars(torch.amp.GradScaler)["step"] is original
+    rows = [r for r in rows_of(out, "weight_grad") if r["module_name"] == "fc1.weight"]
+    assert [(r["step"], r["scope"]) for r in rows] == [
+        ("0", "unreduced"),
+        ("0", "reduced"),
+        ("1", "unreduced"),
+        ("2", "unreduced"),
+        ("2", "reduced"),
+    ]
+    assert not math.isfinite(float(rows[2]["norm"]))  # the inf iteration's gradient
+    assert float(rows[3]["norm"]) == pytest.approx(scaled[2], rel=1e-6)

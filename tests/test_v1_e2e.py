@@ -764,3 +764,25 @@ def test_targets_that_name_nothing_warn_with_close_names(tmp_path, monkeypatch, 
     assert not any(f"'{t}' (closest" in caplog.text for t in ("fc1.weight", "0:fc2", "act"))
     names = {r["name"] for r in table(run_dir(tmp_path), "grad_reduced")}
     assert names == {"0:fc1.weight", "0:fc2.weight", "0:fc2.bias"}
+
+
+def test_v1_a_step_grad_scaler_skips_keeps_its_own_step(tmp_path, monkeypatch):
+    """V1 too: the iteration whose step GradScaler skipped is its own step (grad_unreduced only)."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "ops": ["norm"]})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    for i in range(3):
+        x = torch.randn(4, 6)
+        if i == 1:
+            x[0, 0] = float("inf")
+        scaler.scale(model(x).pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    mon.stop()
+    folder = run_dir(tmp_path)
+    assert sorted({r["step"] for r in table(folder, "grad_unreduced")}) == ["0", "1", "2"]
+    assert sorted({r["step"] for r in table(folder, "grad_reduced")}) == ["0", "2"]

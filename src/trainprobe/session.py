@@ -6,7 +6,8 @@ the optimizer exactly as they were.
 
 Step protocol: hooks record rows for ``clock.step`` while ``clock.collecting``;
 :meth:`Session.end_step` hands each probe's rows to the writer as one batch and moves the clock
-on. With ``patch_step`` the optimizer's step post-hook ends the step.
+on. With ``patch_step`` the optimizer's step post-hook ends the step, and so does a
+``GradScaler.step`` that skips the optimizer's step (:mod:`trainprobe.amp_skips`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from trainprobe.amp_skips import watch_skipped_steps
 from trainprobe.log import error_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.schedule import Schedule
@@ -59,7 +61,11 @@ class Session:
             for probe in self.probes:
                 probe.attach()
             if self.optimizer is not None:
-                self._optimizer_handles = [self.optimizer.register_step_post_hook(self._post_step)]
+                # first: its counting hook must run before the post-step hook, which may detach
+                # everything (torch iterates the hooks while they run)
+                watch = watch_skipped_steps(self.optimizer, self._skipped_step) if self.patch_step else None
+                self._optimizer_handles = [watch] if watch is not None else []
+                self._optimizer_handles.append(self.optimizer.register_step_post_hook(self._post_step))
                 if self.pre_step_hook:
                     self._optimizer_handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
         except BaseException:
@@ -143,6 +149,10 @@ class Session:
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizer_post_step()
         if self.patch_step:
+            self.end_step()
+
+    def _skipped_step(self) -> None:
+        if not self.closed:
             self.end_step()
 
     def optimizer_post_step(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from torch import nn
 
+from trainprobe.amp_skips import watch_skipped_steps
 from trainprobe.config.monitor_v1 import DEFAULT_V1_OPS, MonitorV1Config, load_monitor_v1_config
 from trainprobe.log import logger, warn_once
 from trainprobe.monitor_v1 import output
@@ -166,7 +167,10 @@ class TrainerMon:
     def _hook_steps(self, att: Attachment) -> None:
         """The step hooks."""
         first, last = att.optimizers[0], att.optimizers[-1]
-        self._hooks = [first.register_step_pre_hook(self._pre_step), last.register_step_post_hook(self._post_step)]
+        # the skip watch first: its counting hook must run before _post_step, which may stop()
+        watch = watch_skipped_steps(last, lambda: self._post_step(last, (), {}))  # GradScaler skipped it
+        self._hooks = [watch] if watch is not None else []
+        self._hooks += [first.register_step_pre_hook(self._pre_step), last.register_step_post_hook(self._post_step)]
         for chunk in att.view.chunks:
             self._hooks.append(chunk.register_forward_pre_hook(self._step_begins, prepend=True))
 
