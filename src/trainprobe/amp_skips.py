@@ -13,6 +13,7 @@ exact originals.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -103,10 +104,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
                     error_once(f"amp-skip-{id(watch)}", f"trainprobe: ending a skipped step failed: {exc!r}")
         return result
 
-    step.__wrapped__ = original  # type: ignore[attr-defined]
-    step.__name__ = getattr(original, "__name__", "step")
-    step.__qualname__ = getattr(original, "__qualname__", "GradScaler.step")
-    step.__doc__ = original.__doc__
+    functools.update_wrapper(step, original)  # name, doc, __wrapped__
     return step
 
 

@@ -15,6 +15,7 @@ An asynchronous call's outputs are recorded when its work completes:
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -70,10 +71,7 @@ class TorchCollectives:
                 self._completed(work)
             return result
 
-        wait.__wrapped__ = original  # type: ignore[attr-defined]
-        wait.__name__ = getattr(original, "__name__", "wait")
-        wait.__qualname__ = getattr(original, "__qualname__", "Work.wait")
-        wait.__doc__ = original.__doc__
+        functools.update_wrapper(wait, original)  # name, doc, __wrapped__
         return wait
 
     def _completed(self, work: Any) -> None:

@@ -36,6 +36,7 @@ training.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -271,10 +272,7 @@ class CollectivePatch:
     # -- wrappers ------------------------------------------------------------------------
     def _function(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         collective = self._dispatcher(op, original, _arguments_of_function(self.api, op, original), False)
-        collective.__wrapped__ = original  # type: ignore[attr-defined]
-        collective.__name__ = getattr(original, "__name__", op)
-        collective.__qualname__ = getattr(original, "__qualname__", op)
-        collective.__doc__ = original.__doc__
+        functools.update_wrapper(collective, original)  # name, doc, __wrapped__
         return collective
 
     def _primitive(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
