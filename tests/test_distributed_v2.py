@@ -21,7 +21,8 @@ import os
 import socket
 import time
 import warnings
-from contextlib import nullcontext, redirect_stdout
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -643,18 +644,33 @@ def test_cc_stop_restores_the_original_functions(cc_run: Path) -> None:
         )
 
 
-def test_stop_restores_all_reduce_in_this_process(tmp_path: Path) -> None:
-    """Single-process gloo group (world size 1): the exact objects come back after stop()."""
-    original = (dist.all_reduce, c10d.all_reduce)
-    original_wait = vars(dist.Work)["wait"]
+@contextmanager
+def _world_of_one() -> Iterator[None]:
+    """A single-process gloo group (world size 1) for the duration of the block."""
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=30)
     )
     try:
-        mon = TrainerMonitorV2(
-            write_config(tmp_path, {"output_dir": str(tmp_path / "out"), "monitors": {"cc": {"enabled": True}}})
-        )
-        mon.start()
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _cc_monitor(tmp_path: Path) -> TrainerMonitorV2:
+    """A started V2 monitor with cc on, writing under ``tmp_path/out``."""
+    mon = TrainerMonitorV2(
+        write_config(tmp_path, {"output_dir": str(tmp_path / "out"), "monitors": {"cc": {"enabled": True}}})
+    )
+    mon.start()
+    return mon
+
+
+def test_stop_restores_all_reduce_in_this_process(tmp_path: Path) -> None:
+    """Single-process gloo group (world size 1): the exact objects come back after stop()."""
+    original = (dist.all_reduce, c10d.all_reduce)
+    original_wait = vars(dist.Work)["wait"]
+    with _world_of_one():
+        mon = _cc_monitor(tmp_path)
         assert dist.all_reduce is not original[0] and c10d.all_reduce is not original[1]
         assert dist.all_reduce is c10d.all_reduce
         t = torch.ones(2)
@@ -667,8 +683,6 @@ def test_stop_restores_all_reduce_in_this_process(tmp_path: Path) -> None:
         mon.stop()  # idempotent
         assert dist.all_reduce is original[0] and c10d.all_reduce is original[1]
         assert vars(dist.Work)["wait"] is original_wait
-    finally:
-        dist.destroy_process_group()
     (row,) = rows_of(tmp_path / "out", "cc", 0)
     assert row["module_name"].startswith("all_reduce.0.out.0@")
 
@@ -676,21 +690,13 @@ def test_stop_restores_all_reduce_in_this_process(tmp_path: Path) -> None:
 def test_a_collective_called_with_wrong_arguments_keeps_the_monitor_on(tmp_path: Path, caplog) -> None:
     """The loop's own TypeError (a bad argument it catches) reaches the loop and leaves the cc
     monitor recording the next calls: it is not a fault of the monitor."""
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=timedelta(seconds=30)
-    )
-    try:
-        mon = TrainerMonitorV2(
-            write_config(tmp_path, {"output_dir": str(tmp_path / "out"), "monitors": {"cc": {"enabled": True}}})
-        )
-        mon.start()
+    with _world_of_one():
+        mon = _cc_monitor(tmp_path)
         with pytest.raises(TypeError, match="bogus"):
             dist.all_reduce(torch.ones(2), bogus=1)
         dist.all_reduce(torch.full((2,), 3.0))
         mon.step()
         mon.stop()
-    finally:
-        dist.destroy_process_group()
     assert "disabled" not in caplog.text
     (row,) = rows_of(tmp_path / "out", "cc", 0)
     assert row["module_name"].startswith("all_reduce.0.out.0@") and float(row["max"]) == 3.0
