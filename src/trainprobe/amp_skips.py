@@ -22,9 +22,8 @@ import torch
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import error_once
+from trainprobe.patching import AttrPatch
 from trainprobe.probes.model_view import unwrap_optimizer
-
-_ABSENT = object()
 
 
 def _scaler_classes() -> list[type]:
@@ -60,7 +59,7 @@ class SkipWatch:
 
 
 _LISTENERS: list[SkipWatch] = []
-_SAVED: list[tuple[type, Any]] = []
+_PATCH = AttrPatch()
 _LOCK = threading.Lock()
 
 
@@ -80,15 +79,11 @@ def watch_skipped_steps(optimizer: Any, on_skip: Callable[[], None]) -> SkipWatc
 
 def _install() -> None:
     for cls in _scaler_classes():
-        original = vars(cls)["step"]
-        _SAVED.append((cls, original))
-        cls.step = _wrap(original)
+        _PATCH.replace(cls, "step", _wrap(vars(cls)["step"]))
 
 
 def _restore() -> None:
-    while _SAVED:
-        cls, original = _SAVED.pop()
-        cls.step = original
+    _PATCH.restore()
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,7 +5,7 @@
 itself disables the mode while one of its calls runs, so an API called inside another API (the
 ``torch.relu`` inside ``F.relu``) is not dumped twice. ``torch.distributed`` functions and custom
 APIs (``register_custom_api``) do not go through ``__torch_function__`` and are replaced by
-wrappers through :class:`AttrPatch`, which puts back exactly the original objects.
+wrappers through :class:`~trainprobe.patching.AttrPatch`, which puts back exactly the original objects.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from trainprobe.dump.api_catalog import DISTRIBUTED_PREFIX, ApiCatalog
 from trainprobe.dump.collector import Collector
+from trainprobe.patching import AttrPatch
 
 
 class ApiMode(TorchFunctionMode):
@@ -39,34 +40,6 @@ class ApiMode(TorchFunctionMode):
         if base is None or not self._collector.active:
             return func(*args, **kwargs)
         return self._collector.api_call(base, func, args, kwargs)
-
-
-class AttrPatch:
-    """Replaces attributes by wrappers and restores exactly what was there."""
-
-    def __init__(self) -> None:
-        self._saved: list[tuple[Any, str, Any]] = []
-
-    def replace(self, owner: Any, attr: str, wrapper: Any) -> None:
-        """Set ``owner.attr = wrapper``, remembering the original."""
-        self._saved.append((owner, attr, getattr(owner, attr)))
-        setattr(owner, attr, wrapper)
-
-    def restore(self, owner: Any = None, attr: str | None = None) -> bool:
-        """Put originals back (all, or only ``owner.attr``); returns whether anything was restored."""
-        keep: list[tuple[Any, str, Any]] = []
-        done = False
-        for o, a, original in reversed(self._saved):
-            if owner is None or (o is owner and a == attr):
-                setattr(o, a, original)
-                done = True
-            else:
-                keep.append((o, a, original))
-        self._saved = list(reversed(keep))
-        return done
-
-    def __bool__(self) -> bool:
-        return bool(self._saved)
 
 
 def api_wrapper(collector: Collector, base: str, original: Callable[..., Any]) -> Callable[..., Any]:

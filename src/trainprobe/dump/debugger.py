@@ -32,7 +32,7 @@ from torch.overrides import _get_current_function_mode_stack
 
 from trainprobe.config.fields import load_json_object
 from trainprobe.dump.api_catalog import ApiCatalog
-from trainprobe.dump.api_hooks import ApiMode, AttrPatch, api_wrapper, patch_distributed
+from trainprobe.dump.api_hooks import ApiMode, api_wrapper, patch_distributed
 from trainprobe.dump.collector import Collector
 from trainprobe.dump.config import DumpConfig, load_dump_config
 from trainprobe.dump.entries import EntryOptions, tensors_in, value_entry
@@ -40,6 +40,7 @@ from trainprobe.dump.module_hooks import ModuleHooks, named_submodules
 from trainprobe.dump.store import StepStore, TensorFileWriter
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
+from trainprobe.patching import AttrPatch
 
 Model = nn.Module | Sequence[nn.Module]
 

@@ -7,7 +7,8 @@ call's index among calls of that function in the step, ``in`` (before the op, wi
 ``cc_pre_hook``) or ``out`` (after it), the tensor's index in that argument, and the call site.
 ``send``/``isend`` have no output: their tensor is always written as ``in``. Asynchronous calls
 (``async_op=True``, ``isend``/``irecv``) are recorded when their work completes (see the adapter
-for how it learns that: a future, or the loop's ``wait()``), at the latest at the end of the step.
+for how it learns that: a future, or the loop's ``wait()``); a work that has not completed by the
+end of its step is never waited for on the loop's behalf (:meth:`CollectiveApi.settle`).
 
 ``cc_codeline`` keeps the calls whose call site ``<path>[<line>]`` ends with an entry at a path
 component boundary: ``"train.py[3]"`` selects ``.../train.py[3]``, not ``.../pretrain.py[3]``.
@@ -49,6 +50,7 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainprobe.config.monitor_v2 import CcConfig
+from trainprobe.patching import AttrPatch
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.records import RowKey
 from trainprobe.sinks.files import write_json_atomically
@@ -108,9 +110,9 @@ class CollectiveApi(Protocol):
 
     def defer(self, result: Any, record: Callable[[], None]) -> Any:
         """None when a call's outputs are ready now (``record`` is then called by the probe); else
-        something :meth:`settle` completes at the end of the step, after which ``record`` has run
-        (an asynchronous call: ``result`` is its work handle). ``record`` runs once, as soon as
-        the adapter knows the work completed."""
+        a pending item for :meth:`settle` at the end of the step (an asynchronous call:
+        ``result`` is its work handle). ``record`` runs once, as soon as the adapter knows the
+        work completed."""
         ...
 
     def settle(self, pending: Any) -> bool:
@@ -208,9 +210,6 @@ class CallArguments:
         return self._value
 
 
-_ABSENT = object()
-
-
 class CollectivePatch:
     """The wrappers of one framework's collectives, shared by every ``cc`` probe listening to them
     (use :func:`listen`).
@@ -228,7 +227,7 @@ class CollectivePatch:
     def __init__(self, api: CollectiveApi) -> None:
         self.api = api
         self.listeners: tuple[CollectiveProbe, ...] = ()
-        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original or _ABSENT)
+        self._patch = AttrPatch()
         self._nesting = threading.local()
 
     def install(self) -> None:
@@ -249,25 +248,15 @@ class CollectivePatch:
             wrapper = self._function(op, original)
             for namespace in namespaces:
                 if getattr(namespace, op, None) is original:
-                    self._replace(namespace, op, wrapper)
+                    self._patch.replace(namespace, op, wrapper)
         for cls, op in api.primitives().items():
-            self._replace(cls, "__call__", self._primitive(op, cls.__call__))
+            self._patch.replace(cls, "__call__", self._primitive(op, cls.__call__))
         for owner, name, wrap in api.patches():
-            self._replace(owner, name, wrap(getattr(owner, name)))
-
-    def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
-        held = vars(owner).get(attribute, _ABSENT) if isinstance(owner, type) else getattr(owner, attribute)
-        self._saved.append((owner, attribute, held))
-        setattr(owner, attribute, replacement)
+            self._patch.replace(owner, name, wrap(getattr(owner, name)))
 
     def remove(self) -> None:
         """Put back exactly what the collectives' attributes held before :meth:`install`."""
-        saved, self._saved = self._saved, []
-        for owner, attribute, original in reversed(saved):
-            if original is _ABSENT:
-                delattr(owner, attribute)
-            else:
-                setattr(owner, attribute, original)
+        self._patch.restore()
 
     # -- wrappers ------------------------------------------------------------------------
     def _function(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
