@@ -8,9 +8,10 @@ An asynchronous call's outputs are recorded when its work completes:
   loop's ``wait()`` on it returns, so a buffer reused after ``wait()`` is recorded with what was
   received. For this ``torch.distributed.Work.wait`` is replaced at class level while a ``cc``
   monitor runs (restored exactly by the last ``stop()``); the work the loop gets is the very
-  object torch returned, of type ``Work``. A work never waited for from Python (only polled with
-  ``is_completed()``, or waited for by C++ code) is read at the end of the step, after one
-  ``wait()`` if it has not completed by then.
+  object torch returned, of type ``Work``. A work that has completed by the end of the step
+  without a Python ``wait()`` is read then; one that has not is never waited for on the loop's
+  behalf (a second ``wait()`` on a gloo receive blocks for another message): it is recorded when
+  the loop waits for it, in the step running then, and not at all if nothing in Python does.
 """
 
 from __future__ import annotations
