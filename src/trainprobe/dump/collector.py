@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from trainprobe.dump.api_catalog import DEFAULT_RISK_LEVEL, DISTRIBUTED_PREFIX, api_risk
 from trainprobe.dump.config import DumpConfig
 from trainprobe.dump.entries import EntryOptions, as_list, clear_cache, tensors_in, value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows, data_names, forward_overflows, writes_inputs
@@ -416,7 +417,7 @@ class Collector:
     ) -> tuple[str, dict[str, Any], str | None, list[str]] | None:
         n = self.next_index(base)
         name = f"{base}.{n}.forward"
-        if not self.select(name):
+        if not self.select(name) or not self.risk_selects(base):
             return None
         parent = self.module_stack[-1] if self.module_stack else None
         return name, self.forward_inputs(name, args, kwargs), parent, call_stack(frame)
@@ -434,14 +435,37 @@ class Collector:
             if self.store is not None:
                 self.store.files.new_step()
         self.finish_forward(name, record, output, stack=stack, parent=parent)
-        bname = name[: -len("forward")] + "backward"
-        self.watch_backward(bname, [args, kwargs], result, _backward_name(parent))
+        if not _is_identity_dropout(name, args, kwargs):
+            bname = name[: -len("forward")] + "backward"
+            self.watch_backward(bname, [args, kwargs], result, _backward_name(parent))
         self.end_scope(name)
+
+    def risk_selects(self, base: str) -> bool:
+        """Whether the API ``base`` (``Tensor.view``) passes ``risk_level`` (FOCUS by default: no
+        data-movement APIs); every API passes when ``scope`` or ``list`` is configured."""
+        cfg = self.config
+        level = getattr(cfg, "risk_level", DEFAULT_RISK_LEVEL)
+        if cfg.scope or cfg.names or level == "ALL":
+            return True
+        prefix, _, api = base.partition(".")
+        risk = api_risk(api.rsplit(".", 1)[-1], distributed=prefix == DISTRIBUTED_PREFIX)
+        return risk == "CORE" if level == "CORE" else risk != "LOW"
 
     def bind(self) -> None:
         """Create the guarded versions of the per-call steps (after construction)."""
         self._api_before = self.guarded("recording an API's inputs", self._api_before_impl)
         self._api_after = self.guarded("recording an API's outputs", self._api_after_impl)
+
+
+_DROPOUTS = ("Functional.dropout.", "Functional.dropout1d.", "Functional.dropout2d.", "Functional.dropout3d.")
+
+
+def _is_identity_dropout(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A dropout with ``p == 0``: its output is its input, so it gets no backward record."""
+    if not name.startswith(_DROPOUTS):
+        return False
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    return isinstance(p, (int, float)) and p == 0
 
 
 def _matches(name: str, pattern: str) -> bool:
