@@ -15,12 +15,15 @@ APIs (``register_custom_api``) are replaced between ``start()`` and ``stop()`` t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+import torch.nn.utils
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from trainprobe.dump.api_catalog import DISTRIBUTED_PREFIX, ApiCatalog, ApiTarget
 from trainprobe.dump.collector import Collector
@@ -111,3 +114,39 @@ def patch_distributed(patch: AttrPatch, collector: Collector, apis: tuple[str, .
         for ns in namespaces:
             if getattr(ns, api, None) is original:
                 patch.replace(ns, api, wrapper)
+
+
+CLIP_GRAD_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_")
+
+
+def watch_phases(patch: AttrPatch, collector: Collector) -> list[Any]:
+    """Level mix: mark the APIs run by any ``optimizer.step()`` (torch's global step hooks; the
+    handles are returned) and by ``torch.nn.utils.clip_grad_*`` (replaced through ``patch``) so
+    that construct.json gives them the parent ``optimizer`` / ``clip_grad``, as the reference does."""
+
+    def enter(phase: str) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            collector.phase = phase
+
+        return hook
+
+    def leave(*_: Any) -> None:
+        collector.phase = None
+
+    for fname in CLIP_GRAD_FUNCTIONS:
+        original = getattr(torch.nn.utils, fname, None)
+        if original is not None:
+            patch.replace(torch.nn.utils, fname, _in_phase(collector, "clip_grad", original))
+    return [register_optimizer_step_pre_hook(enter("optimizer")), register_optimizer_step_post_hook(leave)]
+
+
+def _in_phase(collector: Collector, phase: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous, collector.phase = collector.phase, phase
+        try:
+            return original(*args, **kwargs)
+        finally:
+            collector.phase = previous
+
+    return wrapper

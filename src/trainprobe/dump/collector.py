@@ -89,6 +89,7 @@ class Collector:
         self.with_construct = config.level in ("L0", "mix")
         self.counts: dict[str, int] = {}
         self.module_stack: list[str] = []
+        self.phase: str | None = None  # "optimizer" / "clip_grad" while those run (mix: construct parent)
         self.handles: list[Any] = []
         self.selected_modules: set[str] = set()
         self._tls = threading.local()
@@ -103,15 +104,22 @@ class Collector:
     # -- state ---------------------------------------------------------------------------
     @property
     def active(self) -> bool:
-        """Whether calls are recorded now (on this thread)."""
+        """Whether calls are recorded now (on this thread; never on trainprobe's own threads,
+        named ``trainprobe-...``, such as the ``.pt`` file writer)."""
         return (
             self.recording
             and self.store is not None
             and not self.disabled
             and not self.suppress
             and not self.overflow_done
-            and not getattr(self._tls, "busy", False)
+            and not self._busy()
         )
+
+    def _busy(self) -> bool:
+        busy = getattr(self._tls, "busy", None)
+        if busy is None:
+            busy = self._tls.busy = threading.current_thread().name.startswith("trainprobe-")
+        return busy
 
     def new_step(self) -> None:
         """Forget the counters and pending gradient hooks of the previous step."""
@@ -120,6 +128,7 @@ class Collector:
         self._deferred.clear()
         self.counts.clear()
         self.module_stack.clear()
+        self.phase = None
         self.selected_modules.clear()
         self._scope_state = 0 if self.config.scope else 1
         self._scope_closing = None
@@ -153,7 +162,7 @@ class Collector:
             if self.disabled:
                 return None
             tls = self._tls
-            previous = getattr(tls, "busy", False)
+            previous = self._busy()
             tls.busy = True
             threads = torch.get_num_threads()
             narrow = 1 < threads <= SMALL_POOL
@@ -174,7 +183,7 @@ class Collector:
     def call_quietly(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call the user's ``func`` with dumping paused on this thread (nested calls not dumped)."""
         tls = self._tls
-        previous = getattr(tls, "busy", False)
+        previous = self._busy()
         tls.busy = True
         try:
             return func(*args, **kwargs)
@@ -306,7 +315,8 @@ class Collector:
     # -- backward ------------------------------------------------------------------------
     def watch_backward(self, name: str, inputs: Any, output: Any, parent: str | None) -> None:
         """Register gradient hooks filling the backward record ``name`` (``input``: gradients of
-        ``output``'s tensors, ``output``: gradients of ``inputs``' tensors)."""
+        ``output``'s tensors, ``output``: gradients of those of ``inputs``' tensors that require
+        gradients, in argument order)."""
         cfg = self.config
         if not cfg.backward or not torch.is_grad_enabled():
             return
@@ -318,7 +328,7 @@ class Collector:
             outs = [t for _, t in tensors_in(output)]
             if not any(t.requires_grad for t in outs):
                 return
-        ins = [t for _, t in tensors_in(inputs)]
+        ins = [t for _, t in tensors_in(inputs) if t.requires_grad]
         record: dict[str, Any] = {
             "input": [None] * len(outs) if cfg.inputs else [],
             "output": [None] * len(ins) if cfg.outputs else [],
@@ -419,8 +429,19 @@ class Collector:
         name = f"{base}.{n}.forward"
         if not self.select(name) or not self.risk_selects(base):
             return None
-        parent = self.module_stack[-1] if self.module_stack else None
+        parent = self._phase_parent() or (self.module_stack[-1] if self.module_stack else None)
         return name, self.forward_inputs(name, args, kwargs), parent, call_stack(frame)
+
+    def _phase_parent(self) -> str | None:
+        """mix: ``optimizer`` / ``clip_grad`` while ``optimizer.step()`` / ``clip_grad_norm_()``
+        run: the construct.json parent of their APIs, itself a root entry."""
+        phase = self.phase
+        store = self.store
+        if phase is None or store is None or not self.with_construct:
+            return None
+        with store.lock:
+            store.construct.setdefault(phase, None)
+        return phase
 
     def _api_after_impl(
         self, prepared: tuple[str, dict[str, Any], str | None, list[str]], args: Any, kwargs: Any, result: Any

@@ -30,7 +30,7 @@ from torch import nn
 
 from trainprobe.config.fields import load_json_object
 from trainprobe.dump.api_catalog import ApiCatalog
-from trainprobe.dump.api_hooks import api_wrapper, install_api_wrappers, patch_distributed
+from trainprobe.dump.api_hooks import api_wrapper, install_api_wrappers, patch_distributed, watch_phases
 from trainprobe.dump.collector import Collector
 from trainprobe.dump.config import DumpConfig, load_dump_config
 from trainprobe.dump.entries import EntryOptions, tensors_in, value_entry
@@ -228,6 +228,8 @@ class PrecisionDebugger:
             self._modules.attach_param_grads(modules)
         if cfg.level in ("L1", "mix"):
             patch_distributed(self._patch, self.collector, self.catalog.distributed)
+        if cfg.level == "mix":
+            self._run_handles.extend(watch_phases(self._patch, self.collector))
         if token_range is not None:
             self._attach_token_counter(model, tuple(token_range))  # type: ignore[arg-type]
         else:
@@ -254,6 +256,7 @@ class PrecisionDebugger:
         self._started = False
         self.collector.recording = False
         self.collector.suppress = 0
+        self.collector.phase = None
         self._patch.restore()
         self._modules.remove_forward()
         handles, self._run_handles = self._run_handles, []
