@@ -313,10 +313,16 @@ class Collector:
         return True
 
     # -- backward ------------------------------------------------------------------------
-    def watch_backward(self, name: str, inputs: Any, output: Any, parent: str | None) -> None:
-        """Register gradient hooks filling the backward record ``name`` (``input``: gradients of
-        ``output``'s tensors, ``output``: gradients of those of ``inputs``' tensors that require
-        gradients, in argument order)."""
+    def watch_backward(
+        self, name: str, inputs: Any, output: Any, parent: str | None, *, api: bool = False
+    ) -> None:
+        """Register gradient hooks filling the backward record ``name``: ``input`` holds the
+        gradients of ``output``'s tensors, ``output`` those of ``inputs``' tensors that require
+        gradients, in argument order (for a module: over all uses of the tensor). An ``api`` whose
+        output is made by one autograd node fed directly by its inputs (``relu``, ``x + y``,
+        ``layer_norm``) gets that node's input gradients instead: the API's own contribution, one
+        entry per differentiable argument of the node (``null`` for ``2`` in ``x * 2``), the
+        reference tool's layout."""
         cfg = self.config
         if not cfg.backward or not torch.is_grad_enabled():
             return
@@ -329,19 +335,23 @@ class Collector:
             if not any(t.requires_grad for t in outs):
                 return
         ins = [t for _, t in tensors_in(inputs) if t.requires_grad]
-        record: dict[str, Any] = {
-            "input": [None] * len(outs) if cfg.inputs else [],
-            "output": [None] * len(ins) if cfg.outputs else [],
-        }
+        node = _single_node(outs, ins) if api else None
+        record: dict[str, Any] = {"input": [None] * len(outs) if cfg.inputs else [], "output": []}
+        if cfg.outputs:
+            record["output"] = [None] * (len(node.next_functions) if node is not None else len(ins))
         state: dict[str, Any] = {"stored": False, "pending": 0}
         if self.overflow_task:
             state["deferred"] = DeferredFiles()
         if cfg.inputs:
             for i, t in enumerate(outs):
                 self._grad_hook(t, name, record, state, "input", i, parent)
-        if cfg.outputs:
-            for i, t in enumerate(ins):
-                self._grad_hook(t, name, record, state, "output", i, parent)
+        if not cfg.outputs:
+            return
+        if node is not None:
+            self._node_hook(node, name, record, state, parent)
+            return
+        for i, t in enumerate(ins):
+            self._grad_hook(t, name, record, state, "output", i, parent)
 
     def _grad_hook(
         self,
@@ -358,21 +368,44 @@ class Collector:
         state["pending"] += 1
 
         def hook(grad: torch.Tensor) -> None:
-            store = self.store
-            if store is None:
+            if self.store is None:
                 return
-            deferred: DeferredFiles | None = state.get("deferred")
-            record[side][i] = value_entry(grad, f"{name}.{side}.{i}", self.options(name, deferred))
-            state["pending"] -= 1
-            if deferred is not None:
-                self._judge_backward(name, record, state, deferred, store, parent)
-            elif not state["stored"]:
-                state["stored"] = True
-                store.add(name, record, parent=parent if self.with_construct else None)
-            else:
-                store.touch()
+            record[side][i] = value_entry(grad, f"{name}.{side}.{i}", self.options(name, state.get("deferred")))
+            self._arrived(name, record, state, parent)
 
         self.handles.append(t.register_hook(self.guarded(f"backward hook of {name}", hook)))
+
+    def _node_hook(
+        self, node: Any, name: str, record: dict[str, Any], state: dict[str, Any], parent: str | None
+    ) -> None:
+        """``record["output"]`` from the input gradients of the autograd ``node`` (read only)."""
+        state["pending"] += 1
+
+        def hook(grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: Any) -> None:
+            if self.store is None:
+                return
+            opts = self.options(name, state.get("deferred"))
+            record["output"] = [
+                None if g is None else value_entry(g, f"{name}.output.{i}", opts) for i, g in enumerate(grad_inputs)
+            ]
+            self._arrived(name, record, state, parent)
+
+        self.handles.append(node.register_hook(self.guarded(f"backward hook of {name}", hook)))
+
+    def _arrived(self, name: str, record: dict[str, Any], state: dict[str, Any], parent: str | None) -> None:
+        """One more gradient of the backward record ``name`` is in: store or refresh the record."""
+        store = self.store
+        if store is None:
+            return
+        deferred: DeferredFiles | None = state.get("deferred")
+        state["pending"] -= 1
+        if deferred is not None:
+            self._judge_backward(name, record, state, deferred, store, parent)
+        elif not state["stored"]:
+            state["stored"] = True
+            store.add(name, record, parent=parent if self.with_construct else None)
+        else:
+            store.touch()
 
     def _judge_backward(
         self,
@@ -458,7 +491,7 @@ class Collector:
         self.finish_forward(name, record, output, stack=stack, parent=parent)
         if not _is_identity_dropout(name, args, kwargs):
             bname = name[: -len("forward")] + "backward"
-            self.watch_backward(bname, [args, kwargs], result, _backward_name(parent))
+            self.watch_backward(bname, [args, kwargs], result, _backward_name(parent), api=True)
         self.end_scope(name)
 
     def risk_selects(self, base: str) -> bool:
@@ -487,6 +520,27 @@ def _is_identity_dropout(name: str, args: tuple[Any, ...], kwargs: dict[str, Any
         return False
     p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
     return isinstance(p, (int, float)) and p == 0
+
+
+def _single_node(outs: list[torch.Tensor], ins: list[torch.Tensor]) -> Any:
+    """The autograd node that made ``outs[0]`` when each of its edges leads straight to one of
+    ``ins`` (or nowhere), else None: the API ran as one differentiable operation."""
+    node = outs[0].grad_fn if outs and outs[0].requires_grad else None
+    if node is None or any(o is t for o in outs for t in ins):
+        return None
+    edges = node.next_functions
+    if not edges:
+        return None
+    for target, nr in edges:
+        if target is None:
+            continue
+        leaf = getattr(target, "variable", None)
+        if leaf is not None:
+            if not any(t is leaf for t in ins):
+                return None
+        elif not any(t.grad_fn is target and t.output_nr == nr for t in ins):
+            return None
+    return node
 
 
 def _matches(name: str, pattern: str) -> bool:
