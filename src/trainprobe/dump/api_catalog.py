@@ -173,6 +173,7 @@ def _target(namespace: Any, api: str, prefix: str) -> ApiTarget | None:
         if owner is None:
             return None
     func = getattr(owner, attr, None)
+    func = getattr(func, "trainprobe_api", func)  # the original behind an installed wrapper
     if func is None or not callable(func) or isinstance(func, type):
         return None
     return ApiTarget(owner, attr, func, f"{prefix}.{attr}")

@@ -70,6 +70,7 @@ class ApiHub:
             return collector.api_call(name, original, args, kwargs)
 
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.trainprobe_api = original  # type: ignore[attr-defined]
         wrapper.__name__ = getattr(original, "__name__", target.attr)
         wrapper.__qualname__ = getattr(original, "__qualname__", target.attr)
         wrapper.__doc__ = getattr(original, "__doc__", None)

@@ -313,9 +313,7 @@ class Collector:
         return True
 
     # -- backward ------------------------------------------------------------------------
-    def watch_backward(
-        self, name: str, inputs: Any, output: Any, parent: str | None, *, api: bool = False
-    ) -> None:
+    def watch_backward(self, name: str, inputs: Any, output: Any, parent: str | None, *, api: bool = False) -> None:
         """Register gradient hooks filling the backward record ``name``: ``input`` holds the
         gradients of ``output``'s tensors, ``output`` those of ``inputs``' tensors that require
         gradients, in argument order (for a module: over all uses of the tensor). An ``api`` whose

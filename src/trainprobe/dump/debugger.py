@@ -13,7 +13,8 @@ Output: ``dump_path/step{N}/rank{R}/`` (``proc{pid}`` without a rank) holding ``
 ``stack.json``, ``construct.json``, ``dump_tensor_data/*.pt`` and, after a dump error,
 ``dump_error_info.log``. ``start``/``stop``/``step``/``save``/``set_init_step`` also work on the
 class (``PrecisionDebugger.start()``): they act on the debugger created last. ``stop()`` and
-``step()`` leave torch, the model and its tensors exactly as they were before ``start()``.
+``step()`` leave the model and its tensors exactly as they were before ``start()``; the L1 API
+wrappers installed by the constructor stay in place and only pass calls through while not dumping.
 """
 
 from __future__ import annotations
