@@ -158,8 +158,11 @@ class ApiCatalog:
         return catalog
 
     def name_of(self, func: Any) -> str | None:
-        """The dump name of the original ``func``, or None when it is not dumped."""
-        for t in self.targets:
+        """The dump name of ``func`` (an original or its installed wrapper), or None when it is
+        not dumped; one function listed in two namespaces gets the later one's name
+        (``torch._VF.lstm`` is ``torch.lstm``: ``VF.lstm``)."""
+        func = getattr(func, "trainprobe_api", func)
+        for t in reversed(self.targets):
             if t.func is func:
                 return t.name
         return None
