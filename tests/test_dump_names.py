@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from conftest import write_config
 from trainprobe.dump import PrecisionDebugger
 from trainprobe.dump.api_catalog import ApiCatalog
+from trainprobe.errors import ConfigError
 
 ADAMW = [
     "Tensor.__iadd__",
@@ -259,3 +260,30 @@ def test_trainprobe_threads_are_never_dumped(tmp_path: Path, monkeypatch: pytest
         "Tensor.sum.0.backward",
         "Tensor.__mul__.0.backward",
     ]
+
+
+@pytest.mark.parametrize(
+    ("risk_level", "expected"),
+    [
+        (None, ["Tensor.__mul__.0.forward", "Torch.matmul.0.forward"]),
+        ("ALL", ["Tensor.transpose.0.forward", "Tensor.__mul__.0.forward", "Torch.matmul.0.forward"]),
+        ("CORE", ["Torch.matmul.0.forward"]),
+    ],
+)
+def test_risk_level(tmp_path: Path, risk_level: str | None, expected: list[str]) -> None:
+    cfg: dict[str, Any] = {"task": "statistics", "dump_path": str(tmp_path / "dump"), "level": "L1"}
+    if risk_level is not None:
+        cfg["risk_level"] = risk_level
+    debugger = PrecisionDebugger(config_path=write_config(tmp_path, cfg))
+    x = torch.randn(2, 3)
+    debugger.start()
+    torch.matmul(x.transpose(0, 1) * 2, x)
+    debugger.stop()
+    debugger.step()
+    assert list(_dump(tmp_path)["data"]) == expected
+
+
+def test_bad_risk_level_names_the_field(tmp_path: Path) -> None:
+    cfg = {"task": "statistics", "dump_path": str(tmp_path / "dump"), "risk_level": "LOW"}
+    with pytest.raises(ConfigError, match=r"risk_level: 'LOW' is not one of CORE, FOCUS, ALL"):
+        PrecisionDebugger(config_path=write_config(tmp_path, cfg))

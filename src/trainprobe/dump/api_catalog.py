@@ -7,9 +7,11 @@ and dumped as ``{Prefix}.{last name part}``: ``F.relu`` → ``Functional.relu``,
 ``Tensor.__add__``, ``torch.linalg.norm`` (listed as ``linalg.norm``) → ``Torch.norm``. These are
 the reference tool's names, so dumps of one model by both tools line up in ``compare``.
 
-Risk levels (the reference tool's ``risk_level``, default ``FOCUS``): when neither ``scope`` nor
-``list`` is configured, APIs that only move or re-type data (:data:`LOW_RISK_APIS`: ``view``,
-``transpose``, ``to``, ...) are not dumped at L1/mix; their call counters still advance.
+Risk levels (``risk_level`` in config.json, as in the reference tool): when neither ``scope`` nor
+``list`` is configured, ``FOCUS`` (the default) leaves out the APIs that only move or re-type data
+(:data:`LOW_RISK_APIS`: ``view``, ``transpose``, ``to``, ...), ``CORE`` keeps only
+:data:`CORE_APIS` and the distributed ones, ``ALL`` keeps everything; a left-out API's call
+counter still advances.
 """
 
 from __future__ import annotations
@@ -33,9 +35,6 @@ PREFIXES: dict[str, tuple[Any, str]] = {
     "_VF": (torch._VF, "VF"),
 }
 DISTRIBUTED_PREFIX = "Distributed"
-
-RISK_LEVELS = ("CORE", "FOCUS", "ALL")
-DEFAULT_RISK_LEVEL = "FOCUS"
 
 CORE_APIS = frozenset(
     "matmul __matmul__ bmm addmm addmm_ addbmm addbmm_ baddbmm baddbmm_ mm mv addmv addmv_ addr addr_ "

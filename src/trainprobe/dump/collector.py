@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from trainprobe.dump.api_catalog import DEFAULT_RISK_LEVEL, DISTRIBUTED_PREFIX, api_risk
+from trainprobe.dump.api_catalog import DISTRIBUTED_PREFIX, api_risk
 from trainprobe.dump.config import DumpConfig
 from trainprobe.dump.entries import EntryOptions, as_list, clear_cache, tensors_in, value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows, data_names, forward_overflows, writes_inputs
@@ -496,7 +496,7 @@ class Collector:
         """Whether the API ``base`` (``Tensor.view``) passes ``risk_level`` (FOCUS by default: no
         data-movement APIs); every API passes when ``scope`` or ``list`` is configured."""
         cfg = self.config
-        level = getattr(cfg, "risk_level", DEFAULT_RISK_LEVEL)
+        level = cfg.risk_level
         if cfg.scope or cfg.names or level == "ALL":
             return True
         prefix, _, api = base.partition(".")
