@@ -287,3 +287,36 @@ def test_bad_risk_level_names_the_field(tmp_path: Path) -> None:
     cfg = {"task": "statistics", "dump_path": str(tmp_path / "dump"), "risk_level": "LOW"}
     with pytest.raises(ConfigError, match=r"risk_level: 'LOW' is not one of CORE, FOCUS, ALL"):
         PrecisionDebugger(config_path=write_config(tmp_path, cfg))
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.lin(x)
+
+
+def test_backward_output_is_the_calls_own_gradient(tmp_path: Path) -> None:
+    """x feeds both the Linear and the residual add: the Linear's backward output (module and
+    F.linear, made of several autograd nodes) is the gradient through the Linear only."""
+    debugger = PrecisionDebugger(config_path=_config(tmp_path, "mix"))
+    torch.manual_seed(0)
+    model = Residual()
+    x = torch.randn(3, 5, 4, requires_grad=True)
+    debugger.start(model=model)
+    model(x).sum().backward()
+    debugger.stop()
+    debugger.step()
+    data = _dump(tmp_path)["data"]
+    through_linear = model.lin.weight.detach().sum(0).expand(3, 5, 4)  # d sum(x W^T + b) / dx
+    for name in ("Module.lin.Linear.backward.0", "Functional.linear.0.backward"):
+        grads = data[name]["output"]
+        assert grads[0]["Max"] == pytest.approx(through_linear.max().item(), rel=1e-6), name
+        assert grads[0]["Min"] == pytest.approx(through_linear.min().item(), rel=1e-6), name
+    linear = data["Functional.linear.0.backward"]["output"]  # input, weight, bias: argument order
+    assert [e["shape"] for e in linear] == [[3, 5, 4], [4, 4], [4]]
+    assert linear[2]["Max"] == linear[2]["Min"] == 15.0
+    total = data["Tensor.__add__.0.backward"]["output"]  # add is one node: both operands get its gradient
+    assert total[0]["Max"] == total[0]["Min"] == 1.0

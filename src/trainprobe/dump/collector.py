@@ -46,6 +46,10 @@ thread: a reduction over one activation gains little from 2-4 threads, and an Op
 stalls for milliseconds whenever one of its cores is busy with another process (measured: 12 ms
 instead of 0.5 ms for the min/max of 2M floats on a shared 2-core machine). The training's own
 ops keep torch's setting; set/restore costs under a microsecond and only affects this thread."""
+next_sequence_nr: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+"""The sequence number the next autograd node made on this thread gets (None: unknown here)."""
+LOCAL_GRAPH_LIMIT = 4096
+"""At most this many autograd nodes are walked to find a call's own gradient edges."""
 _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 _STACK_CACHE: dict[tuple[Any, ...], list[str]] = {}
 
@@ -313,14 +317,24 @@ class Collector:
         return True
 
     # -- backward ------------------------------------------------------------------------
-    def watch_backward(self, name: str, inputs: Any, output: Any, parent: str | None, *, api: bool = False) -> None:
+    def watch_backward(
+        self,
+        name: str,
+        inputs: Any,
+        output: Any,
+        parent: str | None,
+        *,
+        api: bool = False,
+        seq0: int | None = None,
+    ) -> None:
         """Register gradient hooks filling the backward record ``name``: ``input`` holds the
         gradients of ``output``'s tensors, ``output`` those of ``inputs``' tensors that require
-        gradients, in argument order (for a module: over all uses of the tensor). An ``api`` whose
-        output is made by one autograd node fed directly by its inputs (``relu``, ``x + y``,
-        ``layer_norm``) gets that node's input gradients instead: the API's own contribution, one
-        entry per differentiable argument of the node (``null`` for ``2`` in ``x * 2``), the
-        reference tool's layout."""
+        gradients, in argument order: the gradient that flows from this call into the tensor
+        (its autograd edges made after ``seq0``, the sequence number taken before the call), or,
+        without ``seq0`` or in a graph too large to walk, the tensor's gradient over all uses. An
+        ``api`` whose output is made by one autograd node fed directly by its inputs (``relu``,
+        ``x + y``, ``layer_norm``) gets that node's input gradients: one entry per differentiable
+        argument of the node (``null`` for ``2`` in ``x * 2``), the reference tool's layout."""
         cfg = self.config
         if not cfg.backward or not torch.is_grad_enabled():
             return
@@ -347,6 +361,10 @@ class Collector:
             return
         if node is not None:
             self._node_hook(node, name, record, state, parent)
+            return
+        edges = _own_edges(outs, ins, seq0) if seq0 is not None else None
+        if edges:
+            self._edge_hooks(edges, len(ins), name, record, state, parent)
             return
         for i, t in enumerate(ins):
             self._grad_hook(t, name, record, state, "output", i, parent)
@@ -389,6 +407,41 @@ class Collector:
             self._arrived(name, record, state, parent)
 
         self.handles.append(node.register_hook(self.guarded(f"backward hook of {name}", hook)))
+
+    def _edge_hooks(
+        self,
+        edges: dict[Any, list[tuple[int, int]]],
+        n_inputs: int,
+        name: str,
+        record: dict[str, Any],
+        state: dict[str, Any],
+        parent: str | None,
+    ) -> None:
+        """``record["output"][i]``: the sum of the gradients autograd passes along this call's own
+        edges into input ``i`` (node hooks only read them); an input passed several times gets that
+        sum in each place."""
+        sums: list[torch.Tensor | None] = [None] * n_inputs
+        for node, pairs in edges.items():
+            state["pending"] += 1
+
+            def hook(grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: Any, pairs: Any = pairs) -> None:
+                if self.store is None:
+                    return
+                opts = self.options(name, state.get("deferred"))
+                changed = set()
+                for j, i in pairs:
+                    g = grad_inputs[j]
+                    if g is not None:
+                        sums[i] = g if sums[i] is None else sums[i] + g  # type: ignore[operator]
+                        changed.add(i)
+                for i in changed:
+                    entry = value_entry(sums[i], f"{name}.output.{i}", opts)
+                    for k in range(n_inputs):
+                        if sums[k] is sums[i]:
+                            record["output"][k] = entry
+                self._arrived(name, record, state, parent)
+
+            self.handles.append(node.register_hook(self.guarded(f"backward hook of {name}", hook)))
 
     def _arrived(self, name: str, record: dict[str, Any], state: dict[str, Any], parent: str | None) -> None:
         """One more gradient of the backward record ``name`` is in: store or refresh the record."""
@@ -448,9 +501,10 @@ class Collector:
     def api_call(self, base: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call ``func`` and record it as ``base`` (``Functional.relu``) when selected."""
         prepared = self._api_before(base, args, kwargs, sys._getframe(1))
+        seq0 = next_sequence_nr() if prepared is not None and next_sequence_nr is not None else None
         result = self.call_quietly(func, args, kwargs)
         if prepared is not None:
-            self._api_after(prepared, args, kwargs, result)
+            self._api_after(prepared, args, kwargs, result, seq0)
         return result
 
     def _api_before_impl(
@@ -475,7 +529,12 @@ class Collector:
         return phase
 
     def _api_after_impl(
-        self, prepared: tuple[str, dict[str, Any], str | None, list[str]], args: Any, kwargs: Any, result: Any
+        self,
+        prepared: tuple[str, dict[str, Any], str | None, list[str]],
+        args: Any,
+        kwargs: Any,
+        result: Any,
+        seq0: int | None,
     ) -> None:
         name, record, parent, stack = prepared
         output = result
@@ -489,7 +548,7 @@ class Collector:
         self.finish_forward(name, record, output, stack=stack, parent=parent)
         if not _is_identity_dropout(name, args, kwargs):
             bname = name[: -len("forward")] + "backward"
-            self.watch_backward(bname, [args, kwargs], result, _backward_name(parent), api=True)
+            self.watch_backward(bname, [args, kwargs], result, _backward_name(parent), api=True, seq0=seq0)
         self.end_scope(name)
 
     def risk_selects(self, base: str) -> bool:
@@ -539,6 +598,41 @@ def _single_node(outs: list[torch.Tensor], ins: list[torch.Tensor]) -> Any:
         elif not any(t.grad_fn is target and t.output_nr == nr for t in ins):
             return None
     return node
+
+
+def _own_edges(outs: list[torch.Tensor], ins: list[torch.Tensor], seq0: int) -> dict[Any, list[tuple[int, int]]] | None:
+    """The autograd edges by which the call that made ``outs`` (its nodes: sequence number >=
+    ``seq0``) reads ``ins``: ``{node: [(edge index, input index), ...]}``; None when an output is
+    an input, nothing leads to an input, or the walk passes :data:`LOCAL_GRAPH_LIMIT` nodes."""
+    if any(o is t for o in outs for t in ins):
+        return None
+    by_node: dict[tuple[int, int], list[int]] = {}
+    by_leaf: dict[int, list[int]] = {}
+    for i, t in enumerate(ins):
+        if t.grad_fn is None:
+            by_leaf.setdefault(id(t), []).append(i)
+        else:
+            by_node.setdefault((id(t.grad_fn), t.output_nr), []).append(i)
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    seen: set[int] = set()
+    edges: dict[Any, list[tuple[int, int]]] = {}
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if len(seen) > LOCAL_GRAPH_LIMIT:
+            return None
+        for j, (target, nr) in enumerate(node.next_functions):
+            if target is None:
+                continue
+            leaf = getattr(target, "variable", None)
+            hits = by_leaf.get(id(leaf)) if leaf is not None else by_node.get((id(target), nr))
+            if hits:
+                edges.setdefault(node, []).extend((j, i) for i in hits)
+            elif leaf is None and target._sequence_nr() >= seq0:
+                stack.append(target)
+    return edges or None
 
 
 def _matches(name: str, pattern: str) -> bool:
