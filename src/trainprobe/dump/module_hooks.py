@@ -108,8 +108,6 @@ class ModuleHooks:
                 c.selected_modules.add(prefix)
                 record = c.forward_inputs(name, args, kwargs, module)
                 stack = call_stack(sys._getframe())
-                if c.store is not None:  # reserve the record's place in execution order
-                    c.store.add(name, record, stack=stack, parent=parent if c.with_construct else None)
                 self._pending[id(module)] = (name, record, parent, stack, True)
             else:
                 self._pending[id(module)] = (name, {}, parent, None, False)
