@@ -8,10 +8,11 @@ Names (per step; counters restart at every ``step()``):
 
 A forward record holds ``input_args``, ``input_kwargs``, ``output`` (and ``parameters`` for
 modules); a backward record ``input`` (gradients of the forward outputs) and ``output``
-(gradients of the forward inputs). Gradients come from ``Tensor.register_hook`` on the forward
-outputs and inputs, which observe the gradients without changing the autograd graph (training
-stays bitwise identical); the gradient of an input is its gradient over all its uses, as in the
-``module`` monitor.
+(gradients of the forward inputs that require gradients: what this call passes back to each, see
+:meth:`Collector.watch_backward`). Gradients come from ``Tensor.register_hook`` on the forward
+outputs and from hooks on the autograd nodes the call made, which observe the gradients without
+changing the graph (training stays bitwise identical). APIs whose records are left out by
+``risk_level`` still count, so the numbers do not depend on the filter.
 
 Task ``overflow_check`` keeps only the records that overflow, with their tensors
 (:mod:`trainprobe.dump.overflow`).
