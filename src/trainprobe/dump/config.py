@@ -5,8 +5,8 @@ mix | debug), ``dump_path``, ``rank`` and ``step`` (lists; empty = all; steps al
 ranges), ``async_dump``, ``dump_enable`` (dynamic on/off, re-read at every ``step()``),
 ``extra_info`` (accepted, reserved), ``risk_level`` (CORE | FOCUS | ALL: which L1 APIs are dumped
 when no ``scope``/``list`` is set, see :mod:`trainprobe.dump.api_catalog`). The section named
-after the task holds ``scope`` (a ``[first, last]`` pair of names), ``list`` (names or substrings), ``tensor_list`` (names whose
-tensors are also saved under ``statistics``), ``data_mode`` (all, forward, backward, input,
+after the task holds ``scope`` (a ``[first, last]`` pair of names), ``list`` (names or
+substrings), ``tensor_list`` (names whose tensors are also saved under ``statistics``), ``data_mode`` (all, forward, backward, input,
 output) and ``summary_mode`` (statistics | md5 | xor); the ``overflow_check`` section also
 ``overflow_nums`` (how many overflowing APIs/modules to record over the run, default 1, -1: no
 limit) and ``check_mode`` (accepted for compatibility; MindSpore only, ignored here). Every mistake
