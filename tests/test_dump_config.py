@@ -80,6 +80,7 @@ def test_shipped_api_list_covers_the_common_ops() -> None:
     catalog = ApiCatalog.load()
     assert catalog.name_of(F.linear) == "Functional.linear"
     assert catalog.name_of(torch.Tensor.add) == "Tensor.add"
+    assert catalog.name_of(torch.Tensor.__matmul__) == "Tensor.__matmul__"
     assert catalog.name_of(torch.matmul) == "Torch.matmul"
     assert catalog.name_of(torch._VF.lstm) == "VF.lstm"
     assert "all_reduce" in catalog.distributed

@@ -97,4 +97,4 @@ def test_compare_two_ranks(dumps: Path, tmp_path: Path) -> None:
     assert [r.label for r in results] == ["rank0", "rank1"]
     first = results[0].first
     # the collective and relu repeat exactly; the first difference is the fresh random batch
-    assert first is not None and first.record == "Tensor.add.0.forward"
+    assert first is not None and first.record == "Tensor.__add__.0.forward"

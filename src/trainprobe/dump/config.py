@@ -3,9 +3,10 @@
 Top-level fields: ``task`` (statistics | tensor | structure | overflow_check), ``level`` (L0 | L1 |
 mix | debug), ``dump_path``, ``rank`` and ``step`` (lists; empty = all; steps also as ``"a-b"``
 ranges), ``async_dump``, ``dump_enable`` (dynamic on/off, re-read at every ``step()``),
-``extra_info`` (accepted, reserved). The section named after the task holds ``scope`` (a
-``[first, last]`` pair of names), ``list`` (names or substrings), ``tensor_list`` (names whose
-tensors are also saved under ``statistics``), ``data_mode`` (all, forward, backward, input,
+``extra_info`` (accepted, reserved), ``risk_level`` (CORE | FOCUS | ALL: which L1 APIs are dumped
+when no ``scope``/``list`` is set, see :mod:`trainprobe.dump.api_catalog`). The section named
+after the task holds ``scope`` (a ``[first, last]`` pair of names), ``list`` (names or
+substrings), ``tensor_list`` (names whose tensors are also saved under ``statistics``), ``data_mode`` (all, forward, backward, input,
 output) and ``summary_mode`` (statistics | md5 | xor); the ``overflow_check`` section also
 ``overflow_nums`` (how many overflowing APIs/modules to record over the run, default 1, -1: no
 limit) and ``check_mode`` (accepted for compatibility; MindSpore only, ignored here). Every mistake
@@ -25,6 +26,7 @@ TASKS = ("statistics", "tensor", "structure", "overflow_check")
 LEVELS = ("L0", "L1", "mix", "debug")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 SUMMARY_MODES = ("statistics", "md5", "xor")
+RISK_LEVELS = ("CORE", "FOCUS", "ALL")
 TOP_KEYS = (
     "task",
     "dump_path",
@@ -35,6 +37,7 @@ TOP_KEYS = (
     "dump_enable",
     "extra_info",
     "enable_dataloader",
+    "risk_level",
 )
 TASK_KEYS = ("scope", "list", "tensor_list", "data_mode", "summary_mode", "file_format", "overflow_nums", "check_mode")
 DEFAULT_DUMP_PATH = "./dump_path"
@@ -59,6 +62,7 @@ class DumpConfig:
     data_mode: tuple[str, ...] = ("all",)
     summary_mode: str = "statistics"
     overflow_nums: int = DEFAULT_OVERFLOW_NUMS
+    risk_level: str = "FOCUS"
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -190,6 +194,7 @@ def parse_dump_config(data: dict[str, Any]) -> DumpConfig:
         data_mode=data_mode,
         summary_mode=summary,
         overflow_nums=overflow_nums,
+        risk_level=_choice(top.raw("risk_level", "FOCUS"), "risk_level", RISK_LEVELS),
     )
 
 

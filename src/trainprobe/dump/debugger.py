@@ -13,7 +13,8 @@ Output: ``dump_path/step{N}/rank{R}/`` (``proc{pid}`` without a rank) holding ``
 ``stack.json``, ``construct.json``, ``dump_tensor_data/*.pt`` and, after a dump error,
 ``dump_error_info.log``. ``start``/``stop``/``step``/``save``/``set_init_step`` also work on the
 class (``PrecisionDebugger.start()``): they act on the debugger created last. ``stop()`` and
-``step()`` leave torch, the model and its tensors exactly as they were before ``start()``.
+``step()`` leave the model and its tensors exactly as they were before ``start()``; the L1 API
+wrappers installed by the constructor stay in place and only pass calls through while not dumping.
 """
 
 from __future__ import annotations
@@ -27,12 +28,10 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.overrides import _get_current_function_mode_stack
 
 from trainprobe.config.fields import load_json_object
 from trainprobe.dump.api_catalog import ApiCatalog
-from trainprobe.dump.api_hooks import ApiMode, api_wrapper, patch_distributed
+from trainprobe.dump.api_hooks import api_wrapper, install_api_wrappers, patch_distributed, watch_phases
 from trainprobe.dump.collector import Collector
 from trainprobe.dump.config import DumpConfig, load_dump_config
 from trainprobe.dump.entries import EntryOptions, tensors_in, value_entry
@@ -102,11 +101,12 @@ class PrecisionDebugger:
         self._api_list = api_list
         self.collector = Collector(self.config)
         self.collector.bind()
+        if self.config.level in ("L1", "mix"):
+            install_api_wrappers(self.collector, self.catalog)
         self.current_step = 0
         self.files = TensorFileWriter(self.config.async_dump)
         self.store: StepStore | None = None
         self._started = False
-        self._mode: ApiMode | None = None
         self._patch = AttrPatch()
         self._custom = AttrPatch()
         self._modules = ModuleHooks(self.collector)
@@ -228,28 +228,13 @@ class PrecisionDebugger:
             self._modules.attach(modules)
             self._modules.attach_param_grads(modules)
         if cfg.level in ("L1", "mix"):
-            self._pause_in_optimizer_step()
-            self._mode = ApiMode(self.collector, self.catalog)
-            self._mode.__enter__()
             patch_distributed(self._patch, self.collector, self.catalog.distributed)
+        if cfg.level == "mix":
+            self._run_handles.extend(watch_phases(self._patch, self.collector))
         if token_range is not None:
             self._attach_token_counter(model, tuple(token_range))  # type: ignore[arg-type]
         else:
             self.collector.recording = True
-
-    def _pause_in_optimizer_step(self) -> None:
-        """APIs called by ``optimizer.step()`` are not dumped (the optimizer's arithmetic is not
-        the model's); through torch's global optimizer step hooks, removed by ``stop()``."""
-        collector = self.collector
-
-        def pause(optimizer: Any, args: Any, kwargs: Any) -> None:
-            collector.suppress += 1
-
-        def resume(optimizer: Any, args: Any, kwargs: Any) -> None:
-            collector.suppress = max(0, collector.suppress - 1)
-
-        self._run_handles.append(register_optimizer_step_pre_hook(pause))
-        self._run_handles.append(register_optimizer_step_post_hook(resume))
 
     def _attach_token_counter(self, model: Model, token_range: tuple[int, int]) -> None:
         roots = [model] if isinstance(model, nn.Module) else list(model)
@@ -272,28 +257,13 @@ class PrecisionDebugger:
         self._started = False
         self.collector.recording = False
         self.collector.suppress = 0
-        self._exit_mode()
+        self.collector.phase = None
         self._patch.restore()
         self._modules.remove_forward()
         handles, self._run_handles = self._run_handles, []
         for h in handles:
             h.remove()
         self._flush()
-
-    def _exit_mode(self) -> None:
-        mode, self._mode = self._mode, None
-        if mode is None:
-            return
-        stack = _get_current_function_mode_stack()
-        if stack and stack[-1] is mode:
-            mode.__exit__(None, None, None)
-        else:
-            warn_once(
-                "dump-mode-not-top",
-                "trainprobe dump: another TorchFunctionMode was entered after start() and is still active; "
-                "exit it before stop(). API dumping is paused instead.",
-            )
-            self.collector.recording = False
 
     def _flush(self) -> None:
         store = self.store

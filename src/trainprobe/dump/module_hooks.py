@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainprobe.dump import collector as collector_module
 from trainprobe.dump.collector import Collector, _backward_name, call_stack
 from trainprobe.dump.entries import value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows
@@ -44,6 +45,7 @@ class ModuleHooks:
         self._param_handles: list[Any] = []
         self._hooked_params: set[int] = set()
         self._pending: dict[int, tuple[str, dict[str, Any], str | None, list[str] | None, bool]] = {}
+        self._seq0: dict[int, int] = {}  # module → the autograd sequence number when its forward began
 
     def attach(self, modules: list[tuple[str, nn.Module]], *, only_self: bool = False) -> None:
         """Hook ``modules``; with ``only_self`` (module_dump) their insides are not dumped."""
@@ -70,6 +72,7 @@ class ModuleHooks:
         for h in handles:
             h.remove()
         self._pending.clear()
+        self._seq0.clear()
 
     def remove(self) -> None:
         """Remove every hook this object registered."""
@@ -105,14 +108,15 @@ class ModuleHooks:
                 c.selected_modules.add(prefix)
                 record = c.forward_inputs(name, args, kwargs, module)
                 stack = call_stack(sys._getframe())
-                if c.store is not None:  # reserve the record's place in execution order
-                    c.store.add(name, record, stack=stack, parent=parent if c.with_construct else None)
                 self._pending[id(module)] = (name, record, parent, stack, True)
             else:
                 self._pending[id(module)] = (name, {}, parent, None, False)
             c.module_stack.append(name)
             if only_self:
                 c.suppress += 1
+            next_seq = collector_module.next_sequence_nr
+            if selected and next_seq is not None:
+                self._seq0[id(module)] = next_seq()
 
         return pre
 
@@ -121,6 +125,7 @@ class ModuleHooks:
 
         def post(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             pending = self._pending.pop(id(module), None)
+            seq0 = self._seq0.pop(id(module), None)
             if pending is None:
                 return
             name, record, parent, stack, selected = pending
@@ -135,7 +140,7 @@ class ModuleHooks:
             params = dict(module.named_parameters(recurse=False))
             c.finish_forward(name, record, output, parameters=params, stack=stack, parent=parent)
             bname = f"{prefix}.backward.{name.rsplit('.', 1)[1]}"
-            c.watch_backward(bname, [args, kwargs], output, _backward_name(parent))
+            c.watch_backward(bname, [args, kwargs], output, _backward_name(parent), seq0=seq0)
             c.end_scope(name)
 
         return post
