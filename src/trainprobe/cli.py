@@ -1,6 +1,6 @@
 """The ``trainprobe`` command.
 
-Exit codes: 0 success, 2 bad input (message on stderr, no traceback).
+Exit codes: 0 success, 2 bad input (one line on stderr naming the file or option, no traceback).
 """
 
 from __future__ import annotations
@@ -52,9 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ConfigError, FileNotFoundError, NotADirectoryError) as exc:
-        print(f"trainprobe {args.command}: error: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file that vanished or cannot be written: named by the OSError
+        print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: line breaks and other control characters (from a file or
+    target name quoted in it) shown escaped, as ``repr`` shows them."""
+    return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in message)
 
 
 if __name__ == "__main__":

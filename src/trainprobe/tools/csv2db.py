@@ -75,6 +75,7 @@ from typing import Any
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
+from trainprobe.safe_files import INT_MAX
 from trainprobe.tools.monitor_output import (
     MonitorCsv,
     check_data_types,
@@ -101,7 +102,7 @@ ROWS_PER_INSERT = 100
 #: Ops whose metric_id is at least this have no nan_mask bit (SQLite integers are 64-bit).
 NAN_BITS = 63
 
-_TargetKey = tuple[str, int, str, str]  # (name, vpp_stage, micro_step cell, scope cell) as read
+_TargetKey = tuple[str, int, "int | None", "str | None"]  # (name, vpp_stage, micro_step, scope)
 
 
 @dataclass(frozen=True)
@@ -136,8 +137,9 @@ class CSV2DBConfig:
         _check_time_range(self.time_start, self.time_end)
         check_process_num(self.process_num)
         check_data_types(self.data_type_list)
-        if isinstance(self.step_partition, bool) or not isinstance(self.step_partition, int) or self.step_partition < 1:
-            raise ConfigError(f"step_partition: expected an integer >= 1, got {self.step_partition!r}")
+        partition = self.step_partition
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 1 <= partition <= INT_MAX:
+            raise ConfigError(f"step_partition: expected an integer from 1 to 2**63-1, got {partition!r}")
         if self.output_dirpath is not None:
             _check_path(self.output_dirpath, "output_dirpath")
 
@@ -255,10 +257,9 @@ def parse_file(file: MonitorCsv) -> ParsedFile:
     table = read_table(file)
     rows = table.rows
     names = [row[table.target_col] for row in rows]
-    micros = [row[table.micro_col] for row in rows] if table.micro_col >= 0 else repeat("")
-    scopes = [row[table.scope_col] for row in rows] if table.scope_col >= 0 else repeat("")
+    scopes = [row[table.scope_col] or None for row in rows] if table.scope_col >= 0 else repeat(None)
     values = table.value_columns()
-    keys = list(zip(names, table.int_column(table.vpp_col), micros, scopes))
+    keys = list(zip(names, table.int_column(table.vpp_col), table.micro_column(), scopes))
     targets = list(dict.fromkeys(keys))
     position = {key: index for index, key in enumerate(targets)}
     return ParsedFile(
@@ -380,7 +381,7 @@ class MetricsDatabase:
         count = len(parsed.steps)
         if count:
             data_type_id = self._data_type_id(file.data_type, file.layout)
-            metric_ids = [self._metric_id(op) for op in parsed.ops]
+            metric_ids = [self._metric_id(op, file) for op in parsed.ops]
             target_ids = self._target_ids(parsed)
             masks = _remap_masks(parsed.nan_masks, metric_ids)
             for first, rows in self._split(parsed.steps):
@@ -478,11 +479,11 @@ class MetricsDatabase:
             self._data_types[name] = found
         return found
 
-    def _metric_id(self, op: str) -> int:
+    def _metric_id(self, op: str, file: MonitorCsv) -> int:
         found = self._metrics.get(op)
         if found is None:
             if op in KEY_COLUMNS or op == NAN_MASK:
-                raise ConfigError(f"csv2db: an op named {op!r} clashes with a key column of the value tables")
+                raise ConfigError(f"{file.path}: an op named {op!r} clashes with a key column of csv2db's value tables")
             found = len(self._metrics)
             self.conn.execute("INSERT INTO metrics (metric_id, name) VALUES (?, ?)", (found, op))
             for table in self._partitions:
@@ -492,7 +493,7 @@ class MetricsDatabase:
         return found
 
     def _partition(self, first: int) -> str:
-        last = first + self.step_partition - 1
+        last = min(first + self.step_partition - 1, INT_MAX)
         table = f"metrics_{first}_{last}"
         if table not in self._partitions:
             ops = sorted(self._metrics, key=self._metrics.__getitem__)
@@ -525,23 +526,17 @@ class MetricsDatabase:
         for key in parsed.targets:
             found = self._key_ids.get(key)
             if found is None:
-                found = self._key_ids[key] = self._target_id(key, parsed.file)
+                found = self._key_ids[key] = self._target_id(key)
             ids.append(found)
         return list(map(ids.__getitem__, parsed.target_index))
 
-    def _target_id(self, key: _TargetKey, file: MonitorCsv) -> int:
-        name, vpp_stage, micro_cell, scope_cell = key
-        try:
-            micro_step = int(micro_cell) if micro_cell.strip() else None
-        except ValueError:
-            raise ConfigError(f"{file.path}: micro_step {micro_cell!r} of {name!r} is not an integer") from None
-        normal = (name, vpp_stage, micro_step, scope_cell or None)
-        found = self._targets.get(normal)
+    def _target_id(self, key: _TargetKey) -> int:
+        found = self._targets.get(key)
         if found is None:
             found = self.conn.execute(
-                "INSERT INTO targets (name, vpp_stage, micro_step, scope) VALUES (?, ?, ?, ?)", normal
+                "INSERT INTO targets (name, vpp_stage, micro_step, scope) VALUES (?, ?, ?, ?)", key
             ).lastrowid
-            self._targets[normal] = found
+            self._targets[key] = found
         return found
 
     def _split(self, steps: list[int]) -> Iterator[tuple[int, list[int] | None]]:
