@@ -54,9 +54,7 @@ def loads_checked(text: str, where: str, *, max_depth: int = MAX_DEPTH) -> Any:
     return document
 
 
-def load_json_file(
-    path: str | os.PathLike[str], *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH
-) -> Any:
+def load_json_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH) -> Any:
     """The JSON document in the regular file ``path`` (see the module docstring).
 
     Raises:
