@@ -246,8 +246,10 @@ def check_event(key: str, value: object, source: Path) -> dict[str, Any]:
         if not isinstance(value[field], str):
             raise ConfigError(f"{where}: field {field!r} must be a string, got {_short(value[field])}")
     mates = value["group_mates"]
-    if not isinstance(mates, list) or not all(_is_int(m) and INT_MIN <= m <= INT_MAX for m in mates):
-        raise ConfigError(f"{where}: field 'group_mates' must be a list of 64-bit integers, got {_short(mates)}")
+    if not isinstance(mates, list) or not all(_is_int(m) for m in mates):
+        raise ConfigError(f"{where}: field 'group_mates' must be a list of integers, got {_short(mates)}")
+    if not all(INT_MIN <= m <= INT_MAX for m in mates):
+        raise ConfigError(f"{where}: field 'group_mates' holds an integer outside the 64-bit range")
     return value
 
 

@@ -138,8 +138,10 @@ class CSV2DBConfig:
         check_process_num(self.process_num)
         check_data_types(self.data_type_list)
         partition = self.step_partition
-        if isinstance(partition, bool) or not isinstance(partition, int) or not 1 <= partition <= INT_MAX:
-            raise ConfigError(f"step_partition: expected an integer from 1 to 2**63-1, got {partition!r}")
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 1:
+            raise ConfigError(f"step_partition: expected an integer >= 1, got {partition!r}")
+        if partition > INT_MAX:
+            raise ConfigError(f"step_partition: {partition} is above 2**63-1")
         if self.output_dirpath is not None:
             _check_path(self.output_dirpath, "output_dirpath")
 

@@ -303,7 +303,7 @@ def read_table(file: MonitorCsv) -> CsvTable:
     where = str(file.path)
     records, torn = split_records(read_text(file.path, max_bytes=MAX_CSV_BYTES), where)
     if torn:
-        warn_once(f"torn:{file.path}", f"{file.path}: skipped 1 torn row (a run killed while writing?)")
+        warn_once(f"torn:{file.path}", f"{file.path}: skipped 1 torn row(s) (a run killed while writing?)")
     if not records:
         if torn:
             raise ConfigError(f"{where}: holds only a torn header line; not a monitor CSV (or the run was killed)")
