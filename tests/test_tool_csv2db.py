@@ -44,7 +44,7 @@ def csv_rows(root: Path) -> dict[Key, dict[str, Any]]:
         rank = int(v1.group(1)) if v1 else int(path.parent.name.split("_")[1])
         data_type = (_V1_FILE if v1 else _V2_FILE).match(path.name).group(1)
         header, rows = read_csv(path)
-        keys = {"vpp_stage", "name", "module_name", "step", "micro_step", "scope"}
+        keys = {"vpp_stage", "name", "module_name", "step", "micro_step", "scope", "shape", "dtype"}
         ops = [column for column in header if column not in keys]
         for row in rows:
             micro = row.get("micro_step") or None
