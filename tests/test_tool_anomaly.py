@@ -22,10 +22,10 @@ from monitor_runs import NAN_RANK, NAN_STEP
 from test_v1_support import make_v1
 from trainprobe.errors import ConfigError
 from trainprobe.tools.anomaly_analyse import (
-    UNKNOWN,
     BACKWARD,
     FORWARD,
     OPTIMIZER,
+    UNKNOWN,
     analyse,
     execution_key,
     format_table,
