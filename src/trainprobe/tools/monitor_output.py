@@ -231,6 +231,12 @@ def find_csv_files(
     skipped: list[str] = []
     files = [f for run, layout, rank in _runs(root, lo, hi) for f in _files_of(run, layout, rank, skipped)]
     files = [f for f in files if types is None or f.data_type in types]
+    if files and skipped:
+        warn_once(
+            f"irregular:{root}",
+            f"{skipped[0]}: not a regular file (a folder, FIFO or device?), skipped"
+            + (f", and {len(skipped) - 1} more such entries" if len(skipped) > 1 else ""),
+        )
     if not files:
         wanted = f" of data types {list(types)}" if types else ""
         others = f"; skipped {len(skipped)} entries that are not regular files: {skipped[:3]}" if skipped else ""
@@ -279,7 +285,6 @@ def _files_of(run: Path, layout: Layout, rank: int, skipped: list[str]) -> Itera
             continue
         if not is_regular_file(path):
             skipped.append(str(path))
-            warn_once(f"irregular:{path}", f"{path}: not a regular file (a folder, FIFO or device?), skipped")
             continue
         first = bounded_int(match["first"], "first step", str(path))
         last = bounded_int(match["last"], "last step", str(path))
@@ -375,7 +380,8 @@ def column_roles(header: tuple[str, ...], layout: Layout, where: str) -> ColumnR
     """The roles of the columns of ``header`` for ``layout``.
 
     Raises:
-        ConfigError: a column named twice or with an empty name, or a key column missing.
+        ConfigError: a column named twice, without a name or with a control character in its
+            name, or a key column missing.
     """
     seen: set[str] = set()
     for name in header:
@@ -384,6 +390,9 @@ def column_roles(header: tuple[str, ...], layout: Layout, where: str) -> ColumnR
         seen.add(name)
     if "" in seen:
         raise ConfigError(f"{where}: the header has a column without a name (column {header.index('') + 1})")
+    odd = next((name for name in header if not name.isprintable()), None)
+    if odd is not None:
+        raise ConfigError(f"{where}: the header's column {odd!r} holds a control character; not a monitor CSV")
     keys = _KEY_COLUMNS[layout]
     missing = [k for k in keys if k not in seen]
     if missing:
