@@ -541,7 +541,8 @@ def print_result(result: AnalyseResult, step_list: Sequence[int], stream: TextIO
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the options ``-d/--data_path``, ``-o/--out_path``, ``-k/--topk``, ``-s/--step_list``."""
+    """Add the options ``-d/--data_path``, ``-o/--out_path``, ``-k/--topk``, ``-s/--step_list``
+    (also ``--step``, the reference tool's spelling)."""
     parser.add_argument(
         "-d",
         "--data_path",
@@ -562,6 +563,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         "-s",
         "--step_list",
         "--step-list",
+        "--step",
         dest="step_list",
         default="[]",
         help="steps to analyse, [2,3] or 2,3 (default [] = every step)",
