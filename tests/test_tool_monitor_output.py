@@ -247,3 +247,13 @@ def test_entries_that_are_not_regular_files_are_skipped(tmp_path, caplog):
     assert "exp_avg_0-1.csv: not a regular file (a folder, FIFO or device?), skipped, and 2 more" in caplog.text
     with pytest.raises(ConfigError, match=r"no monitor CSV of data types \['exp_avg'\] .*skipped 3 entries"):
         find_csv_files(tmp_path, data_types=["exp_avg"])
+
+
+def test_a_torn_header_is_a_starting_run(tmp_path, caplog):
+    folder = tmp_path / "rank_0"
+    folder.mkdir()
+    (folder / "param_step0-0.csv").write_text("vpp_stage,st")  # killed while writing the header
+    (file,) = find_csv_files(tmp_path)
+    table = read_table(file)
+    assert (table.rows, table.ops, table.torn) == ([], (), 1)
+    assert list(table.records()) == [] and "skipped 1 torn row(s)" in caplog.text

@@ -297,7 +297,8 @@ def _files_of(run: Path, layout: Layout, rank: int, skipped: list[str]) -> Itera
 def read_table(file: MonitorCsv) -> CsvTable:
     """The complete rows of ``file``, checked and converted (see the module docstring). A torn
     last record is skipped, counted and warned about once. An empty file (just created by a run
-    that is starting) gives a table with no columns and no rows (warned about once).
+    that is starting) or one holding only a torn header gives a table with no columns and no
+    rows (warned about once).
 
     Raises:
         ConfigError: ``<file>: ...``: not a regular file, too large, not UTF-8, not CSV; the
@@ -309,10 +310,9 @@ def read_table(file: MonitorCsv) -> CsvTable:
     records, torn = split_records(read_text(file.path, max_bytes=MAX_CSV_BYTES), where)
     if torn:
         warn_once(f"torn:{file.path}", f"{file.path}: skipped 1 torn row(s) (a run killed while writing?)")
-    if not records:
-        if torn:
-            raise ConfigError(f"{where}: holds only a torn header line; not a monitor CSV (or the run was killed)")
-        warn_once(f"empty:{file.path}", f"{file.path}: empty (a run that is starting?), skipped")
+    if not records:  # empty, or a header cut short: a run that is starting (or was killed then)
+        if not torn:
+            warn_once(f"empty:{file.path}", f"{file.path}: empty (a run that is starting?), skipped")
         return CsvTable(file, (), (), [], -1, -1, -1, -1, -1, int(torn))
     header = tuple(records[0])
     roles = column_roles(header, file.layout, where)
