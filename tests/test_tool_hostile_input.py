@@ -16,6 +16,7 @@ import pytest
 
 from reference_layouts import V1_RUN, write_reference_v1, write_reference_v2
 from trainprobe.cli import main as cli_main
+from trainprobe.cli import one_line
 from trainprobe.errors import ConfigError
 from trainprobe.safe_files import bounded_int, read_bytes, read_text
 from trainprobe.safe_json import depth_of, loads_checked
@@ -310,3 +311,18 @@ def test_fuzz_anomaly_json(tmp_path):
             assert str(exc).startswith(("data_path:", str(folder / "anomaly.json")))
             outcomes["refused"] += 1
     assert outcomes["read"] > 10 and outcomes["refused"] > 100, outcomes
+
+
+def test_cli_os_errors_and_control_characters_are_one_line(tmp_path, capsys, monkeypatch):
+    import trainprobe.tools.csv2db as csv2db_module
+
+    assert one_line("a\nb\r\x1b[31m\u2028 c") == "a\\nb\\r\\x1b[31m\\u2028 c"
+
+    def vanished(config: object, progress: bool = False) -> None:
+        raise PermissionError(13, "Permission denied", "/data/run/grad_reduced_0-0.csv")
+
+    monkeypatch.setattr(csv2db_module, "csv2db", vanished)
+    code, err = cli_in_process(capsys, "csv2db", str(tmp_path))
+    assert code == 2 and err == [
+        "trainprobe csv2db: error: [Errno 13] Permission denied: '/data/run/grad_reduced_0-0.csv'"
+    ]
