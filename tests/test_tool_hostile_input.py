@@ -135,33 +135,34 @@ def test_a_name_with_control_characters_stays_on_one_line(tmp_path, capsys):
     assert "column 'step': value 'zero' is not an integer" in err[0]
 
 
-def test_rank_folder_above_2_63_exit_2(tmp_path):
+def test_rank_folder_above_2_63_exit_2(tmp_path, capsys):
     run = tmp_path / f"Nov25_06-27-30-rank{2**64}-0c5cd257"
     run.mkdir()
     (run / "grad_reduced_0-0.csv").write_text("vpp_stage,name,step,min\n0,w,0,1\n")
-    done = run_cli("csv2db", str(tmp_path), "-o", str(tmp_path / "out"))
-    assert_one_line_exit_2(done, "csv2db", rf"run folder .*rank{2**64}.*: rank '{2**64}' is outside the 64-bit range")
+    code, err = cli_in_process(capsys, "csv2db", str(tmp_path), "-o", str(tmp_path / "out"))
+    assert code == 2 and len(err) == 1
+    assert re.match(rf"trainprobe csv2db: error: run folder .*: rank '{2**64}' is outside the 64-bit range", err[0])
 
 
-def test_a_byte_order_mark_is_read_by_every_converter(tmp_path):
+def test_a_byte_order_mark_is_read_by_every_converter(tmp_path, capsys):
     run = write_reference_v1(tmp_path / "monitor")
     for path in run.glob("*.csv"):
         path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
-    done = run_cli("csv2db", str(tmp_path / "monitor"), "-o", str(tmp_path / "db"))
-    assert done.returncode == 0 and "csv2db: 22 rows from 4 file(s)" in done.stdout, done.stderr
-    done = run_cli("csv2tb", str(tmp_path / "monitor"), "-o", str(tmp_path / "tb"))
-    assert done.returncode == 0 and "rank0/actv: 8 rows, 48 scalars" in done.stdout, done.stderr
+    assert cli_main(["csv2db", str(tmp_path / "monitor"), "-o", str(tmp_path / "db")]) == 0
+    assert "csv2db: 22 rows from 4 file(s)" in capsys.readouterr().out
+    assert cli_main(["csv2tb", str(tmp_path / "monitor"), "-o", str(tmp_path / "tb")]) == 0
+    assert "rank0/actv: 8 rows, 48 scalars" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- JSON
 
 
-def test_deep_json_is_one_line_not_a_recursion_error(tmp_path):
+def test_deep_json_is_one_line_not_a_recursion_error(tmp_path, capsys):
     folder = tmp_path / "anomaly_detected" / "rank0"
     folder.mkdir(parents=True)
     (folder / "anomaly.json").write_text("[" * 100_000 + "]" * 100_000)
-    done = run_cli("anomaly-analyse", "-d", str(tmp_path))
-    assert_one_line_exit_2(done, "anomaly-analyse", r"rank0/anomaly.json: nested deeper than 64 levels")
+    code, err = cli_in_process(capsys, "anomaly-analyse", "-d", str(tmp_path))
+    assert code == 2 and len(err) == 1 and err[0].endswith("rank0/anomaly.json: nested deeper than 64 levels; refused")
     done = subprocess.run(
         [sys.executable, "-m", "trainprobe.core.monitor.anomaly_processor", "-d", str(tmp_path)],
         capture_output=True,
@@ -178,6 +179,8 @@ def test_deep_json_is_one_line_not_a_recursion_error(tmp_path):
         ('{"a": NaN}', r"NaN is not JSON"),
         ('{"a": 1, "a": 2}', r"key 'a' appears twice in one object"),
         ('{"a": ', r"not valid JSON \(Expecting value"),
+        ('{"a": ' + "9" * 5000 + "}", r"not valid JSON \(Exceeds the limit"),
+        ('{"a": "\\ud800"}', r"holds a lone surrogate escape such as \\ud800"),
     ],
 )
 def test_json_guard(text, pattern):
@@ -232,6 +235,7 @@ def test_bounded_int():
 # --------------------------------------------------------------------------- bounded fuzz
 
 _SPICE = [b"\n", b"\r", b'"', b",", b"\xff", b"\x00", b"\xef\xbb\xbf", b"9" * 25, b"nan", b"-", b"\xe2\x80\xa8", b""]
+_SPICE += [b"\\ud800", b"[[[[", b"NaN", b"9" * 5000]
 
 
 def _mutate(data: bytes, rng: random.Random) -> bytes:

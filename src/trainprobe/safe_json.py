@@ -11,7 +11,9 @@ Rules:
 * nesting deeper than ``max_depth`` (default :data:`MAX_DEPTH`) is refused; the check walks the
   parsed value without recursion, and a document too deep for the parser itself is refused too;
 * the constants ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON) are refused;
-* a key repeated in one object is refused (Python's ``json`` would silently keep the last).
+* a key repeated in one object is refused (Python's ``json`` would silently keep the last);
+* a lone surrogate escape (``"\\ud800"``), which decodes to a string that cannot be printed or
+  written as UTF-8, is refused.
 
 Example::
 
@@ -49,8 +51,16 @@ def loads_checked(text: str, where: str, *, max_depth: int = MAX_DEPTH) -> Any:
         raise ConfigError(f"{where}: nested deeper than {max_depth} levels; refused") from None
     except _Refused as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ConfigError(f"{where}: not valid JSON ({str(exc)[:80]})") from None
     if depth_of(document, limit=max_depth) > max_depth:
         raise ConfigError(f"{where}: nested deeper than {max_depth} levels; refused")
+    try:  # a lone surrogate escape ("\ud800") decodes to a str that cannot be printed or written
+        json.dumps(document, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{where}: holds a lone surrogate escape such as \\ud800, which is not text; refused"
+        ) from None
     return document
 
 
