@@ -16,9 +16,8 @@ import pytest
 
 from reference_layouts import V1_RUN, write_reference_v1, write_reference_v2
 from trainprobe.cli import main as cli_main
-from trainprobe.cli import one_line
 from trainprobe.errors import ConfigError
-from trainprobe.safe_files import bounded_int, read_bytes, read_text
+from trainprobe.safe_files import bounded_int, one_line, read_bytes, read_text
 from trainprobe.safe_json import depth_of, loads_checked
 from trainprobe.tools.anomaly_analyse import load_anomalies, parse_step_list
 from trainprobe.tools.csv2db import CSV2DBConfig, csv2db
@@ -330,3 +329,19 @@ def test_cli_os_errors_and_control_characters_are_one_line(tmp_path, capsys, mon
     assert code == 2 and err == [
         "trainprobe csv2db: error: [Errno 13] Permission denied: '/data/run/grad_reduced_0-0.csv'"
     ]
+
+
+def test_tag_names_with_control_characters_print_on_one_line(tmp_path, capsys):
+    folder = tmp_path / "anomaly_detected" / "rank0"
+    folder.mkdir(parents=True)
+    base = {"rank": 0, "micro_step": 0, "pp_stage": 0, "vpp_stage": 0, "call_id": 0, "group_mates": [0]}
+    events = {
+        "a": {**base, "step": 1, "tag_name": "0:f\nc\x1b[2J/rank0/actv", "message": "Rule X\x1bY z"},
+        "b": {**base, "step": 2, "tag_name": "0:fc2/rank0/actv", "message": "Rule AnomalyNan reports"},
+    }
+    (folder / "anomaly.json").write_text(json.dumps(events))
+    assert cli_main(["anomaly-analyse", "-d", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 and "\x1b" not in "".join(lines)
+    assert "X\\x1bY " in lines[3] and lines[3].endswith(" 0:f\\nc\\x1b[2J/rank0/actv")
+    assert lines[4].endswith("AnomalyNan  0:fc2/rank0/actv")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+from trainprobe.safe_files import one_line
 
 # Each entry adds one sub-command: (module, function taking the sub-parsers object).
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -58,12 +59,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # a file that vanished or cannot be written: named by the OSError
         print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
-
-
-def one_line(message: str) -> str:
-    """``message`` on one line: line breaks and other control characters (from a file or
-    target name quoted in it) shown escaped, as ``repr`` shows them."""
-    return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in message)
 
 
 if __name__ == "__main__":

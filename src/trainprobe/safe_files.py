@@ -16,7 +16,9 @@ Every refusal is a :class:`~trainprobe.errors.ConfigError` whose one-line messag
 file's path, so a command line prints it and exits with 2.
 
 Also here: :func:`bounded_int`, the one parser of integers read from files and file names
-(steps, ranks, stages), which keeps them inside SQLite's 64-bit range.
+(steps, ranks, stages), which keeps them inside SQLite's 64-bit range, and :func:`one_line`,
+which shows text read from a file (a name in an error message, a tag in a table) on one line
+without the control characters a terminal would act on.
 
 Example::
 
@@ -155,3 +157,11 @@ def bounded_int(text: str, what: str, where: str) -> int:
     if not INT_MIN <= value <= INT_MAX:
         raise ConfigError(f"{where}: {what} {text!r} is outside the 64-bit range [-2**63, 2**63-1]")
     return value
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters (``\\n``, ``\\x1b``, U+2028 ...)
+    shown escaped, as ``repr`` shows them; printable text (spaces included) unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in text)

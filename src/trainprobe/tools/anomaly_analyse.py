@@ -55,7 +55,7 @@ from typing import Any, TextIO
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import warn_once
-from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int
+from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
 from trainprobe.safe_json import load_json_file
 from trainprobe.sinks.files import write_json_atomically
 
@@ -465,7 +465,8 @@ TABLE_COLUMNS: tuple[str, ...] = (
 
 
 def table_rows(events: Sequence[AnomalyEvent]) -> list[list[str]]:
-    """One row of cells per event, following :data:`TABLE_COLUMNS` (``order`` counts from 1)."""
+    """One row of cells per event, following :data:`TABLE_COLUMNS` (``order`` counts from 1);
+    control characters in tag names and rules are shown escaped (one line per event)."""
     rows = []
     for index, e in enumerate(events, start=1):
         d = e.data
@@ -479,8 +480,8 @@ def table_rows(events: Sequence[AnomalyEvent]) -> list[list[str]]:
                 str(d["pp_stage"]),
                 str(d["rank"]),
                 str(d["call_id"]),
-                e.rule,
-                d["tag_name"],
+                one_line(e.rule),
+                one_line(d["tag_name"]),
             ]
         )
     return rows
@@ -609,7 +610,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ConfigError, OSError) as exc:
-        from trainprobe.cli import one_line
-
         print(f"trainprobe {COMMAND}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
