@@ -201,6 +201,7 @@ def test_output_folder_and_parent_of_anomaly_detected(tmp_path):
         ("0:fc1.weight/rank0/acc_grad", BACKWARD, False),
         ("0:fc1.weight/rank0/pre_grad", BACKWARD, False),
         ("0:fc1.weight/rank0/post_grad", BACKWARD, True),
+        ("0:layers.0.mlp.router/rank0/moe_router_weight_hook", FORWARD, False),
     ],
 )
 def test_phase_of_tags(tag, phase, once):

@@ -257,3 +257,17 @@ def test_a_torn_header_is_a_starting_run(tmp_path, caplog):
     table = read_table(file)
     assert (table.rows, table.ops, table.torn) == ([], (), 1)
     assert list(table.records()) == [] and "skipped 1 torn row(s)" in caplog.text
+
+
+def test_the_reference_moe_router_tables_are_found(tmp_path):
+    run = tmp_path / V1_RUN
+    run.mkdir()
+    (run / "moe_router_weight_hook_0-0.csv").write_text(
+        "vpp_stage,name,step,router_weight_similarity\n0,0:layers.0.mlp.router,0,0.25\n"
+    )
+    (run / "moe_router_logit_hook_0-0.csv").write_text(
+        "vpp_stage,name,step,micro_step,per_token_expert_entropy\n0,0:layers.0.mlp.router,0,0,1.5\n"
+    )
+    files = find_csv_files(tmp_path)
+    assert [f.data_type for f in files] == ["moe_router_logit_hook", "moe_router_weight_hook"]
+    assert [read_table(f).ops for f in files] == [("per_token_expert_entropy",), ("router_weight_similarity",)]

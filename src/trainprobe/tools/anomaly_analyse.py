@@ -87,6 +87,8 @@ PHASE_OF_SUFFIX: dict[str, str] = {
     "output": FORWARD,
     "linear_hook": FORWARD,
     "attention_hook": FORWARD,
+    "moe_router_weight_hook": FORWARD,  # the reference tool's MoE router features
+    "moe_router_logit_hook": FORWARD,
     # backward: activation gradients and weight gradients
     "actv_grad": BACKWARD,
     "input_grad": BACKWARD,

@@ -61,7 +61,9 @@ from trainprobe.monitor_v1.output import STAMP_FORMAT, TABLES
 from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, is_regular_file, read_text
 
 Layout = Literal["v1", "v2"]
-V1_DATA_TYPES: tuple[str, ...] = TABLES
+#: V1 tables only the reference tool writes (its MoE router features, forward hooks).
+REFERENCE_V1_TABLES: tuple[str, ...] = ("moe_router_weight_hook", "moe_router_logit_hook")
+V1_DATA_TYPES: tuple[str, ...] = TABLES + tuple(t for t in REFERENCE_V1_TABLES if t not in TABLES)
 V2_DATA_TYPES: tuple[str, ...] = ("module", "weight_grad", "optimizer", "param", "cc")
 DATA_TYPES: tuple[str, ...] = V1_DATA_TYPES + V2_DATA_TYPES
 #: Columns that describe the tensor as text (the reference V1 writer's ``shape,dtype``).
