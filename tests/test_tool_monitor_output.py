@@ -120,7 +120,9 @@ def test_reference_v1_layout_shape_and_dtype_are_text(tmp_path):
         assert table.header[-2:] == ("shape", "dtype")
     actv = tables["actv"]
     assert [r.target for r in actv.records()][:2] == ["fc1.input", "fc1.output"]
-    assert [row[-2] for row in actv.rows][:2] == ["[4, 8]", "[4, 16]"]  # the text cells, as written
+    assert actv.text_column("shape")[:2] == ["[4, 8]", "[4, 16]"]  # the text cells, as written
+    assert set(actv.text_column("dtype")) == {"torch.float32"} and actv.text_column("nope") is None
+    assert tables["actv_grad"].text_column("shape")[0] == "nan"
     first = next(actv.records())
     assert (first.vpp_stage, first.step, first.micro_step, first.scope) == (0, 0, 0, None)
     assert first.values == (-0.5, 0.5, 1.0, 0.0, 0.0, 0.05)

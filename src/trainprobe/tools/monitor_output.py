@@ -167,6 +167,14 @@ class CsvTable:
             return [None] * len(self.rows)
         return self._columns[self.micro_col]
 
+    def text_column(self, name: str) -> list[str] | None:
+        """The cells of a text column such as ``shape`` or ``dtype`` as written (``nan`` where the
+        reference tool had no tensor), one per row; None when the file has no such column."""
+        if name not in self.header:
+            return None
+        index = self.header.index(name)
+        return [row[index] for row in self.rows]
+
     def value_columns(self) -> list[list[float]]:
         """The values as floats (``nan``/``inf`` kept): one list per op, in :attr:`ops` order,
         each with one float per row. The fast way to hand a whole table to sqlite or numpy."""
