@@ -314,7 +314,7 @@ def read_table(file: MonitorCsv) -> CsvTable:
         ConfigError: ``<file>: ...``: not a regular file, too large, not UTF-8, not CSV; the
             header lacks the layout's key columns or names a column twice; a row (other than a
             torn last one) has the wrong number of cells, a key that is not a 64-bit integer
-            or a value that is not a number; the file has rows and none is complete.
+            or a value that is not a number.
     """
     where = str(file.path)
     records, torn = split_records(read_text(file.path, max_bytes=MAX_CSV_BYTES), where)
@@ -327,8 +327,6 @@ def read_table(file: MonitorCsv) -> CsvTable:
     header = tuple(records[0])
     roles = column_roles(header, file.layout, where)
     rows = records[1:]
-    if torn and not rows:
-        warn_once(f"header-only:{file.path}", f"{file.path}: no complete row yet (a run that is starting?)")
     columns = convert_columns(rows, header, roles, where)
     return CsvTable(
         file=file,
