@@ -345,3 +345,14 @@ def test_tag_names_with_control_characters_print_on_one_line(tmp_path, capsys):
     assert len(lines) == 6 and "\x1b" not in "".join(lines)
     assert "X\\x1bY " in lines[3] and lines[3].endswith(" 0:f\\nc\\x1b[2J/rank0/actv")
     assert lines[4].endswith("AnomalyNan  0:fc2/rank0/actv")
+
+
+@pytest.mark.parametrize("command", ["csv2db", "csv2tb"])
+def test_no_complete_row_anywhere_is_exit_2(tmp_path, capsys, command):
+    """The old reader called every row of the reference's files torn and exited 0: a selection
+    whose files hold no complete row at all is now an error."""
+    one_csv(tmp_path, b"vpp_stage,name,step,min\n0,w,0,0.")  # header, then a torn row only
+    (tmp_path / "monitor" / V1_RUN / "actv_0-0.csv").write_bytes(b"")
+    code, err = cli_in_process(capsys, command, str(tmp_path / "monitor"), "-o", str(tmp_path / "out"))
+    assert code == 2 and len(err) == 1, err
+    assert "the 2 selected CSV file(s) under" in err[0] and "hold no complete row" in err[0]

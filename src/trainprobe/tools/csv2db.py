@@ -221,7 +221,9 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
     ``progress`` shows a progress bar (tqdm) on stderr.
 
     Raises:
-        ConfigError: no monitor output selected, a CSV whose header is not a monitor header, an
+        ConfigError: no monitor output selected, or none of the selected files (all read this
+            time) holds a complete row; a CSV file the reader refuses (see
+            :mod:`trainprobe.tools.monitor_output`); an
             output folder that is a file or holds a ``monitor_metrics.db`` that is not one of
             ours (or was made with another ``step_partition``), a database that cannot be
             written (locked by another program, disk full).
@@ -245,6 +247,11 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
             tables = db.finish()
     except sqlite3.OperationalError as exc:  # locked by another program, disk full ...
         raise ConfigError(f"output_dirpath: cannot write {str(db_path)!r}: {exc}") from None
+    if todo and len(todo) == len(files) and rows == 0:
+        raise ConfigError(
+            f"monitor_path: the {len(files)} selected CSV file(s) under {str(config.monitor_path)!r} hold no "
+            f"complete row (empty, or only a torn line: a run that is starting?); nothing converted"
+        )
     return CSV2DBResult(db_path, rows, len(todo), len(files) - len(todo), torn, tables, time.perf_counter() - started)
 
 

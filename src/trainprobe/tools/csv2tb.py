@@ -143,14 +143,23 @@ def convert(
     """:func:`csv2tensorboard_by_step` returning what was written, per rank and data type.
 
     Raises:
-        ConfigError: any bad input; all checks run before the output folder is created.
+        ConfigError: any bad input: the paths and options are checked before the output folder
+            is created, each CSV file when its group is converted (see
+            :mod:`trainprobe.tools.monitor_output`); also when no selected file holds a
+            complete row.
     """
     workers = check_process_num(process_num)
     files = find_csv_files(monitor_path, time_start, time_end, data_type_list)
     _event_modules()  # fail early when tensorboard is missing
     out = output_folder(output_dirpath, OUTPUT_SUFFIX)
     groups = group_files(files)
-    return Conversion(out, tuple(_convert_groups(groups, out, workers)))
+    results = tuple(_convert_groups(groups, out, workers))
+    if not any(result.rows for result in results):
+        raise ConfigError(
+            f"monitor_path: the {len(files)} selected CSV file(s) under {str(monitor_path)!r} hold no complete "
+            "row (empty, or only a torn line: a run that is starting?); the event files are empty"
+        )
+    return Conversion(out, results)
 
 
 def group_files(files: Iterable[MonitorCsv]) -> list[Group]:
