@@ -485,3 +485,15 @@ def test_reference_file_with_a_byte_order_mark(tmp_path):
     folder.mkdir(parents=True)
     (folder / "anomaly.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({key: value}).encode())
     assert [e.key for e in analyse(tmp_path).events] == [key]
+
+
+def test_the_reference_option_spelling_step(tmp_path, capsys):
+    """The reference's anomaly_processor spells the step list ``-s``/``--step``."""
+    key, value = reference_event("0:fc1.weight/rank0/acc_grad", 2, 3)
+    other_key, other = reference_event("0:fc1.weight/rank0/acc_grad", 3, 3)
+    folder = tmp_path / "anomaly_detected" / "rank0"
+    folder.mkdir(parents=True)
+    (folder / "anomaly.json").write_text(json.dumps({key: value, other_key: other}), encoding="utf-8")
+    assert main(["-d", str(tmp_path / "anomaly_detected"), "--step", "[3]"]) == 0
+    written = json.loads((tmp_path / "anomaly_detected" / "anomaly_analyse.json").read_text(encoding="utf-8"))
+    assert list(written) == [other_key]
