@@ -53,10 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ConfigError as exc:
-        print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a file that vanished or cannot be written: named by the OSError
+    except (ConfigError, OSError) as exc:  # OSError: a file that vanished or cannot be written, named in it
         print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
 

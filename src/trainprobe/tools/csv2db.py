@@ -40,7 +40,8 @@ NaN: SQLite has no NaN (it stores NULL), so a NaN value is NULL in its op column
 Re-running into the same folder is idempotent: files unchanged since they were imported (same
 size and mtime) are skipped, changed ones are read again and their rows replace the stored ones
 (``INSERT OR REPLACE`` on the primary key), so no row is ever stored twice. A run still being
-written is converted as far as it is complete (torn rows are skipped, one warning per file);
+written is converted as far as it is complete (a torn last line is skipped, one warning per
+file; see :mod:`trainprobe.tools.monitor_output` for what else the reader accepts and refuses);
 converting again later adds the rest. ``process_num > 1`` parses the files in that many worker
 processes (forked on Linux, so no fresh import of trainprobe; spawned elsewhere, where scripts
 need the ``if __name__ == "__main__":`` guard) while this process, the only writer, stores them.

@@ -34,7 +34,9 @@ Tags (x axis = ``step``; values are float32 ``simple_value`` scalars as ``add_sc
 * V2: ``vp<vpp_stage>:<module_name>:<scope>[:micro<m>]/<op>``, e.g.
   ``vp0:fc1.weight:unreduced:micro1/norm``, ``vp0:fc1.input.0:forward:micro0/max``.
 
-Torn rows of a killed run are skipped (one warning per file). ``process_num > 1`` converts the
+The CSV files are read by :mod:`trainprobe.tools.monitor_output` (both V1 layouts, V2; a torn
+last line of a killed run is skipped with one warning per file, any other unreadable row is an
+error naming the file). ``process_num > 1`` converts the
 (rank, data type) groups in that many spawned worker processes; the event files hold the same
 tags, steps and values as with ``process_num=1``. Scripts that call it with ``process_num > 1``
 need the usual ``if __name__ == "__main__":`` guard (the workers are spawned).
