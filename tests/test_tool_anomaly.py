@@ -25,6 +25,7 @@ from trainprobe.tools.anomaly_analyse import (
     BACKWARD,
     FORWARD,
     OPTIMIZER,
+    UNKNOWN,
     analyse,
     execution_key,
     format_table,
@@ -194,10 +195,33 @@ def test_output_folder_and_parent_of_anomaly_detected(tmp_path):
         ("0:fc1.weight/rank0/param_updated", OPTIMIZER, True),
         ("0:fc1.weight/rank0/adam_update", OPTIMIZER, True),
         ("0:fc1.weight/rank0/adam_ratio", OPTIMIZER, True),
+        # the reference tool's tags: names carry ':<micro_step>', weight gradients acc/pre/post_grad
+        ("0:fc1.input:0/rank0/actv", FORWARD, False),
+        ("0:.output:1/rank0/actv_grad", BACKWARD, False),
+        ("0:fc1.weight/rank0/acc_grad", BACKWARD, False),
+        ("0:fc1.weight/rank0/pre_grad", BACKWARD, False),
+        ("0:fc1.weight/rank0/post_grad", BACKWARD, True),
+        ("0:layers.0.mlp.router/rank0/moe_router_weight_hook", FORWARD, False),
     ],
 )
 def test_phase_of_tags(tag, phase, once):
     assert phase_of(tag) == (phase, once)
+
+
+def test_unknown_tag_is_ordered_before_forward_with_one_warning(tmp_path, caplog):
+    """An unknown suffix no longer stops the analysis: the reference tool gives it stage -1."""
+    assert phase_of("0:fc1/rank0/weird") == (UNKNOWN, False)
+    assert phase_of("0:fc2/rank0/weird") == (UNKNOWN, False)
+    assert sum("no known phase for 'weird'" in r.getMessage() for r in caplog.records) == 1
+    folder = tmp_path / "anomaly_detected" / "rank0"
+    folder.mkdir(parents=True)
+    base = {"rank": 0, "step": 1, "micro_step": 0, "pp_stage": 0, "vpp_stage": 0, "message": "", "group_mates": [0]}
+    events = {
+        "f": {**base, "call_id": 0, "tag_name": "0:fc1.input:0/rank0/actv"},
+        "u": {**base, "call_id": 9, "tag_name": "0:fc1/rank0/weird"},
+    }
+    (folder / "anomaly.json").write_text(json.dumps(events), encoding="utf-8")
+    assert [e.key for e in analyse(tmp_path).events] == ["u", "f"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -226,7 +250,7 @@ def test_malformed_files_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}: expected a JSON object of events, got list"):
         analyse(folder)
     bad.write_bytes(b"\xff\xfe{")
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}: cannot read"):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}: not UTF-8 text \(byte 0xff at offset 0\)"):
         analyse(folder)
 
 
@@ -248,7 +272,6 @@ def _with(changes: dict[str, Any], drop: str | None = None) -> dict[str, Any]:
         (_with({"call_id": True}), r"field 'call_id' must be an integer, got True"),
         (_with({"tag_name": 3}), r"field 'tag_name' must be a string, got 3"),
         (_with({"group_mates": [0, "1"]}), r"field 'group_mates' must be a list of integers"),
-        (_with({"tag_name": "0:fc1/rank1/weird"}), r"cannot tell the phase from 'weird' \(known: actv, input"),
         ({"k": [1]}, r"event 'k': expected an object, got list"),
     ],
 )
@@ -401,3 +424,76 @@ def test_two_rank_v1_run(monitor_runs, tmp_path):
     assert reduced == sorted(reduced, reverse=True) and set(reduced) == {0, 1}
     written = json.loads((tmp_path / "anomaly_analyse.json").read_text())
     assert list(written) == [e.key for e in result.events]
+
+
+# --------------------------------------------------------------------------- the reference tool's files
+
+
+def reference_event(tag: str, step: int, call: int, micro: int = 0) -> tuple[str, dict[str, Any]]:
+    """One event as the reference tool's V1 monitor writes it (key ``<tag>_step_<s>_call_<id>``,
+    call_id -1 for parameter states it does not number)."""
+    message = f"Rule AnomalyTurbulence reports anomaly signal in ('{tag}', 'norm') at step {step}, current value 2.0"
+    value = {
+        "rank": 0,
+        "step": step,
+        "micro_step": micro,
+        "pp_stage": 0,
+        "vpp_stage": 0,
+        "call_id": call,
+        "tag_name": tag,
+        "message": message,
+        "group_mates": [0],
+    }
+    return f"{tag}_step_{step}_call_{call}", value
+
+
+def test_reference_anomaly_json_is_analysed(tmp_path):
+    """The layout of the reference tool's anomaly.json (indent 1, tags with ':<micro>', acc_grad and
+    post_grad weight gradients, call_id -1): read, ordered, written back key for key."""
+    events = dict(
+        [
+            reference_event("0:fc1.weight/rank0/post_grad", 1, 20),
+            reference_event("0:fc2.bias/rank0/param_origin", 1, -1),
+            reference_event("0:fc1.weight/rank0/exp_avg", 1, 24),
+            reference_event("0:fc1.weight/rank0/acc_grad", 1, 19),
+            reference_event(".output:0/rank0/actv_grad", 1, 9),
+            reference_event("0:fc1.input:0/rank0/actv", 1, 0),
+            reference_event("0:fc1.input:0/rank0/actv", 0, 0),
+        ]
+    )
+    folder = tmp_path / "monitor_output" / "anomaly_detected" / "rank0"
+    folder.mkdir(parents=True)
+    (folder / "anomaly.json").write_text(json.dumps(events, indent=1), encoding="utf-8")
+    result = analyse(tmp_path / "monitor_output", topk=10)
+    assert [(e["step"], e["tag_name"].rsplit("/", 1)[1], e.phase) for e in result.events] == [
+        (0, "actv", "forward"),
+        (1, "actv", "forward"),
+        (1, "actv_grad", "backward"),
+        (1, "acc_grad", "backward"),
+        (1, "post_grad", "backward"),  # once per step: after the micro-steps
+        (1, "param_origin", "optimizer"),  # call_id -1 first in its phase (the reference: before forward)
+        (1, "exp_avg", "optimizer"),
+    ]
+    written = json.loads(result.output.read_text(encoding="utf-8"))
+    assert list(written) == [e.key for e in result.events]
+    assert all(written[k] == events[k] for k in written)
+
+
+def test_reference_file_with_a_byte_order_mark(tmp_path):
+    key, value = reference_event("0:fc1.weight/rank0/acc_grad", 2, 3)
+    folder = tmp_path / "anomaly_detected" / "rank0"
+    folder.mkdir(parents=True)
+    (folder / "anomaly.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({key: value}).encode())
+    assert [e.key for e in analyse(tmp_path).events] == [key]
+
+
+def test_the_reference_option_spelling_step(tmp_path, capsys):
+    """The reference's anomaly_processor spells the step list ``-s``/``--step``."""
+    key, value = reference_event("0:fc1.weight/rank0/acc_grad", 2, 3)
+    other_key, other = reference_event("0:fc1.weight/rank0/acc_grad", 3, 3)
+    folder = tmp_path / "anomaly_detected" / "rank0"
+    folder.mkdir(parents=True)
+    (folder / "anomaly.json").write_text(json.dumps({key: value, other_key: other}), encoding="utf-8")
+    assert main(["-d", str(tmp_path / "anomaly_detected"), "--step", "[3]"]) == 0
+    written = json.loads((tmp_path / "anomaly_detected" / "anomaly_analyse.json").read_text(encoding="utf-8"))
+    assert list(written) == [other_key]

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
+from reference_layouts import V1_OPS, write_reference_v1, write_reference_v2
 from trainprobe.cli import main as cli_main
 from trainprobe.core.monitor.csv2db import CSV2DBConfig, CSV2DBResult, csv2db
 from trainprobe.errors import ConfigError
@@ -44,7 +45,7 @@ def csv_rows(root: Path) -> dict[Key, dict[str, Any]]:
         rank = int(v1.group(1)) if v1 else int(path.parent.name.split("_")[1])
         data_type = (_V1_FILE if v1 else _V2_FILE).match(path.name).group(1)
         header, rows = read_csv(path)
-        keys = {"vpp_stage", "name", "module_name", "step", "micro_step", "scope"}
+        keys = {"vpp_stage", "name", "module_name", "step", "micro_step", "scope", "shape", "dtype"}
         ops = [column for column in header if column not in keys]
         for row in rows:
             micro = row.get("micro_step") or None
@@ -395,3 +396,25 @@ def test_a_locked_database_is_a_clear_error(monitor_runs, tmp_path):
         with pytest.raises(ConfigError, match="output_dirpath: cannot write .*monitor_metrics.db.*locked"):
             convert(monitor_runs.v2, tmp_path)
         other.rollback()
+
+
+# --------------------------------------------------------------------------- the reference tool's layouts
+
+
+def test_reference_v1_and_v2_layouts(tmp_path):
+    """Every row of the reference tool's V1 (``shape,dtype`` text columns, names without a chunk
+    prefix, an all-``nan`` row) and V2 (``\\r\\n``, vpp_stage -1) output is stored: none is torn."""
+    monitor = tmp_path / "monitor"
+    write_reference_v1(monitor / "v1")
+    write_reference_v2(monitor / "v2")
+    v1 = convert(monitor / "v1", tmp_path / "db1")
+    assert (v1.rows, v1.files, v1.torn) == (4 * 2 + 2 * 2 + 4 * 2 + 2, 4, 0)
+    ops = [op for (op,) in query(v1.db_path, "SELECT name FROM metrics ORDER BY metric_id")]
+    assert ops == list(V1_OPS)  # shape and dtype are text, not metrics
+    got = db_rows(v1.db_path)
+    assert got[(0, "actv", "fc1.input", 0, 0, None, 1)] == dict(zip(V1_OPS, (-0.6, 0.6, 1.2, 0.0, 0.0, 0.06)))
+    assert got[(0, "actv_grad", ".input", 0, 0, None, 0)] == dict.fromkeys(V1_OPS, NAN)
+    assert got[(0, "grad_reduced", "fc2.bias", 0, None, None, 1)]["norm"] == 1.2
+    v2 = convert(monitor / "v2", tmp_path / "db2")
+    assert (v2.rows, v2.torn) == (6, 0)
+    assert db_rows(v2.db_path)[(0, "weight_grad", "fc1.weight", -1, 1, "reduced", 1)]["norm"] == 1.22

@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import SCALARS, Even
 
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP
+from reference_layouts import write_reference_v1
 from trainprobe.errors import ConfigError
 from trainprobe.tools.csv2tb import csv2tensorboard_by_step
 
@@ -76,7 +77,7 @@ def expected_output(monitor: Path, layout: str, types: set[str] | None = None) -
         if types is not None and data_type not in types:
             continue
         header, rows = read_csv(path)
-        ops = [c for c in header if c not in keys]
+        ops = [c for c in header if c not in keys and c not in ("shape", "dtype")]  # text, not scalars
         scalars = out.setdefault(f"rank{rank[1]}/{data_type}", {})
         for row in rows:
             for op in ops:
@@ -299,3 +300,19 @@ def test_cli_bad_input_exits_2_with_one_line(monitor_runs, tmp_path, args, messa
     assert len(lines) == 1 and lines[0].startswith("trainprobe csv2tb: error: "), result.stderr
     assert message in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- the reference tool's layouts
+
+
+def test_reference_v1_layout_gives_the_reference_tags(tmp_path):
+    """The reference V1 layout (``shape,dtype`` columns, names without a chunk prefix): tags as
+    the reference's csv2tb writes them, ``vp<vpp>:<name>[:micro<m>]/<op>``, no shape or dtype tag."""
+    write_reference_v1(tmp_path / "monitor")
+    got = read_output(csv2tensorboard_by_step(tmp_path / "monitor", None, None, output_dirpath=tmp_path / "tb"))
+    assert set(got) == {"rank0/actv", "rank0/actv_grad", "rank0/grad_reduced", "rank0/other"}
+    assert got["rank0/actv"]["vp0:fc1.input:micro0/max"] == [(0, _value(0.5)), (1, _value(0.6))]
+    assert got["rank0/grad_reduced"]["vp0:fc2.bias/norm"] == [(0, _value(0.2)), (1, _value(1.2))]
+    assert got["rank0/actv_grad"]["vp0:.input:micro0/min"] == [(0, "nan"), (1, "nan")]
+    assert not [tag for tags in got.values() for tag in tags if tag.endswith(("/shape", "/dtype"))]
+    assert len(got["rank0/actv"]) == 4 * 6

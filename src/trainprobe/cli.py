@@ -1,6 +1,6 @@
 """The ``trainprobe`` command.
 
-Exit codes: 0 success, 2 bad input (message on stderr, no traceback).
+Exit codes: 0 success, 2 bad input (one line on stderr naming the file or option, no traceback).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+from trainprobe.safe_files import one_line
 
 # Each entry adds one sub-command: (module, function taking the sub-parsers object).
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -52,8 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ConfigError, FileNotFoundError, NotADirectoryError) as exc:
-        print(f"trainprobe {args.command}: error: {exc}", file=sys.stderr)
+    except (ConfigError, OSError) as exc:  # OSError: a file that vanished or cannot be written, named in it
+        print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -9,6 +9,8 @@ Command line (both forms are the same tool)::
 Input: every ``rank<r>/anomaly.json`` under ``data_path`` (the ``anomaly_detected`` folder; the
 monitor output folder that contains ``anomaly_detected`` is accepted too). Each file maps a key
 (``<tag_name>_step_<s>_call_<id>``) to one event with exactly the fields :data:`EVENT_FIELDS`.
+Files are read with :func:`trainprobe.safe_json.load_json_file` (regular files only, size and
+nesting bounded, byte-order mark accepted); integer fields must fit in 64 bits.
 
 Execution order (the sort key, smallest first; see :func:`execution_key`):
 
@@ -16,7 +18,9 @@ Execution order (the sort key, smallest first; see :func:`execution_key`):
 2. ``micro_step``, where events that happen once per step after gradient accumulation (reduced
    weight gradients and the whole optimizer phase) come after every micro-step of their step;
 3. phase: forward < backward < optimizer, derived from the last ``/`` part of ``tag_name``
-   (see :data:`PHASE_OF_SUFFIX`);
+   (see :data:`PHASE_OF_SUFFIX`: trainprobe's table names and the reference tool's tags such as
+   ``acc_grad``, ``pre_grad`` and ``post_grad``); a suffix it does not know is phase
+   ``unknown``, placed before the forward phase as the reference tool places it, with a warning;
 4. ``(vpp_stage, pp_stage)``: ascending in the forward phase, descending in the backward and
    optimizer phases (the pipeline runs backward from its last stage);
 5. ``call_id``; 6. ``rank``.
@@ -33,15 +37,15 @@ Python API::
     first = result.events[0]  # the first anomaly in execution order
     print(first.key, first.phase, result.output)
 
-Every bad input (missing or empty folder, malformed JSON, a missing, unknown or mistyped field,
-a tag whose phase cannot be told) raises :class:`~trainprobe.errors.ConfigError` with a one-line
+Every bad input (missing or empty folder, malformed or too deeply nested JSON, a file that is
+not a regular file or not UTF-8, a missing, unknown or mistyped field, an integer beyond 64
+bits) raises :class:`~trainprobe.errors.ConfigError` with a one-line
 message naming the file and the event; the command line prints it and exits with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Iterable, Sequence
@@ -50,6 +54,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainprobe.errors import ConfigError
+from trainprobe.log import warn_once
+from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
+from trainprobe.safe_json import load_json_file
 from trainprobe.sinks.files import write_json_atomically
 
 COMMAND = "anomaly-analyse"
@@ -61,14 +68,18 @@ DEFAULT_TOPK = 8
 FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER = "optimizer"
-PHASE_ORDER: dict[str, int] = {FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
+#: A tag whose suffix is not in :data:`PHASE_OF_SUFFIX` (the reference tool's default stage -1).
+UNKNOWN = "unknown"
+PHASE_ORDER: dict[str, int] = {UNKNOWN: -1, FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
 
 #: Integer fields of an event, then the others with their JSON types.
 INT_FIELDS: tuple[str, ...] = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "call_id")
 EVENT_FIELDS: tuple[str, ...] = (*INT_FIELDS, "tag_name", "message", "group_mates")
 
-#: Last ``/`` part of ``tag_name`` → phase. Our V1 tables (``<name>/rank<r>/<table>``) and the
-#: reference's suffixes (``input``/``output``, ``input_grad``/``output_grad``, parameter states).
+#: Last ``/`` part of ``tag_name`` → phase. trainprobe's V1 tables (``<name>/rank<r>/<table>``)
+#: and the reference tool's tags: ``acc_grad`` (the accumulated, unreduced weight gradient),
+#: ``pre_grad``/``post_grad`` (weight gradient before/after reduction), ``input``/``output``,
+#: ``input_grad``/``output_grad`` and the parameter states.
 PHASE_OF_SUFFIX: dict[str, str] = {
     # forward: activations and the L2 features computed on a module's forward call
     "actv": FORWARD,
@@ -76,12 +87,17 @@ PHASE_OF_SUFFIX: dict[str, str] = {
     "output": FORWARD,
     "linear_hook": FORWARD,
     "attention_hook": FORWARD,
+    "moe_router_weight_hook": FORWARD,  # the reference tool's MoE router features
+    "moe_router_logit_hook": FORWARD,
     # backward: activation gradients and weight gradients
     "actv_grad": BACKWARD,
     "input_grad": BACKWARD,
     "output_grad": BACKWARD,
     "grad_unreduced": BACKWARD,
     "grad_reduced": BACKWARD,
+    "acc_grad": BACKWARD,
+    "pre_grad": BACKWARD,
+    "post_grad": BACKWARD,
     # optimizer: moments, parameters before/after the step, update statistics
     "exp_avg": OPTIMIZER,
     "exp_avg_sq": OPTIMIZER,
@@ -98,11 +114,12 @@ PHASE_OF_SUFFIX: dict[str, str] = {
 OTHER_TABLE = "other"
 #: Suffixes written once per step after gradient accumulation: they follow every micro-step.
 ONCE_PER_STEP_SUFFIXES: frozenset[str] = frozenset(
-    {"grad_reduced"} | {suffix for suffix, phase in PHASE_OF_SUFFIX.items() if phase == OPTIMIZER}
+    {"grad_reduced", "post_grad"} | {suffix for suffix, phase in PHASE_OF_SUFFIX.items() if phase == OPTIMIZER}
 )
 
-_RANK_DIR = re.compile(r"^rank(\d+)$")
+_RANK_DIR = re.compile(r"rank([0-9]+)")
 _RULE = re.compile(r"^Rule (\S+) ")
+_STEP = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +130,7 @@ class AnomalyEvent:
         key: the event's key in ``anomaly.json`` (``<tag_name>_step_<s>_call_<id>``).
         data: the event dict as read (the fields :data:`EVENT_FIELDS`).
         source: the ``anomaly.json`` it came from.
-        phase: ``"forward"``, ``"backward"`` or ``"optimizer"``.
+        phase: ``"forward"``, ``"backward"``, ``"optimizer"`` or ``"unknown"``.
         once_per_step: True for events that follow every micro-step of their step.
     """
 
@@ -182,10 +199,14 @@ def find_anomaly_files(data_path: str | Path) -> tuple[Path, list[Path]]:
 
 def _rank_files(folder: Path) -> list[Path]:
     found: list[tuple[int, Path]] = []
-    for child in folder.iterdir():
-        match = _RANK_DIR.match(child.name)
-        if match and (child / ANOMALY_FILE).is_file():
-            found.append((int(match.group(1)), child / ANOMALY_FILE))
+    try:
+        children = list(folder.iterdir())
+    except OSError as exc:
+        raise ConfigError(f"data_path: cannot list {str(folder)!r}: {exc.strerror or exc}") from None
+    for child in children:
+        match = _RANK_DIR.fullmatch(child.name)
+        if match and (child / ANOMALY_FILE).is_file():  # regular files (or links to one) only
+            found.append((bounded_int(match.group(1), "rank", f"data_path: {str(child)!r}"), child / ANOMALY_FILE))
     return [path for _, path in sorted(found)]
 
 
@@ -196,12 +217,7 @@ def read_anomaly_file(path: Path) -> list[AnomalyEvent]:
         ConfigError: unreadable file, malformed JSON, not an object of events, or a bad event
             (see :func:`check_event`); the message starts with the file's path.
     """
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    document = load_json_file(path)
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a JSON object of events, got {type(document).__name__}")
     return [make_event(key, value, path) for key, value in document.items()]
@@ -225,14 +241,24 @@ def check_event(key: str, value: object, source: Path) -> dict[str, Any]:
             raise ConfigError(f"{where}: unknown field {field!r} (expected {', '.join(EVENT_FIELDS)})")
     for field in INT_FIELDS:
         if not _is_int(value[field]):
-            raise ConfigError(f"{where}: field {field!r} must be an integer, got {value[field]!r}")
+            raise ConfigError(f"{where}: field {field!r} must be an integer, got {_short(value[field])}")
+        if not INT_MIN <= value[field] <= INT_MAX:
+            raise ConfigError(f"{where}: field {field!r} is outside the 64-bit range [-2**63, 2**63-1]")
     for field in ("tag_name", "message"):
         if not isinstance(value[field], str):
-            raise ConfigError(f"{where}: field {field!r} must be a string, got {value[field]!r}")
+            raise ConfigError(f"{where}: field {field!r} must be a string, got {_short(value[field])}")
     mates = value["group_mates"]
     if not isinstance(mates, list) or not all(_is_int(m) for m in mates):
-        raise ConfigError(f"{where}: field 'group_mates' must be a list of integers, got {mates!r}")
+        raise ConfigError(f"{where}: field 'group_mates' must be a list of integers, got {_short(mates)}")
+    if not all(INT_MIN <= m <= INT_MAX for m in mates):
+        raise ConfigError(f"{where}: field 'group_mates' holds an integer outside the 64-bit range")
     return value
+
+
+def _short(value: object) -> str:
+    """``repr(value)`` cut to 60 characters (a message stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_int(value: object) -> bool:
@@ -246,10 +272,7 @@ def make_event(key: str, value: object, source: Path) -> AnomalyEvent:
         ConfigError: see :func:`check_event` and :func:`phase_of`.
     """
     data = check_event(key, value, source)
-    try:
-        phase, once = phase_of(data["tag_name"])
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: event {key!r}: {exc}") from None
+    phase, once = phase_of(data["tag_name"])
     return AnomalyEvent(key, data, source, phase, once)
 
 
@@ -259,12 +282,11 @@ def phase_of(tag_name: str) -> tuple[str, bool]:
     The last ``/`` part of ``tag_name`` decides (:data:`PHASE_OF_SUFFIX`), e.g.
     ``0:fc1.weight/rank0/grad_reduced`` → ``("backward", True)``,
     ``0:1.self_attention.core_attention_flash_0/rank0/input_grad`` → ``("backward", False)``,
-    ``0:fc1.output/rank1/actv`` → ``("forward", False)``. In the ``other`` table, rows named
-    ``<param>.mg_direction`` are optimizer rows and collective calls are backward rows; both
-    are once per step.
-
-    Raises:
-        ConfigError: the suffix is not one of the known ones.
+    ``0:fc1.output/rank1/actv`` → ``("forward", False)``, the reference tool's
+    ``0:fc1.weight/rank0/acc_grad`` → ``("backward", False)`` and ``.../post_grad`` →
+    ``("backward", True)``. In the ``other`` table, rows named ``<param>.mg_direction`` are
+    optimizer rows and collective calls are backward rows; both are once per step. A suffix not
+    in :data:`PHASE_OF_SUFFIX` gives ``("unknown", False)`` and a warning (once per suffix).
     """
     name, _, suffix = tag_name.rpartition("/")
     if suffix == OTHER_TABLE:
@@ -273,8 +295,12 @@ def phase_of(tag_name: str) -> tuple[str, bool]:
         return BACKWARD, True
     phase = PHASE_OF_SUFFIX.get(suffix)
     if phase is None:
-        known = ", ".join([*PHASE_OF_SUFFIX, OTHER_TABLE])
-        raise ConfigError(f"tag_name {tag_name!r}: cannot tell the phase from {suffix!r} (known: {known})")
+        warn_once(
+            f"phase:{suffix}",
+            f"tag_name {_short(tag_name)}: no known phase for {_short(suffix)}; ordered before the forward "
+            "phase of its micro-step, as the reference tool orders it",
+        )
+        return UNKNOWN, False
     return phase, suffix in ONCE_PER_STEP_SUFFIXES
 
 
@@ -340,9 +366,9 @@ def parse_step_list(text: str) -> list[int]:
     steps: list[int] = []
     for part in body.split(","):
         item = part.strip()
-        if not item.isdigit():
-            raise ConfigError(f"step_list: {text!r} is not a list of steps >= 0 such as [2,3] or 2,3")
-        steps.append(int(item))
+        if not _STEP.fullmatch(item):
+            raise ConfigError(f"step_list: {_short(text)} is not a list of steps >= 0 such as [2,3] or 2,3")
+        steps.append(bounded_int(item, "step", "step_list"))
     return steps
 
 
@@ -441,7 +467,8 @@ TABLE_COLUMNS: tuple[str, ...] = (
 
 
 def table_rows(events: Sequence[AnomalyEvent]) -> list[list[str]]:
-    """One row of cells per event, following :data:`TABLE_COLUMNS` (``order`` counts from 1)."""
+    """One row of cells per event, following :data:`TABLE_COLUMNS` (``order`` counts from 1);
+    control characters in tag names and rules are shown escaped (one line per event)."""
     rows = []
     for index, e in enumerate(events, start=1):
         d = e.data
@@ -455,8 +482,8 @@ def table_rows(events: Sequence[AnomalyEvent]) -> list[list[str]]:
                 str(d["pp_stage"]),
                 str(d["rank"]),
                 str(d["call_id"]),
-                e.rule,
-                d["tag_name"],
+                one_line(e.rule),
+                one_line(d["tag_name"]),
             ]
         )
     return rows
@@ -517,7 +544,8 @@ def print_result(result: AnalyseResult, step_list: Sequence[int], stream: TextIO
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the options ``-d/--data_path``, ``-o/--out_path``, ``-k/--topk``, ``-s/--step_list``."""
+    """Add the options ``-d/--data_path``, ``-o/--out_path``, ``-k/--topk``, ``-s/--step_list``
+    (also ``--step``, the reference tool's spelling)."""
     parser.add_argument(
         "-d",
         "--data_path",
@@ -538,6 +566,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         "-s",
         "--step_list",
         "--step-list",
+        "--step",
         dest="step_list",
         default="[]",
         help="steps to analyse, [2,3] or 2,3 (default [] = every step)",
@@ -582,6 +611,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except ConfigError as exc:
-        print(f"trainprobe {COMMAND}: error: {exc}", file=sys.stderr)
+    except (ConfigError, OSError) as exc:
+        print(f"trainprobe {COMMAND}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -40,7 +40,8 @@ NaN: SQLite has no NaN (it stores NULL), so a NaN value is NULL in its op column
 Re-running into the same folder is idempotent: files unchanged since they were imported (same
 size and mtime) are skipped, changed ones are read again and their rows replace the stored ones
 (``INSERT OR REPLACE`` on the primary key), so no row is ever stored twice. A run still being
-written is converted as far as it is complete (torn rows are skipped, one warning per file);
+written is converted as far as it is complete (a torn last line is skipped, one warning per
+file; see :mod:`trainprobe.tools.monitor_output` for what else the reader accepts and refuses);
 converting again later adds the rest. ``process_num > 1`` parses the files in that many worker
 processes (forked on Linux, so no fresh import of trainprobe; spawned elsewhere, where scripts
 need the ``if __name__ == "__main__":`` guard) while this process, the only writer, stores them.
@@ -75,6 +76,7 @@ from typing import Any
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
+from trainprobe.safe_files import INT_MAX
 from trainprobe.tools.monitor_output import (
     MonitorCsv,
     check_data_types,
@@ -101,7 +103,7 @@ ROWS_PER_INSERT = 100
 #: Ops whose metric_id is at least this have no nan_mask bit (SQLite integers are 64-bit).
 NAN_BITS = 63
 
-_TargetKey = tuple[str, int, str, str]  # (name, vpp_stage, micro_step cell, scope cell) as read
+_TargetKey = tuple[str, int, "int | None", "str | None"]  # (name, vpp_stage, micro_step, scope)
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,11 @@ class CSV2DBConfig:
         _check_time_range(self.time_start, self.time_end)
         check_process_num(self.process_num)
         check_data_types(self.data_type_list)
-        if isinstance(self.step_partition, bool) or not isinstance(self.step_partition, int) or self.step_partition < 1:
-            raise ConfigError(f"step_partition: expected an integer >= 1, got {self.step_partition!r}")
+        partition = self.step_partition
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 1:
+            raise ConfigError(f"step_partition: expected an integer >= 1, got {partition!r}")
+        if partition > INT_MAX:
+            raise ConfigError(f"step_partition: {partition} is above 2**63-1")
         if self.output_dirpath is not None:
             _check_path(self.output_dirpath, "output_dirpath")
 
@@ -217,7 +222,9 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
     ``progress`` shows a progress bar (tqdm) on stderr.
 
     Raises:
-        ConfigError: no monitor output selected, a CSV whose header is not a monitor header, an
+        ConfigError: no monitor output selected, or none of the selected files (all read this
+            time) holds a complete row; a CSV file the reader refuses (see
+            :mod:`trainprobe.tools.monitor_output`); an
             output folder that is a file or holds a ``monitor_metrics.db`` that is not one of
             ours (or was made with another ``step_partition``), a database that cannot be
             written (locked by another program, disk full).
@@ -241,6 +248,11 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
             tables = db.finish()
     except sqlite3.OperationalError as exc:  # locked by another program, disk full ...
         raise ConfigError(f"output_dirpath: cannot write {str(db_path)!r}: {exc}") from None
+    if todo and len(todo) == len(files) and rows == 0:
+        raise ConfigError(
+            f"monitor_path: the {len(files)} selected CSV file(s) under {str(config.monitor_path)!r} hold no "
+            f"complete row (empty, or only a torn line: a run that is starting?); nothing converted"
+        )
     return CSV2DBResult(db_path, rows, len(todo), len(files) - len(todo), torn, tables, time.perf_counter() - started)
 
 
@@ -255,10 +267,9 @@ def parse_file(file: MonitorCsv) -> ParsedFile:
     table = read_table(file)
     rows = table.rows
     names = [row[table.target_col] for row in rows]
-    micros = [row[table.micro_col] for row in rows] if table.micro_col >= 0 else repeat("")
-    scopes = [row[table.scope_col] for row in rows] if table.scope_col >= 0 else repeat("")
+    scopes = [row[table.scope_col] or None for row in rows] if table.scope_col >= 0 else repeat(None)
     values = table.value_columns()
-    keys = list(zip(names, table.int_column(table.vpp_col), micros, scopes))
+    keys = list(zip(names, table.int_column(table.vpp_col), table.micro_column(), scopes))
     targets = list(dict.fromkeys(keys))
     position = {key: index for index, key in enumerate(targets)}
     return ParsedFile(
@@ -380,7 +391,7 @@ class MetricsDatabase:
         count = len(parsed.steps)
         if count:
             data_type_id = self._data_type_id(file.data_type, file.layout)
-            metric_ids = [self._metric_id(op) for op in parsed.ops]
+            metric_ids = [self._metric_id(op, file) for op in parsed.ops]
             target_ids = self._target_ids(parsed)
             masks = _remap_masks(parsed.nan_masks, metric_ids)
             for first, rows in self._split(parsed.steps):
@@ -478,11 +489,11 @@ class MetricsDatabase:
             self._data_types[name] = found
         return found
 
-    def _metric_id(self, op: str) -> int:
+    def _metric_id(self, op: str, file: MonitorCsv) -> int:
         found = self._metrics.get(op)
         if found is None:
             if op in KEY_COLUMNS or op == NAN_MASK:
-                raise ConfigError(f"csv2db: an op named {op!r} clashes with a key column of the value tables")
+                raise ConfigError(f"{file.path}: an op named {op!r} clashes with a key column of csv2db's value tables")
             found = len(self._metrics)
             self.conn.execute("INSERT INTO metrics (metric_id, name) VALUES (?, ?)", (found, op))
             for table in self._partitions:
@@ -492,7 +503,7 @@ class MetricsDatabase:
         return found
 
     def _partition(self, first: int) -> str:
-        last = first + self.step_partition - 1
+        last = min(first + self.step_partition - 1, INT_MAX)
         table = f"metrics_{first}_{last}"
         if table not in self._partitions:
             ops = sorted(self._metrics, key=self._metrics.__getitem__)
@@ -525,23 +536,17 @@ class MetricsDatabase:
         for key in parsed.targets:
             found = self._key_ids.get(key)
             if found is None:
-                found = self._key_ids[key] = self._target_id(key, parsed.file)
+                found = self._key_ids[key] = self._target_id(key)
             ids.append(found)
         return list(map(ids.__getitem__, parsed.target_index))
 
-    def _target_id(self, key: _TargetKey, file: MonitorCsv) -> int:
-        name, vpp_stage, micro_cell, scope_cell = key
-        try:
-            micro_step = int(micro_cell) if micro_cell.strip() else None
-        except ValueError:
-            raise ConfigError(f"{file.path}: micro_step {micro_cell!r} of {name!r} is not an integer") from None
-        normal = (name, vpp_stage, micro_step, scope_cell or None)
-        found = self._targets.get(normal)
+    def _target_id(self, key: _TargetKey) -> int:
+        found = self._targets.get(key)
         if found is None:
             found = self.conn.execute(
-                "INSERT INTO targets (name, vpp_stage, micro_step, scope) VALUES (?, ?, ?, ?)", normal
+                "INSERT INTO targets (name, vpp_stage, micro_step, scope) VALUES (?, ?, ?, ?)", key
             ).lastrowid
-            self._targets[normal] = found
+            self._targets[key] = found
         return found
 
     def _split(self, steps: list[int]) -> Iterator[tuple[int, list[int] | None]]:

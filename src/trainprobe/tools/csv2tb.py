@@ -34,7 +34,9 @@ Tags (x axis = ``step``; values are float32 ``simple_value`` scalars as ``add_sc
 * V2: ``vp<vpp_stage>:<module_name>:<scope>[:micro<m>]/<op>``, e.g.
   ``vp0:fc1.weight:unreduced:micro1/norm``, ``vp0:fc1.input.0:forward:micro0/max``.
 
-Torn rows of a killed run are skipped (one warning per file). ``process_num > 1`` converts the
+The CSV files are read by :mod:`trainprobe.tools.monitor_output` (both V1 layouts, V2; a torn
+last line of a killed run is skipped with one warning per file, any other unreadable row is an
+error naming the file). ``process_num > 1`` converts the
 (rank, data type) groups in that many spawned worker processes; the event files hold the same
 tags, steps and values as with ``process_num=1``. Scripts that call it with ``process_num > 1``
 need the usual ``if __name__ == "__main__":`` guard (the workers are spawned).
@@ -143,14 +145,23 @@ def convert(
     """:func:`csv2tensorboard_by_step` returning what was written, per rank and data type.
 
     Raises:
-        ConfigError: any bad input; all checks run before the output folder is created.
+        ConfigError: any bad input: the paths and options are checked before the output folder
+            is created, each CSV file when its group is converted (see
+            :mod:`trainprobe.tools.monitor_output`); also when no selected file holds a
+            complete row.
     """
     workers = check_process_num(process_num)
     files = find_csv_files(monitor_path, time_start, time_end, data_type_list)
     _event_modules()  # fail early when tensorboard is missing
     out = output_folder(output_dirpath, OUTPUT_SUFFIX)
     groups = group_files(files)
-    return Conversion(out, tuple(_convert_groups(groups, out, workers)))
+    results = tuple(_convert_groups(groups, out, workers))
+    if not any(result.rows for result in results):
+        raise ConfigError(
+            f"monitor_path: the {len(files)} selected CSV file(s) under {str(monitor_path)!r} hold no complete "
+            "row (empty, or only a torn line: a run that is starting?); the event files are empty"
+        )
+    return Conversion(out, results)
 
 
 def group_files(files: Iterable[MonitorCsv]) -> list[Group]:

@@ -46,7 +46,7 @@ def output_folder(output_dirpath: str | Path | None, suffix: str) -> Path:
     folder; created if missing.
 
     Raises:
-        ConfigError: the path exists and is not a folder.
+        ConfigError: the path exists and is not a folder, or cannot be created (a file on the way).
     """
     if output_dirpath is None:
         folder = Path(f"{datetime.now().strftime(OUTPUT_STAMP)}_{suffix}")
@@ -54,5 +54,8 @@ def output_folder(output_dirpath: str | Path | None, suffix: str) -> Path:
         folder = Path(output_dirpath).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"output_dirpath: {str(folder)!r} exists and is not a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"output_dirpath: cannot create {str(folder)!r}: {exc.strerror or exc}") from None
     return folder
