@@ -215,6 +215,7 @@ class TensorFileWriter:
         self._waiting = 0  # threads in wait() or waiting for room
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Path]] = {}
         self._dirs: set[Path] = set()
+        self._failed: set[Path] = set()  # files that could not be written (this step)
 
     # -- caller side ----------------------------------------------------------------------
     def save(self, path: Path, tensor: torch.Tensor, on_error: Callable[[str], None] | None = None) -> None:
@@ -246,6 +247,7 @@ class TensorFileWriter:
     def new_step(self) -> None:
         """Forget which tensors were saved (links never cross steps)."""
         self._seen.clear()
+        self._failed.clear()
 
     def _enqueue(self, job: _Job) -> None:
         with self._cond:
@@ -298,7 +300,7 @@ class TensorFileWriter:
             try:
                 self._write(job)
             except Exception as exc:  # noqa: BLE001 - a dump error never reaches training
-                message = report_write_error(exc, job.path)
+                message = self._failure(job, exc)
                 if job.on_error is not None:
                     with contextlib.suppress(Exception):
                         job.on_error(message)
@@ -310,7 +312,17 @@ class TensorFileWriter:
                     if self._waiting:
                         self._cond.notify_all()
 
+    def _failure(self, job: _Job, exc: BaseException) -> str:
+        """The one-line description of a failed job (a link to a file that failed is not a
+        second error)."""
+        self._failed.add(job.path)
+        if job.source is not None and job.source in self._failed:
+            return f"{job.path.name} not written: {job.source.name}, the file it repeats, could not be written"
+        return report_write_error(exc, job.path)
+
     def _write(self, job: _Job) -> None:
+        if job.source is not None and job.source in self._failed:
+            raise FileNotFoundError(errno.ENOENT, "its source could not be written", str(job.source))
         folder = job.path.parent
         if folder not in self._dirs:
             folder.mkdir(parents=True, exist_ok=True)
