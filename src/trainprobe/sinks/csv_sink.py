@@ -247,4 +247,3 @@ class CsvSink:
         """Close every file; a window cut short at step ``reached`` is renamed to end there."""
         for table in list(self._open):
             self._close_file(table, reached)
-
