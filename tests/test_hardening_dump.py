@@ -282,7 +282,7 @@ def test_the_writer_reports_a_real_enospc_in_one_line(caplog: pytest.LogCaptureF
         writer.wait()
     assert seen == ["no space left on device writing /dev/full"] * 2
     assert [r.getMessage() for r in caplog.records] == [
-        "trainprobe dump: no space left on device writing /dev/full; files that do not fit are skipped"
+        "trainprobe dump: no space left on device writing /dev/full; dump files that do not fit are skipped"
     ]
     assert Path("/dev/full").is_char_device()
 
@@ -299,3 +299,31 @@ def test_a_failed_json_write_leaves_no_temporary_file(tmp_path: Path, monkeypatc
         write_json_atomically(target, {"new": 2})
     assert [p.name for p in tmp_path.iterdir()] == ["dump.json"]
     assert json.loads(target.read_text()) == {"old": 1}
+
+
+def test_full_disk_at_json_time_is_one_line_and_the_next_step_dumps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_replace = os.replace
+
+    def full(src: Any, dst: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    dump = tmp_path / "dump"
+    debugger = PrecisionDebugger(task="statistics", level="L1", dump_path=str(dump))
+    model = TwoLinear()
+    monkeypatch.setattr(os, "replace", full)
+    with caplog.at_level(logging.ERROR, logger="trainprobe"):
+        for step in range(2):
+            if step == 1:
+                monkeypatch.setattr(os, "replace", real_replace)  # space freed
+            debugger.start()
+            model(torch.randn(2, 8)).sum().backward()
+            debugger.stop()
+            debugger.step()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and messages[0].startswith("trainprobe dump: no space left on device writing ")
+    assert not caplog.records[0].exc_info
+    assert not (the_rank_dir(dump, 0) / "dump.json").exists()
+    assert [p.name for p in the_rank_dir(dump, 0).iterdir()] == []  # no temporary files left
+    assert json.loads((the_rank_dir(dump, 1) / "dump.json").read_text())["data"]

@@ -14,7 +14,6 @@ import atexit
 import contextlib
 import errno
 import io
-import json
 import os
 import pickle
 import shutil
@@ -34,6 +33,7 @@ from trainprobe.dump.entries import resolve_pending
 from trainprobe.file_names import path_under
 from trainprobe.log import error_once
 from trainprobe.sinks.files import append_whole
+from trainprobe.sinks.files import write_json_atomically as write_json_file
 
 PENDING_BYTES = {False: 64 << 20, True: 1 << 30}
 """How many bytes of snapshots may wait for the disk (``async_dump`` false / true) before the
@@ -45,18 +45,9 @@ IDLE_EXIT_S = 5.0
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and ``os.replace``; a failed
-    write (disk full) removes the temporary file and leaves ``path`` as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    text = json.dumps(data, default=_no_tensor)  # no indent: the C encoder, ~10x faster
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    """Write ``data`` as JSON to ``path`` via a temporary file and ``os.replace``
+    (:func:`trainprobe.sinks.files.write_json_atomically`, no indent: the C encoder, ~10x faster)."""
+    write_json_file(path, data, indent=None, default=_no_tensor)
 
 
 def _no_tensor(value: Any) -> Any:
@@ -300,7 +291,10 @@ class TensorFileWriter:
             try:
                 self._write(job)
             except Exception as exc:  # noqa: BLE001 - a dump error never reaches training
-                message = self._failure(job, exc)
+                try:
+                    message = self._failure(job, exc)
+                except Exception:  # noqa: BLE001 - reporting must not end the writer thread
+                    message = f"writing {job.path.name} failed"
                 if job.on_error is not None:
                     with contextlib.suppress(Exception):
                         job.on_error(message)
@@ -369,7 +363,8 @@ def report_write_error(exc: BaseException, path: Path) -> str:
     else ``writing <name> failed: <error>`` (logged once with its traceback)."""
     if disk_full(exc, path.parent):
         message = f"no space left on device writing {path}"
-        error_once("dump-no-space", f"trainprobe dump: {message}; files that do not fit are skipped", traceback=False)
+        error_once("dump-no-space", f"trainprobe dump: {message}; dump files that do not fit are skipped",
+                   traceback=False)  # fmt: skip
         return message
     message = f"writing {path.name} failed: {type(exc).__name__}: {exc}"
     error_once("dump-write-failed", f"trainprobe dump: {message}")
