@@ -283,3 +283,42 @@ def test_a_real_partial_write_is_cut_back_to_whole_lines(tmp_path: Path) -> None
     assert text.endswith("\n")
     assert [json.loads(line)["step"] for line in text.splitlines()] == [1, 2, 3]
     assert "File too large" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_full_disk_under_monitor_v2_is_one_line_and_whole_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_write = os.write
+    calls = {"n": 0}
+
+    def fills_up(fd: int, data: Any) -> int:
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(".csv"):
+            return real_write(fd, data)
+        calls["n"] += 1
+        if calls["n"] <= 2:  # the header and step 0's rows
+            return real_write(fd, data)
+        if calls["n"] == 3:
+            return real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", fills_up)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"output_dir": str(tmp_path / "out"), "step_count_per_record": 4,
+           "monitors": {"weight_grad": {"enabled": True, "ops": ["min", "norm"]}}}  # fmt: skip
+    mon = TrainerMonitorV2(write_config(tmp_path, cfg))
+    with caplog.at_level(logging.ERROR, logger="trainprobe"):
+        mon.start(model=model, optimizer=opt)
+        for _ in range(3):
+            model(torch.randn(2, 3)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.stop()
+    assert calls["n"] == 4
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "No space left on device" in errors[0].getMessage()
+    assert not errors[0].exc_info
+    (csv_file,) = (tmp_path / "out" / "rank_0").glob("weight_grad_step0-*.csv")
+    rows = read_rows(csv_file)
+    assert csv_file.read_text().endswith("\n") and {r[1] for r in rows[1:]} == {"0"}
