@@ -359,15 +359,15 @@ def disk_full(exc: BaseException, folder: Path) -> bool:
 
 def report_write_error(exc: BaseException, path: Path) -> str:
     """Log a failed dump file write once and return its one-line description: ``no space left
-    on device writing <path>`` for a full disk (one message for the whole run, no traceback),
-    else ``writing <name> failed: <error>`` (logged once with its traceback)."""
+    on device writing <path>`` for a full disk (one message for the whole run), else ``writing
+    <name> failed: <error>`` (logged once; with its traceback unless it is an ``OSError``)."""
     if disk_full(exc, path.parent):
         message = f"no space left on device writing {path}"
         error_once("dump-no-space", f"trainprobe dump: {message}; dump files that do not fit are skipped",
                    traceback=False)  # fmt: skip
         return message
     message = f"writing {path.name} failed: {type(exc).__name__}: {exc}"
-    error_once("dump-write-failed", f"trainprobe dump: {message}")
+    error_once("dump-write-failed", f"trainprobe dump: {message}", traceback=not isinstance(exc, OSError))
     return message
 
 

@@ -67,8 +67,12 @@ class MetricsWriter:
         for out in self.outputs:
             try:
                 out.close()
-            except Exception:  # noqa: BLE001 - reported, never raised into training
-                error_once(f"metrics-close-{type(out).__name__}", f"trainprobe: closing {type(out).__name__} failed")
+            except Exception as exc:  # noqa: BLE001 - reported, never raised into training
+                error_once(
+                    f"metrics-close-{type(out).__name__}",
+                    f"trainprobe: closing {type(out).__name__} failed ({type(exc).__name__}: {exc})",
+                    traceback=not isinstance(exc, OSError),
+                )
 
     def _drain(self) -> None:
         q = self._queue
