@@ -99,38 +99,60 @@ _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0
 """A dump file is created or truncated, never reached through a symbolic link planted at its name."""
 
 
+_SMALL_WRITE = 64 << 10
+"""Records smaller than this are gathered and written together (a ``.pt`` file is several small
+records around the tensor's bytes; one system call each would cost more than torch's own
+buffered writer)."""
+
+
 class _FileSink:
     """The file object ``torch.save`` writes into: every byte goes through ``os.write`` on a
     descriptor trainprobe opened itself, so a failing write keeps its ``errno`` (torch's own file
-    writer reports a full disk as ``enforce fail at inline_container.cc``)."""
+    writer reports a full disk as ``enforce fail at inline_container.cc``). Small records are
+    gathered up to :data:`_SMALL_WRITE` bytes; :meth:`flush` writes what is gathered."""
 
-    __slots__ = ("error", "fd")
+    __slots__ = ("buffer", "error", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.error: OSError | None = None
+        self.buffer = bytearray()
 
     def write(self, data: Any) -> int:
         if self.error is not None:
             raise self.error
         view = memoryview(data).cast("B")
         total = len(view)
+        if len(self.buffer) + total <= _SMALL_WRITE:
+            self.buffer += view
+            return total
+        self.flush()
+        if total < _SMALL_WRITE:
+            self.buffer += view
+        else:
+            self._write_all(view)
+        return total
+
+    def flush(self) -> None:
+        """Write the gathered records."""
+        if self.buffer:
+            data, self.buffer = self.buffer, bytearray()
+            self._write_all(memoryview(data))
+
+    def _write_all(self, view: memoryview) -> None:
         try:
             while view:
                 view = view[os.write(self.fd, view) :]
         except OSError as exc:
             self.error = exc
             raise
-        return total
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.flush()
         return os.lseek(self.fd, offset, whence)
 
     def tell(self) -> int:
-        return os.lseek(self.fd, 0, os.SEEK_CUR)
-
-    def flush(self) -> None:
-        """Nothing is buffered."""
+        return os.lseek(self.fd, 0, os.SEEK_CUR) + len(self.buffer)
 
 
 def save_pt(tensor: torch.Tensor, path: str) -> None:
@@ -147,6 +169,7 @@ def save_pt(tensor: torch.Tensor, path: str) -> None:
     sink = _FileSink(fd)
     try:
         _save_pt(tensor, sink)
+        sink.flush()
     except BaseException as exc:
         with contextlib.suppress(OSError):
             if stat.S_ISREG(os.fstat(fd).st_mode):  # never a device such as /dev/full
