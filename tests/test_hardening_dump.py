@@ -25,7 +25,7 @@ import trainprobe.log
 from conftest import write_config
 from dump_models import TwoLinear
 from trainprobe.dump import PrecisionDebugger
-from trainprobe.dump.store import StepStore, TensorFileWriter, save_pt, write_json_atomically
+from trainprobe.dump.store import StepStore, TensorFileWriter, disk_full, save_pt, write_json_atomically
 from trainprobe.file_names import MAX_NAME_BYTES, path_under, safe_file_name
 
 ESCAPE = "../../../../escaped/ESC"
@@ -327,3 +327,20 @@ def test_full_disk_at_json_time_is_one_line_and_the_next_step_dumps(
     assert not (the_rank_dir(dump, 0) / "dump.json").exists()
     assert [p.name for p in the_rank_dir(dump, 0).iterdir()] == []  # no temporary files left
     assert json.loads((the_rank_dir(dump, 1) / "dump.json").read_text())["data"]
+
+
+def test_disk_full_is_recognised_without_errno(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error that names no errno (torch's ``enforce fail at inline_container.cc``) counts as
+    a full disk when the message says so or when under 1 MiB is left."""
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert disk_full(OSError(errno.ENOSPC, "x"), tmp_path)
+    assert not disk_full(OSError(errno.EACCES, "x"), tmp_path)
+    assert disk_full(RuntimeError("write failed: No space left on device"), tmp_path)
+    assert not disk_full(torch_error, tmp_path)  # this machine's tmp has room
+
+    class Full:  # what statvfs reports for a file system with 3 blocks of 4 KiB left
+        f_bavail = 3
+        f_frsize = 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda folder: Full)
+    assert disk_full(torch_error, tmp_path)
