@@ -101,7 +101,8 @@ def warn_once(key: str, message: str) -> None:
         logger.warning(message)
 
 
-def error_once(key: str, message: str) -> None:
-    """Log ``message`` (with the active exception's traceback, if any) once per ``key``."""
+def error_once(key: str, message: str, *, traceback: bool = True) -> None:
+    """Log ``message`` (with the active exception's traceback, if any, unless ``traceback`` is
+    false) once per ``key``."""
     if _first_time(key):
-        logger.error(message, exc_info=True)
+        logger.error(message, exc_info=traceback)

@@ -170,7 +170,7 @@ class Session:
         if probe is not None:
             probe.disabled = True
             message += f"; the {monitor} monitor is disabled for the rest of the run, training continues"
-        error_once(f"write-failed-{monitor}-{id(self)}", message)
+        error_once(f"write-failed-{monitor}-{id(self)}", message, traceback=not isinstance(exc, OSError))
 
 
 def _close_at_exit(ref: weakref.ref[Session]) -> None:

@@ -36,7 +36,7 @@ from trainprobe.dump.collector import Collector
 from trainprobe.dump.config import DumpConfig, load_dump_config
 from trainprobe.dump.entries import EntryOptions, tensors_in, value_entry
 from trainprobe.dump.module_hooks import ModuleHooks, named_submodules
-from trainprobe.dump.store import StepStore, TensorFileWriter
+from trainprobe.dump.store import StepStore, TensorFileWriter, disk_full, report_write_error
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
 from trainprobe.patching import AttrPatch
@@ -273,6 +273,10 @@ class PrecisionDebugger:
             self.collector.drop_unoverflowed_backward()
             store.flush(construct=self.config.level in ("L0", "mix"))
         except Exception as exc:  # noqa: BLE001 - dumping never crashes training
+            if disk_full(exc, store.rank_dir):  # one "no space left" line; a later step may fit again
+                target = exc.filename if isinstance(exc, OSError) and exc.filename else store.rank_dir / "dump.json"
+                report_write_error(exc, Path(target))
+                return
             self.collector.fail(exc, "writing the JSON files")
             return
         logger.info("trainprobe dump: dump.json is at %s", store.rank_dir)

@@ -2,7 +2,8 @@
 
 A tensor becomes ``{"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Mean", "Norm",
 "requires_grad"}`` plus ``"md5"`` (summary_mode md5: CRC-32 of the bytes, 8 hex digits; xor: XOR
-of the bytes as 64-bit words, 16 hex digits) and ``"data_name"`` when its ``.pt`` file is saved.
+of the bytes as 64-bit words, 16 hex digits) and ``"data_name"`` when its ``.pt`` file is saved
+(the record name made a safe file name by :func:`~trainprobe.file_names.safe_file_name`).
 Task ``structure`` keeps type, dtype, shape and requires_grad only. Other values:
 ``{"type": "int", "value": 3}``, ``torch.dtype``/``torch.Size``/``slice`` likewise, ``None`` →
 ``null``, lists/tuples → lists, dicts → objects, anything else ``{"type": <class name>}``.
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainprobe.file_names import safe_file_name
 from trainprobe.stats.torch_stats import TensorStats
 
 STAT_KEYS = ("Max", "Min", "Mean", "Norm")
@@ -102,7 +104,7 @@ def tensor_entry(t: torch.Tensor, data_name: str | None, opts: EntryOptions) -> 
         if opts.summary_mode != "statistics":
             entry["md5"] = checksum(t, opts.summary_mode)
     if data_name is not None and opts.save is not None:
-        name = f"{data_name}.pt"
+        name = safe_file_name(data_name, ".pt")
         entry["data_name"] = name
         opts.save(name, t, entry)
     return entry

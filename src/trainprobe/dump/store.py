@@ -11,11 +11,13 @@ background thread; ``flush`` waits for them, so ``dump.json`` never names a miss
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import io
-import json
 import os
 import pickle
 import shutil
+import stat
 import threading
 import time
 import weakref
@@ -28,7 +30,10 @@ from typing import Any
 import torch
 
 from trainprobe.dump.entries import resolve_pending
+from trainprobe.file_names import path_under
 from trainprobe.log import error_once
+from trainprobe.sinks.files import append_whole
+from trainprobe.sinks.files import write_json_atomically as write_json_file
 
 PENDING_BYTES = {False: 64 << 20, True: 1 << 30}
 """How many bytes of snapshots may wait for the disk (``async_dump`` false / true) before the
@@ -40,11 +45,9 @@ IDLE_EXIT_S = 5.0
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` via a temporary file and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, default=_no_tensor), encoding="utf-8")  # no indent: the C encoder, ~10x faster
-    os.replace(tmp, path)
+    """Write ``data`` as JSON to ``path`` via a temporary file and ``os.replace``
+    (:func:`trainprobe.sinks.files.write_json_atomically`, no indent: the C encoder, ~10x faster)."""
+    write_json_file(path, data, indent=None, default=_no_tensor)
 
 
 def _no_tensor(value: Any) -> Any:
@@ -55,11 +58,11 @@ def _no_tensor(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _plain_save(tensor: torch.Tensor, path: str) -> None:
-    torch.save(tensor, path)
+def _plain_save(tensor: torch.Tensor, file: Any) -> None:
+    torch.save(tensor, file)
 
 
-def _make_fast_save() -> Callable[[torch.Tensor, str], None]:
+def _make_fast_save() -> Callable[[torch.Tensor, Any], None]:
     """``torch.save`` without the zip CRC-32 of each record, or plain ``torch.save``.
 
     The CRC-32 costs about half of ``torch.save``'s CPU time (1 ms per 4 MB) and is not needed by
@@ -72,8 +75,8 @@ def _make_fast_save() -> Callable[[torch.Tensor, str], None]:
     try:
         from torch.serialization import DEFAULT_PROTOCOL, _get_storage_alignment, _save
 
-        def fast_save(tensor: torch.Tensor, path: str | io.BytesIO) -> None:
-            writer = torch._C.PyTorchFileWriter(path, False, _get_storage_alignment())  # type: ignore[arg-type]
+        def fast_save(tensor: torch.Tensor, file: Any) -> None:
+            writer = torch._C.PyTorchFileWriter(file, False, _get_storage_alignment())
             try:
                 _save(tensor, writer, pickle, DEFAULT_PROTOCOL, False)
             finally:
@@ -90,16 +93,92 @@ def _make_fast_save() -> Callable[[torch.Tensor, str], None]:
     return _plain_save
 
 
-_save_pt: Callable[[torch.Tensor, str], None] | None = None
+_save_pt: Callable[[torch.Tensor, Any], None] | None = None
+
+_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+"""A dump file is created or truncated, never reached through a symbolic link planted at its name."""
+
+
+_SMALL_WRITE = 64 << 10
+"""Records smaller than this are gathered and written together (a ``.pt`` file is several small
+records around the tensor's bytes; one system call each would cost more than torch's own
+buffered writer)."""
+
+
+class _FileSink:
+    """The file object ``torch.save`` writes into: every byte goes through ``os.write`` on a
+    descriptor trainprobe opened itself, so a failing write keeps its ``errno`` (torch's own file
+    writer reports a full disk as ``enforce fail at inline_container.cc``). Small records are
+    gathered up to :data:`_SMALL_WRITE` bytes; :meth:`flush` writes what is gathered."""
+
+    __slots__ = ("buffer", "error", "fd")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.error: OSError | None = None
+        self.buffer = bytearray()
+
+    def write(self, data: Any) -> int:
+        if self.error is not None:
+            raise self.error
+        view = memoryview(data).cast("B")
+        total = len(view)
+        if len(self.buffer) + total <= _SMALL_WRITE:
+            self.buffer += view
+            return total
+        self.flush()
+        if total < _SMALL_WRITE:
+            self.buffer += view
+        else:
+            self._write_all(view)
+        return total
+
+    def flush(self) -> None:
+        """Write the gathered records."""
+        if self.buffer:
+            data, self.buffer = self.buffer, bytearray()
+            self._write_all(memoryview(data))
+
+    def _write_all(self, view: memoryview) -> None:
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.flush()
+        return os.lseek(self.fd, offset, whence)
+
+    def tell(self) -> int:
+        return os.lseek(self.fd, 0, os.SEEK_CUR) + len(self.buffer)
 
 
 def save_pt(tensor: torch.Tensor, path: str) -> None:
     """Write ``tensor`` to ``path`` in ``torch.save``'s format (loadable with
-    ``torch.load(path, weights_only=True)``), without per-record CRC-32 when torch allows."""
+    ``torch.load(path, weights_only=True)``), without per-record CRC-32 when torch allows.
+
+    A symbolic link at ``path`` is not followed. A failed write removes the partial file and
+    raises the ``OSError`` the operating system gave (``errno.ENOSPC`` on a full disk).
+    """
     global _save_pt
     if _save_pt is None:
         _save_pt = _make_fast_save()
-    _save_pt(tensor, path)
+    fd = os.open(path, _OPEN_FLAGS, 0o644)
+    sink = _FileSink(fd)
+    try:
+        _save_pt(tensor, sink)
+        sink.flush()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.fstat(fd).st_mode):  # never a device such as /dev/full
+                os.unlink(path)
+        if sink.error is not None and sink.error is not exc:
+            raise sink.error from None
+        raise
+    finally:
+        os.close(fd)
 
 
 def snapshot(tensor: torch.Tensor) -> torch.Tensor:
@@ -150,6 +229,7 @@ class TensorFileWriter:
         self._waiting = 0  # threads in wait() or waiting for room
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Path]] = {}
         self._dirs: set[Path] = set()
+        self._failed: set[Path] = set()  # files that could not be written (this step)
 
     # -- caller side ----------------------------------------------------------------------
     def save(self, path: Path, tensor: torch.Tensor, on_error: Callable[[str], None] | None = None) -> None:
@@ -181,6 +261,7 @@ class TensorFileWriter:
     def new_step(self) -> None:
         """Forget which tensors were saved (links never cross steps)."""
         self._seen.clear()
+        self._failed.clear()
 
     def _enqueue(self, job: _Job) -> None:
         with self._cond:
@@ -233,13 +314,13 @@ class TensorFileWriter:
             try:
                 self._write(job)
             except Exception as exc:  # noqa: BLE001 - a dump error never reaches training
-                message = f"writing {job.path.name} failed: {type(exc).__name__}: {exc}"
-                error_once("dump-write-failed", f"trainprobe dump: {message}")
+                try:
+                    message = self._failure(job, exc)
+                except Exception:  # noqa: BLE001 - reporting must not end the writer thread
+                    message = f"writing {job.path.name} failed"
                 if job.on_error is not None:
-                    try:
+                    with contextlib.suppress(Exception):
                         job.on_error(message)
-                    except OSError:
-                        pass
             finally:
                 job.tensor = None
                 with self._cond:
@@ -248,7 +329,17 @@ class TensorFileWriter:
                     if self._waiting:
                         self._cond.notify_all()
 
+    def _failure(self, job: _Job, exc: BaseException) -> str:
+        """The one-line description of a failed job (a link to a file that failed is not a
+        second error)."""
+        self._failed.add(job.path)
+        if job.source is not None and job.source in self._failed:
+            return f"{job.path.name} not written: {job.source.name}, the file it repeats, could not be written"
+        return report_write_error(exc, job.path)
+
     def _write(self, job: _Job) -> None:
+        if job.source is not None and job.source in self._failed:
+            raise FileNotFoundError(errno.ENOENT, "its source could not be written", str(job.source))
         folder = job.path.parent
         if folder not in self._dirs:
             folder.mkdir(parents=True, exist_ok=True)
@@ -270,6 +361,39 @@ class TensorFileWriter:
             save_pt(job.tensor, str(job.path))
 
 
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+_LOW_SPACE_BYTES = 1 << 20
+
+
+def disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether ``exc``, raised writing into ``folder``, means the disk (or quota) is full: by its
+    ``errno``, by its message, or (an error without either, such as torch's
+    ``enforce fail at inline_container.cc``) by less than 1 MiB left on ``folder``'s file system."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno in _DISK_FULL_ERRNOS
+    if "no space left" in str(exc).lower():
+        return True
+    try:
+        st = os.statvfs(folder)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return st.f_bavail * st.f_frsize < _LOW_SPACE_BYTES
+
+
+def report_write_error(exc: BaseException, path: Path) -> str:
+    """Log a failed dump file write once and return its one-line description: ``no space left
+    on device writing <path>`` for a full disk (one message for the whole run), else ``writing
+    <name> failed: <error>`` (logged once; with its traceback unless it is an ``OSError``)."""
+    if disk_full(exc, path.parent):
+        message = f"no space left on device writing {path}"
+        error_once("dump-no-space", f"trainprobe dump: {message}; dump files that do not fit are skipped",
+                   traceback=False)  # fmt: skip
+        return message
+    message = f"writing {path.name} failed: {type(exc).__name__}: {exc}"
+    error_once("dump-write-failed", f"trainprobe dump: {message}", traceback=not isinstance(exc, OSError))
+    return message
+
+
 def _link_or_copy(source: Path, target: Path) -> None:
     if target.exists():
         target.unlink()
@@ -285,6 +409,21 @@ def version_of(tensor: torch.Tensor) -> int | None:
         return tensor._version
     except RuntimeError:
         return None
+
+
+def _one_line(message: str) -> str:
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _report_log_failure(exc: BaseException, path: Path, message: str) -> None:
+    if disk_full(exc, path.parent):
+        error_once("dump-no-space", f"trainprobe dump: no space left on device writing {path}", traceback=False)
+        return
+    error_once(
+        "dump-error-log-failed",
+        f"trainprobe dump: cannot write {path!r} ({type(exc).__name__}: {exc}); the error to log was: {message}",
+        traceback=False,
+    )
 
 
 class StepStore:
@@ -308,8 +447,16 @@ class StepStore:
 
     def save_tensor(self, file_name: str, tensor: torch.Tensor) -> None:
         """Queue ``dump_tensor_data/<file_name>`` (written by the writer thread; errors go to
-        ``dump_error_info.log``)."""
-        self.files.save(self.tensor_dir / file_name, tensor, self.log_error)
+        ``dump_error_info.log``). ``file_name`` must be a plain file name (as
+        :func:`trainprobe.file_names.safe_file_name` makes them): any other is refused, logged
+        and not written, so no file is ever written outside ``dump_tensor_data``."""
+        try:
+            path = path_under(self.tensor_dir, file_name)
+        except ValueError as exc:
+            error_once("dump-unsafe-name", f"trainprobe dump: {exc}", traceback=False)
+            self.log_error(str(exc))
+            return
+        self.files.save(path, tensor, self.log_error)
 
     def add(self, name: str, record: Any, *, stack: list[str] | None = None, parent: str | None = None) -> None:
         """Add (or replace) the record ``name``; ``parent`` goes to construct.json."""
@@ -333,11 +480,24 @@ class StepStore:
         self.dirty = True
 
     def log_error(self, message: str) -> None:
-        """Append one line to ``dump_error_info.log``."""
-        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        """Append one line to ``dump_error_info.log`` (line breaks in ``message`` escaped).
+
+        Never raises: this runs inside fault handlers. When the log itself cannot be written
+        (disk full, a ``dump_path`` the file system refuses), that is reported once through the
+        ``trainprobe`` logger instead."""
+        path = self.rank_dir / "dump_error_info.log"
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        with (self.rank_dir / "dump_error_info.log").open("a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {message}\n")
+        line = f"{stamp} {_one_line(message)}\n".encode("utf-8", "backslashreplace")
+        try:
+            self.rank_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                append_whole(fd, line)
+            finally:
+                os.close(fd)
+        except Exception as exc:  # noqa: BLE001 - a fault handler must not fail
+            with contextlib.suppress(Exception):
+                _report_log_failure(exc, path, message)
 
     def flush(self, *, construct: bool) -> None:
         """Write the JSON files atomically (only when something changed)."""

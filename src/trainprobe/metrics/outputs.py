@@ -5,18 +5,21 @@ they run on the writer thread only.
 
 * :class:`TensorBoardOutput`: ``<tensorboard_dir>/rank_<id>/events.*`` through
   ``torch.utils.tensorboard.SummaryWriter`` (scalars; ``-vs-samples`` twins use the samples
-  count as their step; configuration entries as TEXT at step 0).
+  count as their step; configuration entries as TEXT at step 0). A write error (disk full)
+  surfaces as trainprobe's one line, not as a traceback of TensorBoard's writer thread.
 * :class:`LogOutput`: the ``trainprobe.metrics`` logger at INFO: one summary line per step for
   the loss family, one line per other metric whose format includes ``log``.
 * :class:`DumpOutput`: ``<dump_path>/rank_<id>/training_state.jsonl``, one JSON object per
-  recorded step with the local/device norms and losses (flushed per line, so a killed run
-  leaves every completed line readable). The file is replaced when a run starts.
+  recorded step with the local/device norms and losses (one ``write`` per line, so a killed run
+  leaves every completed line readable; a write that fails part-way, as on a full disk, is cut
+  back to the last whole line). The file is replaced when a run starts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,8 @@ from trainprobe.errors import ConfigError
 from trainprobe.metrics.compose import Metric
 from trainprobe.metrics.config import LOG, TENSORBOARD
 from trainprobe.sinks.fast_crc import use_fast_crc
+from trainprobe.sinks.files import append_whole
+from trainprobe.sinks.tensorboard import quiet_writer_thread
 
 metrics_logger = logging.getLogger("trainprobe.metrics")
 
@@ -53,6 +58,7 @@ class TensorBoardOutput:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
         self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size)
+        quiet_writer_thread(self._writer)
         from tensorboard.compat.proto.summary_pb2 import Summary  # present: the writer class loaded
 
         self._summary = Summary
@@ -108,23 +114,26 @@ class LogOutput:
 
 
 class DumpOutput:
-    """``training_state.jsonl`` in one rank's dump folder."""
+    """``training_state.jsonl`` in one rank's dump folder; whole lines only (see the module
+    docstring), a failed write raises its ``OSError`` for the writer to report."""
 
     def __init__(self, rank_dir: Path) -> None:
         rank_dir.mkdir(parents=True, exist_ok=True)
         self.path = rank_dir / DUMP_FILE
-        self._fh = self.path.open("w", encoding="utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        self._fd: int | None = os.open(self.path, flags, 0o644)
 
     def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
         row: dict[str, object] = {m.tag: m.value for m in metrics if m.dump}
-        if not row:
+        if not row or self._fd is None:
             return
         row = {"step": step, "samples": samples, **row}
-        self._fh.write(json.dumps(row, allow_nan=True) + "\n")
-        self._fh.flush()
+        append_whole(self._fd, (json.dumps(row, allow_nan=True) + "\n").encode("utf-8"))
 
     def text(self, entries: Sequence[tuple[str, str]]) -> None:
         """Configuration text is for TensorBoard only."""
 
     def close(self) -> None:
-        self._fh.close()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

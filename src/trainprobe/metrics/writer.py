@@ -1,7 +1,8 @@
 """The writer thread: turns sealed payloads into metrics and hands them to the outputs.
 
 A bounded queue keeps memory flat (a slow disk slows training a little rather than growing
-memory). An exception in one output is logged once and disables that output only; an exception
+memory). An exception in one output is logged once (one line for an ``OSError`` such as a full
+disk, with a traceback for anything else) and disables that output only; an exception
 while composing a step drops that step only. Nothing raised here reaches training.
 """
 
@@ -66,8 +67,12 @@ class MetricsWriter:
         for out in self.outputs:
             try:
                 out.close()
-            except Exception:  # noqa: BLE001 - reported, never raised into training
-                error_once(f"metrics-close-{type(out).__name__}", f"trainprobe: closing {type(out).__name__} failed")
+            except Exception as exc:  # noqa: BLE001 - reported, never raised into training
+                error_once(
+                    f"metrics-close-{type(out).__name__}",
+                    f"trainprobe: closing {type(out).__name__} failed ({type(exc).__name__}: {exc})",
+                    traceback=not isinstance(exc, OSError),
+                )
 
     def _drain(self) -> None:
         q = self._queue
@@ -95,9 +100,11 @@ class MetricsWriter:
         for out in list(self.outputs):
             try:
                 action(out)
-            except Exception:  # noqa: BLE001 - that output is disabled, the others go on
+            except Exception as exc:  # noqa: BLE001 - that output is disabled, the others go on
                 error_once(
                     f"metrics-output-{type(out).__name__}",
-                    f"trainprobe: {type(out).__name__} failed and is disabled; the other outputs continue",
+                    f"trainprobe: {type(out).__name__} failed and is disabled; the other outputs continue "
+                    f"({type(exc).__name__}: {exc})",
+                    traceback=not isinstance(exc, OSError),  # disk full, permissions: one line says it all
                 )
                 self.outputs.remove(out)

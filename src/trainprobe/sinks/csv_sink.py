@@ -14,7 +14,6 @@ existing file is continued (no second header) instead of being truncated.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -23,9 +22,13 @@ from pathlib import Path
 
 from trainprobe.records import RowKey, StepBatch
 from trainprobe.schedule import Schedule
+from trainprobe.sinks.files import append_whole
 from trainprobe.stats.ops import COUNT_OPS, format_value
 
 V2_KEY_COLUMNS: tuple[str, ...] = ("vpp_stage", "step", "module_name", "scope")
+_UNENCODABLE = "backslashreplace"
+"""A name UTF-8 cannot encode (a lone surrogate such as ``"\\udc80"``) is written as that escape
+text instead of failing the whole batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +58,14 @@ class TableLayout:
     def text(self, rows: Iterable[tuple[RowKey, list[float]]], step: int) -> str:
         """CSV text of ``rows`` at ``step``, one line each, every line ending in ``\\n``.
 
-        The same text :mod:`csv` writes for :meth:`cells` (names quoted only where they hold a
-        comma, quote or line break), made about 4x faster because it runs on the writer thread,
-        which shares the CPU with training: each key gets a ``%``-template of its whole line
+        Each line is what ``csv.writer`` (default dialect, ``QUOTE_MINIMAL``) writes for
+        :meth:`cells`, ending in ``\\n`` instead of ``\\r\\n``: a cell is quoted, its quotes
+        doubled, exactly when it holds a comma, a quote, ``\\r`` or ``\\n``, so
+        ``csv.reader`` on the file (opened with ``newline=""``) gives every name back exactly,
+        whatever it holds (other line separators such as U+2028, U+0085 or form feed are not
+        quoted, as by ``csv.writer``: a reader must not split lines on them). Made about 4x
+        faster because it runs on the writer thread, which shares the CPU with training: each
+        key gets a ``%``-template of its whole line
         once (step as ``%d``, values as ``%r`` after ``round(v, ndigits)`` when ``ndigits`` is
         set, counts as ``%d``), filled with one operation per row of plain floats.
         """
@@ -200,7 +208,7 @@ class CsvSink:
             layout = self.layouts[table]
             text = layout.text(rows, batch.step)
             handle = self._file_for(table, batch.step, layout)
-            _write_all(handle.fd, text.encode("utf-8"))
+            append_whole(handle.fd, text.encode("utf-8", _UNENCODABLE))
         self.rows_written[batch.monitor] = self.rows_written.get(batch.monitor, 0) + len(batch)
 
     def _file_for(self, table: str, step: int, layout: TableLayout) -> _OpenFile:
@@ -217,7 +225,7 @@ class CsvSink:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if continuing else os.O_TRUNC)
         fd = os.open(path, flags, 0o644)
         if not continuing:
-            _write_all(fd, (",".join(layout.header) + "\n").encode("utf-8"))
+            append_whole(fd, (",".join(layout.header) + "\n").encode("utf-8"))
         handle = _OpenFile(fd, path, first, last)
         self._open[table] = handle
         return handle
@@ -239,19 +247,3 @@ class CsvSink:
         """Close every file; a window cut short at step ``reached`` is renamed to end there."""
         for table in list(self._open):
             self._close_file(table, reached)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Append ``data`` to ``fd`` whole or not at all: a write that fails part-way (disk full,
-    file size limit) is cut back to where it began, so the file keeps whole rows; the error is
-    raised for the writer to report."""
-    start = os.lseek(fd, 0, os.SEEK_END)
-    view = memoryview(data)
-    try:
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, start)
-        raise

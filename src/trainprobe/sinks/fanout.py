@@ -41,4 +41,5 @@ class FanOut:
                 error_once(
                     f"fanout-{type(member).__name__}-{id(self)}",
                     f"trainprobe: the {type(member).__name__} output failed and is disabled ({type(exc).__name__}: {exc})",
+                    traceback=not isinstance(exc, OSError),  # disk full, permissions: the one line says it all
                 )

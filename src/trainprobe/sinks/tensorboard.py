@@ -1,7 +1,9 @@
 """TensorBoard output: every statistic is a scalar event ``add_scalar(tag, value, step)``.
 
 Event files are written by ``torch.utils.tensorboard.SummaryWriter`` (needs the ``tensorboard``
-package: ``pip install trainprobe[tensorboard]``) into ``log_dir``. The tag of each value comes
+package: ``pip install trainprobe[tensorboard]``) into ``log_dir``; a write error (disk full) is
+reported by trainprobe in one line, never as a traceback from TensorBoard's writer thread
+(:func:`quiet_writer_thread`). The tag of each value comes
 from ``tag_of(table, key, op)``, so each dialect names its tags itself.
 
 Histograms: rows of the tables named in ``histogram_tables`` are not statistics but histograms
@@ -14,8 +16,10 @@ laid out as :data:`HISTOGRAM_HEAD` followed by the bucket counts, the buckets sp
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from trainprobe.errors import ConfigError
 from trainprobe.records import RowKey, StepBatch
@@ -37,6 +41,63 @@ def _summary_writer_class() -> type:
         ) from None
     use_fast_crc()
     return SummaryWriter
+
+
+class _QuietRecordWriter:
+    """TensorBoard's record writer as its background thread sees it: an error raised on that
+    thread is kept (for :func:`quiet_writer_thread`) instead of ending the thread with a raw
+    ``Exception in thread`` traceback; later records are dropped. Calls from any other thread
+    behave as before."""
+
+    def __init__(self, inner: Any, worker: threading.Thread) -> None:
+        self._inner = inner
+        self._worker = worker
+        self._failed = False
+
+    def _call(self, method: str, *args: Any) -> None:
+        if threading.current_thread() is not self._worker:
+            getattr(self._inner, method)(*args)
+            return
+        if self._failed:
+            return
+        try:
+            getattr(self._inner, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's thread, not printed
+            self._failed = True
+            self._worker.exception = exc  # type: ignore[attr-defined] - the caller's next call raises it
+
+    def write(self, data: bytes) -> None:
+        self._call("write", data)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def close(self) -> None:
+        self._inner.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._inner.closed)
+
+
+def quiet_writer_thread(writer: Any) -> bool:
+    """Keep the background thread of ``writer`` (a ``SummaryWriter``) from printing a traceback
+    when a write fails (disk full): the error is raised instead by the writer's next call on
+    the caller's thread, where trainprobe reports it in one line. Returns whether the thread
+    could be reached (TensorBoard's event writer internals: ``_async_writer._worker``); when it
+    cannot, nothing changes."""
+    try:
+        async_writer = writer._get_file_writer().event_writer._async_writer
+        worker = async_writer._worker
+        inner = worker._record_writer
+    except AttributeError:
+        return False
+    if isinstance(inner, _QuietRecordWriter):
+        return True
+    quiet = _QuietRecordWriter(inner, worker)
+    worker._record_writer = quiet
+    async_writer._writer = quiet
+    return True
 
 
 class TensorBoardSink:
@@ -64,6 +125,7 @@ class TensorBoardSink:
         writer_class = _summary_writer_class()
         log_dir.mkdir(parents=True, exist_ok=True)
         self._writer = writer_class(log_dir=str(log_dir))
+        quiet_writer_thread(self._writer)
         self.ops = dict(ops)
         self.table_of = table_of
         self.tag_of = tag_of
