@@ -11,7 +11,7 @@ from torch import nn
 
 from conftest import read_csv, stats64
 from models import MLP, TinyTransformer, no_hooks_left
-from test_v1_support import by_name, full_name, forget_warnings, make_v1, run_dir, table
+from test_v1_support import by_name, forget_warnings, full_name, make_v1, run_dir, table
 from trainprobe.errors import ConfigError
 
 ALL_OPS = ["min", "max", "norm", "mean", "zeros", "nans"]

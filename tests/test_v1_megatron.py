@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from test_v1_support import by_name, full_name, forget_warnings, make_v1, run_dir, table
+from test_v1_support import by_name, forget_warnings, full_name, make_v1, run_dir, table
 
 
 class Float16OptimizerWithFloat16Params:

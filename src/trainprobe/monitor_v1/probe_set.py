@@ -145,9 +145,7 @@ def _warn_unmatched(cfg: MonitorV1Config, params: DisplayNames, modules: Display
     )
 
 
-def _activations(
-    cfg: MonitorV1Config, att: Attachment, names: DisplayNames, shapes: ShapeBook | None
-) -> list[Probe]:
+def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames, shapes: ShapeBook | None) -> list[Probe]:
     if cfg.forward_only and cfg.backward_only:
         warn_once(
             "v1-fwd-bwd-only", "trainprobe: forward_only and backward_only are both true, so no activation is collected"
