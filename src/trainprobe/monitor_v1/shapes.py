@@ -35,7 +35,9 @@ def describe(tensor: torch.Tensor) -> tuple[str, str]:
 
 
 class ShapeBook:
-    """Shape and dtype of the rows of one run, by ``(scope, name)``.
+    """Shape and dtype of the rows of one run, by ``(scope, name)``. Everything is read from
+    tensors on the training thread (:meth:`note`, :meth:`add_params`); the writer thread only
+    looks the texts up.
 
     Args:
         grad_of: the gradient V1 reads for a parameter (``main_grad`` or ``.grad``), or None.
@@ -44,7 +46,8 @@ class ShapeBook:
     def __init__(self, grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> None:
         self.grad_of = grad_of
         self._known: dict[tuple[str, str], tuple[str, str]] = {}
-        self._params: dict[str, torch.Tensor] = {}
+        self._params: dict[str, tuple[str, str]] = {}
+        self._grads: dict[str, tuple[str, str]] = {}
 
     def note(self, scope: str, name: str, tensor: torch.Tensor) -> None:
         """Remember the shape and dtype of row ``name`` of ``scope`` (the first noted wins)."""
@@ -52,9 +55,15 @@ class ShapeBook:
             self._known[(scope, name)] = describe(tensor)
 
     def add_params(self, params: Iterable[NamedParam]) -> None:
-        """Parameters whose rows (by their written name) describe them."""
+        """Parameters whose rows (by their written name) describe them. A gradient row describes
+        the parameter's ``main_grad`` where ``grad_of`` finds one now (``.grad`` always has the
+        parameter's shape and dtype)."""
         for named in params:
-            self._params.setdefault(named.name, named.param)
+            if named.name in self._params:
+                continue
+            self._params[named.name] = own = describe(named.param)
+            grad = self.grad_of(named.param) if self.grad_of is not None else None
+            self._grads[named.name] = describe(grad) if isinstance(grad, torch.Tensor) else own
 
     def __call__(self, key: RowKey) -> tuple[str, str]:
         """The ``shape,dtype`` cells of ``key`` (empty when unknown)."""
@@ -63,11 +72,5 @@ class ShapeBook:
             return found
         if key.scope == "mg_direction":
             return SCALAR
-        param = self._params.get(key.name)
-        if param is None:
-            return UNKNOWN
-        if key.scope in GRAD_SCOPES and self.grad_of is not None:
-            grad = self.grad_of(param)
-            if isinstance(grad, torch.Tensor):
-                return describe(grad)
-        return describe(param)
+        table = self._grads if key.scope in GRAD_SCOPES else self._params
+        return table.get(key.name, UNKNOWN)
