@@ -11,7 +11,7 @@ import pytest
 
 from conftest import read_csv
 from mindspore_support import MsMLP, Tensor, assert_row_matches, cell_hooks_left, ms, nn
-from test_v1_support import by_name, run_dir, table
+from test_v1_support import by_name, full_name, run_dir, table
 from trainprobe.errors import ConfigError
 from trainprobe.mindspore import TrainerMon
 
@@ -79,9 +79,9 @@ def test_csv_files_headers_and_values(tmp_path, monkeypatch):
             assert [r["name"] for r in rows] == PARAMS, kind
             for row, value in zip(rows, snap[source]):
                 assert_row_matches({"module_name": row["name"], **row}, value)
-    actv = {r["name"] for r in table(folder, "actv")}
+    actv = {full_name(r) for r in table(folder, "actv")}
     assert {"0:fc1.input", "0:fc1.output", "0:act.output", "0:fc2.output"} <= actv
-    assert {"0:fc2.input_grad", "0:fc2.output_grad"} <= {r["name"] for r in table(folder, "actv_grad")}
+    assert {"0:fc2.input", "0:fc2.output"} <= {full_name(r) for r in table(folder, "actv_grad")}
     assert cell_hooks_left(net, opt) == 0
 
 
@@ -123,13 +123,13 @@ def test_targets_specs_ops_and_ndigits(tmp_path, monkeypatch):
     mon.stop()
     folder = run_dir(tmp_path)
     actv = table(folder, "actv")
-    assert {r["name"] for r in actv} == {"0:pair.input", "0:pair.output"}
+    assert {full_name(r) for r in actv} == {"0:pair.input", "0:pair.output"}
     assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", "norm", "max"]
     norm = float(by_name(actv, "0:pair.output")[0]["norm"])
     assert norm == pytest.approx(np.linalg.norm(seen["b"].astype(np.float64)), abs=5e-4)
     assert all(len(r["norm"].split(".")[-1]) <= 3 for r in actv)
-    assert {r["name"] for r in table(folder, "actv_grad")} == {"0:pair.output_grad"}
-    assert {r["name"] for r in table(folder, "grad_reduced")} == {"0:pair.lin.weight", "0:pair.lin.bias"}
+    assert {full_name(r) for r in table(folder, "actv_grad")} == {"0:pair.output"}
+    assert {full_name(r) for r in table(folder, "grad_reduced")} == {"0:pair.lin.weight", "0:pair.lin.bias"}
 
 
 def test_monitor_mbs_grad_rows_per_micro_batch(tmp_path, monkeypatch):
@@ -156,8 +156,8 @@ def test_stack_info_names_the_user_code(tmp_path, monkeypatch):
     train(net, opt, 2)
     mon.stop()
     header, rows = read_csv(run_dir(tmp_path) / "stack_info.csv")
-    assert header == ["name", "stack_info"]
-    assert {r["name"] for r in rows} == {"0:root", "0:fc1", "0:act", "0:fc2"}
+    assert header == ["module_name", "stack_info"]
+    assert {r["module_name"] for r in rows} == {"0:", "0:fc1", "0:act", "0:fc2"}
     assert all("test_mindspore_v1.py" in r["stack_info"] for r in rows)
     assert not any(f"{os.sep}mindspore{os.sep}" in r["stack_info"] for r in rows)
 
@@ -208,7 +208,7 @@ def test_api_format_and_metrics_on_demand(tmp_path, monkeypatch):
     assert reduced["0:fc2.weight"]["norm"] == pytest.approx(expected, rel=1e-6)
     assert unreduced["0:fc2.weight"]["norm"] == pytest.approx(expected, rel=1e-6)
     actv, actv_grad = mon.generate_xy_metrics()
-    assert "0:fc1.output:0" in actv and "0:fc1.output_grad:0" in actv_grad
+    assert "0:fc1.output:0" in actv and "0:fc1.output:0" in actv_grad
     mon.stop()
     assert not (tmp_path / "out").exists()
 

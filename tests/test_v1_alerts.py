@@ -44,9 +44,9 @@ def test_nan_is_reported_and_dumped(tmp_path, monkeypatch, capsys):
     assert out.count("trainprobe alert:") == 1
     assert "\033[" not in out  # not a terminal: no colour codes
     ((key, entry),) = dump.items()
-    assert key.startswith("0:fc1.weight/rank0/grad_reduced_step_3_call_")
+    assert key.startswith("0:fc1.weight/rank0/post_grad_step_3_call_")
     assert entry["rank"] == 0 and entry["step"] == 3 and entry["pp_stage"] == 0 and entry["vpp_stage"] == 0
-    assert entry["group_mates"] == [0] and entry["tag_name"] == "0:fc1.weight/rank0/grad_reduced"
+    assert entry["group_mates"] == [0] and entry["tag_name"] == "0:fc1.weight/rank0/post_grad"
     assert set(entry) == {
         "rank",
         "step",
@@ -59,7 +59,7 @@ def test_nan_is_reported_and_dumped(tmp_path, monkeypatch, capsys):
         "group_mates",
     }
     assert (
-        "Rule AnomalyNan reports anomaly signal in ('0:fc1.weight/rank0/grad_reduced', 'norm') at step 3."
+        "Rule AnomalyNan reports anomaly signal in ('0:fc1.weight/rank0/post_grad', 'norm') at step 3."
         == entry["message"]
     )
 
@@ -178,12 +178,12 @@ def test_dump_stays_valid_json_and_keeps_every_anomaly(tmp_path):
         dump = json.loads(path.read_text())  # valid after every write
         assert len(dump) == det.count == step + 2
     assert sorted((e["step"], e["tag_name"]) for e in dump.values()) == [
-        (0, "0:a/rank0/grad_reduced"),
-        (0, "0:b/rank0/grad_reduced"),
-        (1, "0:a/rank0/grad_reduced"),
-        (2, "0:a/rank0/grad_reduced"),
+        (0, "0:a/rank0/post_grad"),
+        (0, "0:b/rank0/post_grad"),
+        (1, "0:a/rank0/post_grad"),
+        (2, "0:a/rank0/post_grad"),
     ]
-    assert path.read_text().startswith('{\n    "0:a/rank0/grad_reduced_step_0_call_1": {\n        "rank": 0,')
+    assert path.read_text().startswith('{\n    "0:a/rank0/post_grad_step_0_call_1": {\n        "rank": 0,')
 
 
 class _Moe(torch.nn.Module):

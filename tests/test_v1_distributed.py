@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from models import MLP
 from test_distributed_v2 import launch
-from test_v1_support import by_name, table
+from test_v1_support import by_name, full_name, table
 from trainprobe.monitor_v1 import TrainerMon
 
 
@@ -105,13 +105,13 @@ def test_two_ranks_cc_dp_tp_and_pipeline_group(tmp_path):
     assert table(dp0, "grad_reduced") and not table(dp1, "grad_reduced")
     assert table(dp1, "grad_unreduced")
     tp0, tp1 = (_folder(tmp_path / "tp", r) for r in (0, 1))
-    assert {r["name"] for r in table(tp0, "grad_reduced")} == {
+    assert {full_name(r) for r in table(tp0, "grad_reduced")} == {
         "0:fc1.weight",
         "0:fc1.bias",
         "0:fc2.weight",
         "0:fc2.bias",
     }
-    assert {r["name"] for r in table(tp1, "grad_reduced")} == {"0:fc1.weight"}
+    assert {full_name(r) for r in table(tp1, "grad_reduced")} == {"0:fc1.weight"}
     assert not (tmp_path / "alert" / "anomaly_detected" / "rank0").exists()
     dump = json.loads((tmp_path / "alert" / "anomaly_detected" / "rank1" / "anomaly.json").read_text())
     assert {(e["rank"], e["pp_stage"], tuple(e["group_mates"]), e["step"]) for e in dump.values()} == {

@@ -11,7 +11,7 @@ from torch import nn
 
 from conftest import read_csv, stats64
 from models import MLP, TinyTransformer, no_hooks_left
-from test_v1_support import by_name, forget_warnings, make_v1, run_dir, table
+from test_v1_support import by_name, forget_warnings, full_name, make_v1, run_dir, table
 from trainprobe.errors import ConfigError
 
 ALL_OPS = ["min", "max", "norm", "mean", "zeros", "nans"]
@@ -64,15 +64,27 @@ def test_folder_files_headers_and_rounding(tmp_path, monkeypatch):
     ):
         assert {f"{kind}_0-0.csv", f"{kind}_1-1.csv"} <= names
     assert "other_1-1.csv" in names  # mg_direction needs the momentum of step 0
-    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", *ALL_OPS]
-    assert read_csv(folder / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS]
-    assert read_csv(folder / "grad_unreduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS]
+    trailing = ["shape", "dtype"]
+    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", *ALL_OPS, *trailing]
+    assert read_csv(folder / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS, *trailing]
+    assert read_csv(folder / "grad_unreduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS, *trailing]
+    assert read_csv(folder / "other_1-1.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS, *trailing]
     for row in table(folder, "grad_reduced"):
         for op in ("min", "max", "norm", "mean"):
             assert len(row[op].split(".")[-1]) <= 3
+    # the name column has no chunk prefix (vpp_stage is its own column), the root module's name is
+    # empty and gradient rows have the names of their tensors (the file says they are gradients)
     names = {r["name"] for r in table(folder, "actv")}
-    assert {"0:fc1.input", "0:fc1.output", "0:fc2.output"} <= names
-    assert {"0:fc2.input_grad", "0:fc2.output_grad"} <= {r["name"] for r in table(folder, "actv_grad")}
+    assert {".input", ".output", "fc1.input", "fc1.output", "act.output", "fc2.output"} <= names
+    assert {"fc2.input", "fc2.output", ".output"} <= {r["name"] for r in table(folder, "actv_grad")}
+    assert {r["name"] for r in table(folder, "other")} == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    fc1 = by_name(table(folder, "actv"), "0:fc1.output")[0]
+    assert (fc1["shape"], fc1["dtype"]) == ("[4, 16]", "torch.float32")
+    fc1_grad = by_name(table(folder, "actv_grad"), "0:fc1.output")[0]
+    assert (fc1_grad["shape"], fc1_grad["dtype"]) == ("[4, 16]", "torch.float32")
+    weight = by_name(table(folder, "exp_avg"), "0:fc1.weight")[0]
+    assert (weight["shape"], weight["dtype"]) == ("[16, 6]", "torch.float32")
+    assert [(r["shape"], r["dtype"]) for r in table(folder, "other")][0] == ("[]", "torch.float64")
 
 
 def test_values_match_float64_reference(tmp_path, monkeypatch):
@@ -146,10 +158,10 @@ def test_targets_pick_modules_elements_and_parameters(tmp_path, monkeypatch):
     mon.stop()
     folder = run_dir(tmp_path)
     actv = table(folder, "actv")
-    assert {r["name"] for r in actv} == {"0:pair.input", "0:pair.output"}
+    assert {full_name(r) for r in actv} == {"0:pair.input", "0:pair.output"}
     assert float(by_name(actv, "0:pair.output")[0]["norm"]) == pytest.approx(out["b"].double().norm().item(), rel=1e-6)
-    assert {r["name"] for r in table(folder, "actv_grad")} == {"0:pair.output_grad"}
-    assert {r["name"] for r in table(folder, "grad_reduced")} == {"0:pair.lin.weight", "0:pair.lin.bias"}
+    assert {full_name(r) for r in table(folder, "actv_grad")} == {"0:pair.output"}
+    assert {full_name(r) for r in table(folder, "grad_reduced")} == {"0:pair.lin.weight", "0:pair.lin.bias"}
 
 
 @pytest.mark.parametrize(
@@ -317,7 +329,7 @@ def test_wrapped_and_chained_optimizers(tmp_path, monkeypatch, kind):
     folder = run_dir(tmp_path)
     for kind_ in ("grad_reduced", "exp_avg", "param_updated"):
         rows = table(folder, kind_)
-        assert {r["name"] for r in rows} == {"0:fc1.weight", "0:fc1.bias", "0:fc2.weight", "0:fc2.bias"}, kind_
+        assert {full_name(r) for r in rows} == {"0:fc1.weight", "0:fc1.bias", "0:fc2.weight", "0:fc2.bias"}, kind_
         assert {r["step"] for r in rows} == {"0", "1"}
 
 
@@ -336,7 +348,7 @@ def test_api_format_keeps_metrics_in_memory(tmp_path, monkeypatch):
     assert unreduced["0:fc2.weight"]["max"] == pytest.approx(g.max().item(), rel=1e-6)
     actv, actv_grad = mon.generate_xy_metrics()
     assert actv["0:fc1.output:0"]["mean"] == pytest.approx(out["h"].double().mean().item(), rel=1e-6)
-    assert "0:fc1.output_grad:0" in actv_grad
+    assert "0:fc1.output:0" in actv_grad
     opt.step()
     opt.zero_grad()
     actv_after, _ = mon.generate_xy_metrics()  # the latest collected step, from memory
@@ -359,9 +371,12 @@ def test_tensorboard_format_writes_events(tmp_path, monkeypatch):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert "0:fc1.output:0/rank0/actv_norm" in tags
-    assert "0:fc1.weight/rank0/grad_reduced_max" in tags
+    assert "0:fc1.output:0/rank0/actv_grad_norm" in tags
+    assert "0:.input:0/rank0/actv_norm" in tags  # the root module's name is empty
+    assert "0:fc1.weight/rank0/post_grad_max" in tags
+    assert "0:fc1.weight/rank0/acc_grad_max" in tags
     assert "0:fc1.weight/rank0/param_updated_norm" in tags
-    assert [e.step for e in acc.Scalars("0:fc1.weight/rank0/grad_reduced_norm")] == [0, 1]
+    assert [e.step for e in acc.Scalars("0:fc1.weight/rank0/post_grad_norm")] == [0, 1]
 
 
 def test_reload_xy_and_ops_take_effect_next_step(tmp_path, monkeypatch):
@@ -379,8 +394,8 @@ def test_reload_xy_and_ops_take_effect_next_step(tmp_path, monkeypatch):
     mon.stop()
     folder = run_dir(tmp_path)
     assert sorted({r["step"] for r in table(folder, "actv")}) == ["1", "2"]
-    assert read_csv(folder / "grad_reduced_0-0.csv")[0][-1] == "norm"
-    assert read_csv(folder / "grad_reduced_1-1.csv")[0][-2:] == ["min", "max"]
+    assert read_csv(folder / "grad_reduced_0-0.csv")[0][-3:] == ["norm", "shape", "dtype"]
+    assert read_csv(folder / "grad_reduced_1-1.csv")[0][-4:] == ["min", "max", "shape", "dtype"]
     with pytest.raises(ConfigError, match=r"ops\[0\]: 'nrom' is not one of"):
         mon.ops = ["nrom"]
 
@@ -466,8 +481,8 @@ def test_squash_name(tmp_path, monkeypatch, squash, name):
     train(model, opt, 1)
     mon.stop()
     folder = run_dir(tmp_path)
-    assert {r["name"] for r in table(folder, "grad_reduced")} == {f"{name}.weight", f"{name}.bias"}
-    assert {r["name"] for r in table(folder, "actv")} == {f"{name}.input", f"{name}.output"}
+    assert {full_name(r) for r in table(folder, "grad_reduced")} == {f"{name}.weight", f"{name}.bias"}
+    assert {full_name(r) for r in table(folder, "actv")} == {f"{name}.input", f"{name}.output"}
 
 
 def test_xy_without_all_xy_or_module_targets_warns(tmp_path, monkeypatch, caplog):
@@ -493,8 +508,8 @@ def test_model_chunks_and_module_ranks(tmp_path, monkeypatch):
     mon.stop()
     folder = run_dir(tmp_path)
     rows = table(folder, "grad_reduced")
-    assert {(r["vpp_stage"], r["name"]) for r in rows} >= {("0", "0:fc1.weight"), ("1", "1:fc1.weight")}
-    assert {"0:fc1.output", "1:fc1.output"} <= {r["name"] for r in table(folder, "actv")}
+    assert {(r["vpp_stage"], r["name"]) for r in rows} >= {("0", "fc1.weight"), ("1", "fc1.weight")}
+    assert {"0:fc1.output", "1:fc1.output"} <= {full_name(r) for r in table(folder, "actv")}
     mon2 = make_v1(tmp_path / "b", monkeypatch, {"xy_distribution": True, "all_xy": True, "module_ranks": [1]})
     mon2.set_monitor(chunks, grad_acc_steps=1, optimizer=opt)
     chunks[1](chunks[0](torch.randn(4, 6))).sum().backward()
@@ -511,8 +526,8 @@ def test_stack_info(tmp_path, monkeypatch):
     train(model, opt, 2)
     mon.stop()
     header, rows = read_csv(run_dir(tmp_path) / "stack_info.csv")
-    assert header == ["name", "stack_info"]
-    assert {r["name"] for r in rows} == {"0:root", "0:fc1", "0:act", "0:fc2"}
+    assert header == ["module_name", "stack_info"]
+    assert {r["module_name"] for r in rows} == {"0:", "0:fc1", "0:act", "0:fc2"}
     assert all("test_v1_e2e.py" in r["stack_info"] for r in rows)
 
 
@@ -567,7 +582,7 @@ def test_parameter_name_target_selects_that_parameter(tmp_path, monkeypatch):
     mon.stop()
     folder = run_dir(tmp_path)
     for kind in ("grad_reduced", "grad_unreduced", "exp_avg"):
-        assert {r["name"] for r in table(folder, kind)} == {"0:fc1.weight", "0:fc2.weight", "0:fc2.bias"}, kind
+        assert {full_name(r) for r in table(folder, kind)} == {"0:fc1.weight", "0:fc2.weight", "0:fc2.bias"}, kind
 
 
 def test_all_xy_with_targets_keeps_the_targets_choice(tmp_path, monkeypatch):
@@ -580,11 +595,11 @@ def test_all_xy_with_targets_keeps_the_targets_choice(tmp_path, monkeypatch):
     train(model, opt, 1)
     mon.stop()
     folder = run_dir(tmp_path)
-    actv = {r["name"] for r in table(folder, "actv")}
-    grads = {r["name"] for r in table(folder, "actv_grad")}
+    actv = {full_name(r) for r in table(folder, "actv")}
+    grads = {full_name(r) for r in table(folder, "actv_grad")}
     assert "0:fc1.output" in actv and "0:fc1.input" not in actv
     assert not any(n.startswith("0:fc1.") for n in grads)
-    assert {"0:fc2.input", "0:fc2.output"} <= actv and {"0:fc2.input_grad", "0:fc2.output_grad"} <= grads
+    assert {"0:fc2.input", "0:fc2.output"} <= actv and {"0:fc2.input", "0:fc2.output"} <= grads
 
 
 def test_default_output_dir_is_monitor_output(tmp_path, monkeypatch):
@@ -624,7 +639,8 @@ def test_ops_set_before_set_monitor_apply_from_the_first_step(tmp_path, monkeypa
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
     train(model, opt, 1)
     mon.stop()
-    assert read_csv(run_dir(tmp_path) / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", "max"]
+    header = read_csv(run_dir(tmp_path) / "grad_reduced_0-0.csv")[0]
+    assert header == ["vpp_stage", "name", "step", "max", "shape", "dtype"]
 
 
 def test_tensorboard_missing_is_a_config_error_not_a_fallback(tmp_path, monkeypatch):
@@ -717,8 +733,8 @@ def test_squash_name_keeps_different_objects_apart(tmp_path, monkeypatch, caplog
     assert reduced["0:layers.1.norm.weight"]["norm"] == pytest.approx(expected)
     folder = run_dir(tmp_path)
     rows = table(folder, "grad_reduced")
-    assert sorted(r["name"] for r in rows) == sorted({*norms, "0:final_ln.weight", "0:final_ln.bias"})
-    actv = {r["name"] for r in table(folder, "actv")}
+    assert sorted(full_name(r) for r in rows) == sorted({*norms, "0:final_ln.weight", "0:final_ln.bias"})
+    actv = {full_name(r) for r in table(folder, "actv")}
     assert actv == {f"0:layers.{i}.norm.{k}" for i in (0, 1) for k in ("input", "output")} | {
         "0:final_ln.input",
         "0:final_ln.output",
@@ -762,7 +778,7 @@ def test_targets_that_name_nothing_warn_with_close_names(tmp_path, monkeypatch, 
     assert caplog.text.count("targets name no module or parameter of the model") == 1
     assert "'fc3' (closest: 'fc1'" in caplog.text or "'fc3' (closest: 'fc2'" in caplog.text
     assert not any(f"'{t}' (closest" in caplog.text for t in ("fc1.weight", "0:fc2", "act"))
-    names = {r["name"] for r in table(run_dir(tmp_path), "grad_reduced")}
+    names = {full_name(r) for r in table(run_dir(tmp_path), "grad_reduced")}
     assert names == {"0:fc1.weight", "0:fc2.weight", "0:fc2.bias"}
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from conftest import read_csv
-from test_v1_support import by_name, forget_warnings, make_v1, run_dir, table
+from test_v1_support import by_name, forget_warnings, full_name, make_v1, run_dir, table
 from trainprobe.monitor_v1.histogram import histogram_row
 
 
@@ -52,7 +52,7 @@ def test_l2_linear_and_attention_features(tmp_path, monkeypatch):
     folder = run_dir(tmp_path)
     assert read_csv(folder / "linear_hook_0-0.csv")[0] == ["vpp_stage", "name", "step", "sr", "kernel_norm"]
     lin = table(folder, "linear_hook")
-    assert {r["name"] for r in lin} == {"0:qkv", "0:out"}
+    assert {full_name(r) for r in lin} == {"0:qkv", "0:out"}
     sv = torch.linalg.svdvals(w)
     row = by_name(lin, "0:qkv")[0]
     assert float(row["kernel_norm"]) == pytest.approx(sv[0].item(), rel=1e-5)
@@ -60,7 +60,7 @@ def test_l2_linear_and_attention_features(tmp_path, monkeypatch):
     q, k = seen["q"].double().permute(1, 2, 0, 3), seen["k"].double().permute(1, 2, 0, 3)
     p = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)
     (att,) = table(folder, "attention_hook")
-    assert att["name"] == "0:core"
+    assert full_name(att) == "0:core"
     assert float(att["entropy"]) == pytest.approx(-(p * p.log()).sum(-1).mean().item(), rel=1e-5)
     assert float(att["softmax_max"]) == pytest.approx(p.amax(-1).mean().item(), rel=1e-5)
 
@@ -88,7 +88,7 @@ def test_ur_distribution_and_mg_direction(tmp_path, monkeypatch):
     ratio = by_name([r for r in table(folder, "adam_ratio") if r["step"] == "1"], "0:weight")[0]
     assert float(update["norm"]) == pytest.approx((m_hat / (root + 1e-6)).norm().item(), rel=1e-5)
     assert float(ratio["mean"]) == pytest.approx((m_hat / root).mean().item(), rel=1e-5)
-    (mg,) = by_name(table(folder, "other"), "0:weight.mg_direction")
+    (mg,) = by_name(table(folder, "other"), "0:weight")
     assert mg["step"] == "1"
     assert float(mg["mean"]) == pytest.approx((grad.sign() == momentum.sign()).double().mean().item())
 
@@ -241,10 +241,10 @@ def test_mv_ur_mg_start_when_a_targeted_layer_gets_its_first_gradient_later(tmp_
     names = {"0:expert.weight", "0:expert.bias"}
     for name in ("exp_avg", "exp_avg_sq", "adam_update", "adam_ratio"):
         rows = table(folder, name)
-        assert {r["name"] for r in rows} == names, name
+        assert {full_name(r) for r in rows} == names, name
         assert sorted({r["step"] for r in rows}) == ["1", "2", "3"], name  # no state at step 0
     mg = table(folder, "other")
-    assert {r["name"] for r in mg} == {f"{n}.mg_direction" for n in names}
+    assert {full_name(r) for r in mg} == names
     assert sorted({r["step"] for r in mg}) == ["2", "3"]  # momentum exists from the step after the first update
 
 
@@ -279,7 +279,7 @@ def test_ur_ratio_of_elements_never_updated_is_zero_and_nan_only_from_the_moment
     assert torch.isnan(ratio).sum() >= 5 * 4  # the naive m̂/√v̂ of the unused rows is 0/0
     expected = torch.where(ratio.isnan(), torch.zeros_like(ratio), ratio)
     folder = run_dir(tmp_path)
-    at_1 = {r["name"]: r for r in table(folder, "adam_ratio") if r["step"] == "1"}
+    at_1 = {full_name(r): r for r in table(folder, "adam_ratio") if r["step"] == "1"}
     assert at_1["0:0.weight"]["nans"] == "0"
     assert float(at_1["0:0.weight"]["norm"]) == pytest.approx(expected.norm().item(), rel=1e-6)
     assert float(at_1["0:0.weight"]["min"]) == pytest.approx(expected.min().item(), rel=1e-6)
@@ -308,7 +308,7 @@ def test_mg_direction_row_holds_the_fraction_whatever_the_ops(tmp_path, monkeypa
         opt.zero_grad()
     mon.stop()
     assert 0 < fraction < 1
-    (row,) = by_name(table(run_dir(tmp_path), "other"), "0:weight.mg_direction")
+    (row,) = by_name(table(run_dir(tmp_path), "other"), "0:weight")
     expected = {"min": fraction, "max": fraction, "mean": fraction, "norm": fraction, "nans": 0, "zeros": 0}
     for op in ops or ["norm"]:
         assert float(row[op]) == pytest.approx(expected[op], abs=1e-12), op
@@ -358,7 +358,7 @@ def test_attention_sa_order_and_listed_linear_layers(tmp_path, monkeypatch, orde
     opt.step()
     mon.stop()
     folder = run_dir(tmp_path)
-    assert {r["name"] for r in table(folder, "linear_hook")} == {"0:out"}
+    assert {full_name(r) for r in table(folder, "linear_hook")} == {"0:out"}
     perm = (1, 2, 0, 3) if order == "s,b,h,d" else (0, 2, 1, 3)
     q, k = seen["q"].double().permute(*perm), seen["k"].double().permute(*perm)
     p = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from test_v1_support import by_name, forget_warnings, make_v1, run_dir, table
+from test_v1_support import by_name, forget_warnings, full_name, make_v1, run_dir, table
 
 
 class Float16OptimizerWithFloat16Params:
@@ -75,7 +75,7 @@ def test_master_copies_are_named_and_selected_as_the_model_parameters(tmp_path, 
     assert "keeps no" not in caplog.text
     folder = run_dir(tmp_path)
     for name in ("grad_unreduced", "grad_reduced", "exp_avg", "param_origin", "param_updated"):
-        names = {r["name"] for r in table(folder, name)}
+        names = {full_name(r) for r in table(folder, name)}
         assert names == {"0:2.weight", "0:2.bias"}, (name, names)
     for step, row in enumerate(by_name(table(folder, "grad_reduced"), "0:2.weight")):
         assert float(row["norm"]) == pytest.approx(float(grads[step].double().norm()), abs=1e-6)

@@ -43,6 +43,11 @@ def table(folder: Path, name: str) -> list[dict[str, str]]:
     return rows
 
 
+def full_name(row: dict[str, str]) -> str:
+    """``<vpp_stage>:<name>`` of a CSV row (the ``name`` column has no chunk prefix)."""
+    return f"{row['vpp_stage']}:{row['name']}"
+
+
 def by_name(rows: list[dict[str, str]], name: str) -> list[dict[str, str]]:
-    """Rows of ``name``."""
-    return [r for r in rows if r["name"] == name]
+    """Rows of ``name``, given as ``<vpp_stage>:<name>`` (``"0:fc1.weight"``)."""
+    return [r for r in rows if full_name(r) == name]

@@ -22,6 +22,8 @@ neither, a row whose ``min``/``max``/``mean`` are all NaN could be either, so it
 one warning per table says to add ``norm`` or ``nans`` to ``ops``. Real values of an empty
 tensor's row (``norm`` = 0, ``nans`` = 0) are judged like any other.
 
+Rows are named by their tag without the op (:func:`~trainprobe.monitor_v1.output.task_tagger`:
+``0:fc1.input:0/rank0/actv``, ``0:fc1.weight/rank0/post_grad``, ``0:fc1.weight/rank0/mg_direction``).
 Each anomaly prints one line (colour only when the stream is a terminal); with
 ``alert.dump`` every anomaly of the run is kept in ``<MONITOR_OUTPUT_DIR>/anomaly_detected/rank<r>/
 anomaly.json`` (see :mod:`trainprobe.monitor_v1.anomaly_dump`: valid JSON after every step, each
@@ -40,6 +42,7 @@ from typing import Any, TextIO
 from trainprobe.config.monitor_v1 import AlertRule
 from trainprobe.log import warn_once
 from trainprobe.monitor_v1.anomaly_dump import AnomalyFile
+from trainprobe.monitor_v1.output import task_tagger
 from trainprobe.records import RowKey, StepBatch
 from trainprobe.stats.ops import EMPTY_TENSOR_VALUES
 
@@ -112,6 +115,7 @@ class AlertDetector:
         context: rank, pipeline stage and group mates for the dump.
         dump_dir: folder of ``anomaly.json`` (None: no dump).
         stream: where the console lines go (default ``sys.stdout``).
+        tag_of: the tag of a row (table, key), default ``task_tagger(context.rank, False)``.
 
     Attributes:
         count: anomalies found so far.
@@ -126,8 +130,10 @@ class AlertDetector:
         context: PipelineContext,
         dump_dir: Path | None,
         stream: TextIO | None = None,
+        tag_of: Callable[[str, RowKey], str] | None = None,
     ) -> None:
         self.rules = rules
+        self.tag_of = tag_of or task_tagger(context.rank, False)
         self.ops = ops
         self.table_of = table_of
         self.context = context
@@ -208,7 +214,7 @@ class AlertDetector:
         """Print the console line; return the dump key and entry."""
         ctx = self.context
         micro = 0 if key.micro_step is None else key.micro_step
-        tag = f"{key.name}/rank{ctx.rank}/{table}"
+        tag = self.tag_of(table, key)
         signals = ", ".join(f"({tag!r}, {op!r})" for op in ops)
         message = f"Rule {rule} reports anomaly signal in {signals} at step {step}."
         entry = {

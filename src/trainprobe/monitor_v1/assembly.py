@@ -16,6 +16,7 @@ from trainprobe.monitor_v1 import output
 from trainprobe.monitor_v1.alerts import AlertDetector
 from trainprobe.monitor_v1.attachment import Attachment
 from trainprobe.monitor_v1.probe_set import build_probes
+from trainprobe.monitor_v1.shapes import ShapeBook
 from trainprobe.schedule import Schedule
 from trainprobe.session import Session
 from trainprobe.sinks.background import Sink, Writer
@@ -43,20 +44,22 @@ class SessionFactory:
         schedule = cfg.schedule(start_step)
         if schedule is None:
             return None
-        probes = build_probes(cfg, self.att)
+        shapes = ShapeBook(self.att.grad_of)
+        probes = build_probes(cfg, self.att, shapes)
         if not probes:
             return None
-        writer = Writer(FanOut(self._sinks(cfg, schedule)), background=cfg.format != "api", on_error=_ignore)
+        sinks = self._sinks(cfg, schedule, shapes)
+        writer = Writer(FanOut(sinks), background=cfg.format != "api", on_error=_ignore)
         session = Session(probes=probes, schedule=schedule, writer=writer, clock=self.att.clock)
         session.attach()
         return session
 
-    def _sinks(self, cfg: MonitorV1Config, schedule: Schedule) -> list[Sink]:
+    def _sinks(self, cfg: MonitorV1Config, schedule: Schedule, shapes: ShapeBook) -> list[Sink]:
         ops_of = output.columns(cfg.ops)
         self.memory.ops = ops_of
         sinks: list[Sink] = [self.memory]
         if cfg.format == "csv":
-            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad)
+            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
             folder = self.att.run_folder(cfg)
             csv = CsvSink(
                 folder,
@@ -70,7 +73,7 @@ class SessionFactory:
             sinks.append(csv)
         elif cfg.format == "tensorboard":
             folder = self.att.run_folder(cfg)
-            tag_of = output.tag_of(self.att.rank)
+            tag_of = output.tag_of(self.att.rank, cfg.monitor_mbs_grad)
             histograms = output.HISTOGRAM_TABLES.values()
             sinks.append(TensorBoardSink(folder, ops_of, output.table_of, tag_of, histogram_tables=histograms))
         if cfg.alert.rules:
@@ -84,6 +87,7 @@ class SessionFactory:
             det = AlertDetector(cfg.alert.rules, ops_of, output.table_of, self.att.pipeline, dump)
             self._alerts = det
         det.ops = ops_of
+        det.tag_of = output.task_tagger(self.att.rank, cfg.monitor_mbs_grad)
         return det
 
 

@@ -1,6 +1,6 @@
 """Monitor V1 features with no Monitor V2 counterpart: ``mg_direction`` and ``ur_distribution``.
 
-``mg_direction`` (table ``other``, row ``<param>.mg_direction``): just before ``optimizer.step()``,
+``mg_direction`` (table ``other``, row ``<param>``, tag task ``mg_direction``): just before ``optimizer.step()``,
 the fraction of the parameter's elements where the gradient's sign equals the first moment's
 (``exp_avg``, the momentum of the previous steps), a number in [0, 1] (the spec's "ratio of
 weight gradient and momentum with the same direction"). The row holds the statistics of that one
@@ -125,7 +125,7 @@ class MgDirectionProbe(_AdamFeature):
                 )
                 continue
             fraction = self.agreement(grad.detach(), moment)
-            self.rows.add(RowKey(named.vpp_stage, f"{named.name}.mg_direction", "other"), self.stats.row(fraction))
+            self.rows.add(RowKey(named.vpp_stage, named.name, "mg_direction"), self.stats.row(fraction))
 
     def after_optimizer_step(self) -> None:
         self.supported(stepped=True)  # an optimizer without state after a step with gradients: warn now

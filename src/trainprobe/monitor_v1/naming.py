@@ -1,10 +1,12 @@
 """Monitor V1 names: parameter squashing, target matching, and the module probe's naming.
 
-Names always carry the chunk prefix ``<vpp_stage>:`` (``0:layers.0.mlp``), also for a single
-model, as the reference writes them. Activation rows are ``<module>.input`` / ``<module>.output``
-(file ``actv``) and gradient rows ``<module>.input_grad`` / ``<module>.output_grad`` (file
-``actv_grad``); when a call has several tensors and the target does not pick one with
-``"tuple[N]:i"``, each gets its index: ``<module>.input.0``, ``<module>.input.1``.
+Names carry the chunk prefix ``<vpp_stage>:`` (``0:layers.0.mlp``) inside trainprobe and in
+TensorBoard tags and alerts, also for a single model, as the reference writes them; the CSV
+``name`` column leaves it out (:func:`bare`; ``vpp_stage`` is its own column). The root module's
+name is empty (``0:`` + ``.input``). Activation rows are ``<module>.input`` / ``<module>.output``,
+in file ``actv`` for the tensors and in file ``actv_grad`` for their gradients (the same row
+names: the file says it is a gradient); when a call has several tensors and the target does not
+pick one with ``"tuple[N]:i"``, each gets its index: ``<module>.input_0``, ``<module>.input_1``.
 
 With ``squash_name`` (the default) parameter and module names are shortened to their meaningful
 tail (:func:`squash_name`), except where that would give two different parameters (or two
@@ -26,6 +28,7 @@ from torch import nn
 
 from trainprobe.config.monitor_v1 import MonitorV1Config, TargetConfig, TensorSpec
 from trainprobe.log import warn_once
+from trainprobe.monitor_v1.shapes import ShapeBook
 from trainprobe.probes.module import Picked
 
 _LISTED = 8
@@ -71,7 +74,7 @@ def _pick(spec: TensorSpec | None, row: str, tensors: list[torch.Tensor]) -> Pic
         return [(row, tensors[spec.index])] if spec.index < len(tensors) else []
     if len(tensors) == 1:
         return [(row, tensors[0])]
-    return [(f"{row}.{i}", t) for i, t in enumerate(tensors)]
+    return [(f"{row}_{i}", t) for i, t in enumerate(tensors)]
 
 
 def display_name(config: MonitorV1Config, name: str) -> str:
@@ -152,6 +155,16 @@ def display_names(config: MonitorV1Config, names: Iterable[str]) -> DisplayNames
     return DisplayNames(shown=shown, squashed=squashed, kept=tuple(sorted(kept, key=order.__getitem__)))
 
 
+def with_roots(names: DisplayNames, roots: Iterable[str]) -> DisplayNames:
+    """``names`` where each chunk's root module (full name ``<vpp>:root``) is written ``<vpp>:``
+    (an empty module name, as the reference names the root)."""
+    shown = dict(names.shown)
+    for full in roots:
+        head, sep, _ = full.partition(":")
+        shown[full] = f"{head}{sep}"
+    return DisplayNames(shown=shown, squashed=names.squashed, kept=names.kept)
+
+
 def unmatched_targets(config: MonitorV1Config, *known: DisplayNames) -> dict[str, list[str]]:
     """The ``targets`` entries that name nothing in ``known``, each with up to three close names
     (without the ``<vpp_stage>:`` prefix).
@@ -184,6 +197,7 @@ class V1Naming:
     names: DisplayNames | None = None
     forward_scope: str = "actv"
     backward_scope: str = "actv_grad"
+    shapes: ShapeBook | None = None
     _known: dict[str, tuple[str, TargetConfig | None]] = field(default_factory=dict, compare=False, repr=False)
 
     def wants(self, vpp_stage: int, name: str, module: nn.Module) -> bool:
@@ -192,12 +206,20 @@ class V1Naming:
     def forward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
         if self.config.backward_only:
             return []
-        return self._select(name, kind, tensors)
+        return self._noted(self.forward_scope, self._select(name, kind, kind, tensors))
 
     def backward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
         if self.config.forward_only:
             return []
-        return self._select(name, f"{kind}_grad", tensors)
+        return self._noted(self.backward_scope, self._select(name, kind, f"{kind}_grad", tensors))
+
+    def _noted(self, scope: str, picked: Picked) -> Picked:
+        """``picked``, each row's shape and dtype noted in :attr:`shapes` (a gradient has its
+        tensor's shape and dtype, so the forward tensor describes it)."""
+        if self.shapes is not None:
+            for row, t in picked:
+                self.shapes.note(scope, row, t)
+        return picked
 
     def _lookup(self, name: str) -> tuple[str, TargetConfig | None]:
         """``(row name of the module, its targets entry or None)``."""
@@ -213,11 +235,12 @@ class V1Naming:
             found = self._known[name] = (shown, target)
             return found
 
-    def _select(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+    def _select(self, name: str, kind: str, target_kind: str, tensors: list[torch.Tensor]) -> Picked:
+        """Rows ``<module>.<kind>`` of ``tensors``, as the target's ``target_kind`` entry says."""
         shown, target = self._lookup(name)
         row = f"{shown}.{kind}"
         if target is None:
             return _pick(None, row, tensors)
-        if not target.wants(kind):
+        if not target.wants(target_kind):
             return []
-        return _pick(target.specs.get(kind), row, tensors)
+        return _pick(target.specs.get(target_kind), row, tensors)

@@ -10,10 +10,18 @@
   columns, see :mod:`trainprobe.monitor_v1.l2`), ``adam_update``, ``adam_ratio`` (ur_distribution).
   With ``format: tensorboard``, ur_distribution also writes the histogram tables
   ``adam_update_histogram`` and ``adam_ratio_histogram`` (TensorBoard only).
-* Header: ``vpp_stage,name,step[,micro_step],<ops>``; ``micro_step`` only in ``actv``,
-  ``actv_grad`` and, with ``monitor_mbs_grad``, ``grad_unreduced``.
-* TensorBoard tags: ``<name>:<micro_step>/rank<r>/<table>_<op>`` for activations,
-  ``<name>/rank<r>/<table>_<op>`` otherwise; histograms ``<name>/rank<r>/<table>``
+* Header: ``vpp_stage,name,step[,micro_step],<ops>,shape,dtype``; ``micro_step`` only in ``actv``,
+  ``actv_grad`` and, with ``monitor_mbs_grad``, ``grad_unreduced``; ``shape,dtype`` (see
+  :mod:`trainprobe.monitor_v1.shapes`) in every statistics table, not in the l2 tables. The
+  ``name`` column has no ``<vpp_stage>:`` prefix (``vpp_stage`` is its own column): ``fc1.input``,
+  ``fc1.weight``; the root module's name is empty (``.input``).
+* TensorBoard tags (the spec's ``{vpp_stage}:{name}[:{micro_step}]/{rank}/{task}_{op}``):
+  ``0:fc1.input:0/rank0/actv_min`` for activations (``actv_grad`` for their gradients),
+  ``0:fc1.weight/rank0/<task>_<op>`` otherwise, where the task is the table except
+  ``grad_unreduced`` → ``acc_grad``, ``grad_reduced`` → ``post_grad`` and mg_direction rows (in
+  table ``other``) → ``mg_direction``; with ``monitor_mbs_grad`` unreduced gradients carry their
+  micro-step too (``0:fc1.weight:1/rank0/acc_grad_norm``). Alerts name rows by the same tag
+  without the op. Histograms: ``<name>/rank<r>/<table>``
   (``0:fc1.weight/rank0/adam_update_histogram``).
 """
 
@@ -27,6 +35,7 @@ from pathlib import Path
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import warn_once
+from trainprobe.monitor_v1.naming import bare
 from trainprobe.records import RowKey
 from trainprobe.sinks.csv_sink import TableLayout
 
@@ -34,7 +43,10 @@ OUTPUT_ENV = "MONITOR_OUTPUT_DIR"
 DEFAULT_OUTPUT = "./monitor_output"
 STAMP_FORMAT = "%b%d_%H-%M-%S"
 KEY_COLUMNS = ("vpp_stage", "name", "step")
-SCOPE_TABLE = {"unreduced": "grad_unreduced", "reduced": "grad_reduced", "comm": "other"}
+SCOPE_TABLE = {"unreduced": "grad_unreduced", "reduced": "grad_reduced", "comm": "other", "mg_direction": "other"}
+TASKS = {"grad_unreduced": "acc_grad", "grad_reduced": "post_grad"}
+"""Tables whose rows carry another task name in tags (the reference's names)."""
+TRAILING = ("shape", "dtype")
 TABLES = (
     "actv",
     "actv_grad",
@@ -76,26 +88,42 @@ def columns(ops: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     return {table: L2_COLUMNS.get(table, ops) for table in TABLES}
 
 
-def layouts(ops: tuple[str, ...], ndigits: int, mbs_grad: bool) -> dict[str, TableLayout]:
-    """Layout of every table."""
+def layouts(
+    ops: tuple[str, ...], ndigits: int, mbs_grad: bool, describe: Callable[[RowKey], tuple[str, ...]] | None = None
+) -> dict[str, TableLayout]:
+    """Layout of every table (``describe`` gives the ``shape,dtype`` cells of a row)."""
     out = {}
     for table, cols in columns(ops).items():
         micro = table in MICRO_STEP_TABLES or (table == "grad_unreduced" and mbs_grad)
-        out[table] = TableLayout(micro, cols, KEY_COLUMNS, ndigits)
+        trailing = () if table in L2_COLUMNS else TRAILING
+        out[table] = TableLayout(micro, cols, KEY_COLUMNS, ndigits, bare, trailing, describe)
     return out
 
 
-def tag_of(rank: int) -> Callable[[str, RowKey, str], str]:
+def task_tagger(rank: int, mbs_grad: bool) -> Callable[[str, RowKey], str]:
+    """Tag of a row without its op (``0:fc1.input:0/rank0/actv``; see the module docstring);
+    ``mbs_grad`` (``monitor_mbs_grad``) puts the micro-step in unreduced gradients' tags."""
+    micro_tables = MICRO_STEP_TABLES + (("grad_unreduced",) if mbs_grad else ())
+
+    def task_tag(table: str, key: RowKey) -> str:
+        task = key.scope if key.scope == "mg_direction" else TASKS.get(table, table)
+        micro = key.micro_step is not None and table in micro_tables
+        name = f"{key.name}:{key.micro_step}" if micro else key.name
+        return f"{name}/rank{rank}/{task}"
+
+    return task_tag
+
+
+def tag_of(rank: int, mbs_grad: bool = False) -> Callable[[str, RowKey, str], str]:
     """Tag function for TensorBoard (see the module docstring)."""
 
     histograms = frozenset(HISTOGRAM_TABLES.values())
+    task_tag = task_tagger(rank, mbs_grad)
 
     def tag(table: str, key: RowKey, op: str) -> str:
         if table in histograms:
             return f"{key.name}/rank{rank}/{table}"
-        if table in MICRO_STEP_TABLES:
-            return f"{key.name}:{key.micro_step}/rank{rank}/{table}_{op}"
-        return f"{key.name}/rank{rank}/{table}_{op}"
+        return f"{task_tag(table, key)}_{op}"
 
     return tag
 

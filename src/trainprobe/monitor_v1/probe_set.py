@@ -23,7 +23,15 @@ from trainprobe.monitor_v1.attachment import Attachment
 from trainprobe.monitor_v1.collectives import V1CollectiveProbe
 from trainprobe.monitor_v1.features import HistogramRows, MgDirectionProbe, UpdateRatioProbe
 from trainprobe.monitor_v1.l2 import L2Probe
-from trainprobe.monitor_v1.naming import DisplayNames, V1Naming, display_names, param_targeted, unmatched_targets
+from trainprobe.monitor_v1.naming import (
+    DisplayNames,
+    V1Naming,
+    display_names,
+    param_targeted,
+    unmatched_targets,
+    with_roots,
+)
+from trainprobe.monitor_v1.shapes import ShapeBook
 from trainprobe.monitor_v1.struct import StackProbe
 from trainprobe.probes.base import Probe
 from trainprobe.probes.model_view import NamedParam
@@ -39,8 +47,14 @@ def parameter_names(cfg: MonitorV1Config, att: Attachment) -> tuple[list[NamedPa
 
 
 def module_names(cfg: MonitorV1Config, att: Attachment) -> DisplayNames:
-    """The written names of the model's modules."""
-    return display_names(cfg, [name for _, name, _ in att.view.modules()])
+    """The written names of the model's modules (each chunk's root: ``<vpp>:``)."""
+    roots, names, seen = [], [], set()
+    for vpp, name, _ in att.view.modules():
+        names.append(name)
+        if vpp not in seen:  # root first in each chunk
+            seen.add(vpp)
+            roots.append(name)
+    return with_roots(display_names(cfg, names), roots)
 
 
 def monitored_params(cfg: MonitorV1Config, every: list[NamedParam], names: DisplayNames) -> list[NamedParam]:
@@ -53,14 +67,17 @@ def monitored_params(cfg: MonitorV1Config, every: list[NamedParam], names: Displ
     ]
 
 
-def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+def build_probes(cfg: MonitorV1Config, att: Attachment, shapes: ShapeBook | None = None) -> list[Probe]:
     """The probes ``cfg`` enables, unattached (may create the run folder for stack_info).
 
     Warns once when squashing would merge names (those keep their full names) and when a
-    ``targets`` entry names nothing in the model.
+    ``targets`` entry names nothing in the model. ``shapes`` learns the shape and dtype of the
+    rows (monitored parameters now, activations as they are picked).
     """
     every, param_names = parameter_names(cfg, att)
     params = monitored_params(cfg, every, param_names)
+    if shapes is not None:
+        shapes.add_params(params)
     probes: list[Probe] = []
     module_rank = cfg.monitors_rank(att.rank)
     xy = cfg.xy_distribution and module_rank
@@ -71,13 +88,13 @@ def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
         cfg.ur_distribution,
         cfg.mg_direction,
     )
-    modules = module_names(cfg, att) if xy or cfg.targets else None
+    modules = module_names(cfg, att) if xy or cfg.targets or cfg.stack_info else None
     if cfg.targets and (cfg.xy_distribution or any(per_param)):
         _warn_unmatched(cfg, param_names, modules)
     if any(per_param) and params:
         param_names.warn_clashes("parameters")
     if xy and modules is not None:
-        probes += _activations(cfg, att, modules)
+        probes += _activations(cfg, att, modules, shapes)
     if cfg.wg_distribution:
         probes.append(_weight_grad(cfg, att, params))
     if cfg.mv_distribution:
@@ -99,7 +116,7 @@ def build_probes(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
     if cfg.cc.enable:
         probes += _collectives(cfg, att)
     if cfg.stack_info and module_rank:
-        probes.append(StackProbe(att.clock, att.view, att.run_folder(cfg)))
+        probes.append(StackProbe(att.clock, att.view, att.run_folder(cfg), modules))
     return probes
 
 
@@ -128,13 +145,13 @@ def _warn_unmatched(cfg: MonitorV1Config, params: DisplayNames, modules: Display
     )
 
 
-def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames) -> list[Probe]:
+def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames, shapes: ShapeBook | None) -> list[Probe]:
     if cfg.forward_only and cfg.backward_only:
         warn_once(
             "v1-fwd-bwd-only", "trainprobe: forward_only and backward_only are both true, so no activation is collected"
         )
         return []
-    naming = V1Naming(cfg, names)
+    naming = V1Naming(cfg, names, shapes=shapes)
     if not any(naming.wants(v, n, m) for v, n, m in att.view.modules()):
         warn_once(
             "v1-xy-no-module",

@@ -9,8 +9,9 @@
   ``input_grad``/``output_grad`` describe the inputs/outputs that require a gradient (a
   gradient has its tensor's size and dtype). The front door then ends the run with exit code 0.
 * :class:`StackProbe` (``stack_info``): the call stack of every module's first forward call in
-  the first collected step, written to ``<run folder>/stack_info.csv`` (columns ``name,
-  stack_info``), frames of torch, mindspore and trainprobe left out.
+  the first collected step, written to ``<run folder>/stack_info.csv`` (columns ``module_name,
+  stack_info``; modules by their written name with the ``<vpp_stage>:`` prefix, the root as
+  ``0:``), frames of torch, mindspore and trainprobe left out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import csv
 import os
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +94,12 @@ class StackProbe(Probe):
 
     name = "stack_info"
 
-    def __init__(self, clock: StepClock, view: ModelView, folder: Path) -> None:
+    def __init__(
+        self, clock: StepClock, view: ModelView, folder: Path, names: Callable[[str], str] | None = None
+    ) -> None:
         super().__init__(clock, ("norm",), 1e-8)
         self.view = view
+        self.names = names or (lambda name: name)
         self.path = folder / "stack_info.csv"
         self.stacks: dict[str, str] = {}
         self._finished = False
@@ -104,9 +109,11 @@ class StackProbe(Probe):
             self.keep(module.register_forward_pre_hook(self.guard(self._hook(name))))
 
     def _hook(self, name: str) -> Any:
+        written = self.names(name)
+
         def hook(module: nn.Module, args: Any) -> None:
-            if self.active and not self._finished and name not in self.stacks:
-                self.stacks[name] = _user_stack()
+            if self.active and not self._finished and written not in self.stacks:
+                self.stacks[written] = _user_stack()
 
         return hook
 
@@ -117,6 +124,6 @@ class StackProbe(Probe):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("w", newline="", encoding="utf-8") as fh:
             out = csv.writer(fh)
-            out.writerow(["name", "stack_info"])
+            out.writerow(["module_name", "stack_info"])
             out.writerows(self.stacks.items())
         self.detach()

@@ -36,24 +36,34 @@ class TableLayout:
     """Columns of one table: ``key_columns`` (``micro_step`` appended when ``with_micro_step``),
     then the ops; values rounded to ``ndigits`` decimals when it is set.
 
-    Key columns understood: ``vpp_stage``, ``step``, ``module_name``/``name`` (the row's name),
-    ``scope``.
+    Key columns understood: ``vpp_stage``, ``step``, ``module_name``/``name`` (the row's name,
+    written as ``name_of(key.name)`` when ``name_of`` is set), ``scope``.
+
+    ``trailing`` columns follow the ops; their cells are ``describe(key)`` (one text per trailing
+    column), asked once per row key (the line template of a key is made once), so they hold
+    metadata that does not change from step to step (Monitor V1's ``shape,dtype``).
     """
 
     with_micro_step: bool
     ops: tuple[str, ...]
     key_columns: tuple[str, ...] = V2_KEY_COLUMNS
     ndigits: int | None = None
+    name_of: Callable[[str], str] | None = None
+    trailing: tuple[str, ...] = ()
+    describe: Callable[[RowKey], tuple[str, ...]] | None = None
 
     @property
     def header(self) -> list[str]:
-        return list(self.key_columns) + (["micro_step"] if self.with_micro_step else []) + list(self.ops)
+        micro = ["micro_step"] if self.with_micro_step else []
+        return list(self.key_columns) + micro + list(self.ops) + list(self.trailing)
 
     def cells(self, key: RowKey, step: int, values: list[float]) -> list[object]:
         """One CSV row for ``key`` at ``step``, as cells."""
-        return [_key_value(column, key, step) for column in self._key_order()] + [
-            format_value(op, v, self.ndigits) for op, v in zip(self.ops, values)
-        ]
+        return (
+            [self._key_value(column, key, step) for column in self._key_order()]
+            + [format_value(op, v, self.ndigits) for op, v in zip(self.ops, values)]
+            + list(self._trailing_cells(key))
+        )
 
     def text(self, rows: Iterable[tuple[RowKey, list[float]]], step: int) -> str:
         """CSV text of ``rows`` at ``step``, one line each, every line ending in ``\\n``.
@@ -97,13 +107,29 @@ class TableLayout:
         return self.key_columns + (("micro_step",) if self.with_micro_step else ())
 
     def _line_template(self, key: RowKey) -> str:
-        head = ["%d" if c == "step" else _key_cell(c, key, 0).replace("%", "%%") for c in self._key_order()]
-        return ",".join(head) + "," + _value_template(self.ops) + "\n"
+        head = ["%d" if c == "step" else self._key_cell(c, key, 0).replace("%", "%%") for c in self._key_order()]
+        tail = "".join("," + _csv_text(t).replace("%", "%%") for t in self._trailing_cells(key))
+        return ",".join(head) + "," + _value_template(self.ops) + tail + "\n"
 
     def _slow_line(self, key: RowKey, step: int, values: list[float]) -> str:
-        head = [_key_cell(column, key, step) for column in self._key_order()]
+        head = [self._key_cell(column, key, step) for column in self._key_order()]
         tail = [_csv_text(format_value(op, v, self.ndigits)) for op, v in zip(self.ops, values)]
-        return ",".join(head + tail) + "\n"
+        return ",".join(head + tail + [_csv_text(t) for t in self._trailing_cells(key)]) + "\n"
+
+    def _trailing_cells(self, key: RowKey) -> tuple[str, ...]:
+        if not self.trailing:
+            return ()
+        found = self.describe(key) if self.describe is not None else ()
+        return tuple(found[i] if i < len(found) else "" for i in range(len(self.trailing)))
+
+    def _key_value(self, column: str, key: RowKey, step: int) -> object:
+        if column in ("module_name", "name") and self.name_of is not None:
+            return self.name_of(key.name)
+        return _key_value(column, key, step)
+
+    def _key_cell(self, column: str, key: RowKey, step: int) -> str:
+        value = self._key_value(column, key, step)
+        return _csv_text(value) if isinstance(value, str) else str(value)
 
 
 _LINE_TEMPLATES: dict[TableLayout, dict[RowKey, str]] = {}
@@ -128,11 +154,6 @@ def _key_value(column: str, key: RowKey, step: int) -> object:
     if column == "micro_step":
         return "" if key.micro_step is None else key.micro_step
     return key.scope
-
-
-def _key_cell(column: str, key: RowKey, step: int) -> str:
-    value = _key_value(column, key, step)
-    return _csv_text(value) if isinstance(value, str) else str(value)
 
 
 @functools.lru_cache(maxsize=1 << 16)
