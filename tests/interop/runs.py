@@ -246,4 +246,4 @@ def collect(out: Path) -> list[Diff]:
     diffs = train_all(out)
     diffs += diff_outputs(out)
     diffs += diff_cross(out, run_cross(out))
-    return sorted(set(diffs))
+    return sorted({Diff(d.id, d.detail.replace(str(out), "OUT")) for d in diffs})

@@ -21,15 +21,17 @@ import torch
 from torch import nn
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-STEPS = 4
+STEPS = 5
+MONITORED = 4
 WHATS = ("baseline", "v2", "v1", "v1-tb", "dump-L0", "dump-L1", "dump-mix", "dump-tensor")
 
 
 class Net(nn.Module):
-    """A TransformerEncoderLayer followed by an MLP head: both models of the issue in one."""
+    """A TransformerEncoderLayer followed by an MLP head, and a layer never used (no gradient)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.unused = nn.Linear(4, 4)
         self.encoder = nn.TransformerEncoderLayer(
             d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True
         )
@@ -76,9 +78,9 @@ def run_v2(pkg: str, out: Path) -> list[float]:
     (out / "v2").mkdir()
     mon = trainer.TrainerMonitorV2(config("monitor_v2.json", output_dir=str(out / "v2")), fr="pytorch")
     mon.start(model=model, optimizer=opt, grad_acc_steps=1)
-    losses = [train_step(model, opt, x, y) for x, y in data]
+    losses = [train_step(model, opt, x, y) for x, y in data[:MONITORED]]
     mon.stop()
-    return losses
+    return losses + [train_step(model, opt, x, y) for x, y in data[MONITORED:]]  # training goes on
 
 
 def run_v1(pkg: str, out: Path, fmt: str) -> list[float]:
