@@ -44,8 +44,7 @@ def escape(text: str) -> str:
 def table(diffs: list[Diff], known: dict[str, list[str]] | None = None) -> str:
     """``diffs`` as the doc's table; ``known`` keeps the why/document cells already written."""
     known = known or {}
-    lines = ["| id | what differs (this run) | why | which document sides with trainprobe |",
-             "|---|---|---|---|"]
+    lines = ["| id | what differs (this run) | why | which document sides with trainprobe |", "|---|---|---|---|"]
     for d in diffs:
         why, doc = (known.get(d.id) or ["TODO", "TODO"])[:2]
         lines.append(f"| `{escape(d.id)}` | {escape(d.detail[:300])} | {why} | {doc} |")
@@ -62,3 +61,17 @@ def known_columns(doc: Path = DOC) -> dict[str, list[str]]:
         if len(row) >= 4 and row[0].startswith("`"):
             known[row[0].strip("`").replace("\\|", "|")] = row[2:4]
     return known
+
+
+def mismatch(diffs: list[Diff], listed: set[str]) -> str:
+    """Empty when the ids of ``diffs`` are exactly ``listed``; else what is new and what is gone."""
+    found = {d.id: d.detail for d in diffs}
+    new, gone = sorted(found.keys() - listed), sorted(listed - found.keys())
+    lines = []
+    if new:
+        lines.append(f"{len(new)} difference(s) not in {DOC.name} (fix them, or add rows: make interop-list):")
+        lines += [f"  NEW  {i}: {found[i][:200]}" for i in new]
+    if gone:
+        lines.append(f"{len(gone)} row(s) of {DOC.name} no longer found (remove them: make interop-list):")
+        lines += [f"  GONE {i}" for i in gone]
+    return "\n".join(lines)

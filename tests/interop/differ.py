@@ -90,10 +90,7 @@ def csv_tables(root: Path) -> dict[str, list[Path]]:
 
 def window_names(root: Path) -> set[str]:
     """File names relative to ``root`` with the V1 run folder normalised (windows kept)."""
-    return {
-        "/".join(V1_RUN.sub(r"\1", p) for p in path.relative_to(root).parts)
-        for path in root.rglob("*.csv")
-    }
+    return {"/".join(V1_RUN.sub(r"\1", p) for p in path.relative_to(root).parts) for path in root.rglob("*.csv")}
 
 
 def read_rows(paths: list[Path]) -> tuple[list[str], list[dict[str, str]]]:
@@ -135,8 +132,13 @@ def diff_table(
     ref_by = {tuple(r[c] for c in keys): r for r in ref_rows}
     tp_by = {tuple(r[c] for c in keys): r for r in tp_rows}
     if len(ref_by) != len(ref_rows) or len(tp_by) != len(tp_rows):
-        out.append(Diff(f"{area}: duplicate row keys", f"reference {len(ref_rows) - len(ref_by)}, "
-                        f"trainprobe {len(tp_rows) - len(tp_by)} rows share a key {keys}"))
+        out.append(
+            Diff(
+                f"{area}: duplicate row keys",
+                f"reference {len(ref_rows) - len(ref_by)}, "
+                f"trainprobe {len(tp_rows) - len(tp_by)} rows share a key {keys}",
+            )
+        )
     only_ref, only_tp = ref_by.keys() - tp_by.keys(), tp_by.keys() - ref_by.keys()
     if only_ref:
         out.append(Diff(f"{area}: rows only in reference", f"{len(only_ref)} keys {keys}, e.g. {examples(only_ref)}"))
@@ -146,10 +148,17 @@ def diff_table(
     if only_ref or only_tp:
         ref_by, tp_by = loose(ref_by, keys), loose(tp_by, keys)
         how = " (rows matched without vpp_stage and chunk prefix)"
-        still = [f"{side} {len(k)}: {examples(k)}" for side, k in
-                 (("reference", ref_by.keys() - tp_by.keys()), ("trainprobe", tp_by.keys() - ref_by.keys())) if k]
-        out = [Diff(d.id, d.detail + f"; without vpp_stage and chunk prefix, only in {'; '.join(still) or 'neither'}")
-               if ": rows only in " in d.id else d for d in out]
+        still = [
+            f"{side} {len(k)}: {examples(k)}"
+            for side, k in (("reference", ref_by.keys() - tp_by.keys()), ("trainprobe", tp_by.keys() - ref_by.keys()))
+            if k
+        ]
+        out = [
+            Diff(d.id, d.detail + f"; without vpp_stage and chunk prefix, only in {'; '.join(still) or 'neither'}")
+            if ": rows only in " in d.id
+            else d
+            for d in out
+        ]
     bad: Counter[str] = Counter()
     first: dict[str, str] = {}
     for key in ref_by.keys() & tp_by.keys():
@@ -183,6 +192,7 @@ def loose(rows: dict[tuple[str, ...], dict[str, str]], keys: list[str]) -> dict[
 
 # ---------------------------------------------------------------- anomaly.json
 
+
 def load_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
@@ -194,11 +204,19 @@ def diff_anomalies(area: str, ref: Path, tp: Path) -> list[Diff]:
     ev_b = {(e["tag_name"], e["step"]): e for e in b.values()}
     out: list[Diff] = []
     if ev_a.keys() - ev_b.keys():
-        out.append(Diff(f"{area}: events only in reference",
-                        f"{len(ev_a.keys() - ev_b.keys())} of {len(ev_a)}, e.g. {examples(ev_a.keys() - ev_b.keys())}"))
+        out.append(
+            Diff(
+                f"{area}: events only in reference",
+                f"{len(ev_a.keys() - ev_b.keys())} of {len(ev_a)}, e.g. {examples(ev_a.keys() - ev_b.keys())}",
+            )
+        )
     if ev_b.keys() - ev_a.keys():
-        out.append(Diff(f"{area}: events only in trainprobe",
-                        f"{len(ev_b.keys() - ev_a.keys())} of {len(ev_b)}, e.g. {examples(ev_b.keys() - ev_a.keys())}"))
+        out.append(
+            Diff(
+                f"{area}: events only in trainprobe",
+                f"{len(ev_b.keys() - ev_a.keys())} of {len(ev_b)}, e.g. {examples(ev_b.keys() - ev_a.keys())}",
+            )
+        )
     common = sorted(ev_a.keys() & ev_b.keys())
     fields_a = {f for e in a.values() for f in e}
     fields_b = {f for e in b.values() for f in e}
@@ -212,7 +230,9 @@ def diff_anomalies(area: str, ref: Path, tp: Path) -> list[Diff]:
     wording = [k for k in common if number.sub("#", ev_a[k]["message"]) != number.sub("#", ev_b[k]["message"])]
     if wording:
         k = wording[0]
-        out.append(Diff(f"{area}: message", f"{len(wording)} differ, e.g. {ev_a[k]['message']!r} vs {ev_b[k]['message']!r}"))
+        out.append(
+            Diff(f"{area}: message", f"{len(wording)} differ, e.g. {ev_a[k]['message']!r} vs {ev_b[k]['message']!r}")
+        )
     keys_a = {re.sub(r"_call_\d+$", "", k) for k in a}
     keys_b = {re.sub(r"_call_\d+$", "", k) for k in b}
     if (keys_a & keys_b) != keys_a | keys_b and not (ev_a.keys() ^ ev_b.keys()):
@@ -221,6 +241,7 @@ def diff_anomalies(area: str, ref: Path, tp: Path) -> list[Diff]:
 
 
 # ---------------------------------------------------------------- dumps
+
 
 def dump_dirs(root: Path) -> dict[str, Path]:
     """``step<N>/<rank dir>`` folders of a dump root, the process id normalised."""
@@ -257,9 +278,18 @@ def diff_dump_json(area: str, ref: Path, tp: Path) -> list[Diff]:
         out.append(Diff(f"{area}: top-level fields", f"reference {top[0]}; trainprobe {top[1]}"))
     da, db = a.get("data", {}), b.get("data", {})
     if da.keys() - db.keys():
-        out.append(Diff(f"{area}: entries only in reference", f"{len(da.keys() - db.keys())}: {examples(da.keys() - db.keys())}"))
+        out.append(
+            Diff(
+                f"{area}: entries only in reference", f"{len(da.keys() - db.keys())}: {examples(da.keys() - db.keys())}"
+            )
+        )
     if db.keys() - da.keys():
-        out.append(Diff(f"{area}: entries only in trainprobe", f"{len(db.keys() - da.keys())}: {examples(db.keys() - da.keys())}"))
+        out.append(
+            Diff(
+                f"{area}: entries only in trainprobe",
+                f"{len(db.keys() - da.keys())}: {examples(db.keys() - da.keys())}",
+            )
+        )
     fields: Counter[str] = Counter()
     values: Counter[str] = Counter()
     first: dict[str, str] = {}
@@ -267,8 +297,11 @@ def diff_dump_json(area: str, ref: Path, tp: Path) -> list[Diff]:
         la, lb = leaves(da[name]), leaves(db[name])
         if la.keys() != lb.keys():
             fields["x"] += 1
-            first.setdefault("fields", f"{name}: only reference {examples(la.keys() - lb.keys())}; "
-                             f"only trainprobe {examples(lb.keys() - la.keys())}")
+            first.setdefault(
+                "fields",
+                f"{name}: only reference {examples(la.keys() - lb.keys())}; "
+                f"only trainprobe {examples(lb.keys() - la.keys())}",
+            )
         for path in la.keys() & lb.keys():
             if path.endswith("data_name"):
                 continue
@@ -308,13 +341,21 @@ def diff_stack_json(area: str, ref: Path, tp: Path) -> list[Diff]:
     if layout_a != layout_b:
         out.append(Diff(f"{area}: layout", f"reference {layout_a}; trainprobe {layout_b}"))
     if a.keys() - b.keys():
-        out.append(Diff(f"{area}: names only in reference", f"{len(a.keys() - b.keys())}: {examples(a.keys() - b.keys())}"))
+        out.append(
+            Diff(f"{area}: names only in reference", f"{len(a.keys() - b.keys())}: {examples(a.keys() - b.keys())}")
+        )
     if b.keys() - a.keys():
-        out.append(Diff(f"{area}: names only in trainprobe", f"{len(b.keys() - a.keys())}: {examples(b.keys() - a.keys())}"))
+        out.append(
+            Diff(f"{area}: names only in trainprobe", f"{len(b.keys() - a.keys())}: {examples(b.keys() - a.keys())}")
+        )
     bad = [n for n in sorted(a.keys() & b.keys()) if script_frames(a[n]) != script_frames(b[n])]
     if bad:
         n = bad[0]
-        out.append(Diff(f"{area}: script frames", f"{len(bad)} names, e.g. {n}: {script_frames(a[n])} vs {script_frames(b[n])}"))
+        out.append(
+            Diff(
+                f"{area}: script frames", f"{len(bad)} names, e.g. {n}: {script_frames(a[n])} vs {script_frames(b[n])}"
+            )
+        )
     return out
 
 
@@ -322,9 +363,13 @@ def diff_construct_json(area: str, ref: Path, tp: Path) -> list[Diff]:
     a, b = load_json(ref), load_json(tp)
     out: list[Diff] = []
     if a.keys() - b.keys():
-        out.append(Diff(f"{area}: names only in reference", f"{len(a.keys() - b.keys())}: {examples(a.keys() - b.keys())}"))
+        out.append(
+            Diff(f"{area}: names only in reference", f"{len(a.keys() - b.keys())}: {examples(a.keys() - b.keys())}")
+        )
     if b.keys() - a.keys():
-        out.append(Diff(f"{area}: names only in trainprobe", f"{len(b.keys() - a.keys())}: {examples(b.keys() - a.keys())}"))
+        out.append(
+            Diff(f"{area}: names only in trainprobe", f"{len(b.keys() - a.keys())}: {examples(b.keys() - a.keys())}")
+        )
     bad = [n for n in a.keys() & b.keys() if a[n] != b[n]]
     if bad:
         n = sorted(bad)[0]
@@ -340,8 +385,11 @@ def diff_dumps(area: str, ref: Path, tp: Path) -> list[Diff]:
         out.append(Diff(f"{area}: step/rank folders", f"reference {sorted(da)}; trainprobe {sorted(db)}"))
     for key in sorted(da.keys() & db.keys()):
         step = key.split("/")[0]
-        for name, fn in (("dump.json", diff_dump_json), ("stack.json", diff_stack_json),
-                         ("construct.json", diff_construct_json)):
+        for name, fn in (
+            ("dump.json", diff_dump_json),
+            ("stack.json", diff_stack_json),
+            ("construct.json", diff_construct_json),
+        ):
             pa, pb = da[key] / name, db[key] / name
             if pa.exists() != pb.exists():
                 out.append(Diff(f"{area}/{name}: present in one only", f"{key}: reference {pa.exists()}"))
@@ -350,9 +398,17 @@ def diff_dumps(area: str, ref: Path, tp: Path) -> list[Diff]:
         ta = {p.name for p in (da[key] / "dump_tensor_data").glob("*")}
         tb = {p.name for p in (db[key] / "dump_tensor_data").glob("*")}
         if ta - tb:
-            out.append(Diff(f"{area}/dump_tensor_data: files only in reference", f"{step}: {len(ta - tb)}: {examples(ta - tb)}"))
+            out.append(
+                Diff(
+                    f"{area}/dump_tensor_data: files only in reference", f"{step}: {len(ta - tb)}: {examples(ta - tb)}"
+                )
+            )
         if tb - ta:
-            out.append(Diff(f"{area}/dump_tensor_data: files only in trainprobe", f"{step}: {len(tb - ta)}: {examples(tb - ta)}"))
+            out.append(
+                Diff(
+                    f"{area}/dump_tensor_data: files only in trainprobe", f"{step}: {len(tb - ta)}: {examples(tb - ta)}"
+                )
+            )
     return merge(out)
 
 

@@ -25,8 +25,11 @@ def main() -> int:
         diffs = collect(out)
         print(table(diffs, known_columns()))
         found, listed = {d.id for d in diffs}, listed_ids()
-        print(f"\n{len(found)} differences; new since the doc: {len(found - listed)}, "
-              f"gone since the doc: {len(listed - found)}", file=sys.stderr)
+        print(
+            f"\n{len(found)} differences; new since the doc: {len(found - listed)}, "
+            f"gone since the doc: {len(listed - found)}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -53,32 +53,41 @@ def run(cmd: Sequence[str], log: Path, cwd: Path | None = None) -> int:
     """Run ``cmd`` with stdout+stderr into ``log``; return the exit code."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as handle:
-        return subprocess.run(list(cmd), stdout=handle, stderr=subprocess.STDOUT, env=env(),
-                              cwd=cwd or log.parent, timeout=600).returncode
+        return subprocess.run(
+            list(cmd), stdout=handle, stderr=subprocess.STDOUT, env=env(), cwd=cwd or log.parent, timeout=600
+        ).returncode
 
 
 def train_all(out: Path) -> list[Diff]:
     """Every training script under both packages; a failing run or changed losses is a Diff."""
-    jobs = [(side, python, what) for what in WHATS
-            for side, python in (("ref", ref_python()), ("tp", sys.executable))]
+    jobs = [(side, python, what) for what in WHATS for side, python in (("ref", ref_python()), ("tp", sys.executable))]
     pkg = {"ref": "msprobe", "tp": "trainprobe"}
 
     def one(job: tuple[str, str, str]) -> int:
         side, python, what = job
-        return run([python, str(SCRIPT), "--pkg", pkg[side], "--what", what, "--out", str(out / side / what)],
-                   out / "logs" / f"{side}_{what}.log")
+        return run(
+            [python, str(SCRIPT), "--pkg", pkg[side], "--what", what, "--out", str(out / side / what)],
+            out / "logs" / f"{side}_{what}.log",
+        )
 
     with ThreadPoolExecutor(JOBS) as pool:
         codes = dict(zip(jobs, pool.map(one, jobs), strict=True))
-    diffs = [Diff(f"{what}: run fails under {side}", f"exit {code}, see logs/{side}_{what}.log")
-             for (side, _, what), code in codes.items() if code]
+    diffs = [
+        Diff(f"{what}: run fails under {side}", f"exit {code}, see logs/{side}_{what}.log")
+        for (side, _, what), code in codes.items()
+        if code
+    ]
     for side, name in (("ref", "reference"), ("tp", "trainprobe")):
         base = out / side / "baseline" / "losses_baseline.json"
         for what in WHATS[1:]:
             got = out / side / what / f"losses_{what}.json"
             if base.exists() and got.exists() and json.loads(base.read_text()) != json.loads(got.read_text()):
-                diffs.append(Diff(f"{what}: {name} changes training",
-                                  f"losses without monitoring {base.read_text()}; with {got.read_text()}"))
+                diffs.append(
+                    Diff(
+                        f"{what}: {name} changes training",
+                        f"losses without monitoring {base.read_text()}; with {got.read_text()}",
+                    )
+                )
     return diffs
 
 
@@ -101,11 +110,19 @@ def diff_outputs(out: Path) -> list[Diff]:
     diffs += diff_csv_trees("v1", ref / "v1" / "v1", tp / "v1" / "v1")
     tags_a, tags_b = tb_tags(ref / "v1-tb" / "v1-tb"), tb_tags(tp / "v1-tb" / "v1-tb")
     if not tags_a and tags_b:
-        diffs.append(Diff("v1-tb: no event files from reference",
-                          f"format tensorboard wrote {len(list((ref / 'v1-tb').rglob('*.csv')))} CSV files instead"))
+        diffs.append(
+            Diff(
+                "v1-tb: no event files from reference",
+                f"format tensorboard wrote {len(list((ref / 'v1-tb').rglob('*.csv')))} CSV files instead",
+            )
+        )
     elif tags_a != tags_b:
-        diffs.append(Diff("v1-tb: tags", f"only reference {examples(tags_a - tags_b)}; "
-                          f"only trainprobe {examples(tags_b - tags_a)}"))
+        diffs.append(
+            Diff(
+                "v1-tb: tags",
+                f"only reference {examples(tags_a - tags_b)}; only trainprobe {examples(tags_b - tags_a)}",
+            )
+        )
     for area in ("v1", "v1-tb"):
         a = ref / area / area / "anomaly_detected" / "rank0" / "anomaly.json"
         b = tp / area / area / "anomaly_detected" / "rank0" / "anomaly.json"
@@ -120,6 +137,7 @@ def diff_outputs(out: Path) -> list[Diff]:
 
 # ---------------------------------------------------------------- cross-tool runs
 
+
 def tp_tool(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainprobe", *args]
 
@@ -128,8 +146,10 @@ def ref_code(code: str, *args: str) -> list[str]:
     return [ref_python(), "-c", code, *args]
 
 
-REF_CSV2TB = ("import sys; from msprobe.pytorch.monitor.csv2tb import csv2tensorboard_by_step as f; "
-              "f(monitor_path=sys.argv[1], output_dirpath=sys.argv[2])")
+REF_CSV2TB = (
+    "import sys; from msprobe.pytorch.monitor.csv2tb import csv2tensorboard_by_step as f; "
+    "f(monitor_path=sys.argv[1], output_dirpath=sys.argv[2])"
+)
 REF_COMPARE = "import sys; from msprobe.msprobe import main; sys.argv[0] = 'msprobe'; sys.exit(main())"
 
 
@@ -143,22 +163,41 @@ def cross_jobs(out: Path) -> dict[str, tuple[list[str], Path | None]]:
     anomalies = v1 / "anomaly_detected"
     l1, tensor = out / "ref" / "dump-L1" / "dump-L1", out / "ref" / "dump-tensor" / "dump-tensor"
     tp_l1 = out / "tp" / "dump-L1" / "dump-L1"
-    pairs = {"ref-ref": (l1 / "step1", l1 / "step0"), "ref-ref-tensor": (tensor / "step1", tensor / "step0"),
-             "tp-ref": (tp_l1 / "step0", l1 / "step0")}
+    pairs = {
+        "ref-ref": (l1 / "step1", l1 / "step0"),
+        "ref-ref-tensor": (tensor / "step1", tensor / "step0"),
+        "tp-ref": (tp_l1 / "step0", l1 / "step0"),
+    }
     jobs: dict[str, tuple[list[str], Path | None]] = {
         "csv2db": (tp_tool("csv2db", str(v1), "-o", str(cross / "csv2db")), None),
         "csv2tb": (tp_tool("csv2tb", str(v1), "-o", str(cross / "csv2tb")), None),
         "ref-csv2tb": (ref_code(REF_CSV2TB, str(v1), str(cross / "ref-csv2tb")), None),
         "report": (tp_tool("report", str(out / "ref" / "v1" / "v1"), "-o", str(cross / "report.html")), None),
         "anomaly-analyse": (tp_tool("anomaly-analyse", "-d", str(anomalies), "-o", str(cross / "anomaly")), None),
-        "ref-anomaly-analyse": ([ref_python(), "-m", "msprobe.core.monitor.anomaly_processor", "-d",
-                                 str(anomalies), "-o", str(cross / "ref-anomaly")], None),
+        "ref-anomaly-analyse": (
+            [
+                ref_python(),
+                "-m",
+                "msprobe.core.monitor.anomaly_processor",
+                "-d",
+                str(anomalies),
+                "-o",
+                str(cross / "ref-anomaly"),
+            ],
+            None,
+        ),
     }
     for name, (target, golden) in pairs.items():
-        jobs[f"compare-{name}"] = (tp_tool("compare", "-tp", str(target), "-gp", str(golden),
-                                           "-o", str(cross / f"compare-{name}")), None)
-        jobs[f"ref-compare-{name}"] = (ref_code(REF_COMPARE, "compare", "-tp", str(target), "-gp", str(golden),
-                                                "-o", str(cross / f"ref-compare-{name}")), None)
+        jobs[f"compare-{name}"] = (
+            tp_tool("compare", "-tp", str(target), "-gp", str(golden), "-o", str(cross / f"compare-{name}")),
+            None,
+        )
+        jobs[f"ref-compare-{name}"] = (
+            ref_code(
+                REF_COMPARE, "compare", "-tp", str(target), "-gp", str(golden), "-o", str(cross / f"ref-compare-{name}")
+            ),
+            None,
+        )
     return jobs
 
 
@@ -167,8 +206,9 @@ def run_cross(out: Path) -> dict[str, int]:
     (out / "cross").mkdir(parents=True, exist_ok=True)
     (out / "cross" / "ref-anomaly").mkdir(exist_ok=True)
     with ThreadPoolExecutor(JOBS) as pool:
-        codes = pool.map(lambda item: run(item[1][0], out / "logs" / f"cross_{item[0]}.log", item[1][1] or out),
-                         jobs.items())
+        codes = pool.map(
+            lambda item: run(item[1][0], out / "logs" / f"cross_{item[0]}.log", item[1][1] or out), jobs.items()
+        )
         return dict(zip(jobs, codes, strict=True))
 
 
@@ -195,21 +235,37 @@ def diff_cross(out: Path, codes: dict[str, int]) -> list[Diff]:
     if codes["csv2tb"] == 0 and codes["ref-csv2tb"] == 0:
         a, b = tb_tags(cross / "ref-csv2tb"), tb_tags(cross / "csv2tb")
         if a != b:
-            diffs.append(Diff("cross/csv2tb: tags differ from the reference's csv2tensorboard_by_step",
-                              f"only reference {len(a - b)}: {examples(a - b)}; only trainprobe {len(b - a)}: {examples(b - a)}"))
+            diffs.append(
+                Diff(
+                    "cross/csv2tb: tags differ from the reference's csv2tensorboard_by_step",
+                    f"only reference {len(a - b)}: {examples(a - b)}; only trainprobe {len(b - a)}: {examples(b - a)}",
+                )
+            )
     if codes["report"] == 0 and re.search(r"skip|warn", (out / "logs" / "cross_report.log").read_text(), re.I):
-        diffs.append(Diff("cross/report: warns on the reference's V1 tree",
-                          (out / "logs" / "cross_report.log").read_text().strip()[-300:]))
+        diffs.append(
+            Diff(
+                "cross/report: warns on the reference's V1 tree",
+                (out / "logs" / "cross_report.log").read_text().strip()[-300:],
+            )
+        )
     if codes["anomaly-analyse"] == 0:
-        diffs += diff_anomaly_analyse(cross / "ref-anomaly" / "anomaly_analyse.json",
-                                      cross / "anomaly" / "anomaly_analyse.json")
+        diffs += diff_anomaly_analyse(
+            cross / "ref-anomaly" / "anomaly_analyse.json", cross / "anomaly" / "anomaly_analyse.json"
+        )
     for name in ("ref-ref", "ref-ref-tensor", "tp-ref"):
         if codes[f"compare-{name}"] or codes[f"ref-compare-{name}"]:
             continue
-        (ha, na, va), (hb, nb, vb) = compare_summary(cross / f"ref-compare-{name}"), compare_summary(cross / f"compare-{name}")
+        (ha, na, va), (hb, nb, vb) = (
+            compare_summary(cross / f"ref-compare-{name}"),
+            compare_summary(cross / f"compare-{name}"),
+        )
         if ha != hb:
-            diffs.append(Diff(f"cross/compare-{name}: header", f"only reference {sorted(set(ha) - set(hb))}; "
-                              f"only trainprobe {sorted(set(hb) - set(ha))}"))
+            diffs.append(
+                Diff(
+                    f"cross/compare-{name}: header",
+                    f"only reference {sorted(set(ha) - set(hb))}; only trainprobe {sorted(set(hb) - set(ha))}",
+                )
+            )
         if na != nb:
             diffs.append(Diff(f"cross/compare-{name}: rows", f"reference {na}, trainprobe {nb}"))
         if va != vb:
@@ -236,8 +292,12 @@ def diff_anomaly_analyse(ref: Path, tp: Path) -> list[Diff]:
         return [Diff("cross/anomaly-analyse: output missing", f"reference {ref.exists()}, trainprobe {tp.exists()}")]
     a, b = json.loads(ref.read_text()), json.loads(tp.read_text())
     if a != b:
-        return [Diff("cross/anomaly-analyse: anomaly_analyse.json differs from the reference's",
-                     f"reference {json.dumps(a)[:200]}; trainprobe {json.dumps(b)[:200]}")]
+        return [
+            Diff(
+                "cross/anomaly-analyse: anomaly_analyse.json differs from the reference's",
+                f"reference {json.dumps(a)[:200]}; trainprobe {json.dumps(b)[:200]}",
+            )
+        ]
     return []
 
 

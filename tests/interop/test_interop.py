@@ -10,22 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compat_doc import DOC, listed_ids
+from compat_doc import listed_ids, mismatch
 from runs import collect, ref_python
 
 
 def test_differences_are_exactly_the_documented_ones(tmp_path: Path) -> None:
     ref_python()  # fails, saying to run `make interop`, without the reference's interpreter
     diffs = collect(tmp_path)
-    found = {d.id: d.detail for d in diffs}
-    listed = listed_ids()
-    new = sorted(found.keys() - listed)
-    gone = sorted(listed - found.keys())
-    message = [f"outputs kept in {tmp_path}"]
-    if new:
-        message.append(f"{len(new)} difference(s) not in {DOC.name} (fix them, or add rows: make interop-list):")
-        message += [f"  NEW  {i}: {found[i][:200]}" for i in new]
-    if gone:
-        message.append(f"{len(gone)} row(s) of {DOC.name} no longer found (remove them):")
-        message += [f"  GONE {i}" for i in gone]
-    assert not new and not gone, "\n".join(message)
+    message = mismatch(diffs, listed_ids())
+    assert not message, f"outputs kept in {tmp_path}\n{message}"
