@@ -69,7 +69,7 @@ interop: setup $(REF_BIN)/.installed
 	TRAINPROBE_REF_PYTHON=$(REF_PYTHON) $(BIN)/python -m pytest -q tests/interop
 
 interop-list: setup $(REF_BIN)/.installed
-	TRAINPROBE_REF_PYTHON=$(REF_PYTHON) $(BIN)/python tests/interop/list_differences.py
+	@TRAINPROBE_REF_PYTHON=$(REF_PYTHON) $(BIN)/python tests/interop/list_differences.py
 
 test-mindspore: $(MS_BIN)/.installed
 	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py
