@@ -212,21 +212,24 @@ def run_cross(out: Path) -> dict[str, int]:
         return dict(zip(jobs, codes, strict=True))
 
 
-def compare_summary(folder: Path) -> tuple[list[str], int, Counter[str]]:
-    """Header, row count and verdict counts of the compare table(s) in ``folder``."""
+def compare_summary(folder: Path) -> tuple[list[str], int, int, Counter[str]]:
+    """Header, row count, unmatched rows (no golden counterpart) and verdict counts of the compare table(s)."""
     header: list[str] = []
     rows: list[dict[str, str]] = []
     for path in sorted(folder.glob("*.csv")):
         h, r = read_rows([path])
         header, rows = header or h, rows + r
-    return header, len(rows), Counter(r.get("Result", "?") for r in rows)
+    unmatched = sum(r.get("Bench Name", "") in ("N/A", "") for r in rows)
+    return header, len(rows), unmatched, Counter(r.get("Result", "?") for r in rows)
 
 
 def diff_cross(out: Path, codes: dict[str, int]) -> list[Diff]:
     """Exit codes, nothing dropped, and the tools' results against the reference's own."""
     cross, diffs = out / "cross", []
     for name, code in codes.items():
-        if code and not name.startswith("ref-"):
+        if code and name.startswith("ref-"):
+            diffs.append(Diff(f"cross/{name}: reference exits {code}", f"see logs/cross_{name}.log"))
+        elif code:
             last = (out / "logs" / f"cross_{name}.log").read_text().strip().splitlines()[-1:]
             diffs.append(Diff(f"cross/{name}: trainprobe exits {code}", last[0][:300] if last else ""))
     v1 = out / "ref" / "v1" / "v1"
@@ -255,7 +258,7 @@ def diff_cross(out: Path, codes: dict[str, int]) -> list[Diff]:
     for name in ("ref-ref", "ref-ref-tensor", "tp-ref"):
         if codes[f"compare-{name}"] or codes[f"ref-compare-{name}"]:
             continue
-        (ha, na, va), (hb, nb, vb) = (
+        (ha, na, ua, va), (hb, nb, ub, vb) = (
             compare_summary(cross / f"ref-compare-{name}"),
             compare_summary(cross / f"compare-{name}"),
         )
@@ -268,6 +271,10 @@ def diff_cross(out: Path, codes: dict[str, int]) -> list[Diff]:
             )
         if na != nb:
             diffs.append(Diff(f"cross/compare-{name}: rows", f"reference {na}, trainprobe {nb}"))
+        if ua != ub:
+            diffs.append(
+                Diff(f"cross/compare-{name}: unmatched rows", f"reference {ua} of {na}, trainprobe {ub} of {nb}")
+            )
         if va != vb:
             diffs.append(Diff(f"cross/compare-{name}: verdicts", f"reference {dict(va)}, trainprobe {dict(vb)}"))
     return diffs
