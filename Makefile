@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup browser demo test test-mindspore lint bench clean
+.PHONY: setup browser demo test test-mindspore interop interop-list lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,8 +44,32 @@ lint: setup
 	$(BIN)/ruff check src tests bench
 
 test: lint browser $(MS_BIN)/.installed
-	$(BIN)/python -m pytest -q --ignore-glob='tests/test_mindspore_*'
+	$(BIN)/python -m pytest -q --ignore-glob='tests/test_mindspore_*' --ignore=tests/interop
 	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py
+	$(MAKE) interop
+
+# The differential test against the reference tool (tests/interop, docs/compatibility.md). The
+# reference (mindstudio-probe) is a test oracle only: it lives in its own virtualenv .venv-ref,
+# with the same torch installed first (so that nothing pulls another build), and is never a
+# dependency of trainprobe. `make interop-list` prints the differences found now as the table of
+# docs/compatibility.md.
+REF_VENV ?= .venv-ref
+REF_SPEC ?= mindstudio-probe==26.2.0
+REF_BIN := $(REF_VENV)/bin
+REF_PYTHON = $(abspath $(REF_BIN))/python
+
+$(REF_BIN)/.installed:
+	test -x $(REF_BIN)/python || $(PY) -m venv $(REF_VENV)
+	$(REF_BIN)/python -m pip install -q --upgrade pip
+	$(REF_BIN)/python -c "import torch" 2>/dev/null || $(REF_BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(REF_BIN)/python -m pip install -q "$(REF_SPEC)"
+	touch $@
+
+interop: setup $(REF_BIN)/.installed
+	TRAINPROBE_REF_PYTHON=$(REF_PYTHON) $(BIN)/python -m pytest -q tests/interop
+
+interop-list: setup $(REF_BIN)/.installed
+	@TRAINPROBE_REF_PYTHON=$(REF_PYTHON) $(BIN)/python tests/interop/list_differences.py
 
 test-mindspore: $(MS_BIN)/.installed
 	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py
@@ -57,4 +81,4 @@ bench: setup
 	$(BIN)/python bench/bench_dump.py
 
 clean:
-	rm -rf $(VENV) trainprobe_demo .pytest_cache
+	rm -rf $(VENV) $(REF_VENV) trainprobe_demo .pytest_cache
