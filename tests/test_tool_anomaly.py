@@ -401,13 +401,13 @@ def test_real_v1_run_first_anomaly_is_the_injected_nan(tmp_path, monkeypatch, ca
     assert len(events) == result.found > 20
     first = events[0]
     assert (first["step"], first["micro_step"], first.phase) == (2, 1, FORWARD)
-    assert first["tag_name"] == "0:root.input/rank0/actv"
+    assert first["tag_name"] == "0:.input:1/rank0/actv"
     step2 = [(e.phase, e["tag_name"].rsplit("/", 1)[1]) for e in events if e["step"] == 2]
     phases = [p for p, _ in step2]
     assert phases == sorted(phases, key=[FORWARD, BACKWARD, OPTIMIZER].index)  # forward, backward, optimizer
     tables = [t for _, t in step2]
-    assert tables.index("grad_reduced") > tables.index("actv_grad")
-    assert tables.index("exp_avg") > max(i for i, t in enumerate(tables) if t == "grad_reduced")
+    assert tables.index("post_grad") > tables.index("actv_grad")
+    assert tables.index("exp_avg") > max(i for i, t in enumerate(tables) if t == "post_grad")
     assert {e["step"] for e in events} == {2, 3}
     assert all(e.data["step"] == 3 for e in events[len(step2) :])
 
@@ -416,11 +416,11 @@ def test_two_rank_v1_run(monitor_runs, tmp_path):
     result = analyse(monitor_runs.v1 / "anomaly_detected", out_path=tmp_path, topk=1000)
     assert len(result.files) == 2
     first = result.events[0]
-    assert (first["rank"], first["step"], first["tag_name"]) == (NAN_RANK, NAN_STEP, "0:fc2.bias/rank1/grad_reduced")
+    assert (first["rank"], first["step"], first["tag_name"]) == (NAN_RANK, NAN_STEP, "0:fc2.bias/rank1/post_grad")
     order = [execution_key(e) for e in result.events]
     assert order == sorted(order)
     # in the backward phase the later pipeline stage (rank 1 here) comes first
-    reduced = [e["rank"] for e in result.events if e["step"] == NAN_STEP + 1 and e["tag_name"].endswith("grad_reduced")]
+    reduced = [e["rank"] for e in result.events if e["step"] == NAN_STEP + 1 and e["tag_name"].endswith("post_grad")]
     assert reduced == sorted(reduced, reverse=True) and set(reduced) == {0, 1}
     written = json.loads((tmp_path / "anomaly_analyse.json").read_text())
     assert list(written) == [e.key for e in result.events]

@@ -140,13 +140,13 @@ def test_nan_is_null_and_flagged_in_nan_mask(v1_db):
         "JOIN data_types d USING (data_type_id) WHERE d.name = 'grad_reduced' AND v.nan_mask != 0 "
         "ORDER BY v.step, v.rank LIMIT 1",
     )
-    assert first == (NAN_STEP, NAN_RANK, "0:fc2.bias")
+    assert first == (NAN_STEP, NAN_RANK, "fc2.bias")
     bits = sum(1 << m for (m,) in query(db, "SELECT metric_id FROM metrics WHERE name IN ('min','max','mean','norm')"))
     (row,) = query(
         db,
         'SELECT "min", "max", "mean", "norm", "nans", nan_mask FROM metric_values WHERE step = ? AND rank = ? '
         "AND data_type_id = (SELECT data_type_id FROM data_types WHERE name = 'grad_reduced') "
-        "AND target_id = (SELECT target_id FROM targets WHERE name = '0:fc2.bias')",
+        "AND target_id = (SELECT target_id FROM targets WHERE name = 'fc2.bias')",
         NAN_STEP,
         NAN_RANK,
     )

@@ -179,7 +179,7 @@ def test_v1_data_summary_and_first_nan(monitor_runs):
     assert names.index("actv") < names.index("actv_grad") < names.index("grad_reduced") < names.index("exp_avg")
     first = data.first_nonfinite
     assert first is not None
-    assert (event_group(first), event_target(first)) == ("grad_reduced", "0:fc2.bias")
+    assert (event_group(first), event_target(first)) == ("grad_reduced", "fc2.bias")
     assert (first.data["rank"], first.data["step"]) == (NAN_RANK, NAN_STEP)
     assert "NaN in min, max, mean, norm" in first.data["message"]
     assert all(e.data["step"] >= NAN_STEP for e in data.onsets)
@@ -194,7 +194,7 @@ def test_v1_data_summary_and_first_nan(monitor_runs):
     one = load_report_data(run)
     assert one.ranks == [NAN_RANK] and one.alerts and {e.data["rank"] for e in one.alerts} == {NAN_RANK}
     actv = data.groups[names.index("actv")]
-    assert actv.targets[0] == "0:root.input"  # model order: first appearance
+    assert actv.targets[0] == ".input"  # model order: first appearance
     assert actv.ranks[0].values.shape == (len(actv.targets), 6, len(actv.ops))
 
 
@@ -240,7 +240,7 @@ def test_v1_page_renders_in_chromium_and_its_menus_work(monitor_runs, tmp_path):
     assert_page_ok(page)
     first = page.dom.by_id["tp-first-nonfinite"]
     assert (first["data-rank"], first["data-step"]) == (str(NAN_RANK), str(NAN_STEP))
-    assert (first["data-data-type"], first["data-target"]) == ("grad_reduced", "0:fc2.bias")
+    assert (first["data-data-type"], first["data-target"]) == ("grad_reduced", "fc2.bias")
     assert page.dom.by_id["tp-first-alert"]["data-step"] == str(NAN_STEP)
     assert {"summary", "timeline", "heatmaps", "lines", "ranks"} <= set(page.dom.by_id)
     width, height, busy = png_busyness(page.png)
@@ -268,7 +268,7 @@ def write_large_v1(root: Path, steps: int = 2000, targets: int = 200, per_file: 
     run = root / "Jan01_00-00-00-rank0-0a1b2c3d"
     run.mkdir(parents=True)
     base = np.random.default_rng(0).lognormal(size=targets)
-    names = [f"0:layers.{i}.weight" for i in range(targets)]
+    names = [f"layers.{i}.weight" for i in range(targets)]
     for first in range(0, steps, per_file):
         lines = ["vpp_stage,name,step,min,max,mean,norm,nans"]
         for step in range(first, first + per_file):
@@ -293,7 +293,7 @@ def test_large_output_builds_and_renders_quickly(tmp_path):
     page = render(path, tmp_path / "chromium")
     assert_page_ok(page)
     first = page.dom.by_id["tp-first-nonfinite"]
-    assert (first["data-target"], first["data-step"]) == ("0:layers.150.weight", "1900")
+    assert (first["data-target"], first["data-step"]) == ("layers.150.weight", "1900")
     assert page.png and png_busyness(page.png)[2] > 0.01
     print(f"large report: build {build:.2f}s, chromium {page.seconds:.2f}s, drawn at {page.status['data-ms']} ms")
 

@@ -56,6 +56,10 @@ V2_DEFAULT_TABLE: dict[str, str] = {
     "cc": "other",
 }
 _TAG = re.compile(r"^(.*)/rank\d+/(.+)$")
+#: ``{vpp_stage}:`` before and ``:{micro_step}`` after the target in a V1 tag (the spec's tag form).
+_V1_TARGET = re.compile(r"^(?:\d+:)?(.*?)(?::\d+)?$")
+#: V1 tags name the gradient tables by task (the spec's tag form): the CSV table each one is.
+TABLE_OF_TASK = {"acc_grad": "grad_unreduced", "post_grad": "grad_reduced"}
 #: Ops whose value counts non-finite elements: above 0 makes the row non-finite.
 COUNT_OPS: frozenset[str] = frozenset({"nans"})
 
@@ -417,15 +421,23 @@ def _alerts(root: Path, csvs: Sequence[MonitorCsv]) -> tuple[list[Path], list[An
 
 
 def event_target(event: AnomalyEvent) -> str:
-    """The target of an event: ``tag_name`` before ``/rank<r>/``."""
+    """The target of an event as the CSV ``name`` column writes it: ``tag_name`` before
+    ``/rank<r>/`` without the ``<vpp_stage>:`` prefix and the ``:<micro_step>`` suffix
+    (``0:fc1.input:0/rank0/actv`` → ``fc1.input``)."""
     found = _TAG.match(event.data["tag_name"])
-    return found.group(1) if found else event.data["tag_name"]
+    if not found:
+        return event.data["tag_name"]
+    bare = _V1_TARGET.match(found.group(1))
+    return bare.group(1) if bare else found.group(1)
 
 
 def event_group(event: AnomalyEvent) -> str:
-    """The group of an event (V1 table, or V2 ``monitor/scope``): ``tag_name`` after ``/rank<r>/``."""
+    """The group of an event (V1 table, or V2 ``monitor/scope``): ``tag_name`` after ``/rank<r>/``,
+    with the V1 gradient tasks named as their tables (``post_grad`` → ``grad_reduced``)."""
     found = _TAG.match(event.data["tag_name"])
-    return found.group(2) if found else ""
+    if not found:
+        return ""
+    return TABLE_OF_TASK.get(found.group(2), found.group(2))
 
 
 # --------------------------------------------------------------------------- downsampling
