@@ -132,7 +132,7 @@ class ModuleProbe(Probe):
     def _eager(self, hook: Any) -> Any:
         """``hook`` guarded, doing nothing (but counting) while ``torch.compile`` traces it."""
         guarded = self.guard(hook)
-        is_compiling = _is_compiling
+        is_compiling = torch.compiler.is_compiling
 
         def eager_only(*args: Any) -> None:
             if is_compiling():
@@ -212,12 +212,6 @@ class ModuleProbe(Probe):
                 self.rows.add(key, self.stats.row(grad))
 
         return on_grad
-
-
-def _is_compiling() -> bool:
-    """Whether ``torch.compile`` is tracing the caller (False when torch has no compiler)."""
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
 
 
 def _warn_compiled(names: list[str]) -> None:
