@@ -184,3 +184,23 @@ def test_lightning_passes_its_accumulation_count(tmp_path: Path, caplog: pytest.
     truth = [{f"net.{n}": v for n, v in step.items()} for step in module.param_grad_norms]
     _check_rows(_unreduced(tmp_path / "v2"), truth, PASSES)
     assert "backward pass(es)" not in caplog.text
+
+
+def test_monitor_v1_follows_the_same_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Monitor V1 shares the probe: ``set_monitor(grad_acc_steps=1)`` with 4 passes per step."""
+    from test_v1_support import by_name, make_v1, run_dir, table
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "ndigits": 12})
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    for _ in range(PASSES):
+        model(torch.randn(8, 6)).square().mean().backward()
+    truth = model.fc2.weight.grad.double().norm().item()
+    opt.step()
+    mon.stop()
+    (row,) = by_name(table(run_dir(tmp_path), "grad_unreduced"), "0:fc2.weight")
+    assert float(row["norm"]) == pytest.approx(truth, rel=1e-6)
+    assert "ran 4 backward pass(es)" in caplog.text and "is 1;" in caplog.text
