@@ -3,12 +3,12 @@
 * ``unreduced`` rows are taken in backward, from the gradient autograd hands to each parameter
   (a tensor hook on the parameter, which runs before the gradient is accumulated into ``.grad``
   and, under DistributedDataParallel, before it is all-reduced). With ``monitor_mbs_grad`` each
-  micro-batch's gradient is a row with ``micro_step`` = its index; otherwise one row per step is
-  written at the last micro-batch with the locally accumulated gradient (``.grad`` + the incoming
-  gradient) and ``micro_step`` = the number of micro-batches.
+  micro-batch's gradient is a row with ``micro_step`` = its index; otherwise one row per step
+  holds the locally accumulated gradient (``.grad`` + the incoming gradient) after the step's
+  last backward pass, with ``micro_step`` = the number of backward passes.
 * ``reduced`` rows are taken just before ``optimizer.step()`` from ``.grad`` (after DDP's
   all-reduce, gradient clipping, loss-scale unscaling), with ``micro_step`` = the number of
-  micro-batches.
+  backward passes.
 
 ``grad_of`` reads a parameter's accumulated gradient (default ``.grad``; Monitor V1 reads
 Megatron's ``main_grad`` where it exists) and ``keep_reduced`` drops redundant reduced rows
