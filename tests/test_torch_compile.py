@@ -164,3 +164,22 @@ def test_a_model_called_through_a_wrapper_it_was_not_given_warns(
     assert rows_of(tmp_path, "module") == []
     assert caplog.text.count("runs inside torch.compile") == 1
     assert len(rows_of(tmp_path, "weight_grad")) == 3 * 8
+
+
+def test_a_model_compiled_in_place_warns_once_and_trains_bitwise(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trainprobe")
+
+    def make(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+        model.compile(backend="eager")
+        return model, model
+
+    plain = _train(make, None)
+    torch._dynamo.reset()
+    watched = _train(make, tmp_path)
+    _assert_bitwise(plain, watched)
+    assert rows_of(tmp_path, "module") == []
+    assert "4 module(s)" in caplog.text and "(root, fc1, act, fc2)" in caplog.text
+    assert "runs inside torch.compile" not in caplog.text
+    assert len(rows_of(tmp_path, "param")) == 3 * 8

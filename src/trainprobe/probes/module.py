@@ -123,7 +123,10 @@ class ModuleProbe(Probe):
         return [(v, n, m) for v, n, m in wanted if id(m) not in compiled]
 
     def attach(self) -> None:
+        compiled = self.view.compiled()
         for vpp, chunk in enumerate(self.view.chunks):
+            if id(chunk) in compiled:
+                continue  # compiled in place: its hooks would run inside the graph
             self.keep(chunk.register_forward_pre_hook(self._eager(self._counter(vpp)), prepend=True))
         for vpp, name, module in self.targets():
             self.keep(module.register_forward_pre_hook(self._eager(self._pre_hook(vpp, name)), with_kwargs=True))
