@@ -9,7 +9,7 @@ background writer waits for that copy (:meth:`StepBatch.rows`) off the training 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -101,6 +101,13 @@ class RowBuffer:
         """Drop every pending row."""
         with self._lock:
             self._keys, self._values = [], []
+
+    def discard(self, keys: Collection[RowKey]) -> None:
+        """Drop the pending rows whose key is in ``keys`` (a row read again replaces its first
+        reading, as weight_grad does when a step runs more backward passes than expected)."""
+        with self._lock:
+            kept = [(k, v) for k, v in zip(self._keys, self._values) if k not in keys]
+            self._keys, self._values = [k for k, _ in kept], [v for _, v in kept]
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -49,10 +49,13 @@ class MonitorPair:
         initial_step: int,
         hook_optimizer: bool,
         extra_text: Mapping[str, Any] | None,
+        grad_acc_steps: int | None = None,
     ) -> None:
         """Create the metrics monitor and start Monitor V2 (stopping a previous run first).
         ``hook_optimizer=False``: the caller reports when the gradients are ready
-        (:meth:`before_optimizer_step`) instead of the optimizer's pre-step hook."""
+        (:meth:`before_optimizer_step`) instead of the optimizer's pre-step hook.
+        ``grad_acc_steps``: the trainer's backward passes per optimizer step, passed to Monitor
+        V2's ``start()`` (the configuration's own count, if any, wins)."""
         self.stop()
         if optimizer is not None:
             optimizer = innermost_optimizer(optimizer)
@@ -68,7 +71,10 @@ class MonitorPair:
                 **self.monitor_kwargs,
             )
         if self.v2 is not None:
-            self.v2.start(model=model, optimizer=optimizer, optimizer_pre_step_hook=hook_optimizer)
+            context: dict[str, Any] = {"optimizer_pre_step_hook": hook_optimizer}
+            if grad_acc_steps is not None:
+                context["grad_acc_steps"] = grad_acc_steps
+            self.v2.start(model=model, optimizer=optimizer, **context)
 
     def before_optimizer_step(self) -> None:
         """The step's gradients are final (after accumulation, before clipping): read them."""

@@ -18,7 +18,8 @@ there), one step per optimizer step (``trainer.global_step``):
 * TEXT: the configuration's top-level keys and ``hparams`` (the module's hyperparameters).
 
 With ``monitor_v2_config`` Monitor V2 is started with the LightningModule and the first
-optimizer at ``on_train_start`` and stopped at ``on_train_end``. Lightning runs forward and
+optimizer at ``on_train_start`` (with ``grad_acc_steps`` = ``trainer.accumulate_grad_batches``)
+and stopped at ``on_train_end``. Lightning runs forward and
 backward inside ``optimizer.step(closure)``, so the optimizer's pre-step hook would fire before
 the gradients exist: the callback takes Monitor V2's pre-step statistics (weight_grad
 ``reduced``, optimizer state) in ``on_before_optimizer_step`` instead. ``print_struct`` stops
@@ -66,6 +67,7 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
             initial_step=trainer.global_step,
             hook_optimizer=False,
             extra_text={"hparams": hparams} if hparams else None,
+            grad_acc_steps=_accumulation(trainer),
         )
         self._last_step = trainer.global_step
         self._reset()
@@ -106,3 +108,9 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._pair.stop()
+
+
+def _accumulation(trainer: pl.Trainer) -> int | None:
+    """The trainer's micro-batches per optimizer step (None where it has no fixed count)."""
+    count = getattr(trainer, "accumulate_grad_batches", None)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else None

@@ -16,7 +16,8 @@ there), one step per optimizer step (``state.global_step``):
 * TEXT: the configuration's top-level keys and ``training_args`` (``TrainingArguments``).
 
 With ``monitor_v2_config`` Monitor V2 is started with the Trainer's model and optimizer at
-``on_train_begin`` and stopped at ``on_train_end``. ``print_struct`` stops training through
+``on_train_begin`` (with ``grad_acc_steps`` = ``args.gradient_accumulation_steps``) and stopped at
+``on_train_end``. ``print_struct`` stops training through
 ``control.should_training_stop``.
 """
 
@@ -48,6 +49,7 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
             initial_step=state.global_step,
             hook_optimizer=True,
             extra_text={"training_args": args.to_dict()},
+            grad_acc_steps=max(1, int(args.gradient_accumulation_steps)),
         )
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:

@@ -4,6 +4,12 @@ A single model is ``vpp_stage`` 0 and its names are PyTorch's ``named_modules()`
 ``named_parameters()`` names. For a list of chunks (virtual pipeline stages), chunk ``i`` has
 ``vpp_stage`` i and its names carry the prefix ``"i:"`` (``"1:layers.0.mlp"``). The root module
 itself, whose PyTorch name is the empty string, is called ``root`` (``"0:root"`` in a chunk list).
+
+``torch.compile``: the ``_orig_mod`` component an ``OptimizedModule`` (``torch.compile(module)``)
+adds to the names of what it wraps is left out, so a compiled model has the names of the model
+it compiles (``fc1.weight``, not ``_orig_mod.fc1.weight``). The wrapped module itself is not
+listed: the ``OptimizedModule`` stands for it under the same name. :meth:`ModelView.compiled`
+lists the modules whose hooks run inside a compiled graph.
 """
 
 from __future__ import annotations
@@ -19,6 +25,20 @@ from trainprobe.errors import ConfigError
 
 NAME_SEP = ":"
 ROOT_NAME = "root"
+COMPILED_WRAPPED = "_orig_mod"
+"""Attribute of ``torch.compile``'s ``OptimizedModule`` holding the module it compiles."""
+
+
+def _plain_name(name: str) -> str:
+    """``name`` without the ``_orig_mod`` components ``torch.compile`` wrappers add."""
+    if COMPILED_WRAPPED not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != COMPILED_WRAPPED)
+
+
+def _is_compiled_wrapper(module: Any) -> bool:
+    """Whether ``module`` is ``torch.compile``'s ``OptimizedModule``."""
+    return isinstance(getattr(module, COMPILED_WRAPPED, None), nn.Module) and hasattr(module, "dynamo_ctx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +95,32 @@ class ModelView:
         return f"{vpp_stage}{NAME_SEP}" if self.is_list else ""
 
     def modules(self) -> Iterator[tuple[int, str, nn.Module]]:
-        """``(vpp_stage, name, module)`` for every module, each chunk in order, root first."""
+        """``(vpp_stage, name, module)`` for every module, each chunk in order, root first; the
+        module a ``torch.compile`` wrapper holds is represented by the wrapper."""
         for vpp, chunk in enumerate(self.chunks):
             for name, module in self._named_modules(chunk):
-                yield vpp, self.prefix(vpp) + (name or ROOT_NAME), module
+                if name == COMPILED_WRAPPED or name.endswith("." + COMPILED_WRAPPED):
+                    continue
+                yield vpp, self.prefix(vpp) + (_plain_name(name) or ROOT_NAME), module
+
+    def compiled(self) -> set[int]:
+        """``id()`` of the modules whose forward hooks would run inside a graph that
+        ``torch.compile`` traces: what an ``OptimizedModule``'s wrapped module calls (the wrapped
+        module's own hooks run outside, before dynamo takes its ``forward``), and a module
+        compiled in place (``module.compile()``) with everything it calls."""
+        inside: set[int] = set()
+        for chunk in self.chunks:
+            if not isinstance(chunk, nn.Module):
+                continue
+            for _, module in chunk.named_modules():
+                if id(module) in inside:
+                    continue
+                if getattr(module, "_compiled_call_impl", None) is not None:
+                    inside.update(id(m) for m in module.modules())
+                elif _is_compiled_wrapper(module):
+                    wrapped = getattr(module, COMPILED_WRAPPED)
+                    inside.update(id(m) for m in wrapped.modules() if m is not wrapped)
+        return inside
 
     def parameters(self) -> list[NamedParam]:
         """Every parameter once, in model order (a shared parameter keeps its first name)."""
@@ -88,7 +130,7 @@ class ModelView:
             for name, p in self._named_parameters(chunk):
                 if id(p) not in seen:
                     seen.add(id(p))
-                    out.append(NamedParam(vpp, self.prefix(vpp) + name, p))
+                    out.append(NamedParam(vpp, self.prefix(vpp) + _plain_name(name), p))
         return out
 
     def optimizer_parameters(self, optimizer: torch.optim.Optimizer) -> list[NamedParam]:

@@ -10,6 +10,13 @@ hooks, so the autograd graph is left exactly as it was and training stays bitwis
 ``grad_output.i`` is the gradient of output ``i``; ``grad_input.i`` is the gradient of input ``i``
 as autograd accumulates it for that tensor (it includes other uses of the same tensor, such as
 a residual connection). Modules in eval mode are skipped unless ``record_eval_mode`` is true.
+
+``torch.compile``: hooks on the modules a compiled graph calls would be traced into that graph
+(changing what the compiler builds, and so the training's last bits) or break it. They are not
+registered; the monitor warns once naming those modules, and the compiled module's boundary
+(the ``OptimizedModule``, named like the module it compiles) is recorded as usual. A hook that
+finds itself traced anyway (the model passed to ``start()`` is called through a compiled
+wrapper it does not know about) does nothing, and the monitor warns once at the end of the step.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
+
 from trainprobe.config.monitor_v2 import ModuleMonitorConfig
+from trainprobe.log import warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import ModelView
 from trainprobe.probes.tensor_walk import call_tensors, tensors_in
@@ -25,6 +35,9 @@ from trainprobe.records import RowKey
 
 if TYPE_CHECKING:
     from trainprobe.adapters import Backend
+
+_SHOWN_NAMES = 8
+"""How many module names a warning lists before it gives a count."""
 
 Picked = list[tuple[str, Any]]
 """``(row name, tensor)`` pairs chosen from a call's tensors."""
@@ -97,21 +110,52 @@ class ModuleProbe(Probe):
         self._micro = [0] * len(view.chunks)
         self._tensor_type = self.backend.tensor_type
         self._step_handles: list[Any] = []
+        self.traced_hooks = 0
+        """Calls of this probe's hooks that ran while ``torch.compile`` traced them (skipped)."""
 
     def targets(self) -> list[tuple[int, str, Any]]:
-        """The hooked modules, in model order."""
-        return [(v, n, m) for v, n, m in self.view.modules() if self.naming.wants(v, n, m)]
+        """The hooked modules, in model order (modules inside a compiled graph are left out)."""
+        wanted = [(v, n, m) for v, n, m in self.view.modules() if self.naming.wants(v, n, m)]
+        compiled = self.view.compiled()
+        if not compiled:
+            return wanted
+        _warn_compiled([n for _, n, m in wanted if id(m) in compiled])
+        return [(v, n, m) for v, n, m in wanted if id(m) not in compiled]
 
     def attach(self) -> None:
+        compiled = self.view.compiled()
         for vpp, chunk in enumerate(self.view.chunks):
-            self.keep(chunk.register_forward_pre_hook(self.guard(self._counter(vpp)), prepend=True))
+            if id(chunk) in compiled:
+                continue  # compiled in place: its hooks would run inside the graph
+            self.keep(chunk.register_forward_pre_hook(self._eager(self._counter(vpp)), prepend=True))
         for vpp, name, module in self.targets():
-            self.keep(module.register_forward_pre_hook(self.guard(self._pre_hook(vpp, name)), with_kwargs=True))
-            self.keep(module.register_forward_hook(self.guard(self._post_hook(vpp, name)), with_kwargs=True))
+            self.keep(module.register_forward_pre_hook(self._eager(self._pre_hook(vpp, name)), with_kwargs=True))
+            self.keep(module.register_forward_hook(self._eager(self._post_hook(vpp, name)), with_kwargs=True))
+
+    def _eager(self, hook: Any) -> Any:
+        """``hook`` guarded, doing nothing (but counting) while ``torch.compile`` traces it."""
+        guarded = self.guard(hook)
+        is_compiling = torch.compiler.is_compiling
+
+        def eager_only(*args: Any) -> None:
+            if is_compiling():
+                self.traced_hooks += 1
+                return None
+            return guarded(*args)
+
+        return eager_only
 
     def end_step(self) -> None:
         self._micro = [0] * len(self._micro)
         self._drop_step_handles()
+        if self.traced_hooks:
+            warn_once(
+                "module-traced-hooks",
+                "trainprobe module: the model passed to start() runs inside torch.compile (a compiled "
+                "wrapper or function calls it), where its module hooks cannot record; those modules have "
+                "no rows. Pass the compiled model (the torch.compile(...) result) to start() to record "
+                "its boundary, or train without torch.compile to record every module",
+            )
 
     def detach(self) -> None:
         super().detach()
@@ -171,3 +215,18 @@ class ModuleProbe(Probe):
                 self.rows.add(key, self.stats.row(grad))
 
         return on_grad
+
+
+def _warn_compiled(names: list[str]) -> None:
+    """Warn once that the modules ``names`` run inside a compiled graph and have no rows."""
+    if not names:
+        return
+    shown = ", ".join(names[:_SHOWN_NAMES])
+    more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
+    warn_once(
+        "module-compiled",
+        f"trainprobe module: {len(names)} module(s) run inside a torch.compile graph and are not "
+        f"recorded ({shown}{more}): hooks there would be compiled into the graph and change "
+        "training. The compiled module's own inputs and outputs are recorded; compile the blocks "
+        "separately (torch.compile on each block) to record each block's boundary",
+    )

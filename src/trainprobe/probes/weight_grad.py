@@ -3,19 +3,26 @@
 * ``unreduced`` rows are taken in backward, from the gradient autograd hands to each parameter
   (a tensor hook on the parameter, which runs before the gradient is accumulated into ``.grad``
   and, under DistributedDataParallel, before it is all-reduced). With ``monitor_mbs_grad`` each
-  micro-batch's gradient is a row with ``micro_step`` = its index; otherwise one row per step is
-  written at the last micro-batch with the locally accumulated gradient (``.grad`` + the incoming
-  gradient) and ``micro_step`` = the number of micro-batches.
+  micro-batch's gradient is a row with ``micro_step`` = its index; otherwise one row per step
+  holds the locally accumulated gradient (``.grad`` + the incoming gradient) after the step's
+  last backward pass, with ``micro_step`` = the number of backward passes.
 * ``reduced`` rows are taken just before ``optimizer.step()`` from ``.grad`` (after DDP's
   all-reduce, gradient clipping, loss-scale unscaling), with ``micro_step`` = the number of
-  micro-batches.
+  backward passes.
 
 ``grad_of`` reads a parameter's accumulated gradient (default ``.grad``; Monitor V1 reads
 Megatron's ``main_grad`` where it exists) and ``keep_reduced`` drops redundant reduced rows
 (data/tensor-parallel copies).
 
 The number of micro-batches is ``micro_batch_number``, else ``grad_acc_steps``, from the config
-or else from ``start(...)``; 1 by default.
+or else from ``start(...)``; 1 by default. It is only the expected count: the probe counts the
+backward passes each step really runs (gradient accumulation is detected, not trusted). The
+``unreduced`` row of a step is the whole locally accumulated gradient the optimizer will see,
+read after the last backward pass before the optimizer step, and its ``micro_step`` (and that of
+the ``reduced`` rows) is the number of backward passes that ran. A count that disagrees with the
+expected one is warned once, naming both numbers: more passes than expected are still recorded
+in full (the gradient is read again after each pass beyond the expected count, which costs one
+summary per extra pass); fewer leave the step without ``unreduced`` rows.
 
 How ``unreduced`` rows are taken depends on the run:
 
@@ -91,6 +98,8 @@ class WeightGradProbe(Probe):
         self._hooked_unsharded: set[int] = set()
         self._row_keys: dict[tuple[int, str, int], RowKey] = {}
         self._backwards = 0  # backward passes finished in this step (backward-end capture)
+        self._written: dict[int, RowKey] = {}  # this step's unreduced row key of each parameter
+        self._counted = False  # this step's backward count was checked against micro_batches
         self._queued = False
         self._captured = False
         self.backward_end = False  # unreduced rows read at the end of backward (else per-parameter hooks)
@@ -129,17 +138,19 @@ class WeightGradProbe(Probe):
         if not self.backward_end or not self.active:
             return
         self._backwards += 1
-        if self._backwards != self.micro_batches:
+        if self._backwards < self.micro_batches:
             return
         self._captured = True
         present = [(i, g) for i, named in enumerate(self.params) if (g := self.grad_of(named.param)) is not None]
-        for (index, _), values in zip(present, self.stats.rows([g for _, g in present])):
-            self.rows.add(self._key(index, "unreduced", self.micro_batches), values)
+        self._replace_written()
+        keys = [self._key(i, "unreduced", self._backwards) for i, _ in present]
+        self.rows.extend(keys, self.stats.rows([g for _, g in present]))
+        self._written = {i: key for (i, _), key in zip(present, keys)}
 
     def _check_capture(self) -> None:
         """A collected step that reached the optimizer with gradients but no backward-end
         capture: fall back to per-parameter hooks from the next step on."""
-        if self._captured or not self.backward_end:
+        if self._captured or not self.backward_end or self._backwards:
             return
         if not any(self.grad_of(p.param) is not None for p in self.params):
             return
@@ -192,18 +203,54 @@ class WeightGradProbe(Probe):
             if self.per_micro_batch:
                 key = RowKey(named.vpp_stage, named.name, "unreduced", seen - 1)
                 self.rows.add(key, self.stats.row(grad))
-            elif seen == self.micro_batches:
+            elif seen >= self.micro_batches:
                 accumulated = self.grad_of(holder)
                 local = grad if accumulated is None else accumulated + grad
-                key = RowKey(named.vpp_stage, named.name, "unreduced", self.micro_batches)
+                self._replace_written(index)
+                key = self._written[index] = self._key(index, "unreduced", seen)
                 self.rows.add(key, self.stats.row(local))
 
         return on_grad
 
     def before_optimizer_step(self) -> None:
         self._check_capture()
+        self._check_count()
         keys, values = self.reduced_rows()
         self.rows.extend(keys, values)
+
+    def backward_passes(self) -> int:
+        """Backward passes that reached the watched parameters in this step so far."""
+        return self._backwards if self.backward_end else max(self._seen, default=0)
+
+    def _micro_step(self) -> int:
+        """``micro_step`` of this step's one-per-step rows: the backward passes that ran, or the
+        expected number of micro-batches before any ran."""
+        return self.backward_passes() or self.micro_batches
+
+    def _replace_written(self, index: int | None = None) -> None:
+        """Drop the unreduced rows a pass beyond the expected count reads again (all of them, or
+        parameter ``index``'s): the step's row is the gradient after its last pass."""
+        if index is None:
+            old, self._written = list(self._written.values()), {}
+        else:
+            key = self._written.pop(index, None)
+            old = [] if key is None else [key]
+        if old:
+            self.rows.discard(set(old))
+
+    def _check_count(self) -> None:
+        """Warn once if the step's backward passes are not the expected number of micro-batches."""
+        if self._counted:
+            return
+        self._counted = True
+        passes = self.backward_passes()
+        if self.per_micro_batch:
+            outcome = "its unreduced rows are one per pass"
+        elif self._written:
+            outcome = f"its unreduced rows hold the gradient accumulated over all {passes} passes"
+        else:
+            outcome = "no unreduced row was written for it"
+        warn_count_mismatch(self.clock.step, passes, self.micro_batches, outcome)
 
     def reduced_rows(self) -> tuple[list[RowKey], list[Any]]:
         """Reduced rows of the gradients as they are now (also read on demand by Monitor V1)."""
@@ -213,7 +260,8 @@ class WeightGradProbe(Probe):
             for i, p in enumerate(self.params)
             if (g := self.grad_of(p.param)) is not None and (keep is None or keep(p))
         ]
-        keys = [self._key(i, "reduced", self.micro_batches) for i, _, _ in present]
+        micro_step = self._micro_step()
+        keys = [self._key(i, "reduced", micro_step) for i, _, _ in present]
         return keys, self.stats.rows([g for _, _, g in present])
 
     def _key(self, index: int, scope: str, micro_step: int) -> RowKey:
@@ -225,13 +273,28 @@ class WeightGradProbe(Probe):
         return key
 
     def end_step(self) -> None:
-        if not self.per_micro_batch and self.clock.collecting:
-            short = self._backwards if self.backward_end else max(self._seen, default=0)
-            warn_short_step(self.clock.step, short, self.micro_batches)
+        if self.clock.collecting and self.active:
+            self._check_count()  # a step that ended without an optimizer step (skipped by AMP)
         self._seen = [0] * len(self.params)
         self._backwards = 0
         self._captured = False
         self._queued = False
+        self._written = {}
+        self._counted = False
+
+
+def warn_count_mismatch(step: int, passes: int, expected: int, outcome: str) -> None:
+    """Warn once when a step ran a number of backward passes other than the expected number of
+    micro-batches; ``outcome`` says what its ``unreduced`` rows hold."""
+    if passes == 0 or passes == expected:
+        return
+    warn_once(
+        "weight_grad-backward-count",
+        f"trainprobe weight_grad: step {step} ran {passes} backward pass(es) before the optimizer step "
+        f"but grad_acc_steps (micro-batches per optimizer step) is {expected}; {outcome}. Set "
+        f"grad_acc_steps (or micro_batch_number) to the number of backward passes per optimizer step "
+        "(in the config, or in start(...) / set_monitor(...))",
+    )
 
 
 def warn_short_step(step: int, backwards: int, micro_batches: int) -> None:
