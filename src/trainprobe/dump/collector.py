@@ -365,7 +365,7 @@ class Collector:
             return
         edges = _own_edges(outs, ins, seq0) if seq0 is not None else None
         if edges:
-            self._edge_hooks(edges, len(ins), name, record, state, parent)
+            self._edge_hooks(edges, ins, name, record, state, parent)
             return
         for i, t in enumerate(ins):
             self._grad_hook(t, name, record, state, "output", i, parent)
@@ -412,7 +412,7 @@ class Collector:
     def _edge_hooks(
         self,
         edges: dict[Any, list[tuple[int, int]]],
-        n_inputs: int,
+        ins: list[torch.Tensor],
         name: str,
         record: dict[str, Any],
         state: dict[str, Any],
@@ -420,7 +420,9 @@ class Collector:
     ) -> None:
         """``record["output"][i]``: the sum of the gradients autograd passes along this call's own
         edges into input ``i`` (node hooks only read them); an input passed several times gets that
-        sum in each place."""
+        sum in each place (the same tensor object in ``ins``: two inputs whose gradients autograd
+        happens to pass as one object, ``x + 1`` and ``x - 1``, keep their own entries)."""
+        n_inputs = len(ins)
         sums: list[torch.Tensor | None] = [None] * n_inputs
         for node, pairs in edges.items():
             state["pending"] += 1
@@ -438,7 +440,7 @@ class Collector:
                 for i in changed:
                     entry = value_entry(sums[i], f"{name}.output.{i}", opts)
                     for k in range(n_inputs):
-                        if sums[k] is sums[i]:
+                        if sums[k] is sums[i] and ins[k] is ins[i]:
                             record["output"][k] = entry
                 self._arrived(name, record, state, parent)
 
