@@ -21,11 +21,11 @@ Needs the ``report`` extra (plotly).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 from trainprobe.errors import ConfigError
+from trainprobe.sinks.files import write_atomically
 
 COMMAND = "report"
 DEFAULT_NAME = "report.html"
@@ -73,12 +73,9 @@ def write_report(monitor_dir: str | Path, output: str | Path | None = None) -> P
     data = load_report_data(monitor_dir)
     path = output_path(output)
     text = render_page(data)
-    temporary = path.with_name(f".{path.name}.tmp")
     try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
+        write_atomically(path, text)
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise ConfigError(f"output: cannot write {str(path)!r}: {exc.strerror or exc}") from None
     return path
 
