@@ -62,6 +62,12 @@ _V1_TARGET = re.compile(r"^(?:\d+:)?(.*?)(?::\d+)?$")
 TABLE_OF_TASK = {"acc_grad": "grad_unreduced", "post_grad": "grad_reduced"}
 #: Ops whose value counts non-finite elements: above 0 makes the row non-finite.
 COUNT_OPS: frozenset[str] = frozenset({"nans"})
+#: Targets drawn per data type (heatmap rows). Beyond it the report keeps every target with a
+#: NaN/inf (first onset first), then the largest peaks of the default op (norm), and says
+#: "K of M targets" on the page; counts, onsets and the global norm still cover every target.
+MAX_TARGETS = 200
+#: NaN/inf onsets kept (the timeline draws at most this many); the page says how many there were.
+MAX_ONSETS = 2000
 
 
 @dataclass
@@ -73,12 +79,19 @@ class RankMatrix:
         nonfinite: same shape; True where a value was NaN or inf.
         rows: complete CSV rows read.
         nonfinite_rows: rows with a NaN/inf value or a ``nans`` count above 0.
+        global_value: per step, sqrt(sum of every target's norm²) (``norm`` op), or the largest
+            |value| of the first op without a norm; NaN where no target has a value.
+        global_nonfinite: per step, True where any target was non-finite.
+        global_label: ``global norm`` or ``max |<op>|``.
     """
 
     values: np.ndarray
     nonfinite: np.ndarray
     rows: int
     nonfinite_rows: int
+    global_value: np.ndarray
+    global_nonfinite: np.ndarray
+    global_label: str
 
 
 @dataclass
@@ -90,9 +103,12 @@ class Group:
         table: the V1 table name that decides the phase (the name itself for V1).
         phase: ``forward``, ``backward`` or ``optimizer``.
         ops: value columns, in file order (the union over files).
-        targets: target names in model order.
+        targets: the targets drawn, in model order: all of them, or :data:`MAX_TARGETS` picked
+            (see :func:`pick_targets`) when there are more.
+        all_targets: how many targets the group has.
         steps: sorted steps present on any rank.
-        ranks: rank → its matrix.
+        ranks: rank → its matrix (rows: ``targets``).
+        onset_targets: (rank, target) pairs with a NaN/inf row.
     """
 
     name: str
@@ -102,6 +118,13 @@ class Group:
     targets: list[str]
     steps: np.ndarray
     ranks: dict[int, RankMatrix]
+    all_targets: int = 0
+    onset_targets: int = 0
+
+    @property
+    def sampled(self) -> bool:
+        """True when only some of the targets are drawn."""
+        return len(self.targets) < self.all_targets
 
     @property
     def nonfinite_rows(self) -> int:
@@ -124,7 +147,8 @@ class ReportData:
         files: CSV files read.
         torn: torn rows skipped (a warning named each file once).
         groups: in execution order (phase, then table).
-        onsets: first non-finite row of each (group, rank, target), in execution order.
+        onsets: first non-finite row of each (group, rank, target), in execution order (the
+            first :data:`MAX_ONSETS`; ``onset_count`` says how many there are).
         alerts: the events of ``anomaly_detected/rank*/anomaly.json``, in execution order.
         anomaly_files: the ``anomaly.json`` files read.
     """
@@ -137,6 +161,7 @@ class ReportData:
     onsets: list[AnomalyEvent]
     alerts: list[AnomalyEvent]
     anomaly_files: list[Path] = field(default_factory=list)
+    onset_count: int = 0
 
     @property
     def steps(self) -> np.ndarray:
@@ -165,7 +190,7 @@ class _Block:
 
     ops: tuple[str, ...]
     source: Path
-    targets: np.ndarray
+    targets: np.ndarray  # ids into the group's target list
     steps: np.ndarray
     micro: np.ndarray
     vpp: np.ndarray
@@ -177,7 +202,7 @@ class _Block:
 class _Rows:
     """Every row of one group on one rank (blocks joined; values in the group's op order)."""
 
-    targets: list[str]
+    targets: np.ndarray  # ids into the group's target list
     steps: np.ndarray
     micro: np.ndarray
     vpp: np.ndarray
@@ -202,20 +227,22 @@ def load_report_data(monitor_dir: str | Path) -> ReportData:
     files = find_csv_files(root)
     blocks: dict[tuple[str, int], list[_Block]] = {}
     tables: dict[str, str] = {}
+    names: dict[str, dict[str, int]] = {}
     torn = 0
     for file in files:
-        torn += _collect_file(file, blocks, tables)
+        torn += _collect_file(file, blocks, tables, names)
     if not blocks:
         raise ConfigError(
             f"monitor_path: the {len(files)} monitor CSV file(s) under {str(root)!r} hold no complete row "
             "(all torn or header only); let the run write at least one step"
         )
-    built = [_build_group(name, tables[name], blocks) for name in _group_order(tables)]
+    built = [_build_group(name, tables[name], blocks, list(names[name])) for name in _group_order(tables)]
     groups = [group for group, _ in built]
-    onsets = order_events(event for _, events in built for event in events)
+    onsets = order_events(event for _, events in built for event in events)[:MAX_ONSETS]
     anomaly_files, alerts = _alerts(root, files)
     layouts = tuple(sorted({f.layout for f in files}))
-    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files)
+    count = sum(g.onset_targets for g in groups)
+    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count)
 
 
 def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
@@ -226,32 +253,58 @@ def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
     return f"{file.data_type}/{scope}", table
 
 
-def _collect_file(file: MonitorCsv, blocks: dict[tuple[str, int], list[_Block]], tables: dict[str, str]) -> int:
-    """Add the complete rows of ``file`` to ``blocks`` (one block per group); returns the torn rows.
+def _collect_file(
+    file: MonitorCsv,
+    blocks: dict[tuple[str, int], list[_Block]],
+    tables: dict[str, str],
+    names: dict[str, dict[str, int]],
+) -> int:
+    """Add the complete rows of ``file`` to ``blocks`` (one block per group) as numbers only
+    (targets as ids into ``names[group]``, in model order); returns the torn rows.
 
-    Numbers come from the reader's converted columns (:meth:`CsvTable.value_columns`).
+    Numbers come from the reader's converted columns (:meth:`CsvTable.value_columns`); the
+    reference writer's trailing ``shape,dtype`` text columns are not ops. A row the reference
+    wrote for a tensor that did not exist (every value and its ``shape`` ``nan``, e.g. the
+    gradient of an input that needs none) is no row: it is neither drawn nor an anomaly.
     """
     table = read_table(file)
     rows = table.rows
     if not rows:
         return table.torn
-    n, micro_col = len(rows), table.micro_col
-    micro = (int(row[micro_col]) if micro_col >= 0 and row[micro_col] else -1 for row in rows)
+    n = len(rows)
+    values = np.array(table.value_columns(), dtype=np.float64).reshape(len(table.ops), n).T
+    micro = np.fromiter((-1 if m is None else m for m in table.micro_column()), dtype=np.int64, count=n)
     columns = {
-        "targets": np.array([row[table.target_col] for row in rows]),
         "steps": np.array(table.int_column(table.step_col), dtype=np.int64),
-        "micro": np.fromiter(micro, dtype=np.int64, count=n),
+        "micro": micro,
         "vpp": np.array(table.int_column(table.vpp_col), dtype=np.int64),
         "line": np.arange(n),
-        "values": np.array(table.value_columns(), dtype=np.float64).reshape(len(table.ops), n).T,
+        "values": values,
     }
-    scopes = np.array([row[table.scope_col] for row in rows]) if table.scope_col >= 0 else None
-    for scope in [None] if scopes is None else list(dict.fromkeys(scopes.tolist())):
+    keep = _real_rows(table.text_column("shape"), values)
+    target_texts = [row[table.target_col] for row in rows]
+    scopes = [row[table.scope_col] for row in rows] if table.scope_col >= 0 else [None] * n
+    for scope in dict.fromkeys(scopes):
         name, v1_table = _group_of(file, scope)
-        tables.setdefault(name, v1_table)
-        picked = columns if scopes is None else {k: v[scopes == scope] for k, v in columns.items()}
-        blocks.setdefault((name, file.rank), []).append(_Block(ops=table.ops, source=file.path, **picked))
+        index = names.setdefault(name, {})
+        mine = keep & np.fromiter((s == scope for s in scopes), dtype=bool, count=n)
+        ids = np.fromiter((index.setdefault(t, len(index)) for t, m in zip(target_texts, mine) if m), dtype=np.int64)
+        if ids.size:
+            tables.setdefault(name, v1_table)
+            picked = {k: v[mine] for k, v in columns.items()}
+            blocks.setdefault((name, file.rank), []).append(
+                _Block(ops=table.ops, source=file.path, targets=ids, **picked)
+            )
     return table.torn
+
+
+def _real_rows(shapes: list[str] | None, values: np.ndarray) -> np.ndarray:
+    """Per row: False for the reference's row of a missing tensor (``shape`` and every value
+    ``nan``), True otherwise."""
+    if shapes is None:
+        return np.ones(len(values), dtype=bool)
+    missing = np.fromiter((s.strip().lower() == "nan" for s in shapes), dtype=bool, count=len(values))
+    return ~(missing & np.isnan(values).all(axis=1))
 
 
 def _phase(table: str, target: str = "") -> tuple[str, bool]:
@@ -286,7 +339,7 @@ def _join(parts: list[_Block], ops: tuple[str, ...]) -> _Rows:
         known[start:end, columns] = True
         start = end
     return _Rows(
-        targets=np.concatenate([b.targets for b in parts]).tolist(),
+        targets=np.concatenate([b.targets for b in parts]),
         steps=np.concatenate([b.steps for b in parts]),
         micro=np.concatenate([b.micro for b in parts]),
         vpp=np.concatenate([b.vpp for b in parts]),
@@ -299,37 +352,100 @@ def _join(parts: list[_Block], ops: tuple[str, ...]) -> _Rows:
 
 
 def _build_group(
-    name: str, table: str, blocks: dict[tuple[str, int], list[_Block]]
+    name: str, table: str, blocks: dict[tuple[str, int], list[_Block]], all_targets: list[str]
 ) -> tuple[Group, list[AnomalyEvent]]:
-    """The group's matrices and its NaN/inf onset events."""
-    parts = sorted((rank, rank_blocks) for (group, rank), rank_blocks in blocks.items() if group == name)
+    """The group's matrices (of the targets :func:`pick_targets` keeps) and its first
+    :data:`MAX_ONSETS` NaN/inf onset events."""
+    keys = sorted(key for key in blocks if key[0] == name)
+    parts = [(rank, blocks.pop((group, rank))) for group, rank in keys]  # freed once joined
     ops = tuple(dict.fromkeys(op for _, rank_blocks in parts for b in rank_blocks for op in b.ops))
     joined = [(rank, _join(rank_blocks, ops)) for rank, rank_blocks in parts]
-    targets = list(dict.fromkeys(t for _, rows in joined for t in dict.fromkeys(rows.targets)))
+    del parts  # the per-file blocks: only the joined rows are kept
     steps = np.unique(np.concatenate([rows.steps for _, rows in joined]))
-    index = {t: i for i, t in enumerate(targets)}
-    group = Group(name, table, _phase(table)[0], ops, targets, steps, {})
+    op = default_op(ops)
+    peaks = np.full(len(all_targets), -1.0)
+    bad = np.zeros(len(all_targets), dtype=bool)
+    for _, rows in joined:
+        magnitude = np.abs(rows.values[:, op])
+        np.maximum.at(peaks, rows.targets, np.where(np.isfinite(magnitude), magnitude, -1.0))
+        bad[rows.targets[_bad_rows(rows.values, rows.known, ops)]] = True
+    chosen = pick_targets(peaks, bad, MAX_TARGETS)
+    position = np.full(len(all_targets), -1, dtype=np.int64)
+    position[chosen] = np.arange(len(chosen))
+    group = Group(name, table, _phase(table)[0], ops, [all_targets[i] for i in chosen], steps, {})
+    group.all_targets = len(all_targets)
     onsets: list[AnomalyEvent] = []
     for rank, rows in joined:
-        group.ranks[rank] = _rank_matrix(rows, ops, index, steps)
-        onsets.extend(_onsets(group, rank, rows))
-    return group, onsets
+        group.ranks[rank] = _rank_matrix(rows, ops, position, len(chosen), steps)
+        found, count = _onsets(group, rank, rows, all_targets)
+        onsets.extend(found)
+        group.onset_targets += count
+    return group, order_events(onsets)[:MAX_ONSETS]
 
 
-def _rank_matrix(rows: _Rows, ops: tuple[str, ...], index: dict[str, int], steps: np.ndarray) -> RankMatrix:
-    """Cells of one rank: the value of largest magnitude where several micro-steps share a cell."""
-    n_targets, n_steps = len(index), len(steps)
-    keys = np.asarray([index[t] for t in rows.targets], dtype=np.int64) * n_steps + np.searchsorted(steps, rows.steps)
+def pick_targets(peaks: np.ndarray, bad: np.ndarray, limit: int) -> np.ndarray:
+    """Indices (ascending: model order) of the targets a group draws: all when there are at most
+    ``limit``; else every target with a NaN/inf row first, then the largest ``peaks`` (the
+    largest finite |value| of the default op), ``limit`` in all."""
+    if len(peaks) <= limit:
+        return np.arange(len(peaks))
+    order = np.lexsort((-peaks, ~bad))  # bad first, then largest peak; stable: model order on ties
+    return np.sort(order[:limit])
+
+
+def default_op(ops: Sequence[str]) -> int:
+    """Index of the op shown first and used to rank targets: ``norm`` where there is one, else the first."""
+    return list(ops).index("norm") if "norm" in ops else 0
+
+
+def _rank_matrix(
+    rows: _Rows, ops: tuple[str, ...], position: np.ndarray, n_targets: int, steps: np.ndarray
+) -> RankMatrix:
+    """Cells of one rank (rows of the drawn targets: ``position`` ≥ 0): the value of largest
+    magnitude where several micro-steps share a cell; the global norm over every target."""
+    n_steps = len(steps)
+    step_index = np.searchsorted(steps, rows.steps)
     finite = np.isfinite(rows.values)
+    global_value, global_bad, label = _global(rows, ops, step_index, n_steps, finite)
+    drawn = position[rows.targets] >= 0
+    keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
     flags = np.zeros((n_targets * n_steps, len(ops)), dtype=bool)
-    bad_rows, bad_ops = np.nonzero(rows.known & ~finite)
+    bad_rows, bad_ops = np.nonzero((rows.known & ~finite)[drawn])
     flags[keys[bad_rows], bad_ops] = True
+    values = _merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
     return RankMatrix(
-        values=_merge_cells(keys, rows.values, finite, n_targets * n_steps).reshape(n_targets, n_steps, len(ops)),
+        values=values.reshape(n_targets, n_steps, len(ops)),
         nonfinite=flags.reshape(n_targets, n_steps, len(ops)),
         rows=len(rows.targets),
         nonfinite_rows=int(_bad_rows(rows.values, rows.known, ops).sum()),
+        global_value=global_value,
+        global_nonfinite=global_bad,
+        global_label=label,
     )
+
+
+def _global(
+    rows: _Rows, ops: tuple[str, ...], step_index: np.ndarray, n_steps: int, finite: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """Per step over every target: sqrt(sum of norm²) (each target's cell: its largest finite
+    norm among micro-steps) or, without a norm, the largest |value| of the first op; whether any
+    target was non-finite; the label."""
+    op = default_op(ops)
+    column, ok = rows.values[:, op], finite[:, op]
+    bad = np.zeros(n_steps, dtype=bool)
+    bad[step_index[rows.known[:, op] & ~ok]] = True
+    present = np.zeros(n_steps, dtype=bool)
+    present[step_index[ok]] = True
+    if ops[op] == "norm":
+        cells = rows.targets * n_steps + step_index
+        unique_cells, cell_values = _largest_per_key(cells, column, ok)
+        total = np.bincount(unique_cells % n_steps, weights=np.nan_to_num(cell_values) ** 2, minlength=n_steps)
+        result, label = np.sqrt(total), "global norm"
+    else:
+        result = np.full(n_steps, -np.inf)
+        np.maximum.at(result, step_index[ok], np.abs(column[ok]))
+        label = f"max |{ops[op]}|"
+    return np.where(present, result, np.nan), bad, label
 
 
 def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size: int) -> np.ndarray:
@@ -341,12 +457,21 @@ def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size:
         cells[keys] = clean
         return cells
     for op in range(values.shape[1]):
-        magnitude = np.where(finite[:, op], np.abs(values[:, op]), -1.0)
-        order = np.lexsort((magnitude, keys))
-        sorted_keys = keys[order]
-        last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
-        cells[keys[last], op] = clean[last, op]
+        unique, largest = _largest_per_key(keys, values[:, op], finite[:, op])
+        cells[unique, op] = largest
     return cells
+
+
+def _largest_per_key(keys: np.ndarray, values: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``keys`` and, for each, the finite value of largest magnitude among its rows
+    (NaN when none is finite)."""
+    if not len(keys):
+        return keys, values
+    magnitude = np.where(finite, np.abs(values), -1.0)
+    order = np.lexsort((magnitude, keys))
+    sorted_keys = keys[order]
+    last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
+    return keys[last], np.where(finite[last], values[last], np.nan)
 
 
 def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np.ndarray:
@@ -361,24 +486,29 @@ def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np
 # --------------------------------------------------------------------------- events
 
 
-def _onsets(group: Group, rank: int, rows: _Rows) -> list[AnomalyEvent]:
-    """The first non-finite row of each target of ``group`` on ``rank``, as analyser events."""
+def _onsets(group: Group, rank: int, rows: _Rows, names: list[str]) -> tuple[list[AnomalyEvent], int]:
+    """The first non-finite row of each target of ``group`` on ``rank``, as analyser events (the
+    first :data:`MAX_ONSETS` targets in execution order), and how many targets have one.
+
+    Within one group and rank the execution key is (step, micro-step, pipeline stage: ascending
+    in the forward phase, descending after, call id = row in its file), so the rows are sorted
+    by it with numpy and only the kept ones become events."""
     bad = np.flatnonzero(_bad_rows(rows.values, rows.known, group.ops))
-    steps = rows.steps[bad].tolist()
-    targets = [rows.targets[i] for i in bad]
-    first: dict[str, int] = {}
-    for target, step in zip(targets, steps):
-        first[target] = min(step, first.get(target, step))
-    candidates: dict[str, list[AnomalyEvent]] = {}
-    for row, target, step in zip(bad.tolist(), targets, steps):
-        if step == first[target]:
-            candidates.setdefault(target, []).append(_row_event(group, rank, rows, row))
-    return [order_events(events)[0] for events in candidates.values()]
+    if not bad.size:
+        return [], 0
+    phase, once = _phase(group.table)
+    stage = rows.vpp[bad] if phase == "forward" else -rows.vpp[bad]
+    micro = np.zeros(bad.size, dtype=np.int64) if once else rows.micro[bad]
+    order = bad[np.lexsort((rows.line[bad], stage, micro, rows.steps[bad]))]
+    targets = rows.targets[order]
+    _, first = np.unique(targets, return_index=True)  # each target's first row in that order
+    firsts = order[np.sort(first)][:MAX_ONSETS]
+    return [_row_event(group, rank, rows, int(row), names) for row in firsts], len(first)
 
 
-def _row_event(group: Group, rank: int, rows: _Rows, row: int) -> AnomalyEvent:
+def _row_event(group: Group, rank: int, rows: _Rows, row: int, names: list[str]) -> AnomalyEvent:
     """A CSV row as an analyser event: ``call_id`` is the row's place in its file."""
-    target = rows.targets[row]
+    target = names[int(rows.targets[row])]
     phase, once = _phase(group.table, target)
     line = int(rows.line[row])
     data = {

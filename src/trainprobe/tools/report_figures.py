@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 
 from trainprobe.tools.anomaly_analyse import AnomalyEvent
-from trainprobe.tools.report_data import Group, ReportData, bucket_size, downsample, event_group, event_target
+from trainprobe.tools.report_data import (
+    Group,
+    ReportData,
+    bucket_size,
+    default_op,
+    downsample,
+    event_group,
+    event_target,
+)
 
 Figure = dict[str, Any]
 
@@ -77,11 +85,6 @@ def tiny_of(values: np.ndarray) -> float:
     magnitude (1e-30 when every value is zero or missing)."""
     magnitude = np.abs(values[np.isfinite(values) & (values != 0)])
     return float(magnitude.min()) / 10 if magnitude.size else 1e-30
-
-
-def default_op(ops: Sequence[str]) -> int:
-    """Index of the op shown first: ``norm`` where there is one, else the first."""
-    return list(ops).index("norm") if "norm" in ops else 0
 
 
 def menu(
@@ -207,7 +210,7 @@ def group_heatmap(group: Group, size: int) -> Figure:
     )
     height = int(min(1000, max(340, 12 * len(group.targets) + 170)))
     layout = {
-        "title": {"text": f"{plot_text(group.name)}: targets × steps"},
+        "title": {"text": f"{plot_text(group.name)}: {_targets_words(group)} × steps"},
         "height": height,
         "margin": {"t": 90, "b": 60},
         "updatemenus": menus,
@@ -219,6 +222,13 @@ def group_heatmap(group: Group, size: int) -> Figure:
 
 
 # --------------------------------------------------------------------------- line charts
+
+
+def _targets_words(group: Group) -> str:
+    """``targets``, or ``200 of 200000 targets (NaN/inf, then largest peak)`` when sampled."""
+    if not group.sampled:
+        return "targets"
+    return f"{len(group.targets)} of {group.all_targets} targets (NaN/inf first, then largest peak)"
 
 
 def top_targets(group: Group, limit: int) -> list[int]:
@@ -294,17 +304,11 @@ def _axis_buttons() -> list[dict[str, Any]]:
 
 
 def global_norm(group: Group, rank: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """Per step on ``rank``: sqrt(sum of the targets' norm²) (``norm`` op), or the largest |value|
-    of the first op when there is no norm; also where a target was non-finite, and the label."""
+    """Per step on ``rank``, over every target (drawn or not): sqrt(sum of the targets' norm²)
+    (``norm`` op), or the largest |value| of the first op when there is no norm; also where a
+    target was non-finite, and the label (see :class:`~trainprobe.tools.report_data.RankMatrix`)."""
     matrix = group.ranks[rank]
-    op = default_op(group.ops)
-    values, nonfinite = matrix.values[:, :, op], matrix.nonfinite[:, :, op].any(axis=0)
-    present = ~np.isnan(values).all(axis=0)
-    if group.ops[op] == "norm":
-        result, label = np.sqrt(np.nansum(values**2, axis=0)), "global norm"
-    else:
-        result, label = np.nanmax(np.where(np.isnan(values), -np.inf, np.abs(values)), axis=0), f"max |{group.ops[op]}|"
-    return np.where(present, result, np.nan), nonfinite, label
+    return matrix.global_value, matrix.global_nonfinite, matrix.global_label
 
 
 def rank_comparison(groups: Sequence[Group]) -> Figure:
