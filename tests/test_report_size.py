@@ -64,7 +64,7 @@ def test_onsets_kept_are_bounded_and_counted(tmp_path, monkeypatch):
     assert [event_target(e) for e in data.onsets] == [f"layers.{i}.weight" for i in range(100, 105)]
     (group,) = data.groups
     assert all(f"layers.{i}.weight" in group.targets for i in nan_targets)  # NaN targets always drawn
-    assert group.nonfinite_rows == 50
+    assert group.nonfinite_rows == 50 and group.first_onset_step == 1
 
 
 @needs_chromium

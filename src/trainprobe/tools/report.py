@@ -8,7 +8,9 @@ skipped, NaN/inf rows and the first one in execution order, dumped alerts); the 
 targets × steps heatmap (menus: op, rank, linear or log10(|x|+tiny) colour) and line charts of the
 top targets by max norm; with several ranks, a ranks × steps heatmap of each data type's global
 norm. Heatmaps of more than 500 steps are downsampled: each column is a bucket of consecutive
-steps showing its value of largest magnitude (red if any is NaN/inf). See ``docs/report.md``.
+steps showing its value of largest magnitude (red if any is NaN/inf). A data type with more than
+200 targets draws 200 heatmap rows (NaN/inf targets first, then the largest peaks) and the page
+says so. Names are escaped for Plotly, which reads labels as HTML. See ``docs/report.md``.
 
 Python::
 

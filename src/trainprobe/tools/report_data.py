@@ -109,6 +109,7 @@ class Group:
         steps: sorted steps present on any rank.
         ranks: rank → its matrix (rows: ``targets``).
         onset_targets: (rank, target) pairs with a NaN/inf row.
+        first_onset_step: the step of the group's first NaN/inf row in execution order, or None.
     """
 
     name: str
@@ -120,6 +121,7 @@ class Group:
     ranks: dict[int, RankMatrix]
     all_targets: int = 0
     onset_targets: int = 0
+    first_onset_step: int | None = None
 
     @property
     def sampled(self) -> bool:
@@ -380,7 +382,9 @@ def _build_group(
         found, count = _onsets(group, rank, rows, all_targets)
         onsets.extend(found)
         group.onset_targets += count
-    return group, order_events(onsets)[:MAX_ONSETS]
+    onsets = order_events(onsets)[:MAX_ONSETS]
+    group.first_onset_step = onsets[0].data["step"] if onsets else None
+    return group, onsets
 
 
 def pick_targets(peaks: np.ndarray, bad: np.ndarray, limit: int) -> np.ndarray:

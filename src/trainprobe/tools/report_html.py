@@ -240,12 +240,9 @@ def _groups_table(data: ReportData) -> str:
             "first NaN/inf step",
         )
     )
-    first_step: dict[str, int] = {}
-    for event in data.onsets:
-        first_step.setdefault(event_group(event), event.data["step"])
     body = []
     for g in data.groups:
-        first = str(first_step.get(g.name, "–"))
+        first = "–" if g.first_onset_step is None else str(g.first_onset_step)
         cells = [
             _e(g.name),
             g.phase,
