@@ -4,9 +4,11 @@ HTML stays small; counts and onsets still cover every target."""
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from test_tool_report import assert_page_ok, needs_chromium, render
 from trainprobe.tools import report_data
@@ -18,14 +20,19 @@ PAGE_LIMIT = 6_000_000  # bytes: Plotly's bundle (~4.8 MB) and the drawn data; n
 HEADER = "vpp_stage,name,step,min,max,norm,nans,shape,dtype"
 
 
+def _norms(targets: int, nan_targets: tuple[int, ...]) -> np.ndarray:
+    norms = np.random.default_rng(0).uniform(1.0, 2.0, size=targets)
+    norms[7] = 50.0
+    norms[list(nan_targets)] = 1e-3
+    return norms
+
+
 def write_many_targets(root: Path, targets: int = TARGETS, steps: int = 2, nan_targets: tuple[int, ...] = ()) -> Path:
     """One V1 rank, ``grad_reduced`` of ``targets`` parameters (reference columns); target 7 has
     the largest norm, the ``nan_targets`` the smallest and turn NaN at step 1."""
     run = root / "Jan01_00-00-00-rank0-0a1b2c3d"
     run.mkdir(parents=True)
-    norms = np.random.default_rng(0).uniform(1.0, 2.0, size=targets)
-    norms[7] = 50.0
-    norms[list(nan_targets)] = 1e-3
+    norms = _norms(targets, nan_targets)
     for step in range(steps):
         lines = [HEADER]
         for i, n in enumerate(norms):
@@ -48,7 +55,9 @@ def test_many_targets_are_sampled_and_the_page_stays_small(tmp_path):
     drawn_smallest = np.sort(norms[np.isfinite(norms) & (norms > 0.01)])[0]
     assert drawn_smallest > 1.9  # the other rows are the largest peaks (uniform 1..2)
     global_norm = group.ranks[0].global_value  # over every target, drawn or not
-    assert global_norm[0] > np.sqrt(TARGETS) and bool(group.ranks[0].global_nonfinite[1])
+    expected = np.sqrt(np.sum(_norms(TARGETS, (12345,)) ** 2))
+    assert global_norm[0] == pytest.approx(expected, rel=1e-5)
+    assert list(group.ranks[0].global_nonfinite) == [False, True]
     path = write_report(root, tmp_path / "many.html")
     text = path.read_text(encoding="utf-8")
     assert path.stat().st_size < PAGE_LIMIT, path.stat().st_size
@@ -74,3 +83,19 @@ def test_sampled_page_renders_and_says_so(tmp_path):
     assert_page_ok(page)
     sampled = page.dom.by_id["tp-sampled"]
     assert (sampled["data-drawn"], sampled["data-total"]) == (str(MAX_TARGETS), "5000")
+
+
+def _peak_bytes(root: Path) -> int:
+    tracemalloc.start()
+    try:
+        load_report_data(root)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_does_not_grow_with_the_rows_of_a_sampled_data_type(tmp_path):
+    """Rows are digested file by file; only the drawn targets' rows are kept (second pass)."""
+    short = _peak_bytes(write_many_targets(tmp_path / "short", targets=5000, steps=2))
+    long = _peak_bytes(write_many_targets(tmp_path / "long", targets=5000, steps=12))
+    assert long < 1.3 * short, (short, long)

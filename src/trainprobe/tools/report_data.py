@@ -221,30 +221,80 @@ class _Rows:
 def load_report_data(monitor_dir: str | Path) -> ReportData:
     """Read every monitor CSV and anomaly file under ``monitor_dir``.
 
+    Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
+    as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
+    onsets) and kept only while their data type has at most :data:`MAX_TARGETS` targets; a data
+    type with more is read a second time for the rows of the targets it draws.
+
     Raises:
         ConfigError: missing path, no monitor output, a foreign CSV header, no complete row at
             all (every file empty or torn), or a malformed ``anomaly.json`` (the message names the file).
     """
     root = Path(monitor_dir).expanduser()
     files = find_csv_files(root)
-    blocks: dict[tuple[str, int], list[_Block]] = {}
-    tables: dict[str, str] = {}
-    names: dict[str, dict[str, int]] = {}
-    torn = 0
-    for file in files:
-        torn += _collect_file(file, blocks, tables, names)
-    if not blocks:
+    reading = _Reading()
+    torn = sum(_collect_file(file, reading) for file in files)
+    if not reading.tables:
         raise ConfigError(
             f"monitor_path: the {len(files)} monitor CSV file(s) under {str(root)!r} hold no complete row "
             "(all torn or header only); let the run write at least one step"
         )
-    built = [_build_group(name, tables[name], blocks, list(names[name])) for name in _group_order(tables)]
+    reading.reread_sampled(files)
+    built = [_build_group(name, reading) for name in _group_order(reading.tables)]
     groups = [group for group, _ in built]
     onsets = order_events(event for _, events in built for event in events)[:MAX_ONSETS]
     anomaly_files, alerts = _alerts(root, files)
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
     return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count)
+
+
+@dataclass
+class _Digest:
+    """What is kept of one group's rows on one rank once read, for every target."""
+
+    ops: dict[str, None] = field(default_factory=dict)
+    rows: int = 0
+    bad_rows: int = 0
+    steps: set[int] = field(default_factory=set)
+    global_value: dict[int, float] = field(default_factory=dict)  # step → sum of norm², or max |op|
+    global_bad: set[int] = field(default_factory=set)
+    global_norm: bool = True
+    onset_ids: set[int] = field(default_factory=set)
+    onsets: list[AnomalyEvent] = field(default_factory=list)
+
+
+@dataclass
+class _Reading:
+    """Reading state: per group its V1 table, target ids (model order), each target's peak and
+    NaN/inf flag; per (group, rank) the digest and the rows kept; the targets of sampled groups."""
+
+    tables: dict[str, str] = field(default_factory=dict)
+    names: dict[str, dict[str, int]] = field(default_factory=dict)
+    peaks: dict[str, np.ndarray] = field(default_factory=dict)
+    bad: dict[str, np.ndarray] = field(default_factory=dict)
+    digests: dict[tuple[str, int], _Digest] = field(default_factory=dict)
+    blocks: dict[tuple[str, int], list[_Block]] = field(default_factory=dict)
+    sampled: dict[str, np.ndarray] = field(default_factory=dict)  # group → drawn ids (empty until picked)
+
+    def add(self, name: str, table: str, rank: int, block: _Block) -> None:
+        """Digest ``block`` and keep its rows while its group has at most :data:`MAX_TARGETS` targets."""
+        self.tables.setdefault(name, table)
+        _digest(self, name, rank, block, self.digests.setdefault((name, rank), _Digest()))
+        if len(self.names[name]) <= MAX_TARGETS:
+            self.blocks.setdefault((name, rank), []).append(block)
+        elif name not in self.sampled:
+            self.sampled[name] = np.zeros(0, dtype=np.int64)
+            self.blocks = {key: kept for key, kept in self.blocks.items() if key[0] != name}
+
+    def reread_sampled(self, files: Sequence[MonitorCsv]) -> None:
+        """Pick the targets each sampled group draws and read its files again for their rows."""
+        for name in self.sampled:
+            self.sampled[name] = pick_targets(self.peaks[name], self.bad[name], MAX_TARGETS)
+        wanted = {name.split("/")[0] for name in self.sampled}
+        for file in files:
+            if file.data_type in wanted:
+                _collect_file(file, self, second=True)
 
 
 def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
@@ -255,14 +305,10 @@ def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
     return f"{file.data_type}/{scope}", table
 
 
-def _collect_file(
-    file: MonitorCsv,
-    blocks: dict[tuple[str, int], list[_Block]],
-    tables: dict[str, str],
-    names: dict[str, dict[str, int]],
-) -> int:
-    """Add the complete rows of ``file`` to ``blocks`` (one block per group) as numbers only
-    (targets as ids into ``names[group]``, in model order); returns the torn rows.
+def _collect_file(file: MonitorCsv, reading: _Reading, second: bool = False) -> int:
+    """Hand the complete rows of ``file`` to ``reading`` as one block of numbers per group
+    (targets as ids, in model order); returns the torn rows. The second pass keeps only the rows
+    of the targets that sampled groups draw.
 
     Numbers come from the reader's converted columns (:meth:`CsvTable.value_columns`); the
     reference writer's trailing ``shape,dtype`` text columns are not ops. A row the reference
@@ -288,16 +334,83 @@ def _collect_file(
     scopes = [row[table.scope_col] for row in rows] if table.scope_col >= 0 else [None] * n
     for scope in dict.fromkeys(scopes):
         name, v1_table = _group_of(file, scope)
-        index = names.setdefault(name, {})
+        if second and name not in reading.sampled:
+            continue
+        index = reading.names.setdefault(name, {})
         mine = keep & np.fromiter((s == scope for s in scopes), dtype=bool, count=n)
         ids = np.fromiter((index.setdefault(t, len(index)) for t, m in zip(target_texts, mine) if m), dtype=np.int64)
-        if ids.size:
-            tables.setdefault(name, v1_table)
-            picked = {k: v[mine] for k, v in columns.items()}
-            blocks.setdefault((name, file.rank), []).append(
-                _Block(ops=table.ops, source=file.path, targets=ids, **picked)
-            )
+        if not ids.size:
+            continue
+        if second:
+            drawn = np.zeros(len(index), dtype=bool)
+            drawn[reading.sampled[name]] = True
+            mine[mine] = drawn[ids]
+            ids = ids[drawn[ids]]
+            if not ids.size:
+                continue
+        block = _Block(ops=table.ops, source=file.path, targets=ids, **{k: v[mine] for k, v in columns.items()})
+        if second:
+            reading.blocks.setdefault((name, file.rank), []).append(block)
+        else:
+            reading.add(name, v1_table, file.rank, block)
     return table.torn
+
+
+def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Digest) -> None:
+    """Fold one block into its group's per-target peaks and NaN/inf flags and into ``digest``:
+    counts, steps, the global norm per step (each target's cell: its largest finite norm among
+    the micro-steps of the file) and the first onsets."""
+    rows, ops = _join([block], block.ops), block.ops
+    size = len(reading.names[name])
+    peaks = reading.peaks[name] = _grown(reading.peaks.get(name), size, -1.0)
+    bad = reading.bad[name] = _grown(reading.bad.get(name), size, False)
+    op = default_op(ops)
+    finite = np.isfinite(rows.values)
+    column, ok = rows.values[:, op], finite[:, op]
+    np.maximum.at(peaks, rows.targets, np.where(ok, np.abs(column), -1.0))
+    bad_rows = _bad_rows(rows.values, rows.known, ops)
+    bad[rows.targets[bad_rows]] = True
+    digest.ops.update(dict.fromkeys(ops))
+    digest.rows += len(rows.targets)
+    digest.bad_rows += int(bad_rows.sum())
+    steps, step_index = np.unique(rows.steps, return_inverse=True)
+    digest.steps.update(steps.tolist())
+    digest.global_bad.update(steps[np.unique(step_index[rows.known[:, op] & ~ok])].tolist())
+    digest.global_norm = ops[op] == "norm"
+    _fold_global(digest, steps, step_index, rows.targets, column, ok)
+    if bad_rows.any():
+        stub = Group(name, reading.tables[name], _phase(reading.tables[name])[0], ops, [], steps, {})
+        events, new = _onsets(stub, rank, rows, list(reading.names[name]), digest.onset_ids)
+        digest.onset_ids.update(new)
+        digest.onsets = order_events([*digest.onsets, *events])[:MAX_ONSETS]
+
+
+def _fold_global(
+    digest: _Digest, steps: np.ndarray, step_index: np.ndarray, targets: np.ndarray, column: np.ndarray, ok: np.ndarray
+) -> None:
+    """Add one block's per-step sum of norm² (or max |value|) to ``digest.global_value``."""
+    n = len(steps)
+    if digest.global_norm:
+        cells, largest = _largest_per_key(targets * n + step_index, column, ok)
+        present = np.isfinite(largest)
+        where = cells[present] % n
+        sums = np.bincount(where, weights=largest[present] ** 2, minlength=n)
+        for step in np.unique(where).tolist():
+            key = int(steps[step])
+            digest.global_value[key] = digest.global_value.get(key, 0.0) + float(sums[step])
+        return
+    peak = np.full(n, -np.inf)
+    np.maximum.at(peak, step_index[ok], np.abs(column[ok]))
+    for step, value in zip(steps.tolist(), peak.tolist()):
+        if value > -np.inf:
+            digest.global_value[step] = max(digest.global_value.get(step, -np.inf), value)
+
+
+def _grown(array: np.ndarray | None, size: int, fill: float | bool) -> np.ndarray:
+    """``array`` extended to ``size`` with ``fill`` (a new one when None)."""
+    old = 0 if array is None else len(array)
+    extra = np.full(size - old, fill, dtype=np.float64 if isinstance(fill, float) else bool)
+    return extra if array is None else np.concatenate([array, extra])
 
 
 def _real_rows(shapes: list[str] | None, values: np.ndarray) -> np.ndarray:
@@ -353,35 +466,26 @@ def _join(parts: list[_Block], ops: tuple[str, ...]) -> _Rows:
     )
 
 
-def _build_group(
-    name: str, table: str, blocks: dict[tuple[str, int], list[_Block]], all_targets: list[str]
-) -> tuple[Group, list[AnomalyEvent]]:
-    """The group's matrices (of the targets :func:`pick_targets` keeps) and its first
-    :data:`MAX_ONSETS` NaN/inf onset events."""
-    keys = sorted(key for key in blocks if key[0] == name)
-    parts = [(rank, blocks.pop((group, rank))) for group, rank in keys]  # freed once joined
-    ops = tuple(dict.fromkeys(op for _, rank_blocks in parts for b in rank_blocks for op in b.ops))
-    joined = [(rank, _join(rank_blocks, ops)) for rank, rank_blocks in parts]
-    del parts  # the per-file blocks: only the joined rows are kept
-    steps = np.unique(np.concatenate([rows.steps for _, rows in joined]))
-    op = default_op(ops)
-    peaks = np.full(len(all_targets), -1.0)
-    bad = np.zeros(len(all_targets), dtype=bool)
-    for _, rows in joined:
-        magnitude = np.abs(rows.values[:, op])
-        np.maximum.at(peaks, rows.targets, np.where(np.isfinite(magnitude), magnitude, -1.0))
-        bad[rows.targets[_bad_rows(rows.values, rows.known, ops)]] = True
-    chosen = pick_targets(peaks, bad, MAX_TARGETS)
+def _build_group(name: str, reading: _Reading) -> tuple[Group, list[AnomalyEvent]]:
+    """The group's matrices (of the targets :func:`pick_targets` keeps), its digests' counts and
+    global norms, and its first :data:`MAX_ONSETS` NaN/inf onset events."""
+    table = reading.tables[name]
+    digests = sorted((rank, digest) for (group, rank), digest in reading.digests.items() if group == name)
+    ops = tuple(dict.fromkeys(op for _, digest in digests for op in digest.ops))
+    steps = np.array(sorted(set().union(*(digest.steps for _, digest in digests))), dtype=np.int64)
+    all_targets = list(reading.names[name])
+    chosen = reading.sampled.get(name, np.arange(len(all_targets)))
     position = np.full(len(all_targets), -1, dtype=np.int64)
     position[chosen] = np.arange(len(chosen))
     group = Group(name, table, _phase(table)[0], ops, [all_targets[i] for i in chosen], steps, {})
     group.all_targets = len(all_targets)
     onsets: list[AnomalyEvent] = []
-    for rank, rows in joined:
-        group.ranks[rank] = _rank_matrix(rows, ops, position, len(chosen), steps)
-        found, count = _onsets(group, rank, rows, all_targets)
-        onsets.extend(found)
-        group.onset_targets += count
+    for rank, digest in digests:
+        parts = reading.blocks.pop((name, rank), [])
+        rows = _join(parts, ops) if parts else None
+        group.ranks[rank] = _rank_matrix(rows, ops, position, len(chosen), steps, digest)
+        onsets.extend(digest.onsets)
+        group.onset_targets += len(digest.onset_ids)
     onsets = order_events(onsets)[:MAX_ONSETS]
     group.first_onset_step = onsets[0].data["step"] if onsets else None
     return group, onsets
@@ -403,53 +507,32 @@ def default_op(ops: Sequence[str]) -> int:
 
 
 def _rank_matrix(
-    rows: _Rows, ops: tuple[str, ...], position: np.ndarray, n_targets: int, steps: np.ndarray
+    rows: _Rows | None, ops: tuple[str, ...], position: np.ndarray, n_targets: int, steps: np.ndarray, digest: _Digest
 ) -> RankMatrix:
     """Cells of one rank (rows of the drawn targets: ``position`` ≥ 0): the value of largest
-    magnitude where several micro-steps share a cell; the global norm over every target."""
+    magnitude where several micro-steps share a cell; counts and the global norm from ``digest``."""
     n_steps = len(steps)
-    step_index = np.searchsorted(steps, rows.steps)
-    finite = np.isfinite(rows.values)
-    global_value, global_bad, label = _global(rows, ops, step_index, n_steps, finite)
-    drawn = position[rows.targets] >= 0
-    keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
-    flags = np.zeros((n_targets * n_steps, len(ops)), dtype=bool)
-    bad_rows, bad_ops = np.nonzero((rows.known & ~finite)[drawn])
-    flags[keys[bad_rows], bad_ops] = True
-    values = _merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
+    values = np.full((n_targets * n_steps, len(ops)), np.nan)
+    flags = np.zeros(values.shape, dtype=bool)
+    if rows is not None:
+        step_index = np.searchsorted(steps, rows.steps)
+        finite = np.isfinite(rows.values)
+        drawn = position[rows.targets] >= 0
+        keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
+        bad_rows, bad_ops = np.nonzero((rows.known & ~finite)[drawn])
+        flags[keys[bad_rows], bad_ops] = True
+        values = _merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
+    global_value = np.array([digest.global_value.get(int(s), np.nan) for s in steps], dtype=np.float64)
+    label = "global norm" if digest.global_norm else f"max |{ops[default_op(ops)]}|"
     return RankMatrix(
         values=values.reshape(n_targets, n_steps, len(ops)),
         nonfinite=flags.reshape(n_targets, n_steps, len(ops)),
-        rows=len(rows.targets),
-        nonfinite_rows=int(_bad_rows(rows.values, rows.known, ops).sum()),
-        global_value=global_value,
-        global_nonfinite=global_bad,
+        rows=digest.rows,
+        nonfinite_rows=digest.bad_rows,
+        global_value=np.sqrt(global_value) if digest.global_norm else global_value,
+        global_nonfinite=np.isin(steps, list(digest.global_bad)),
         global_label=label,
     )
-
-
-def _global(
-    rows: _Rows, ops: tuple[str, ...], step_index: np.ndarray, n_steps: int, finite: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, str]:
-    """Per step over every target: sqrt(sum of norm²) (each target's cell: its largest finite
-    norm among micro-steps) or, without a norm, the largest |value| of the first op; whether any
-    target was non-finite; the label."""
-    op = default_op(ops)
-    column, ok = rows.values[:, op], finite[:, op]
-    bad = np.zeros(n_steps, dtype=bool)
-    bad[step_index[rows.known[:, op] & ~ok]] = True
-    present = np.zeros(n_steps, dtype=bool)
-    present[step_index[ok]] = True
-    if ops[op] == "norm":
-        cells = rows.targets * n_steps + step_index
-        unique_cells, cell_values = _largest_per_key(cells, column, ok)
-        total = np.bincount(unique_cells % n_steps, weights=np.nan_to_num(cell_values) ** 2, minlength=n_steps)
-        result, label = np.sqrt(total), "global norm"
-    else:
-        result = np.full(n_steps, -np.inf)
-        np.maximum.at(result, step_index[ok], np.abs(column[ok]))
-        label = f"max |{ops[op]}|"
-    return np.where(present, result, np.nan), bad, label
 
 
 def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size: int) -> np.ndarray:
@@ -490,24 +573,27 @@ def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np
 # --------------------------------------------------------------------------- events
 
 
-def _onsets(group: Group, rank: int, rows: _Rows, names: list[str]) -> tuple[list[AnomalyEvent], int]:
-    """The first non-finite row of each target of ``group`` on ``rank``, as analyser events (the
-    first :data:`MAX_ONSETS` targets in execution order), and how many targets have one.
+def _onsets(
+    group: Group, rank: int, rows: _Rows, names: list[str], seen: set[int]
+) -> tuple[list[AnomalyEvent], list[int]]:
+    """The first non-finite row of each target of ``group`` on ``rank`` not in ``seen``, as
+    analyser events (the first :data:`MAX_ONSETS` such targets in execution order), and the ids
+    of every such target.
 
     Within one group and rank the execution key is (step, micro-step, pipeline stage: ascending
     in the forward phase, descending after, call id = row in its file), so the rows are sorted
     by it with numpy and only the kept ones become events."""
     bad = np.flatnonzero(_bad_rows(rows.values, rows.known, group.ops))
     if not bad.size:
-        return [], 0
+        return [], []
     phase, once = _phase(group.table)
     stage = rows.vpp[bad] if phase == "forward" else -rows.vpp[bad]
     micro = np.zeros(bad.size, dtype=np.int64) if once else rows.micro[bad]
     order = bad[np.lexsort((rows.line[bad], stage, micro, rows.steps[bad]))]
-    targets = rows.targets[order]
-    _, first = np.unique(targets, return_index=True)  # each target's first row in that order
-    firsts = order[np.sort(first)][:MAX_ONSETS]
-    return [_row_event(group, rank, rows, int(row), names) for row in firsts], len(first)
+    ids, first = np.unique(rows.targets[order], return_index=True)  # each target's first row in that order
+    new = ~np.isin(ids, np.fromiter(seen, dtype=np.int64, count=len(seen)))
+    firsts = order[np.sort(first[new])][:MAX_ONSETS]
+    return [_row_event(group, rank, rows, int(row), names) for row in firsts], ids[new].tolist()
 
 
 def _row_event(group: Group, rank: int, rows: _Rows, row: int, names: list[str]) -> AnomalyEvent:
