@@ -11,6 +11,12 @@ anomaly events in execution order, and the step downsampling of the heatmaps.
 * Execution order is the anomaly analyser's (:func:`trainprobe.tools.anomaly_analyse.execution_key`):
   CSV rows are turned into the same kind of event, with the V1 table name (V2 groups mapped to the
   equivalent table) deciding the phase, and the row's place in its file standing for the call id.
+* Bounded: at most :data:`MAX_TARGETS` targets per group are drawn (NaN/inf ones first, then the
+  largest peaks) and :data:`MAX_ONSETS` onsets kept. Files are read one at a time and digested
+  (counts, per-target peaks, global norm per step, first onsets); rows are kept only for groups
+  of at most :data:`MAX_TARGETS` targets, a larger group's files are read again for the rows of
+  its drawn targets. The global norm assumes a target's micro-steps of one step share a file (as
+  both V1 writers and V2 write them).
 """
 
 from __future__ import annotations
