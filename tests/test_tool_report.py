@@ -76,7 +76,8 @@ class Page:
 
 
 def render(html: Path, work: Path, height: int = 3000) -> Page:
-    """Load ``html`` in headless chromium: dumped DOM, console lines, screenshot, wall time."""
+    """Load ``html`` in headless chromium: dumped DOM (also kept as ``work/dom.html``), console
+    lines, screenshot, wall time."""
     work.mkdir(parents=True, exist_ok=True)
     png = work / "screenshot.png"
     command = [
@@ -102,6 +103,7 @@ def render(html: Path, work: Path, height: int = 3000) -> Page:
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     seconds = time.perf_counter() - start
     assert done.returncode == 0, done.stderr[-2000:]
+    (work / "dom.html").write_text(done.stdout, encoding="utf-8")
     facts = DomFacts()
     facts.feed(done.stdout)
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]

@@ -25,6 +25,7 @@ import torch
 from trainprobe.dump.compare_load import Item, RankDump, load_rank, order_key, pair_dirs
 from trainprobe.dump.compare_metrics import STAT_KEYS, Verdict, check_structure, statistics_values, tensor_values
 from trainprobe.errors import ConfigError
+from trainprobe.sinks.files import write_atomically
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
         "NPU Requires_grad", "Bench Requires_grad"]  # fmt: skip
@@ -195,7 +196,6 @@ def _progress(items: list[Any], total: int) -> Iterable[Any]:
 def write_table(path: Path, columns: list[str], rows: list[list[Any]], xlsx: bool) -> None:
     """Write ``rows`` under ``columns`` to ``path`` (CSV, or xlsx with openpyxl)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if xlsx:
         try:
             from openpyxl import Workbook
@@ -207,14 +207,13 @@ def write_table(path: Path, columns: list[str], rows: list[list[Any]], xlsx: boo
         ws.append(columns)
         for row in rows:
             ws.append([v if isinstance(v, (int, float, str)) or v is None else str(v) for v in row])
-        wb.save(tmp)
+        write_atomically(path, wb.save)
     else:
         buf = io.StringIO()
         writer = csv.writer(buf)
         writer.writerow(columns)
         writer.writerows(rows)
-        tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, path)
+        write_atomically(path, buf.getvalue())
 
 
 def compare_dumps(target: str | os.PathLike[str], golden: str | os.PathLike[str], output: str | os.PathLike[str],

@@ -19,6 +19,7 @@ from trainprobe.config.fields import load_json_object
 from trainprobe.config.monitor_v1 import MonitorV1Config, load_monitor_v1_config
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger
+from trainprobe.sinks.files import write_atomically
 
 DYNAMIC_ENV = "DYNAMIC_MONITOR"
 
@@ -70,18 +71,13 @@ class ConfigWatcher:
         """
         if self.edited():
             return False
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             data = load_json_object(self.path)
             data["dynamic_on"] = False
-            tmp.write_text(json.dumps(data, indent=4), encoding="utf-8")
-            if self.edited():  # edited while we wrote: the user's file stays
-                tmp.unlink()
-                return False
-            os.replace(tmp, self.path)
+            if not write_atomically(self.path, json.dumps(data, indent=4), unless=self.edited):
+                return False  # edited while we wrote: the user's file stays
         except (ConfigError, OSError) as exc:
             logger.error("trainprobe: could not set dynamic_on to false in %s: %s", self.path, exc)
-            tmp.unlink(missing_ok=True)
             return False
         self._mtime = self._stat()  # our own write is no edit
         return True

@@ -8,7 +8,9 @@ skipped, NaN/inf rows and the first one in execution order, dumped alerts); the 
 targets × steps heatmap (menus: op, rank, linear or log10(|x|+tiny) colour) and line charts of the
 top targets by max norm; with several ranks, a ranks × steps heatmap of each data type's global
 norm. Heatmaps of more than 500 steps are downsampled: each column is a bucket of consecutive
-steps showing its value of largest magnitude (red if any is NaN/inf). See ``docs/report.md``.
+steps showing its value of largest magnitude (red if any is NaN/inf). A data type with more than
+200 targets draws 200 heatmap rows (NaN/inf targets first, then the largest peaks) and the page
+says so. Names are escaped for Plotly, which reads labels as HTML. See ``docs/report.md``.
 
 Python::
 
@@ -21,11 +23,11 @@ Needs the ``report`` extra (plotly).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
 from trainprobe.errors import ConfigError
+from trainprobe.sinks.files import write_atomically
 
 COMMAND = "report"
 DEFAULT_NAME = "report.html"
@@ -73,12 +75,9 @@ def write_report(monitor_dir: str | Path, output: str | Path | None = None) -> P
     data = load_report_data(monitor_dir)
     path = output_path(output)
     text = render_page(data)
-    temporary = path.with_name(f".{path.name}.tmp")
     try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
+        write_atomically(path, text)
     except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise ConfigError(f"output: cannot write {str(path)!r}: {exc.strerror or exc}") from None
     return path
 

@@ -11,6 +11,12 @@ anomaly events in execution order, and the step downsampling of the heatmaps.
 * Execution order is the anomaly analyser's (:func:`trainprobe.tools.anomaly_analyse.execution_key`):
   CSV rows are turned into the same kind of event, with the V1 table name (V2 groups mapped to the
   equivalent table) deciding the phase, and the row's place in its file standing for the call id.
+* Bounded: at most :data:`MAX_TARGETS` targets per group are drawn (NaN/inf ones first, then the
+  largest peaks) and :data:`MAX_ONSETS` onsets kept. Files are read one at a time and digested
+  (counts, per-target peaks, global norm per step, first onsets); rows are kept only for groups
+  of at most :data:`MAX_TARGETS` targets, a larger group's files are read again for the rows of
+  its drawn targets. The global norm assumes a target's micro-steps of one step share a file (as
+  both V1 writers and V2 write them).
 """
 
 from __future__ import annotations
@@ -62,6 +68,12 @@ _V1_TARGET = re.compile(r"^(?:\d+:)?(.*?)(?::\d+)?$")
 TABLE_OF_TASK = {"acc_grad": "grad_unreduced", "post_grad": "grad_reduced"}
 #: Ops whose value counts non-finite elements: above 0 makes the row non-finite.
 COUNT_OPS: frozenset[str] = frozenset({"nans"})
+#: Targets drawn per data type (heatmap rows). Beyond it the report keeps every target with a
+#: NaN/inf (first onset first), then the largest peaks of the default op (norm), and says
+#: "K of M targets" on the page; counts, onsets and the global norm still cover every target.
+MAX_TARGETS = 200
+#: NaN/inf onsets kept (the timeline draws at most this many); the page says how many there were.
+MAX_ONSETS = 2000
 
 
 @dataclass
@@ -73,12 +85,19 @@ class RankMatrix:
         nonfinite: same shape; True where a value was NaN or inf.
         rows: complete CSV rows read.
         nonfinite_rows: rows with a NaN/inf value or a ``nans`` count above 0.
+        global_value: per step, sqrt(sum of every target's norm²) (``norm`` op), or the largest
+            |value| of the first op without a norm; NaN where no target has a value.
+        global_nonfinite: per step, True where any target was non-finite.
+        global_label: ``global norm`` or ``max |<op>|``.
     """
 
     values: np.ndarray
     nonfinite: np.ndarray
     rows: int
     nonfinite_rows: int
+    global_value: np.ndarray
+    global_nonfinite: np.ndarray
+    global_label: str
 
 
 @dataclass
@@ -90,9 +109,13 @@ class Group:
         table: the V1 table name that decides the phase (the name itself for V1).
         phase: ``forward``, ``backward`` or ``optimizer``.
         ops: value columns, in file order (the union over files).
-        targets: target names in model order.
+        targets: the targets drawn, in model order: all of them, or :data:`MAX_TARGETS` picked
+            (see :func:`pick_targets`) when there are more.
+        all_targets: how many targets the group has.
         steps: sorted steps present on any rank.
-        ranks: rank → its matrix.
+        ranks: rank → its matrix (rows: ``targets``).
+        onset_targets: (rank, target) pairs with a NaN/inf row.
+        first_onset_step: the step of the group's first NaN/inf row in execution order, or None.
     """
 
     name: str
@@ -102,6 +125,14 @@ class Group:
     targets: list[str]
     steps: np.ndarray
     ranks: dict[int, RankMatrix]
+    all_targets: int = 0
+    onset_targets: int = 0
+    first_onset_step: int | None = None
+
+    @property
+    def sampled(self) -> bool:
+        """True when only some of the targets are drawn."""
+        return len(self.targets) < self.all_targets
 
     @property
     def nonfinite_rows(self) -> int:
@@ -124,7 +155,8 @@ class ReportData:
         files: CSV files read.
         torn: torn rows skipped (a warning named each file once).
         groups: in execution order (phase, then table).
-        onsets: first non-finite row of each (group, rank, target), in execution order.
+        onsets: first non-finite row of each (group, rank, target), in execution order (the
+            first :data:`MAX_ONSETS`; ``onset_count`` says how many there are).
         alerts: the events of ``anomaly_detected/rank*/anomaly.json``, in execution order.
         anomaly_files: the ``anomaly.json`` files read.
     """
@@ -137,6 +169,7 @@ class ReportData:
     onsets: list[AnomalyEvent]
     alerts: list[AnomalyEvent]
     anomaly_files: list[Path] = field(default_factory=list)
+    onset_count: int = 0
 
     @property
     def steps(self) -> np.ndarray:
@@ -165,7 +198,7 @@ class _Block:
 
     ops: tuple[str, ...]
     source: Path
-    targets: np.ndarray
+    targets: np.ndarray  # ids into the group's target list
     steps: np.ndarray
     micro: np.ndarray
     vpp: np.ndarray
@@ -177,7 +210,7 @@ class _Block:
 class _Rows:
     """Every row of one group on one rank (blocks joined; values in the group's op order)."""
 
-    targets: list[str]
+    targets: np.ndarray  # ids into the group's target list
     steps: np.ndarray
     micro: np.ndarray
     vpp: np.ndarray
@@ -194,28 +227,80 @@ class _Rows:
 def load_report_data(monitor_dir: str | Path) -> ReportData:
     """Read every monitor CSV and anomaly file under ``monitor_dir``.
 
+    Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
+    as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
+    onsets) and kept only while their data type has at most :data:`MAX_TARGETS` targets; a data
+    type with more is read a second time for the rows of the targets it draws.
+
     Raises:
         ConfigError: missing path, no monitor output, a foreign CSV header, no complete row at
             all (every file empty or torn), or a malformed ``anomaly.json`` (the message names the file).
     """
     root = Path(monitor_dir).expanduser()
     files = find_csv_files(root)
-    blocks: dict[tuple[str, int], list[_Block]] = {}
-    tables: dict[str, str] = {}
-    torn = 0
-    for file in files:
-        torn += _collect_file(file, blocks, tables)
-    if not blocks:
+    reading = _Reading()
+    torn = sum(_collect_file(file, reading) for file in files)
+    if not reading.tables:
         raise ConfigError(
             f"monitor_path: the {len(files)} monitor CSV file(s) under {str(root)!r} hold no complete row "
             "(all torn or header only); let the run write at least one step"
         )
-    built = [_build_group(name, tables[name], blocks) for name in _group_order(tables)]
+    reading.reread_sampled(files)
+    built = [_build_group(name, reading) for name in _group_order(reading.tables)]
     groups = [group for group, _ in built]
-    onsets = order_events(event for _, events in built for event in events)
+    onsets = order_events(event for _, events in built for event in events)[:MAX_ONSETS]
     anomaly_files, alerts = _alerts(root, files)
     layouts = tuple(sorted({f.layout for f in files}))
-    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files)
+    count = sum(g.onset_targets for g in groups)
+    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count)
+
+
+@dataclass
+class _Digest:
+    """What is kept of one group's rows on one rank once read, for every target."""
+
+    ops: dict[str, None] = field(default_factory=dict)
+    rows: int = 0
+    bad_rows: int = 0
+    steps: set[int] = field(default_factory=set)
+    global_value: dict[int, float] = field(default_factory=dict)  # step → sum of norm², or max |op|
+    global_bad: set[int] = field(default_factory=set)
+    global_norm: bool = True
+    onset_ids: set[int] = field(default_factory=set)
+    onsets: list[AnomalyEvent] = field(default_factory=list)
+
+
+@dataclass
+class _Reading:
+    """Reading state: per group its V1 table, target ids (model order), each target's peak and
+    NaN/inf flag; per (group, rank) the digest and the rows kept; the targets of sampled groups."""
+
+    tables: dict[str, str] = field(default_factory=dict)
+    names: dict[str, dict[str, int]] = field(default_factory=dict)
+    peaks: dict[str, np.ndarray] = field(default_factory=dict)
+    bad: dict[str, np.ndarray] = field(default_factory=dict)
+    digests: dict[tuple[str, int], _Digest] = field(default_factory=dict)
+    blocks: dict[tuple[str, int], list[_Block]] = field(default_factory=dict)
+    sampled: dict[str, np.ndarray] = field(default_factory=dict)  # group → drawn ids (empty until picked)
+
+    def add(self, name: str, table: str, rank: int, block: _Block) -> None:
+        """Digest ``block`` and keep its rows while its group has at most :data:`MAX_TARGETS` targets."""
+        self.tables.setdefault(name, table)
+        _digest(self, name, rank, block, self.digests.setdefault((name, rank), _Digest()))
+        if len(self.names[name]) <= MAX_TARGETS:
+            self.blocks.setdefault((name, rank), []).append(block)
+        elif name not in self.sampled:
+            self.sampled[name] = np.zeros(0, dtype=np.int64)
+            self.blocks = {key: kept for key, kept in self.blocks.items() if key[0] != name}
+
+    def reread_sampled(self, files: Sequence[MonitorCsv]) -> None:
+        """Pick the targets each sampled group draws and read its files again for their rows."""
+        for name in self.sampled:
+            self.sampled[name] = pick_targets(self.peaks[name], self.bad[name], MAX_TARGETS)
+        wanted = {name.split("/")[0] for name in self.sampled}
+        for file in files:
+            if file.data_type in wanted:
+                _collect_file(file, self, second=True)
 
 
 def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
@@ -226,32 +311,121 @@ def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
     return f"{file.data_type}/{scope}", table
 
 
-def _collect_file(file: MonitorCsv, blocks: dict[tuple[str, int], list[_Block]], tables: dict[str, str]) -> int:
-    """Add the complete rows of ``file`` to ``blocks`` (one block per group); returns the torn rows.
+def _collect_file(file: MonitorCsv, reading: _Reading, second: bool = False) -> int:
+    """Hand the complete rows of ``file`` to ``reading`` as one block of numbers per group
+    (targets as ids, in model order); returns the torn rows. The second pass keeps only the rows
+    of the targets that sampled groups draw.
 
-    Numbers come from the reader's converted columns (:meth:`CsvTable.value_columns`).
+    Numbers come from the reader's converted columns (:meth:`CsvTable.value_columns`); the
+    reference writer's trailing ``shape,dtype`` text columns are not ops. A row the reference
+    wrote for a tensor that did not exist (every value and its ``shape`` ``nan``, e.g. the
+    gradient of an input that needs none) is no row: it is neither drawn nor an anomaly.
     """
     table = read_table(file)
     rows = table.rows
     if not rows:
         return table.torn
-    n, micro_col = len(rows), table.micro_col
-    micro = (int(row[micro_col]) if micro_col >= 0 and row[micro_col] else -1 for row in rows)
+    n = len(rows)
+    values = np.array(table.value_columns(), dtype=np.float64).reshape(len(table.ops), n).T
+    micro = np.fromiter((-1 if m is None else m for m in table.micro_column()), dtype=np.int64, count=n)
     columns = {
-        "targets": np.array([row[table.target_col] for row in rows]),
         "steps": np.array(table.int_column(table.step_col), dtype=np.int64),
-        "micro": np.fromiter(micro, dtype=np.int64, count=n),
+        "micro": micro,
         "vpp": np.array(table.int_column(table.vpp_col), dtype=np.int64),
         "line": np.arange(n),
-        "values": np.array(table.value_columns(), dtype=np.float64).reshape(len(table.ops), n).T,
+        "values": values,
     }
-    scopes = np.array([row[table.scope_col] for row in rows]) if table.scope_col >= 0 else None
-    for scope in [None] if scopes is None else list(dict.fromkeys(scopes.tolist())):
+    keep = _real_rows(table.text_column("shape"), values)
+    target_texts = [row[table.target_col] for row in rows]
+    scopes = [row[table.scope_col] for row in rows] if table.scope_col >= 0 else [None] * n
+    for scope in dict.fromkeys(scopes):
         name, v1_table = _group_of(file, scope)
-        tables.setdefault(name, v1_table)
-        picked = columns if scopes is None else {k: v[scopes == scope] for k, v in columns.items()}
-        blocks.setdefault((name, file.rank), []).append(_Block(ops=table.ops, source=file.path, **picked))
+        if second and name not in reading.sampled:
+            continue
+        index = reading.names.setdefault(name, {})
+        mine = keep & np.fromiter((s == scope for s in scopes), dtype=bool, count=n)
+        ids = np.fromiter((index.setdefault(t, len(index)) for t, m in zip(target_texts, mine) if m), dtype=np.int64)
+        if not ids.size:
+            continue
+        if second:
+            drawn = np.zeros(len(index), dtype=bool)
+            drawn[reading.sampled[name]] = True
+            mine[mine] = drawn[ids]
+            ids = ids[drawn[ids]]
+            if not ids.size:
+                continue
+        block = _Block(ops=table.ops, source=file.path, targets=ids, **{k: v[mine] for k, v in columns.items()})
+        if second:
+            reading.blocks.setdefault((name, file.rank), []).append(block)
+        else:
+            reading.add(name, v1_table, file.rank, block)
     return table.torn
+
+
+def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Digest) -> None:
+    """Fold one block into its group's per-target peaks and NaN/inf flags and into ``digest``:
+    counts, steps, the global norm per step (each target's cell: its largest finite norm among
+    the micro-steps of the file) and the first onsets."""
+    rows, ops = _join([block], block.ops), block.ops
+    size = len(reading.names[name])
+    peaks = reading.peaks[name] = _grown(reading.peaks.get(name), size, -1.0)
+    bad = reading.bad[name] = _grown(reading.bad.get(name), size, False)
+    op = default_op(ops)
+    finite = np.isfinite(rows.values)
+    column, ok = rows.values[:, op], finite[:, op]
+    np.maximum.at(peaks, rows.targets, np.where(ok, np.abs(column), -1.0))
+    bad_rows = _bad_rows(rows.values, rows.known, ops)
+    bad[rows.targets[bad_rows]] = True
+    digest.ops.update(dict.fromkeys(ops))
+    digest.rows += len(rows.targets)
+    digest.bad_rows += int(bad_rows.sum())
+    steps, step_index = np.unique(rows.steps, return_inverse=True)
+    digest.steps.update(steps.tolist())
+    digest.global_bad.update(steps[np.unique(step_index[rows.known[:, op] & ~ok])].tolist())
+    digest.global_norm = ops[op] == "norm"
+    _fold_global(digest, steps, step_index, rows.targets, column, ok)
+    if bad_rows.any():
+        stub = Group(name, reading.tables[name], _phase(reading.tables[name])[0], ops, [], steps, {})
+        events, new = _onsets(stub, rank, rows, list(reading.names[name]), digest.onset_ids)
+        digest.onset_ids.update(new)
+        digest.onsets = order_events([*digest.onsets, *events])[:MAX_ONSETS]
+
+
+def _fold_global(
+    digest: _Digest, steps: np.ndarray, step_index: np.ndarray, targets: np.ndarray, column: np.ndarray, ok: np.ndarray
+) -> None:
+    """Add one block's per-step sum of norm² (or max |value|) to ``digest.global_value``."""
+    n = len(steps)
+    if digest.global_norm:
+        cells, largest = _largest_per_key(targets * n + step_index, column, ok)
+        present = np.isfinite(largest)
+        where = cells[present] % n
+        sums = np.bincount(where, weights=largest[present] ** 2, minlength=n)
+        for step in np.unique(where).tolist():
+            key = int(steps[step])
+            digest.global_value[key] = digest.global_value.get(key, 0.0) + float(sums[step])
+        return
+    peak = np.full(n, -np.inf)
+    np.maximum.at(peak, step_index[ok], np.abs(column[ok]))
+    for step, value in zip(steps.tolist(), peak.tolist()):
+        if value > -np.inf:
+            digest.global_value[step] = max(digest.global_value.get(step, -np.inf), value)
+
+
+def _grown(array: np.ndarray | None, size: int, fill: float | bool) -> np.ndarray:
+    """``array`` extended to ``size`` with ``fill`` (a new one when None)."""
+    old = 0 if array is None else len(array)
+    extra = np.full(size - old, fill, dtype=np.float64 if isinstance(fill, float) else bool)
+    return extra if array is None else np.concatenate([array, extra])
+
+
+def _real_rows(shapes: list[str] | None, values: np.ndarray) -> np.ndarray:
+    """Per row: False for the reference's row of a missing tensor (``shape`` and every value
+    ``nan``), True otherwise."""
+    if shapes is None:
+        return np.ones(len(values), dtype=bool)
+    missing = np.fromiter((s.strip().lower() == "nan" for s in shapes), dtype=bool, count=len(values))
+    return ~(missing & np.isnan(values).all(axis=1))
 
 
 def _phase(table: str, target: str = "") -> tuple[str, bool]:
@@ -286,7 +460,7 @@ def _join(parts: list[_Block], ops: tuple[str, ...]) -> _Rows:
         known[start:end, columns] = True
         start = end
     return _Rows(
-        targets=np.concatenate([b.targets for b in parts]).tolist(),
+        targets=np.concatenate([b.targets for b in parts]),
         steps=np.concatenate([b.steps for b in parts]),
         micro=np.concatenate([b.micro for b in parts]),
         vpp=np.concatenate([b.vpp for b in parts]),
@@ -298,37 +472,72 @@ def _join(parts: list[_Block], ops: tuple[str, ...]) -> _Rows:
     )
 
 
-def _build_group(
-    name: str, table: str, blocks: dict[tuple[str, int], list[_Block]]
-) -> tuple[Group, list[AnomalyEvent]]:
-    """The group's matrices and its NaN/inf onset events."""
-    parts = sorted((rank, rank_blocks) for (group, rank), rank_blocks in blocks.items() if group == name)
-    ops = tuple(dict.fromkeys(op for _, rank_blocks in parts for b in rank_blocks for op in b.ops))
-    joined = [(rank, _join(rank_blocks, ops)) for rank, rank_blocks in parts]
-    targets = list(dict.fromkeys(t for _, rows in joined for t in dict.fromkeys(rows.targets)))
-    steps = np.unique(np.concatenate([rows.steps for _, rows in joined]))
-    index = {t: i for i, t in enumerate(targets)}
-    group = Group(name, table, _phase(table)[0], ops, targets, steps, {})
+def _build_group(name: str, reading: _Reading) -> tuple[Group, list[AnomalyEvent]]:
+    """The group's matrices (of the targets :func:`pick_targets` keeps), its digests' counts and
+    global norms, and its first :data:`MAX_ONSETS` NaN/inf onset events."""
+    table = reading.tables[name]
+    digests = sorted((rank, digest) for (group, rank), digest in reading.digests.items() if group == name)
+    ops = tuple(dict.fromkeys(op for _, digest in digests for op in digest.ops))
+    steps = np.array(sorted(set().union(*(digest.steps for _, digest in digests))), dtype=np.int64)
+    all_targets = list(reading.names[name])
+    chosen = reading.sampled.get(name, np.arange(len(all_targets)))
+    position = np.full(len(all_targets), -1, dtype=np.int64)
+    position[chosen] = np.arange(len(chosen))
+    group = Group(name, table, _phase(table)[0], ops, [all_targets[i] for i in chosen], steps, {})
+    group.all_targets = len(all_targets)
     onsets: list[AnomalyEvent] = []
-    for rank, rows in joined:
-        group.ranks[rank] = _rank_matrix(rows, ops, index, steps)
-        onsets.extend(_onsets(group, rank, rows))
+    for rank, digest in digests:
+        parts = reading.blocks.pop((name, rank), [])
+        rows = _join(parts, ops) if parts else None
+        group.ranks[rank] = _rank_matrix(rows, ops, position, len(chosen), steps, digest)
+        onsets.extend(digest.onsets)
+        group.onset_targets += len(digest.onset_ids)
+    onsets = order_events(onsets)[:MAX_ONSETS]
+    group.first_onset_step = onsets[0].data["step"] if onsets else None
     return group, onsets
 
 
-def _rank_matrix(rows: _Rows, ops: tuple[str, ...], index: dict[str, int], steps: np.ndarray) -> RankMatrix:
-    """Cells of one rank: the value of largest magnitude where several micro-steps share a cell."""
-    n_targets, n_steps = len(index), len(steps)
-    keys = np.asarray([index[t] for t in rows.targets], dtype=np.int64) * n_steps + np.searchsorted(steps, rows.steps)
-    finite = np.isfinite(rows.values)
-    flags = np.zeros((n_targets * n_steps, len(ops)), dtype=bool)
-    bad_rows, bad_ops = np.nonzero(rows.known & ~finite)
-    flags[keys[bad_rows], bad_ops] = True
+def pick_targets(peaks: np.ndarray, bad: np.ndarray, limit: int) -> np.ndarray:
+    """Indices (ascending: model order) of the targets a group draws: all when there are at most
+    ``limit``; else every target with a NaN/inf row first, then the largest ``peaks`` (the
+    largest finite |value| of the default op), ``limit`` in all."""
+    if len(peaks) <= limit:
+        return np.arange(len(peaks))
+    order = np.lexsort((-peaks, ~bad))  # bad first, then largest peak; stable: model order on ties
+    return np.sort(order[:limit])
+
+
+def default_op(ops: Sequence[str]) -> int:
+    """Index of the op shown first and used to rank targets: ``norm`` where there is one, else the first."""
+    return list(ops).index("norm") if "norm" in ops else 0
+
+
+def _rank_matrix(
+    rows: _Rows | None, ops: tuple[str, ...], position: np.ndarray, n_targets: int, steps: np.ndarray, digest: _Digest
+) -> RankMatrix:
+    """Cells of one rank (rows of the drawn targets: ``position`` ≥ 0): the value of largest
+    magnitude where several micro-steps share a cell; counts and the global norm from ``digest``."""
+    n_steps = len(steps)
+    values = np.full((n_targets * n_steps, len(ops)), np.nan)
+    flags = np.zeros(values.shape, dtype=bool)
+    if rows is not None:
+        step_index = np.searchsorted(steps, rows.steps)
+        finite = np.isfinite(rows.values)
+        drawn = position[rows.targets] >= 0
+        keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
+        bad_rows, bad_ops = np.nonzero((rows.known & ~finite)[drawn])
+        flags[keys[bad_rows], bad_ops] = True
+        values = _merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
+    global_value = np.array([digest.global_value.get(int(s), np.nan) for s in steps], dtype=np.float64)
+    label = "global norm" if digest.global_norm else f"max |{ops[default_op(ops)]}|"
     return RankMatrix(
-        values=_merge_cells(keys, rows.values, finite, n_targets * n_steps).reshape(n_targets, n_steps, len(ops)),
+        values=values.reshape(n_targets, n_steps, len(ops)),
         nonfinite=flags.reshape(n_targets, n_steps, len(ops)),
-        rows=len(rows.targets),
-        nonfinite_rows=int(_bad_rows(rows.values, rows.known, ops).sum()),
+        rows=digest.rows,
+        nonfinite_rows=digest.bad_rows,
+        global_value=np.sqrt(global_value) if digest.global_norm else global_value,
+        global_nonfinite=np.isin(steps, list(digest.global_bad)),
+        global_label=label,
     )
 
 
@@ -341,12 +550,21 @@ def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size:
         cells[keys] = clean
         return cells
     for op in range(values.shape[1]):
-        magnitude = np.where(finite[:, op], np.abs(values[:, op]), -1.0)
-        order = np.lexsort((magnitude, keys))
-        sorted_keys = keys[order]
-        last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
-        cells[keys[last], op] = clean[last, op]
+        unique, largest = _largest_per_key(keys, values[:, op], finite[:, op])
+        cells[unique, op] = largest
     return cells
+
+
+def _largest_per_key(keys: np.ndarray, values: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``keys`` and, for each, the finite value of largest magnitude among its rows
+    (NaN when none is finite)."""
+    if not len(keys):
+        return keys, values
+    magnitude = np.where(finite, np.abs(values), -1.0)
+    order = np.lexsort((magnitude, keys))
+    sorted_keys = keys[order]
+    last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
+    return keys[last], np.where(finite[last], values[last], np.nan)
 
 
 def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np.ndarray:
@@ -361,24 +579,32 @@ def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np
 # --------------------------------------------------------------------------- events
 
 
-def _onsets(group: Group, rank: int, rows: _Rows) -> list[AnomalyEvent]:
-    """The first non-finite row of each target of ``group`` on ``rank``, as analyser events."""
+def _onsets(
+    group: Group, rank: int, rows: _Rows, names: list[str], seen: set[int]
+) -> tuple[list[AnomalyEvent], list[int]]:
+    """The first non-finite row of each target of ``group`` on ``rank`` not in ``seen``, as
+    analyser events (the first :data:`MAX_ONSETS` such targets in execution order), and the ids
+    of every such target.
+
+    Within one group and rank the execution key is (step, micro-step, pipeline stage: ascending
+    in the forward phase, descending after, call id = row in its file), so the rows are sorted
+    by it with numpy and only the kept ones become events."""
     bad = np.flatnonzero(_bad_rows(rows.values, rows.known, group.ops))
-    steps = rows.steps[bad].tolist()
-    targets = [rows.targets[i] for i in bad]
-    first: dict[str, int] = {}
-    for target, step in zip(targets, steps):
-        first[target] = min(step, first.get(target, step))
-    candidates: dict[str, list[AnomalyEvent]] = {}
-    for row, target, step in zip(bad.tolist(), targets, steps):
-        if step == first[target]:
-            candidates.setdefault(target, []).append(_row_event(group, rank, rows, row))
-    return [order_events(events)[0] for events in candidates.values()]
+    if not bad.size:
+        return [], []
+    phase, once = _phase(group.table)
+    stage = rows.vpp[bad] if phase == "forward" else -rows.vpp[bad]
+    micro = np.zeros(bad.size, dtype=np.int64) if once else rows.micro[bad]
+    order = bad[np.lexsort((rows.line[bad], stage, micro, rows.steps[bad]))]
+    ids, first = np.unique(rows.targets[order], return_index=True)  # each target's first row in that order
+    new = ~np.isin(ids, np.fromiter(seen, dtype=np.int64, count=len(seen)))
+    firsts = order[np.sort(first[new])][:MAX_ONSETS]
+    return [_row_event(group, rank, rows, int(row), names) for row in firsts], ids[new].tolist()
 
 
-def _row_event(group: Group, rank: int, rows: _Rows, row: int) -> AnomalyEvent:
+def _row_event(group: Group, rank: int, rows: _Rows, row: int, names: list[str]) -> AnomalyEvent:
     """A CSV row as an analyser event: ``call_id`` is the row's place in its file."""
-    target = rows.targets[row]
+    target = names[int(rows.targets[row])]
     phase, once = _phase(group.table, target)
     line = int(rows.line[row])
     data = {

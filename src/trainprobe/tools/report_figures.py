@@ -16,13 +16,22 @@ the page stays a few tens of megabytes at most.
 from __future__ import annotations
 
 import base64
+import html
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from trainprobe.tools.anomaly_analyse import AnomalyEvent
-from trainprobe.tools.report_data import Group, ReportData, bucket_size, downsample, event_group, event_target
+from trainprobe.tools.report_data import (
+    Group,
+    ReportData,
+    bucket_size,
+    default_op,
+    downsample,
+    event_group,
+    event_target,
+)
 
 Figure = dict[str, Any]
 
@@ -46,6 +55,17 @@ _DTYPES = {"float32": "f4", "int32": "i4", "uint8": "u1"}
 # --------------------------------------------------------------------------- helpers
 
 
+def plot_text(text: object) -> str:
+    """``text`` as Plotly must receive it to draw it literally. Plotly reads every string it
+    draws (tick labels, legend names, titles, hover text, menu labels, annotations) as
+    pseudo-HTML (``<br>``, ``<b>``, ``<a href>``, ``<span style>``) and ``%{...}`` in a hover
+    template as a field, so ``<``, ``>``, ``&`` and ``%`` go as entities, which Plotly turns back
+    into the characters: a target named ``<a href="https://x">click</a>`` shows as such and
+    makes no link. Every string of the figures that comes from the monitor output (targets,
+    data types, ops, alert messages) passes through here."""
+    return html.escape(str(text), quote=False).replace("%", "&#37;")
+
+
 def typed(array: np.ndarray) -> dict[str, str]:
     """A Plotly typed-array spec of a float32, int32 or uint8 array (any number of dimensions)."""
     data = np.ascontiguousarray(array)
@@ -65,11 +85,6 @@ def tiny_of(values: np.ndarray) -> float:
     magnitude (1e-30 when every value is zero or missing)."""
     magnitude = np.abs(values[np.isfinite(values) & (values != 0)])
     return float(magnitude.min()) / 10 if magnitude.size else 1e-30
-
-
-def default_op(ops: Sequence[str]) -> int:
-    """Index of the op shown first: ``norm`` where there is one, else the first."""
-    return list(ops).index("norm") if "norm" in ops else 0
 
 
 def menu(
@@ -135,6 +150,7 @@ def heatmap_traces(
 ) -> list[dict[str, Any]]:
     """A heatmap of ``values`` (rows × columns) and, where any cell is non-finite, a red overlay."""
     z = as_float32(values)
+    y, label, extra = [plot_text(name) for name in y], plot_text(label), plot_text(extra)
     hover = f"%{{y}}<br>step %{{x}}<br>{label} = %{{z:.4g}}<extra>{extra}</extra>"
     log_hover = f"%{{y}}<br>step %{{x}}<br>log10(|{label}|+tiny) = %{{z:.3f}}<extra>{extra}</extra>"
     traces: list[dict[str, Any]] = [
@@ -187,14 +203,14 @@ def group_heatmap(group: Group, size: int) -> Figure:
             )
     menus = menu_row(
         [
-            menu("tp-op", [f"op: {op}" for op in group.ops], first_op),
+            menu("tp-op", [f"op: {plot_text(op)}" for op in group.ops], first_op),
             menu("tp-rank", [f"rank {rank}" for rank in ranks]),
             menu("tp-scale", SCALE_LABELS),
         ]
     )
     height = int(min(1000, max(340, 12 * len(group.targets) + 170)))
     layout = {
-        "title": {"text": f"{group.name}: targets × steps"},
+        "title": {"text": f"{plot_text(group.name)}: {_targets_words(group)} × steps"},
         "height": height,
         "margin": {"t": 90, "b": 60},
         "updatemenus": menus,
@@ -206,6 +222,13 @@ def group_heatmap(group: Group, size: int) -> Figure:
 
 
 # --------------------------------------------------------------------------- line charts
+
+
+def _targets_words(group: Group) -> str:
+    """``targets``, or ``200 of 200000 targets (NaN/inf, then largest peak)`` when sampled."""
+    if not group.sampled:
+        return "targets"
+    return f"{len(group.targets)} of {group.all_targets} targets (NaN/inf first, then largest peak)"
 
 
 def top_targets(group: Group, limit: int) -> list[int]:
@@ -239,24 +262,27 @@ def group_lines(group: Group, size: int) -> Figure:
                     {
                         "type": "scatter",
                         "mode": "lines",
-                        "name": group.targets[target],
+                        "name": plot_text(group.targets[target]),
                         "x": x,
                         "y": typed(as_float32(values[n])),
                         "line": {"width": 1.5},
-                        "hovertemplate": f"%{{fullData.name}}<br>step %{{x}}<br>{op} = %{{y:.4g}}<extra>rank {rank}</extra>",
+                        "hovertemplate": f"%{{fullData.name}}<br>step %{{x}}<br>{plot_text(op)} = %{{y:.4g}}<extra>rank {rank}</extra>",
                         "visible": (True if top else "legendonly") if shown else False,
                         "meta": {"tp": {"op": o, "rank": r}, "role": "line", "top": top},
                     }
                 )
     menus = menu_row(
         [
-            menu("tp-op", [f"op: {op}" for op in group.ops], first_op),
+            menu("tp-op", [f"op: {plot_text(op)}" for op in group.ops], first_op),
             menu("tp-rank", [f"rank {rank}" for rank in ranks]),
             menu("y-axis", [], buttons=_axis_buttons()),
         ]
     )
     layout = {
-        "title": {"text": f"{group.name}: top {min(TOP_LINES, len(chosen))} targets by max {group.ops[first_op]}"},
+        "title": {
+            "text": f"{plot_text(group.name)}: top {min(TOP_LINES, len(chosen))} targets by max "
+            f"{plot_text(group.ops[first_op])}"
+        },
         "height": 420,
         "margin": {"t": 90, "b": 60},
         "updatemenus": menus,
@@ -278,17 +304,11 @@ def _axis_buttons() -> list[dict[str, Any]]:
 
 
 def global_norm(group: Group, rank: int) -> tuple[np.ndarray, np.ndarray, str]:
-    """Per step on ``rank``: sqrt(sum of the targets' norm²) (``norm`` op), or the largest |value|
-    of the first op when there is no norm; also where a target was non-finite, and the label."""
+    """Per step on ``rank``, over every target (drawn or not): sqrt(sum of the targets' norm²)
+    (``norm`` op), or the largest |value| of the first op when there is no norm; also where a
+    target was non-finite, and the label (see :class:`~trainprobe.tools.report_data.RankMatrix`)."""
     matrix = group.ranks[rank]
-    op = default_op(group.ops)
-    values, nonfinite = matrix.values[:, :, op], matrix.nonfinite[:, :, op].any(axis=0)
-    present = ~np.isnan(values).all(axis=0)
-    if group.ops[op] == "norm":
-        result, label = np.sqrt(np.nansum(values**2, axis=0)), "global norm"
-    else:
-        result, label = np.nanmax(np.where(np.isnan(values), -np.inf, np.abs(values)), axis=0), f"max |{group.ops[op]}|"
-    return np.where(present, result, np.nan), nonfinite, label
+    return matrix.global_value, matrix.global_nonfinite, matrix.global_label
 
 
 def rank_comparison(groups: Sequence[Group]) -> Figure:
@@ -303,7 +323,7 @@ def rank_comparison(groups: Sequence[Group]) -> Figure:
         traces += heatmap_traces(
             _steps_axis(group.steps, size), y, values, nonfinite, rows[0][2], {"group": g}, g == 0, group.name
         )
-    menus = menu_row([menu("tp-group", [group.name for group in groups]), menu("tp-scale", SCALE_LABELS)])
+    menus = menu_row([menu("tp-group", [plot_text(g.name) for g in groups]), menu("tp-scale", SCALE_LABELS)])
     n_ranks = max(len(group.ranks) for group in groups)
     layout = {
         "title": {"text": "ranks × steps: global norm of each data type"},
@@ -329,7 +349,7 @@ def timeline_categories(data: ReportData, events: Sequence[AnomalyEvent]) -> lis
     """The timeline's rows: the data types in execution order, then any only alerts name."""
     names = [group.name for group in data.groups]
     extra = [g for g in dict.fromkeys(event_group(e) for e in events) if g not in names]
-    return names + extra
+    return [plot_text(name) for name in names + extra]
 
 
 def _event_trace(events: Sequence[AnomalyEvent], name: str, symbol: str, colour: str, size: int = 10) -> dict[str, Any]:
@@ -338,8 +358,10 @@ def _event_trace(events: Sequence[AnomalyEvent], name: str, symbol: str, colour:
         "mode": "markers",
         "name": name,
         "x": [e.data["step"] for e in events],
-        "y": [event_group(e) for e in events],
-        "customdata": [[event_target(e), e.data["micro_step"], e.data["message"]] for e in events],
+        "y": [plot_text(event_group(e)) for e in events],
+        "customdata": [
+            [plot_text(event_target(e)), e.data["micro_step"], plot_text(e.data["message"])] for e in events
+        ],
         "marker": {"symbol": symbol, "size": size, "color": colour, "line": {"width": 1.5, "color": colour}},
         "hovertemplate": "%{customdata[0]}<br>step %{x}, micro-step %{customdata[1]}<br>%{customdata[2]}<extra>"
         + name
@@ -366,9 +388,8 @@ def anomaly_timeline(data: ReportData, events: Sequence[AnomalyEvent]) -> Figure
     traces.append(star)
     categories = timeline_categories(data, events)
     steps = data.steps
-    label = (
-        f"first: {event_group(first)} · {event_target(first)} · rank {first.data['rank']} · step {first.data['step']}"
-    )
+    where = f"{event_group(first)} · {event_target(first)} · rank {first.data['rank']} · step {first.data['step']}"
+    label = f"first: {plot_text(where)}"
     layout = {
         "title": {"text": "anomaly timeline (execution order: step, micro-step, phase, stage, call, rank)"},
         "height": int(max(300, 34 * len(categories) + 190)),
@@ -388,7 +409,7 @@ def anomaly_timeline(data: ReportData, events: Sequence[AnomalyEvent]) -> Figure
         "annotations": [
             {
                 "x": first.data["step"],
-                "y": event_group(first),
+                "y": plot_text(event_group(first)),
                 "text": label,
                 "showarrow": True,
                 "arrowhead": 2,

@@ -18,7 +18,7 @@ from typing import Any
 import plotly.io as pio
 
 from trainprobe.tools.anomaly_analyse import DEFAULT_TOPK, AnomalyEvent
-from trainprobe.tools.report_data import ReportData, event_group, event_target
+from trainprobe.tools.report_data import MAX_TARGETS, ReportData, event_group, event_target
 from trainprobe.tools.report_figures import (
     MAX_HEATMAP_COLUMNS,
     MAX_LINE_POINTS,
@@ -202,13 +202,27 @@ def summary_html(data: ReportData) -> str:
         ("Steps", _range(steps)),
         ("Ranks", f"{len(data.ranks)} ({', '.join(map(str, data.ranks))})"),
         ("Data types", f"{len(data.groups)}: {_e(', '.join(g.name for g in data.groups))}"),
-        ("Targets", f"{sum(len(g.targets) for g in data.groups)} (per data type below)"),
+        ("Targets", _targets_summary(data)),
         ("CSV rows", f"{sum(g.rows for g in data.groups)} in {data.files} file(s); torn rows skipped: {data.torn}"),
         ("NaN/inf", f"{nonfinite_rows} row(s) in {bad_groups} data type(s); first in execution order: {first}"),
         ("Alerts", alert_text),
     ]
     table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<section id="summary"><h2>Summary</h2><table>{table}</table>{_groups_table(data)}</section>'
+
+
+def _targets_summary(data: ReportData) -> str:
+    """``200000 (per data type below)``, and the sampling note when some are not drawn."""
+    total = sum(g.all_targets for g in data.groups)
+    sampled = [g for g in data.groups if g.sampled]
+    if not sampled:
+        return f"{total} (per data type below)"
+    drawn = sum(len(g.targets) for g in data.groups)
+    return (
+        f'{total} (per data type below); <span id="tp-sampled" class="bad" data-drawn="{drawn}" '
+        f'data-total="{total}">sampled: the heatmaps draw {drawn} of them</span>, at most {MAX_TARGETS} per data '
+        "type: every target with a NaN/inf row first, then the largest peaks of |norm| (or the first op)"
+    )
 
 
 def _groups_table(data: ReportData) -> str:
@@ -226,17 +240,14 @@ def _groups_table(data: ReportData) -> str:
             "first NaN/inf step",
         )
     )
-    first_step: dict[str, int] = {}
-    for event in data.onsets:
-        first_step.setdefault(event_group(event), event.data["step"])
     body = []
     for g in data.groups:
-        first = str(first_step.get(g.name, "–"))
+        first = "–" if g.first_onset_step is None else str(g.first_onset_step)
         cells = [
             _e(g.name),
             g.phase,
             ", ".join(map(str, sorted(g.ranks))),
-            str(len(g.targets)),
+            f"{g.all_targets} ({len(g.targets)} drawn)" if g.sampled else str(g.all_targets),
             _range([int(s) for s in g.steps]),
             _e(", ".join(g.ops)),
             str(g.rows),
@@ -264,11 +275,11 @@ def timeline_table(events: Sequence[AnomalyEvent], first: int = 1) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def timeline_tables(events: Sequence[AnomalyEvent]) -> str:
+def timeline_tables(events: Sequence[AnomalyEvent], total: int) -> str:
     """The first :data:`TIMELINE_TABLE_ROWS` events (as many as the anomaly analyser keeps by
     default), then up to :data:`TIMELINE_MORE_ROWS` more in a folded ``<details>``."""
     top = events[:TIMELINE_TABLE_ROWS]
-    text = f"<h3>The first {len(top)} of {len(events)} events in execution order</h3>{timeline_table(top)}"
+    text = f"<h3>The first {len(top)} of {total} events in execution order</h3>{timeline_table(top)}"
     more = events[TIMELINE_TABLE_ROWS:TIMELINE_MORE_ROWS]
     if more:
         end = TIMELINE_TABLE_ROWS + len(more)
@@ -311,12 +322,13 @@ class PageBuilder:
 
 def _timeline_section(page: PageBuilder, data: ReportData) -> None:
     events = data.timeline
+    total = data.onset_count + len(data.alerts)
     page.add('<section id="timeline"><h2>Anomaly timeline</h2>')
     if not events:
         page.add('<p class="ok">No NaN/inf rows in the CSVs and no anomaly.json events.</p></section>')
         return
     shown = events[:MAX_TIMELINE_EVENTS]
-    cut = f" Only the first {len(shown)} of {len(events)} events are drawn." if len(shown) < len(events) else ""
+    cut = f" Only the first {len(shown)} of {total} events are drawn." if len(shown) < total else ""
     page.add(
         '<p class="note">Circles: the first NaN/inf row of each target, data type and rank in the CSVs; diamonds: '
         "the events Monitor V1 dumped to anomaly_detected/rank*/anomaly.json. Execution order: step, then "
@@ -324,7 +336,7 @@ def _timeline_section(page: PageBuilder, data: ReportData) -> None:
         "backward &lt; optimizer), pipeline stage, call order, rank. The star marks the first event." + cut + "</p>"
     )
     page.add_figure(anomaly_timeline(data, shown))
-    page.add(f"{timeline_tables(events)}</section>")
+    page.add(f"{timeline_tables(events, total)}</section>")
 
 
 def _heatmap_section(page: PageBuilder, data: ReportData) -> None:
@@ -336,11 +348,15 @@ def _heatmap_section(page: PageBuilder, data: ReportData) -> None:
         f"{MAX_HEATMAP_COLUMNS} steps (fewer on pages with many ranks, ops and data types) are downsampled: "
         f"consecutive steps share a column, which shows the value of largest magnitude in its bucket (or red if "
         f"any value in it is NaN/inf), so spikes are never lost. Micro-steps of one step are merged the same "
-        f"way.</p>"
+        f"way. A data type with more than {MAX_TARGETS} targets draws {MAX_TARGETS} rows: every target with a "
+        f"NaN/inf row first, then those with the largest peak of |norm| (or the first op), in model order; the "
+        f"heading says so. Counts, the timeline and the rank comparison still cover every target.</p>"
     )
     for group in data.groups:
         size = heatmap_bucket(group, len(data.groups))
         note = f" — downsampled: {size} steps per column" if size > 1 else ""
+        if group.sampled:
+            note += f" — sampled: {len(group.targets)} of {group.all_targets} targets drawn"
         page.add(f'<h3 id="heatmap-{_e(group.name)}">{_e(group.name)}{note}</h3>')
         page.add_figure(group_heatmap(group, size))
     page.add("</section>")
