@@ -231,7 +231,8 @@ def test_tensorboard_disk_fault_is_one_trainprobe_line_and_no_thread_traceback(t
     assert "TRAINING-DONE" in done.stdout
     assert "Exception in thread" not in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    # the metrics' own ``log`` output ("step:[ ...] ...") shows too, at INFO: only trainprobe's fault lines count here
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("step:")]
     assert len(lines) == 2, lines
     assert lines[0].startswith("trainprobe: the TensorBoardSink output failed and is disabled")
     assert lines[1].startswith(("trainprobe: TensorBoardOutput failed", "trainprobe: closing TensorBoardOutput failed"))
