@@ -130,7 +130,7 @@ def test_unknown_monitor_name_fsdp_grad() -> None:
     "data,message",
     [
         ({"start_step": "3"}, "start_step: must be an integer, not a string '3'"),
-        ({"start_step": 1.0}, "start_step: must be an integer, not a number 1.0"),
+        ({"start_step": 1.5}, "start_step: must be an integer, not a number 1.5"),
         ({"start_step": True}, "start_step: must be an integer, not a boolean True"),
         ({"stop_step": [5]}, "stop_step: must be an integer, not a list [5]"),
         ({"step_interval": "2"}, "step_interval: must be an integer, not a string '2'"),
@@ -402,7 +402,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_directory_is_not_a_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="is a folder; pass the path of the file inside it"):
         TrainerMonitorV2(tmp_path)
 
 
