@@ -30,7 +30,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import _get_current_function_mode_stack
 
-from trainprobe.config.fields import load_json_object
+from trainprobe.config.fields import config_file, load_json_object
 from trainprobe.dump.api_catalog import ApiCatalog
 from trainprobe.dump.api_hooks import ApiMode, api_wrapper, patch_distributed
 from trainprobe.dump.collector import Collector
@@ -94,7 +94,7 @@ class PrecisionDebugger:
         *,
         api_list: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.config_path = None if config_path is None else Path(config_path)
+        self.config_path = None if config_path is None else config_file(config_path, "config_path")
         self._overrides = {"task": task, "dump_path": dump_path, "level": level, "step": step}
         self.config: DumpConfig = load_dump_config(self.config_path).with_overrides(**self._overrides)
         self._config_mtime = self._mtime()

@@ -277,7 +277,13 @@ class TrainingMetricsMonitor:
         Raises:
             SystemExit: after printing the parameter names when ``print_struct`` is on (unless
                 ``print_struct_exits=False``).
+            TypeError: ``expert_load`` is not a mapping (checked at the call, on every step).
         """
+        if expert_load is not None and not isinstance(expert_load, Mapping):
+            raise TypeError(
+                "step(expert_load=...): expected a mapping {layer_name: per-expert token counts}, "
+                f"not {type(expert_load).__name__}"
+            )
         if self._closed:
             return
         now = time.perf_counter()
