@@ -804,3 +804,18 @@ def test_start_with_bad_model_type(tmp_path: Path) -> None:
     mon = TrainerMonitorV2({"output_dir": str(tmp_path), "monitors": {"module": {"enabled": True}}})
     with pytest.raises(ConfigError, match=r"start\(model=\.\.\.\): expected a torch\.nn\.Module"):
         mon.start(model="not a model")
+
+
+def test_integral_floats_are_integers_in_v2() -> None:
+    cfg = load_monitor_v2_config({"collect_times": 1e8, "step_interval": 2.0, "step_count_per_record": 2e0})
+    assert cfg.schedule.collect_times == 100_000_000 and isinstance(cfg.schedule.collect_times, int)
+    assert cfg.schedule.step_interval == 2 and cfg.schedule.step_count_per_record == 2
+    with pytest.raises(ConfigError, match=r"^collect_times: must be an integer, not a number inf"):
+        load_monitor_v2_config({"collect_times": float("inf")})
+
+
+def test_deep_json_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(ConfigError, match=r"deep\.json' is nested too deeply"):
+        load_monitor_v2_config(deep)

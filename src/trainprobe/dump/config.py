@@ -205,7 +205,9 @@ def check_dump_path(path: str) -> str:
 
 
 def check_overflow_nums(value: Any, where: str) -> int:
-    """``value`` if it is -1 or an integer >= 1, else a ConfigError naming ``where``."""
+    """``value`` if it is -1 or an integer >= 1 (integral floats count), else a ConfigError naming ``where``."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
         raise ConfigError(f"{where}: must be an integer >= 1, or -1 for no limit, got {value!r}")
     return value
