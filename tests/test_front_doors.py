@@ -141,3 +141,25 @@ def test_expert_load_not_a_mapping_raises_at_the_call(tmp_path: Path, bad: objec
         mon.step(loss=1.0, expert_load={"layer0": [1.0, 2.0]})  # a mapping still works
     finally:
         mon.close()
+
+
+@pytest.mark.parametrize("field", ["monitor_config.dump_path", "tensorboard.tensorboard_dir"])
+def test_metrics_folder_with_a_nul_byte_is_a_config_error(tmp_path: Path, field: str) -> None:
+    model, opt = tiny_gpt()
+    bad = str(tmp_path / "bad\0name")
+    cfg: dict = {"monitor_config": {"monitor_on": True, "dump_path": str(tmp_path / "d"), "local_loss_format": "log"}}
+    if field == "tensorboard.tensorboard_dir":
+        cfg["tensorboard"] = {"tensorboard_dir": bad}
+    else:
+        cfg["monitor_config"]["dump_path"] = bad
+    with pytest.raises(ConfigError, match=rf"^{field}: .* contains a NUL byte"):
+        TrainingMetricsMonitor(cfg, model, opt)
+    assert not model._forward_hooks and not opt._optimizer_step_pre_hooks
+
+
+def test_v2_output_dir_with_a_nul_byte_is_a_config_error(tmp_path: Path) -> None:
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = TrainerMonitorV2({"output_dir": str(tmp_path / "a\0b"), "monitors": V2_MONITORS})
+    with pytest.raises(ConfigError, match=r"^output_dir: .* contains a NUL byte"):
+        mon.start(model=model, optimizer=opt)
