@@ -130,7 +130,7 @@ def test_unknown_monitor_name_fsdp_grad() -> None:
     "data,message",
     [
         ({"start_step": "3"}, "start_step: must be an integer, not a string '3'"),
-        ({"start_step": 1.0}, "start_step: must be an integer, not a number 1.0"),
+        ({"start_step": 1.5}, "start_step: must be an integer, not a number 1.5"),
         ({"start_step": True}, "start_step: must be an integer, not a boolean True"),
         ({"stop_step": [5]}, "stop_step: must be an integer, not a list [5]"),
         ({"step_interval": "2"}, "step_interval: must be an integer, not a string '2'"),
@@ -402,7 +402,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_directory_is_not_a_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="is a folder; pass the path of the file inside it"):
         TrainerMonitorV2(tmp_path)
 
 
@@ -804,3 +804,18 @@ def test_start_with_bad_model_type(tmp_path: Path) -> None:
     mon = TrainerMonitorV2({"output_dir": str(tmp_path), "monitors": {"module": {"enabled": True}}})
     with pytest.raises(ConfigError, match=r"start\(model=\.\.\.\): expected a torch\.nn\.Module"):
         mon.start(model="not a model")
+
+
+def test_integral_floats_are_integers_in_v2() -> None:
+    cfg = load_monitor_v2_config({"collect_times": 1e8, "step_interval": 2.0, "step_count_per_record": 2e0})
+    assert cfg.schedule.collect_times == 100_000_000 and isinstance(cfg.schedule.collect_times, int)
+    assert cfg.schedule.step_interval == 2 and cfg.schedule.step_count_per_record == 2
+    with pytest.raises(ConfigError, match=r"^collect_times: must be an integer, not a number inf"):
+        load_monitor_v2_config({"collect_times": float("inf")})
+
+
+def test_deep_json_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(ConfigError, match=r"deep\.json' is nested too deeply"):
+        load_monitor_v2_config(deep)

@@ -95,3 +95,106 @@ def test_user_api_list(tmp_path: Path) -> None:
     path.write_text("jax:\n  - relu\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"unknown namespace\(s\) \['jax'\]"):
         ApiCatalog.load(path)
+
+
+# -- reference configs, accepted-but-ignored keys, ranges, paths (issues 14.1, 15.2, 15.4, 15.6) --
+# The key structure of the reference tool's shipped ``config.json`` (written here by hand).
+REFERENCE_SHIPPED = {
+    "task": "statistics",
+    "dump_path": "./dump_path",
+    "rank": [],
+    "step": [],
+    "level": "L1",
+    "extra_info": True,
+    "async_dump": False,
+    "statistics": {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+    "tensor": {"scope": [], "list": [], "data_mode": ["all"]},
+    "acc_check": {"white_list": [], "black_list": [], "error_data_path": "./"},
+}
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainprobe.log
+
+    monkeypatch.setattr(trainprobe.log, "_seen", set())
+
+
+def test_reference_shipped_config_loads_with_one_warning(
+    tmp_path: Path, fresh_warnings: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(REFERENCE_SHIPPED))
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        cfg = load_dump_config(path)
+        load_dump_config(path)
+    assert (cfg.task, cfg.level, cfg.data_mode) == ("statistics", "L1", ("all",))
+    warned = [r.getMessage() for r in caplog.records if "acc_check" in r.getMessage()]
+    assert warned == ["config field acc_check: belongs to another msProbe tool that trainprobe does not implement; ignored"]
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"precision": "high"}, "precision"),
+        ({"risk_level": "FOCUS"}, "risk_level"),
+        ({"custom_op_namespaces": ["my_ops"]}, "custom_op_namespaces"),
+        ({"load": {"path": "./x", "modules": ["m"]}}, "load"),
+        ({"diff_check": {"diff_nums": 3}}, "diff_check"),
+        ({"nan_check": {}}, "nan_check"),
+        ({"exception_dump": {}}, "exception_dump"),
+        ({"statistics": {"slice": [0, 1]}}, "statistics.slice"),
+        ({"statistics": {"request_id": 1}}, "statistics.request_id"),
+        ({"task": "tensor", "tensor": {"bench_path": "./b"}}, "tensor.bench_path"),
+    ],
+)
+def test_reference_keys_not_implemented_are_accepted_and_named_in_a_warning(
+    data: dict[str, Any], field: str, fresh_warnings: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        parse_dump_config(data)
+    assert any(r.getMessage().startswith(f"config field {field}: ") for r in caplog.records)
+
+
+def test_unknown_key_still_rejected_with_did_you_mean() -> None:
+    with pytest.raises(ConfigError, match=r"^acc_chek: unknown field; did you mean 'acc_check'\?"):
+        parse_dump_config({"acc_chek": {}})
+    with pytest.raises(ConfigError, match=r"^statistics\.slise: unknown field; did you mean 'slice'\?"):
+        parse_dump_config({"statistics": {"slise": []}})
+
+
+def test_integral_floats_are_integers() -> None:
+    cfg = parse_dump_config({"step": [1.0, 3e0], "rank": [0.0], "statistics": {"overflow_nums": 2.0}})
+    assert cfg.steps == (1, 3) and cfg.ranks == (0,) and cfg.overflow_nums == 2
+    with pytest.raises(ConfigError, match=r"^step\[0\]: must be an integer, not a number 1\.5"):
+        parse_dump_config({"step": [1.5]})
+
+
+def test_huge_step_range_is_kept_as_a_range() -> None:
+    import time
+
+    began = time.perf_counter()
+    cfg = parse_dump_config({"step": ["0-1000000000000", 5, "20-30"], "rank": ["0-3", 7]})
+    assert time.perf_counter() - began < 0.5
+    assert 999_999_999_999 in cfg.steps and 10**12 + 1 not in cfg.steps and -1 not in cfg.steps
+    assert 2 in cfg.ranks and 7 in cfg.ranks and 5 not in cfg.ranks
+    assert cfg.ranks == (0, 1, 2, 3, 7) and len(cfg.steps) == 10**12 + 1
+
+
+@pytest.mark.parametrize("path", ["dump\0here", "x" * 5000])
+def test_unusable_dump_path_fails_at_construction(path: str) -> None:
+    from trainprobe.dump import PrecisionDebugger
+
+    with pytest.raises(ConfigError, match=r"^dump_path: "):
+        parse_dump_config({"dump_path": path})
+    with pytest.raises(ConfigError, match=r"^dump_path: "):
+        PrecisionDebugger(dump_path=path)
+
+
+def test_very_deep_json_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match=r"deep\.json' is nested too deeply"):
+        load_dump_config(path)

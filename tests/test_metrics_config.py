@@ -120,3 +120,52 @@ def test_bad_files(tmp_path: Path) -> None:
     top.write_text("- 1\n- 2\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_training_metrics_config(top)
+
+
+# -- YAML aliases, depth, paths (issues 15.5, 15.6, 15.11) -----------------------------------------
+LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def test_billion_laughs_is_rejected_quickly(tmp_path: Path) -> None:
+    import time
+
+    pytest.importorskip("yaml")
+    path = tmp_path / "laughs.yaml"
+    path.write_text(LAUGHS)
+    began = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"laughs\.yaml': expands to more than 100000 values"):
+        load_training_metrics_config(path)
+    assert time.perf_counter() - began < 5
+
+
+def test_self_referencing_alias_is_rejected(tmp_path: Path) -> None:
+    pytest.importorskip("yaml")
+    path = tmp_path / "circle.yaml"
+    path.write_text("monitor_config: &m\n  loop: *m\n")
+    with pytest.raises(ConfigError, match=r"circle\.yaml': a YAML alias refers to itself"):
+        load_training_metrics_config(path)
+
+
+def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
+    pytest.importorskip("yaml")
+    path = tmp_path / "ok.yaml"
+    path.write_text("common: &c [log]\nmonitor_config:\n  monitor_on: true\n  local_loss_format: *c\n")
+    assert load_training_metrics_config(path).monitor.monitor_on
+
+
+@pytest.mark.parametrize("name", ["deep.json", "deep.yaml"])
+def test_deep_files_are_config_errors(tmp_path: Path, name: str) -> None:
+    pytest.importorskip("yaml")
+    path = tmp_path / name
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match=rf"{name.replace('.', '[.]')}' is (nested too deeply|not valid YAML)"):
+        load_training_metrics_config(path)
+
+
+def test_integral_float_step_interval_and_folder_path(tmp_path: Path) -> None:
+    cfg = load_training_metrics_config({"monitor_config": {"step_interval": 2.0}})
+    assert cfg.step_interval == 2 and isinstance(cfg.step_interval, int)
+    with pytest.raises(ConfigError, match="is a folder; pass the path of the file inside it"):
+        load_training_metrics_config(tmp_path)

@@ -270,6 +270,6 @@ def test_unwritable_dump_path_fails_at_setup_without_hooks(tmp_path: Path) -> No
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     cfg = {"monitor_config": {"monitor_on": True, "dump_path": str(blocker), "local_loss_format": "log"}}
-    with pytest.raises(ConfigError, match="monitor_config.dump_path: cannot write"):
+    with pytest.raises(ConfigError, match="monitor_config.dump_path: cannot create the output folder"):
         TrainingMetricsMonitor(cfg, model, opt)
     assert not model._forward_hooks and not opt._optimizer_step_pre_hooks

@@ -276,10 +276,15 @@ def test_schedule_windows_and_truncated_window(tmp_path):
         collect_times=10,
     )
     mon.start(model=model, optimizer=opt)
-    train_mlp(model, opt, 8)  # collected: 1 3 | 5 7 ; stop inside the window 9-11? no: stop at step 8
-    mon.stop()
+    train_mlp(model, opt, 8)  # collected: 1 3 5 7; windows of 2 steps from start_step, as the reference
+    mon.stop()  # at step 8, inside the window 7-8: renamed to the last step reached
     names = sorted(p.name for p in (out / "rank_0").iterdir())
-    assert names == ["weight_grad_step1-3.csv", "weight_grad_step5-7.csv"]
+    assert names == [
+        "weight_grad_step1-2.csv",
+        "weight_grad_step3-4.csv",
+        "weight_grad_step5-6.csv",
+        "weight_grad_step7-7.csv",
+    ]
     assert sorted({r["step"] for r in rows_of(out, "weight_grad")}, key=int) == ["1", "3", "5", "7"]
 
     mon2, out2 = make_monitor(tmp_path / "b", {"weight_grad": {"enabled": True}}, step_count_per_record=4)

@@ -53,13 +53,13 @@ def check_against_brute_force(start: int, stop: int | None, interval: int, times
         expected = bounded and t > last
         assert s.finished(t) == expected, (label, t)
 
-    # window: collected steps grouped per record; the last group of a bounded schedule may be short
-    groups = [collected[k : k + per] for k in range(0, len(collected), per)]
-    for group in groups:
-        if not bounded and len(group) < per:
-            continue  # cut off by the horizon, not by the schedule
-        for t in group:
-            assert s.window(t) == (group[0], group[-1]), (label, t)
+    # window: blocks of ``per`` consecutive steps counted from start_step (the reference's
+    # writer), whatever step_interval and the schedule's end; found by walking the steps
+    for t in collected:
+        first = start
+        while first + per <= t:
+            first += per
+        assert s.window(t) == (first, first + per - 1), (label, t)
 
 
 @pytest.mark.parametrize("interval", [1, 2, 3, 5])
@@ -77,9 +77,9 @@ def test_unbounded_schedule() -> None:
     assert not any(s.finished(t) for t in range(0, 10_000, 97))
     assert s.collects(3) and s.collects(3 + 4 * 1000) and not s.collects(4 + 4 * 1000)
     assert s.index(3 + 4 * 1000) == 1000
-    # windows keep their full width arbitrarily far away
-    assert s.window(3 + 4 * 1000) == (3 + 4 * 999, 3 + 4 * 1001)
-    assert s.window(3 + 4 * 999) == (3 + 4 * 999, 3 + 4 * 1001)
+    # windows keep their full width (3 steps from start_step) arbitrarily far away
+    assert s.window(3 + 4 * 1000) == (4002, 4004)
+    assert s.window(3 + 4 * 999) == (3999, 4001)
 
 
 def test_default_schedule_collects_every_step_one_per_file() -> None:
@@ -94,8 +94,8 @@ def test_default_schedule_collects_every_step_one_per_file() -> None:
 def test_docstring_example() -> None:
     s = Schedule(start_step=2, step_interval=3, collect_times=4, step_count_per_record=2)
     assert [t for t in range(20) if s.collects(t)] == [2, 5, 8, 11]
-    assert s.window(8) == (8, 11)
-    assert s.window(2) == s.window(5) == (2, 5)
+    assert s.window(8) == (8, 9)
+    assert s.window(2) == (2, 3) and s.window(5) == (4, 5)
     assert s.total == 4
     assert not s.finished(11) and s.finished(12)
 
@@ -118,11 +118,13 @@ def test_stop_and_collect_times_smaller_bound_wins() -> None:
     assert [t for t in range(100) if by_stop.collects(t)] == [1, 2]
 
 
-def test_last_window_is_truncated_by_bound() -> None:
+def test_last_window_is_not_truncated_by_bound() -> None:
+    """As the reference names them: a window is step_count_per_record steps wide even when the
+    schedule ends inside it (the sink may rename a window that a run leaves early)."""
     s = Schedule(start_step=0, step_interval=2, collect_times=5, step_count_per_record=2)
-    assert [s.window(t) for t in (0, 2, 4, 6, 8)] == [(0, 2), (0, 2), (4, 6), (4, 6), (8, 8)]
+    assert [s.window(t) for t in (0, 2, 4, 6, 8)] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
     s = Schedule(start_step=0, stop_step=9, step_interval=2, step_count_per_record=4)
-    assert s.window(8) == (8, 8) and s.window(0) == (0, 6)
+    assert s.window(8) == (8, 11) and s.window(0) == (0, 3) and s.window(2) == (0, 3)
 
 
 def test_empty_schedule_when_stop_equals_start() -> None:
@@ -175,3 +177,18 @@ def test_windows_partition_the_collected_steps(start: int, interval: int, per: i
     covered = [t for first, last in windows for t in collected if first <= t <= last]
     assert covered == collected
     assert all(len([t for t in collected if first <= t <= last]) <= per for first, last in windows)
+
+
+def test_window_with_step_interval_follows_reference() -> None:
+    """start 1, interval 2, 2 steps per record: the reference writes step1-2, 3-4, 5-6 (one
+    collected step each), not step1-3, 5-5."""
+    s = Schedule(start_step=1, step_interval=2, collect_times=3, step_count_per_record=2)
+    assert [s.window(t) for t in (1, 3, 5)] == [(1, 2), (3, 4), (5, 6)]
+    s3 = Schedule(start_step=1, step_interval=2, collect_times=3, step_count_per_record=3)
+    assert [s3.window(t) for t in (1, 3, 5)] == [(1, 3), (1, 3), (4, 6)]
+
+
+def test_window_origin_zero_for_v1() -> None:
+    """Monitor V1's reference cuts windows from step 0, not from start_step."""
+    s = Schedule(start_step=1, step_interval=2, step_count_per_record=2, record_origin=0)
+    assert [s.window(t) for t in (1, 3, 5)] == [(0, 1), (2, 3), (4, 5)]

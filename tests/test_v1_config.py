@@ -162,3 +162,37 @@ def test_file_errors(tmp_path):
     bad.write_text(json.dumps([1]))
     with pytest.raises(ConfigError, match="top level must be a JSON object"):
         load_monitor_v1_config(bad)
+
+
+# -- reference keys, integral floats, unusable files (issues 14.1, 15.6, 15.11) --------------------
+def test_reference_logged_default_collect_times_1e8_is_an_integer() -> None:
+    cfg = load_monitor_v1_config({"collect_times": 1e8, "step_interval": 2.0, "ndigits": 6.0})
+    assert cfg.collect_times == 100_000_000 and isinstance(cfg.collect_times, int)
+    assert cfg.step_interval == 2 and isinstance(cfg.ndigits, int)
+    with pytest.raises(ConfigError, match=r"^collect_times: must be an integer, not a number 1\.5"):
+        load_monitor_v1_config({"collect_times": 1.5})
+
+
+def test_mg_distribution_is_accepted_with_one_warning(monkeypatch, caplog) -> None:
+    import trainprobe.log
+
+    monkeypatch.setattr(trainprobe.log, "_seen", set())
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        load_monitor_v1_config({"mg_distribution": True})
+        load_monitor_v1_config({"mg_distribution": True})
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and messages[0].startswith("config field mg_distribution: ")
+
+
+def test_unknown_key_near_an_ignored_one_gets_a_hint() -> None:
+    with pytest.raises(ConfigError, match=r"^mg_distributon: unknown field; did you mean 'mg_distribution'\?"):
+        load_monitor_v1_config({"mg_distributon": True})
+
+
+def test_deep_json_and_folder_paths_are_config_errors(tmp_path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(ConfigError, match=r"deep\.json' is nested too deeply"):
+        load_monitor_v1_config(deep)
+    with pytest.raises(ConfigError, match="is a folder; pass the path of the file inside it"):
+        load_monitor_v1_config(tmp_path)

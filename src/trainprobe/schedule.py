@@ -2,15 +2,18 @@
 
 Pure arithmetic, no torch: the collected steps are
 ``start_step + i * step_interval`` for ``i = 0, 1, ...`` while the step is below ``stop_step``
-(exclusive) and ``i < collect_times``. Collected steps are grouped ``step_count_per_record`` at a
-time into one output window (one file per monitor), named by its first and last step.
+(exclusive) and ``i < collect_times``. Output windows (one file per monitor) are
+``step_count_per_record`` consecutive *steps* wide, as the reference tool cuts them: Monitor V2
+aligns them at ``start_step`` (``[start + k*n, start + k*n + n - 1]``), Monitor V1 at step 0
+(``record_origin=0``). A window holds the collected steps that fall in it; with
+``step_interval > 1`` that can be fewer than ``step_count_per_record``.
 
 Example:
-    >>> s = Schedule(start_step=2, step_interval=3, collect_times=4, step_count_per_record=2)
+    >>> s = Schedule(start_step=1, step_interval=2, collect_times=4, step_count_per_record=2)
     >>> [t for t in range(20) if s.collects(t)]
-    [2, 5, 8, 11]
-    >>> s.window(8)
-    (8, 11)
+    [1, 3, 5, 7]
+    >>> s.window(3)
+    (3, 4)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class Schedule:
     step_interval: int = 1
     collect_times: int | None = None
     step_count_per_record: int = 1
+    record_origin: int | None = None
 
     def __post_init__(self) -> None:
         assert self.start_step >= 0 and self.step_interval >= 1 and self.step_count_per_record >= 1
@@ -66,16 +70,13 @@ class Schedule:
         return total == 0 or step > last
 
     def window(self, step: int) -> tuple[int, int]:
-        """First and last collected step of the output window holding collected ``step``."""
-        i = self.index(step)
-        assert i is not None, f"step {step} is not collected"
+        """First and last step of the output window holding collected ``step`` (``n`` =
+        ``step_count_per_record`` steps from the origin: ``start_step``, or ``record_origin``)."""
+        assert self.collects(step), f"step {step} is not collected"
+        origin = self.start_step if self.record_origin is None else self.record_origin
         per = self.step_count_per_record
-        first = (i // per) * per
-        last = first + per - 1
-        total = self.total
-        if total is not None:
-            last = min(last, total - 1)
-        return self.step_at(first), self.step_at(last)
+        first = origin + ((step - origin) // per) * per
+        return first, first + per - 1
 
     def step_at(self, index: int) -> int:
         """The step collected at 0-based ``index``."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.adapters import Backend, backend_for
+from trainprobe.config.folders import make_output_folder
 from trainprobe.config.monitor_v2 import MonitorV2Config, load_monitor_v2_config
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
@@ -148,7 +149,7 @@ class TrainerMonitorV2:
                 f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
             )
         opt = backend.unwrap_optimizer(optimizer) if optimizer is not None else None
-        rank_dir = cfg.output_dir / f"rank_{rank}"
+        rank_dir = make_output_folder(cfg.output_dir / f"rank_{rank}", "output_dir")
         clock = self._clock
         clock.micro_batches = self._micro_batches(context)
         probes = self._probes(enabled, view, opt, rank, rank_dir)
@@ -163,7 +164,6 @@ class TrainerMonitorV2:
             patch = False
         sink = CsvSink(rank_dir, cfg.schedule, {p.name: p.layout for p in probes})
         writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
-        rank_dir.mkdir(parents=True, exist_ok=True)
         return Session(
             probes=probes,
             schedule=cfg.schedule,

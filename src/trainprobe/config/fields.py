@@ -2,6 +2,17 @@
 
 Every config dialect reads its file through :class:`Section`, so that each mistake is reported
 the same way: ``<json.path>: <what is wrong>; <what is accepted>``.
+
+The one rule every dialect follows (see ``docs/security.md`` "Config files"):
+
+* a key trainprobe implements is validated strictly;
+* a key the reference tool (msProbe) accepts but trainprobe does not implement is accepted, and
+  one warning per key and process says it is ignored (or what it maps to): each dialect lists
+  these in its ``IGNORED`` mapping, passed to :meth:`Section.check_keys`;
+* any other key is a :class:`ConfigError` with a "did you mean";
+* an integer field accepts an integral float (``1e8``, ``2.0``), as JSON writers produce them.
+* files are read with a bounded nesting depth: a pathologically deep file is a ConfigError
+  naming the file, not a ``RecursionError``.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainprobe.errors import ConfigError
+from trainprobe.log import warn_once
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -51,11 +63,11 @@ def load_json_object(path: str | Path) -> dict[str, Any]:
     Raises:
         ConfigError: the file is missing, unreadable, not JSON, or not an object.
     """
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file {str(file)!r} does not exist; pass the path of a JSON file")
+    file = config_file(path)
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ConfigError(f"config file {str(file)!r} is nested too deeply to be a configuration") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"config file {str(file)!r} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -65,6 +77,28 @@ def load_json_object(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(file)!r}: the top level must be a JSON object, not {type_name(data)}")
     return data
+
+
+def config_file(path: Any, what: str = "config file") -> Path:
+    """``path`` as an existing regular file, or a ConfigError saying what is wrong with it.
+
+    Raises:
+        ConfigError: ``path`` is not a path, contains a NUL byte, does not exist, or is a folder.
+    """
+    if not isinstance(path, (str, Path)):
+        raise ConfigError(f"{what}: expected a path (str or pathlib.Path), not {type(path).__name__}")
+    text = str(path)
+    if "\0" in text:
+        raise ConfigError(f"{what} {text!r}: a path cannot contain a NUL byte")
+    file = Path(path)
+    try:
+        if file.is_dir():
+            raise ConfigError(f"{what} {text!r} is a folder; pass the path of the file inside it")
+        if not file.is_file():
+            raise ConfigError(f"{what} {text!r} does not exist; pass the path of a JSON file")
+    except OSError as exc:  # name too long and the like
+        raise ConfigError(f"{what} {text!r} cannot be used: {exc.strerror or exc}") from None
+    return file
 
 
 class Section:
@@ -91,11 +125,20 @@ class Section:
         """An error about ``key``; raise it."""
         return ConfigError(f"{self.where(key)}: {message}")
 
-    def check_keys(self, allowed: Iterable[str]) -> None:
-        """Reject keys that are not in ``allowed``, suggesting the closest known key."""
+    def check_keys(self, allowed: Iterable[str], ignored: Mapping[str, str] | None = None) -> None:
+        """Reject keys that are not in ``allowed``, suggesting the closest known key.
+
+        Keys in ``ignored`` (reference keys trainprobe does not implement, each with what happens
+        to it) are accepted with one warning per key and process.
+        """
         known = list(allowed)
+        ignored = ignored or {}
         for key in self.data:
-            if key not in known:
+            if key in ignored and key not in known:
+                where = self.where(key)
+                warn_once(f"config-ignored:{where}", f"config field {where}: {ignored[key]}")
+            elif key not in known:
+                known = known + [k for k in ignored if k not in known]
                 close = difflib.get_close_matches(str(key), known, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise self.fail(key, f"unknown field{hint or '.'} Known fields: {', '.join(known)}")
@@ -171,7 +214,9 @@ class Section:
 
 
 def check_int(value: Any, where: str, minimum: int | None = None) -> int:
-    """``value`` as an int, or a ConfigError naming ``where``."""
+    """``value`` as an int (an integral float such as ``1e8`` counts), or a ConfigError naming ``where``."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: must be an integer, not {type_name(value)} {value!r}")
     if minimum is not None and value < minimum:

@@ -15,6 +15,7 @@ is a :class:`ConfigError` naming the field. Defaults live in this file only.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,70 @@ TOP_KEYS = (
     "risk_level",
 )
 TASK_KEYS = ("scope", "list", "tensor_list", "data_mode", "summary_mode", "file_format", "overflow_nums", "check_mode")
+# Reference keys trainprobe does not implement: accepted, one warning each (see Section.check_keys).
+_OTHER_TOOL = "belongs to another msProbe tool that trainprobe does not implement; ignored"
+IGNORED_TOP: dict[str, str] = {
+    "precision": "the dump precision switch is not implemented; statistics are always float64-accurate; ignored",
+    "risk_level": "API risk filtering is not implemented; every API of the level is dumped; ignored",
+    "custom_op_namespaces": "custom operator namespaces are not implemented; ignored",
+    "load": "loading dumped inputs back into modules is not implemented; ignored",
+    "acc_check": _OTHER_TOOL,
+    "diff_check": _OTHER_TOOL,
+    "nan_check": _OTHER_TOOL,
+    "exception_dump": _OTHER_TOOL,
+}
+IGNORED_TASK: dict[str, str] = {
+    "slice": "tensor slicing is not implemented; whole tensors are dumped; ignored",
+    "request_id": "request filtering (inference) is not implemented; ignored",
+    "bench_path": "benchmark comparison during the dump is not implemented; use trainprobe compare; ignored",
+    "diff_nums": _OTHER_TOOL,
+    "white_list": _OTHER_TOOL,
+    "black_list": _OTHER_TOOL,
+    "error_data_path": _OTHER_TOOL,
+}
 DEFAULT_DUMP_PATH = "./dump_path"
+
+
+@dataclass(frozen=True, slots=True)
+class IntRanges:
+    """A set of non-negative integers kept as inclusive ``(first, last)`` ranges, so that
+    ``"0-1000000000000"`` costs two integers; empty means "all"."""
+
+    spans: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def of(cls, spans: list[tuple[int, int]]) -> IntRanges:
+        """Sorted, merged ranges."""
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(spans):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+            else:
+                merged.append((lo, hi))
+        return cls(tuple(merged))
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int) and any(lo <= value <= hi for lo, hi in self.spans)
+
+    def __bool__(self) -> bool:
+        return bool(self.spans)
+
+    def __len__(self) -> int:
+        return sum(hi - lo + 1 for lo, hi in self.spans)
+
+    def __iter__(self) -> Iterator[int]:
+        for lo, hi in self.spans:
+            yield from range(lo, hi + 1)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IntRanges):
+            return self.spans == other.spans
+        if isinstance(other, (tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=False))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.spans)
 DEFAULT_OVERFLOW_NUMS = 1
 
 
@@ -51,8 +115,8 @@ class DumpConfig:
     task: str = "statistics"
     level: str = "L1"
     dump_path: str = DEFAULT_DUMP_PATH
-    ranks: tuple[int, ...] = ()
-    steps: tuple[int, ...] = ()
+    ranks: IntRanges = IntRanges()
+    steps: IntRanges = IntRanges()
     async_dump: bool = False
     dump_enable: bool | None = None
     extra_info: bool = True
@@ -111,7 +175,7 @@ class DumpConfig:
         if dump_path is not None:
             if not isinstance(dump_path, (str, Path)):
                 raise ConfigError(f"dump_path: must be a string, not {type(dump_path).__name__}")
-            changes["dump_path"] = str(dump_path)
+            changes["dump_path"] = check_dump_path(str(dump_path))
         if level is not None:
             changes["level"] = _level(level, "level")
         if step is not None:
@@ -133,18 +197,31 @@ def _level(value: Any, where: str) -> str:
     raise ConfigError(f"{where}: {value!r} is not one of {', '.join(LEVELS)}")
 
 
+def check_dump_path(path: str) -> str:
+    """``path`` if it can name a folder (no NUL byte, a usable length), else a ConfigError naming ``dump_path``."""
+    if "\0" in path:
+        raise ConfigError(f"dump_path: {path!r} contains a NUL byte; pass a folder path")
+    try:
+        Path(path).resolve().exists()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"dump_path: {path!r} cannot be used as a folder: {exc}") from None
+    return path
+
+
 def check_overflow_nums(value: Any, where: str) -> int:
-    """``value`` if it is -1 or an integer >= 1, else a ConfigError naming ``where``."""
+    """``value`` if it is -1 or an integer >= 1 (integral floats count), else a ConfigError naming ``where``."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
         raise ConfigError(f"{where}: must be an integer >= 1, or -1 for no limit, got {value!r}")
     return value
 
 
-def parse_steps(values: Any, where: str) -> tuple[int, ...]:
-    """Steps from a list of integers and ``"a-b"`` ranges (inclusive)."""
+def parse_steps(values: Any, where: str) -> IntRanges:
+    """Steps (or ranks) from a list of integers and ``"a-b"`` ranges (inclusive), kept as ranges."""
     if not isinstance(values, list):
         raise ConfigError(f"{where}: must be a list of integers or 'a-b' ranges, not {type(values).__name__}")
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     for i, item in enumerate(values):
         here = f"{where}[{i}]"
         if isinstance(item, str) and "-" in item:
@@ -155,23 +232,24 @@ def parse_steps(values: Any, where: str) -> tuple[int, ...]:
                 raise ConfigError(f"{here}: {item!r} is not a range 'a-b' of integers") from None
             if a < 0 or b < a:
                 raise ConfigError(f"{here}: range {item!r} must satisfy 0 <= a <= b")
-            out.extend(range(a, b + 1))
+            out.append((a, b))
         else:
-            out.append(check_int(item, here, 0))
-    return tuple(sorted(set(out)))
+            n = check_int(item, here, 0)
+            out.append((n, n))
+    return IntRanges.of(out)
 
 
 def parse_dump_config(data: dict[str, Any]) -> DumpConfig:
     """Validate a parsed ``config.json``; see the module docstring for the fields."""
     top = Section(data)
-    top.check_keys(TOP_KEYS + TASKS)
+    top.check_keys(TOP_KEYS + TASKS, IGNORED_TOP)
     task = _choice(top.raw("task", "statistics"), "task", TASKS)
     level = _level(top.raw("level", "L1"), "level")
     dump_enable = top.raw("dump_enable")
     if dump_enable is not None and not isinstance(dump_enable, bool):
         raise ConfigError(f"dump_enable: must be true or false, not {dump_enable!r}")
     sec = top.section(task)
-    sec.check_keys(TASK_KEYS)
+    sec.check_keys(TASK_KEYS, IGNORED_TASK)
     data_mode = sec.str_list("data_mode") or ("all",)
     for i, mode in enumerate(data_mode):
         if mode not in DATA_MODES:
@@ -182,8 +260,8 @@ def parse_dump_config(data: dict[str, Any]) -> DumpConfig:
     return DumpConfig(
         task=task,
         level=level,
-        dump_path=top.string("dump_path", DEFAULT_DUMP_PATH) or DEFAULT_DUMP_PATH,
-        ranks=top.int_list("rank", minimum=0),
+        dump_path=check_dump_path(top.string("dump_path", DEFAULT_DUMP_PATH) or DEFAULT_DUMP_PATH),
+        ranks=parse_steps(top.raw("rank", []), "rank"),
         steps=parse_steps(top.raw("step", []), "step"),
         async_dump=top.boolean("async_dump", False),
         dump_enable=dump_enable,

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainprobe.config.fields import load_json_object
+from trainprobe.config.fields import config_file, load_json_object
 from trainprobe.dump.api_catalog import ApiCatalog
 from trainprobe.dump.api_hooks import api_wrapper, install_api_wrappers, patch_distributed, watch_phases
 from trainprobe.dump.collector import Collector
@@ -93,7 +93,7 @@ class PrecisionDebugger:
         *,
         api_list: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.config_path = None if config_path is None else Path(config_path)
+        self.config_path = None if config_path is None else config_file(config_path, "config_path")
         self._overrides = {"task": task, "dump_path": dump_path, "level": level, "step": step}
         self.config: DumpConfig = load_dump_config(self.config_path).with_overrides(**self._overrides)
         self._config_mtime = self._mtime()

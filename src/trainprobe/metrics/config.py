@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainprobe.config.fields import Section, join_path, type_name
+from trainprobe.config.fields import Section, config_file, join_path, type_name
 from trainprobe.errors import ConfigError
 from trainprobe.log import warn_once
 
@@ -142,7 +142,11 @@ def load_training_metrics_config(source: str | Path | Mapping[str, Any]) -> Trai
         ConfigError: the file cannot be read or parsed, or a field of ``monitor_config`` /
             ``tensorboard`` is unknown or invalid (the message names it).
     """
-    data = dict(source) if isinstance(source, Mapping) else _read_file(Path(source))
+    if isinstance(source, Mapping):
+        data = dict(source)
+        check_expanded_size(data, "config")
+    else:
+        data = _read_file(config_file(source))
     top = Section(data, "")
     tb_section = top.section("tensorboard")
     tensorboard = _tensorboard(tb_section) if tb_section.present else None
@@ -150,9 +154,34 @@ def load_training_metrics_config(source: str | Path | Mapping[str, Any]) -> Trai
     return TrainingMetricsConfig(monitor=monitor, tensorboard=tensorboard, text=config_text(data))
 
 
+MAX_EXPANDED_VALUES = 100_000
+
+
+def check_expanded_size(data: Any, where: str) -> None:
+    """Reject a document whose aliases expand beyond :data:`MAX_EXPANDED_VALUES` values or refer
+    to themselves ("billion laughs", ``&a [*a]``): a ConfigError naming ``where``.
+
+    The walk is iterative and counts every value as often as aliases repeat it, without copying.
+    """
+    count = 0
+    stack: list[tuple[Any, frozenset[int]]] = [(data, frozenset())]
+    while stack:
+        value, ancestors = stack.pop()
+        count += 1
+        if count > MAX_EXPANDED_VALUES:
+            raise ConfigError(
+                f"{where}: expands to more than {MAX_EXPANDED_VALUES} values (YAML aliases?); "
+                "write the configuration out without repeated aliases"
+            )
+        if isinstance(value, (dict, list)):
+            if id(value) in ancestors:
+                raise ConfigError(f"{where}: a YAML alias refers to itself; a configuration cannot be circular")
+            inner = ancestors | {id(value)}
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, inner) for item in items)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a YAML or JSON file")
     try:
         raw = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -160,6 +189,8 @@ def _read_file(path: Path) -> dict[str, Any]:
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(raw)
+        except RecursionError:
+            raise ConfigError(f"config file {str(path)!r} is nested too deeply to be a configuration") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     else:
@@ -172,8 +203,11 @@ def _read_file(path: Path) -> dict[str, Any]:
             ) from None
         try:
             data = yaml.safe_load(raw)
+        except RecursionError:
+            raise ConfigError(f"config file {str(path)!r} is nested too deeply to be a configuration") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        check_expanded_size(data, f"config file {str(path)!r}")
     if data is None:
         data = {}
     if not isinstance(data, dict):

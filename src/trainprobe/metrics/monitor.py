@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainprobe.config.folders import make_output_folder
 from trainprobe.dist_info import current_rank
 from trainprobe.errors import ConfigError
 from trainprobe.log import error_once, logger, warn_once
@@ -187,6 +188,7 @@ class TrainingMetricsMonitor:
         tb = self.config.tensorboard
         if tb is not None:
             folder = tb.tensorboard_dir / f"rank_{self.rank}"
+            make_output_folder(folder, "tensorboard.tensorboard_dir")
             try:
                 outputs.append(TensorBoardOutput(folder, tb.tensorboard_queue_size))
             except OSError as exc:
@@ -194,10 +196,13 @@ class TrainingMetricsMonitor:
         if self.config.monitor.dumped:
             folder = self.config.monitor.dump_path / f"rank_{self.rank}"
             try:
+                make_output_folder(folder, "monitor_config.dump_path")
                 outputs.append(DumpOutput(folder))
-            except OSError as exc:
+            except (OSError, ConfigError) as exc:
                 for out in outputs:
                     out.close()
+                if isinstance(exc, ConfigError):
+                    raise
                 raise ConfigError(f"monitor_config.dump_path: cannot write to {str(folder)!r}: {exc}") from None
         return outputs
 
@@ -277,7 +282,13 @@ class TrainingMetricsMonitor:
         Raises:
             SystemExit: after printing the parameter names when ``print_struct`` is on (unless
                 ``print_struct_exits=False``).
+            TypeError: ``expert_load`` is not a mapping (checked at the call, on every step).
         """
+        if expert_load is not None and not isinstance(expert_load, Mapping):
+            raise TypeError(
+                "step(expert_load=...): expected a mapping {layer_name: per-expert token counts}, "
+                f"not {type(expert_load).__name__}"
+            )
         if self._closed:
             return
         now = time.perf_counter()

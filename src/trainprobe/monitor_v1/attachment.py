@@ -28,6 +28,7 @@ from torch import nn
 
 from trainprobe.adapters import Backend
 from trainprobe.adapters.pytorch import TORCH
+from trainprobe.config.folders import make_output_folder
 from trainprobe.config.monitor_v1 import MonitorV1Config
 from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.errors import ConfigError
@@ -60,7 +61,13 @@ class Attachment:
         """This rank's output folder, created (or found, with ``append_output``; a rank with no
         folder in that range starts a new one) on first use."""
         if self.folder is None:
-            self.folder = output.run_folder(self.rank, config.append_output)
+            make_output_folder(output.output_root(), output.OUTPUT_ENV)
+            try:
+                self.folder = output.run_folder(self.rank, config.append_output)
+            except OSError as exc:
+                raise ConfigError(
+                    f"{output.OUTPUT_ENV}: cannot create this rank's folder under {str(output.output_root())!r}: {exc}"
+                ) from None
         return self.folder
 
 

@@ -34,6 +34,7 @@ from typing import Any
 from torch import nn
 
 from trainprobe.amp_skips import watch_skipped_steps
+from trainprobe.config.fields import config_file
 from trainprobe.config.monitor_v1 import DEFAULT_V1_OPS, MonitorV1Config, load_monitor_v1_config
 from trainprobe.log import logger, warn_once
 from trainprobe.monitor_v1 import output
@@ -69,7 +70,7 @@ class TrainerMon:
         params_have_main_grad: bool = True,
         opt_ty: Any = None,
     ) -> None:
-        self.config_file_path = Path(config_file_path)
+        self.config_file_path = config_file(config_file_path, "config_file_path")
         self.process_group = process_group
         self.params_have_main_grad = bool(params_have_main_grad)
         if opt_ty is not None:

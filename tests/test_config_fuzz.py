@@ -1,0 +1,140 @@
+"""A bounded config fuzzer: a few hundred random mutations of a valid config of each dialect
+(Monitor V2, Monitor V1, precision dump, training metrics) either load or raise ConfigError,
+never anything else. Seeded, so a failure is reproducible; runs in seconds."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_dump_config import REFERENCE_SHIPPED
+from test_v1_config import FULL as V1_FULL
+from trainprobe.config.monitor_v1 import load_monitor_v1_config
+from trainprobe.config.monitor_v2 import load_monitor_v2_config
+from trainprobe.dump.config import parse_dump_config
+from trainprobe.errors import ConfigError
+from trainprobe.metrics.config import load_training_metrics_config
+
+V2_FULL: dict[str, Any] = {
+    "framework": "pytorch",
+    "output_dir": "./out",
+    "format": "csv",
+    "async_write": True,
+    "rank": [0],
+    "start_step": 0,
+    "stop_step": 10,
+    "step_interval": 1,
+    "step_count_per_record": 1,
+    "patch_optimizer_step": False,
+    "monitors": {
+        "module": {"enabled": True, "ops": ["min", "max"], "eps": 1e-8, "targets": [], "record_eval_mode": False},
+        "weight_grad": {"enabled": True, "ops": ["norm"]},
+        "optimizer": {"enabled": True},
+        "param": {"enabled": True},
+        "cc": {"enabled": False, "cc_codeline": [], "cc_log_only": False, "cc_pre_hook": False, "module_ranks": []},
+    },
+}
+METRICS_FULL: dict[str, Any] = {
+    "seed": 0,
+    "monitor_config": {
+        "monitor_on": True,
+        "dump_path": "./dump",
+        "target": ["layers.0"],
+        "invert": False,
+        "step_interval": 1,
+        "local_loss_format": ["log", "tensorboard"],
+    },
+    "tensorboard": {"tensorboard_dir": "./tb", "tensorboard_queue_size": 10},
+}
+JUNK: list[Any] = [
+    None, True, False, 0, -1, 1, 2.0, 2.5, 1e8, 1e300, -1e300, float("nan"), float("inf"), 10**40, "",
+    "x", "0-3", "norm", "tensor", [], [1, "a"], ["min"], {}, {"a": 1}, [[[[]]]], {"enabled": True},
+]  # fmt: skip
+
+
+def _containers(value: Any, out: list[Any]) -> list[Any]:
+    if isinstance(value, dict):
+        out.append(value)
+        for v in value.values():
+            _containers(v, out)
+    elif isinstance(value, list):
+        out.append(value)
+        for v in value:
+            _containers(v, out)
+    return out
+
+
+def mutate(config: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """``config`` with one to three random edits: replace, delete, rename (typo) or add a value."""
+    data = copy.deepcopy(config)
+    for _ in range(rng.randint(1, 3)):
+        target = rng.choice(_containers(data, []))
+        action = rng.choice(("replace", "replace", "delete", "typo", "add"))
+        if isinstance(target, list):
+            if target and action != "add":
+                target[rng.randrange(len(target))] = copy.deepcopy(rng.choice(JUNK))
+            else:
+                target.append(copy.deepcopy(rng.choice(JUNK)))
+            continue
+        keys = list(target)
+        if action == "add" or not keys:
+            target[rng.choice(["extra", "acc_check", "risk_level", "Ops", "stepinterval"])] = rng.choice(JUNK)
+            continue
+        key = rng.choice(keys)
+        if action == "replace":
+            target[key] = copy.deepcopy(rng.choice(JUNK))
+        elif action == "delete":
+            del target[key]
+        else:
+            target[key[:-1] + key[-1].upper()] = target.pop(key)
+    return data
+
+
+DIALECTS: dict[str, tuple[dict[str, Any], Callable[[Any], Any]]] = {
+    "monitor_v2": (V2_FULL, load_monitor_v2_config),
+    "monitor_v1": (V1_FULL, load_monitor_v1_config),
+    "dump": (REFERENCE_SHIPPED, parse_dump_config),
+    "metrics": (METRICS_FULL, load_training_metrics_config),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_random_mutations_load_or_raise_config_error(dialect: str, tmp_path: Path) -> None:
+    valid, load = DIALECTS[dialect]
+    load(copy.deepcopy(valid))  # the starting point is valid
+    rng = random.Random(f"trainprobe-{dialect}")
+    outcomes = {"loaded": 0, "rejected": 0}
+    for i in range(300):
+        data = mutate(valid, rng)
+        try:
+            load(data)
+            outcomes["loaded"] += 1
+        except ConfigError:
+            outcomes["rejected"] += 1
+        except Exception as exc:  # noqa: BLE001 - the point of the test
+            pytest.fail(f"mutation {i} of {dialect}: {type(exc).__name__}: {exc}\n{json.dumps(data, default=str)}")
+    assert outcomes["loaded"] and outcomes["rejected"], outcomes  # the mutations reach both outcomes
+
+
+@pytest.mark.parametrize("dialect", ["monitor_v2", "monitor_v1", "metrics"])
+def test_random_mutations_through_files(dialect: str, tmp_path: Path) -> None:
+    """The same through JSON files (what users pass): text junk too."""
+    valid, load = DIALECTS[dialect]
+    rng = random.Random(f"files-{dialect}")
+    text = json.dumps(valid)
+    for i in range(60):
+        chars = list(text)
+        for _ in range(rng.randint(1, 4)):
+            chars[rng.randrange(len(chars))] = rng.choice('{}[]",:0 1e-x\\\0')
+        path = tmp_path / f"c{i}.json"
+        path.write_text("".join(chars), encoding="utf-8")
+        try:
+            load(path)
+        except ConfigError:
+            pass
