@@ -139,7 +139,6 @@ def test_reference_shipped_config_loads_with_one_warning(
     ("data", "field"),
     [
         ({"precision": "high"}, "precision"),
-        ({"risk_level": "FOCUS"}, "risk_level"),
         ({"custom_op_namespaces": ["my_ops"]}, "custom_op_namespaces"),
         ({"load": {"path": "./x", "modules": ["m"]}}, "load"),
         ({"diff_check": {"diff_nums": 3}}, "diff_check"),

@@ -117,13 +117,13 @@ def _hide_mindspore(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_mindspore_missing_v2_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide_mindspore(monkeypatch)
-    with pytest.raises(ConfigError, match=r"^fr: 'mindspore' cannot be used: .*pip install trainprobe\[mindspore\]"):
+    with pytest.raises(ConfigError, match=r"^fr: 'mindspore' cannot be used: .*pip install \"trainprobe\[mindspore\]\""):
         TrainerMonitorV2({"monitors": V2_MONITORS}, fr="mindspore")
 
 
 def test_mindspore_missing_v1_import_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide_mindspore(monkeypatch)
-    with pytest.raises(ImportError, match=r"pip install trainprobe\[mindspore\]"):
+    with pytest.raises(ImportError, match=r"pip install \"trainprobe\[mindspore\]\""):
         import trainprobe.mindspore  # noqa: F401
 
 

@@ -38,7 +38,7 @@ def test_asking_for_mindspore_works_or_gives_one_clear_error(tmp_path, fr, where
     with pytest.raises(ConfigError, match=rf"^{where}: 'mindspore' cannot be used: .*pip install") as info:
         TrainerMonitorV2(config, fr=fr)
     if importlib.util.find_spec("mindspore") is None:
-        assert "pip install trainprobe[mindspore]" in str(info.value)
+        assert 'pip install "trainprobe[mindspore]"' in str(info.value)
     else:
         assert 'pip install "numpy<2"' in str(info.value)
 

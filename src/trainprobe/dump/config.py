@@ -45,7 +45,6 @@ TASK_KEYS = ("scope", "list", "tensor_list", "data_mode", "summary_mode", "file_
 _OTHER_TOOL = "belongs to another msProbe tool that trainprobe does not implement; ignored"
 IGNORED_TOP: dict[str, str] = {
     "precision": "the dump precision switch is not implemented; statistics are always float64-accurate; ignored",
-    "risk_level": "API risk filtering is not implemented; every API of the level is dumped; ignored",
     "custom_op_namespaces": "custom operator namespaces are not implemented; ignored",
     "load": "loading dumped inputs back into modules is not implemented; ignored",
     "acc_check": _OTHER_TOOL,

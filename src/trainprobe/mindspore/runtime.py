@@ -52,7 +52,7 @@ def require_mindspore() -> ModuleType:
     if _version_tuple(numpy.__version__)[0] >= 2 and _version_tuple(version) <= LAST_NUMPY1_RELEASE:
         raise ImportError(
             f"MindSpore {version} is built against NumPy 1.x and cannot run operators with NumPy "
-            f'{numpy.__version__}: pip install "numpy<2" (pip install trainprobe[mindspore] pins it)'
+            f'{numpy.__version__}: pip install "numpy<2" (pip install "trainprobe[mindspore]" pins it)'
         )
     _module = ms
     return ms
