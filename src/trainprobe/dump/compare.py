@@ -5,7 +5,11 @@ API or module (``Functional.linear.3.forward.input.0`` with the next unmatched
 ``Functional.linear.*.forward.input.0``). The mode follows the dumps: ``tensor`` when both hold
 ``.pt`` files, ``md5`` when both carry checksums, ``statistics`` otherwise. Column names and
 order are the reference tool's (:data:`COLUMNS`); "NPU" is the target, "Bench" the golden.
-One file per compared rank directory: ``compare_result[_{step}_{rank}].csv`` (or ``.xlsx``).
+One file per compared rank directory, named as the reference tool names it:
+``compare_result[_{step}_{rank}]_{YYYYmmddHHMMSS}.csv`` (or ``.xlsx``; ``debug_compare_result...``
+for ``debug.json`` dumps). A tensor file that cannot be read (a FIFO, a link out of the dump, a
+file that is not a tensor or needs code to unpickle) is reported on its own row as an ``error``
+and the comparison goes on.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import csv
 import io
 import os
 import sys
+import time
 from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +27,7 @@ from typing import Any
 
 import torch
 
-from trainprobe.dump.compare_load import Item, RankDump, load_rank, order_key, pair_dirs
+from trainprobe.dump.compare_load import Item, RankDump, is_tensor, load_rank, order_key, pair_dirs, tensor_path
 from trainprobe.dump.compare_metrics import STAT_KEYS, Verdict, check_structure, statistics_values, tensor_values
 from trainprobe.errors import ConfigError
 from trainprobe.sinks.files import write_atomically
@@ -116,18 +121,22 @@ def _stats(entry: dict[str, Any] | None) -> list[Any]:
     return [entry.get(k, "N/A") if entry.get(k) is not None else "N/A" for k in STAT_KEYS]
 
 
-def _load_tensor(dump: RankDump, entry: dict[str, Any]) -> torch.Tensor | None:
+def _load_tensor(dump: RankDump, entry: dict[str, Any]) -> tuple[torch.Tensor | None, str]:
+    """The tensor of ``entry`` from the dump's ``dump_tensor_data``, or None and why not
+    (``""`` when the file is simply absent)."""
     name = entry.get("data_name")
     if not name:
-        return None
-    path = dump.tensor_dir / str(name)
+        return None, ""
     try:
+        path = tensor_path(dump.tensor_dir, str(name))
         value = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
-        return None
-    except Exception as exc:  # noqa: BLE001 - any unreadable file becomes a one-line error
-        raise ConfigError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-    return value if isinstance(value, torch.Tensor) else None
+        return None, ""
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is that row's error, never the run's
+        return None, f"{name}: cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if not isinstance(value, torch.Tensor):
+        return None, f"{name}: holds a {type(value).__name__}, not a tensor"
+    return value, ""
 
 
 def _stack_of(dump: RankDump, record: str) -> str:
@@ -160,14 +169,20 @@ def compare_rank(target: RankDump, golden: RankDump) -> tuple[str, list[list[Any
                 middle = [te.get("md5", "N/A"), ge.get("md5", "N/A")]
                 if te.get("md5") != ge.get("md5"):
                     verdict.flag("error", "checksums differ")
-            elif mode == "tensor":
-                a, b = _load_tensor(target, te), _load_tensor(golden, ge)
-                if a is None or b is None:
+            elif mode == "tensor" and is_tensor(te) and is_tensor(ge):
+                (a, why_a), (b, why_b) = _load_tensor(target, te), _load_tensor(golden, ge)
+                if why_a or why_b:
+                    verdict.flag("error", "; ".join(w for w in (why_a, why_b) if w))
+                    middle = ["N/A"] * 6
+                elif a is None or b is None:
                     verdict.flag("warning", "tensor file missing; statistics compared instead")
                     statistics_values(te, ge, verdict)
                     middle = ["N/A"] * 6
                 else:
                     middle = tensor_values(a, b, verdict)
+            elif mode == "tensor":
+                statistics_values(te, ge, verdict)
+                middle = ["N/A"] * 6
             else:
                 middle = statistics_values(te, ge, verdict)
         row += middle
@@ -224,12 +239,18 @@ def compare_dumps(target: str | os.PathLike[str], golden: str | os.PathLike[str]
         ConfigError: missing, unreadable or mismatched dumps.
     """
     out_dir = Path(output)
+    stamp = time.strftime("%Y%m%d%H%M%S", time.localtime())
     results: list[PairResult] = []
     for label, tdir, gdir in pair_dirs(Path(target), Path(golden)):
         t, g = load_rank(tdir), load_rank(gdir)
         mode, rows, first = compare_rank(t, g)
-        name = f"compare_result_{label}" if label else "compare_result"
-        path = out_dir / f"{name}.{'xlsx' if xlsx else 'csv'}"
+        prefix = (
+            "debug_compare_result"
+            if (tdir / "debug.json").is_file() and not (tdir / "dump.json").is_file()
+            else "compare_result"
+        )
+        name = f"{prefix}_{label}" if label else prefix
+        path = out_dir / f"{name}_{stamp}.{'xlsx' if xlsx else 'csv'}"
         write_table(path, COLUMNS[mode], rows, xlsx)
         results.append(PairResult(label, mode, path, len(rows), first))
     return results

@@ -4,18 +4,29 @@ A dump argument may be the dump root (``step*/`` inside), a step directory (``ra
 ``proc*/`` inside) or a rank directory (``dump.json`` or ``debug.json`` inside). Each tensor of a
 record becomes one :class:`Item`, named like its ``.pt`` file without the extension
 (``Functional.linear.0.forward.input.0``, ``Module.fc.Linear.parameters_grad.0.weight``), in the
-order of ``dump.json`` (the order of execution).
+order of ``dump.json`` (the order of execution). Values that are not tensors (an ``int`` or
+``float`` argument, ``None``) are items too, as the reference tool lists them: their value stands
+in for the statistics (:func:`scalar_entry`).
+
+Hostile dumps: ``dump.json`` is read as a regular file of bounded size (no FIFO, no device), a
+document nested too deeply is a one-line ``ConfigError``, and a tensor is only ever loaded from a
+regular file directly inside the rank's ``dump_tensor_data`` (:func:`tensor_path`), so a
+``data_name`` holding an absolute path, ``../`` or a link out of the folder is refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainprobe.errors import ConfigError
+from trainprobe.file_names import path_under
+from trainprobe.safe_files import read_text
 
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(rank\d+|proc\d+)$")
@@ -106,13 +117,46 @@ def _pair_children(target: Path, golden: Path, pattern: re.Pattern[str], what: s
     return [(n, tdirs[n], gdirs[n]) for n in common]
 
 
+MAX_DUMP_JSON_BYTES = 4 << 30
+"""The largest dump.json / stack.json read (bytes)."""
+
+
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """The JSON document in ``path`` (None when it does not exist); dumps may hold ``NaN``.
+
+    Raises:
+        ConfigError: ``<path>: ...`` for an unreadable, non-regular, oversized, invalid or too
+            deeply nested file.
+    """
+    if not os.path.lexists(path):
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    text = read_text(path, max_bytes=MAX_DUMP_JSON_BYTES)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a dump; refused") from None
+    except ValueError as exc:
         raise ConfigError(f"{path}: cannot be read as JSON ({exc})") from None
+
+
+def tensor_path(tensor_dir: Path, data_name: str) -> Path:
+    """The regular file ``data_name`` directly inside ``tensor_dir``.
+
+    Raises:
+        ValueError: ``data_name`` is not a plain file name, leaves the folder, or is not a
+            regular file there (a FIFO, a device, a link out of the folder).
+    """
+    path = path_under(tensor_dir, data_name)
+    real_dir, real = os.path.realpath(tensor_dir), os.path.realpath(path)
+    if os.path.dirname(real) != real_dir:
+        raise ValueError(f"refusing {data_name!r}: it links out of {tensor_dir}")
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(path) from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"refusing {data_name!r}: not a regular file")
+    return path
 
 
 def load_rank(path: Path) -> RankDump:
@@ -159,16 +203,40 @@ def flatten_record(record: str, body: Any) -> list[Item]:
     return out
 
 
-def _walk(name: str, record: str, value: Any, out: list[Item]) -> None:
-    if isinstance(value, dict):
+def scalar_entry(value: Any) -> dict[str, Any]:
+    """The entry of a non-tensor value, shaped like a tensor's: ``dtype`` the value's type
+    (``"<class 'float'>"``, as the reference writes it), ``shape`` ``[]``, and the value as Max,
+    Min, Mean and Norm. ``value`` is a dump entry (``{"type": "float", "value": 0.1}``) or
+    ``None``."""
+    if value is None:
+        return {"type": None, "dtype": None, "shape": None}
+    inner = value.get("value")
+    entry: dict[str, Any] = {"type": value.get("type"), "dtype": str(type(inner)), "shape": []}
+    entry.update(dict.fromkeys(("Max", "Min", "Mean", "Norm"), inner if not isinstance(inner, (list, dict)) else None))
+    return entry
+
+
+def is_tensor(entry: dict[str, Any]) -> bool:
+    """Whether an item's entry describes a tensor (not a scalar or ``None``)."""
+    return entry.get("type") == "torch.Tensor"
+
+
+def _walk(name: str, record: str, value: Any, out: list[Item], depth: int = 0) -> None:
+    if depth > 32:
+        raise ConfigError(f"record {record!r}: nested deeper than 32 levels; not a dump")
+    if value is None:
+        out.append(Item(name, record, scalar_entry(None)))
+    elif isinstance(value, dict):
         if value.get("type") == "torch.Tensor":
             out.append(Item(name, record, value))
-        elif "type" not in value:
+        elif isinstance(value.get("type"), str):
+            out.append(Item(name, record, scalar_entry(value)))
+        else:
             for k, v in value.items():
-                _walk(f"{name}.{k}", record, v, out)
+                _walk(f"{name}.{k}", record, v, out, depth + 1)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _walk(f"{name}.{i}", record, v, out)
+            _walk(f"{name}.{i}", record, v, out, depth + 1)
 
 
 def order_key(name: str) -> str:

@@ -1,0 +1,163 @@
+"""trainprobe compare: verdicts near zero, non-tensor rows, result names, and hostile dumps
+(hand-built dump folders: dump.json plus .pt files written with torch.save)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainprobe.dump.compare import compare_dumps
+from trainprobe.dump.compare_metrics import Verdict, statistics_values
+
+
+def stats_entry(t: torch.Tensor, data_name: str | None = None) -> dict[str, Any]:
+    x = t.double()
+    entry = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape), "Max": x.max().item(),
+             "Min": x.min().item(), "Mean": x.mean().item(), "Norm": x.norm().item(), "requires_grad": False}  # fmt: skip
+    if data_name:
+        entry["data_name"] = data_name
+    return entry
+
+
+def write_dump(rank_dir: Path, data: dict[str, Any], task: str = "statistics") -> Path:
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    (rank_dir / "dump.json").write_text(json.dumps({"task": task, "level": "L1", "data": data}), encoding="utf-8")
+    return rank_dir
+
+
+def table(path: Path) -> dict[str, dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return {row["NPU Name"]: row for row in csv.DictReader(fh)}
+
+
+def test_near_zero_means_pass_and_a_real_change_warns() -> None:
+    centred = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [64, 64], "Max": 3.0, "Min": -3.0,
+               "Norm": 64.0}  # fmt: skip
+    verdict = Verdict()
+    statistics_values({**centred, "Mean": 3e-11}, {**centred, "Mean": -2e-11}, verdict)
+    assert verdict.result == "pass", verdict.message
+    verdict = Verdict()
+    statistics_values({**centred, "Mean": 0.0, "Max": 9.0}, {**centred, "Mean": 0.0}, verdict)
+    assert verdict.result == "warning" and "Max magnitude difference" in verdict.message
+
+
+def test_inf_on_one_side_is_an_error() -> None:
+    entry = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2], "Max": 1.0, "Min": 0.0, "Mean": 0.5,
+             "Norm": 1.0}  # fmt: skip
+    verdict = Verdict()
+    statistics_values({**entry, "Max": float("inf")}, entry, verdict)
+    assert verdict.result == "error"
+
+
+def test_scalar_and_none_arguments_have_rows_and_a_changed_value_is_found(tmp_path: Path) -> None:
+    x = torch.arange(4.0)
+
+    def record(slope: float) -> dict[str, Any]:
+        return {"Functional.leaky_relu.0.forward": {
+            "input_args": [stats_entry(x), {"type": "float", "value": slope}, None],
+            "input_kwargs": {}, "output": [stats_entry(x)]}}  # fmt: skip
+
+    target = write_dump(tmp_path / "t" / "step0" / "rank0", record(0.5))
+    golden = write_dump(tmp_path / "g" / "step0" / "rank0", record(0.01))
+    [result] = compare_dumps(target.parent, golden.parent, tmp_path / "out")
+    rows = table(result.output)
+    name = "Functional.leaky_relu.0.forward.input"
+    assert list(rows) == [f"{name}.0", f"{name}.1", f"{name}.2", "Functional.leaky_relu.0.forward.output.0"]
+    assert rows[f"{name}.1"]["NPU Dtype"] == "<class 'float'>" and rows[f"{name}.1"]["NPU max"] == "0.5"
+    assert rows[f"{name}.1"]["Result"] == "warning"
+    assert rows[f"{name}.2"]["Result"] == "pass" and rows[f"{name}.2"]["NPU max"] == "N/A"
+    assert result.first is not None and result.first.name == f"{name}.1"
+
+
+def test_result_files_are_named_with_a_timestamp_as_the_reference_names_them(tmp_path: Path) -> None:
+    data = {"Torch.relu.0.forward": {"input_args": [stats_entry(torch.ones(2))], "output": []}}
+    target = write_dump(tmp_path / "t" / "step0" / "rank0", data)
+    golden = write_dump(tmp_path / "g" / "step0" / "rank0", data)
+    [one] = compare_dumps(target, golden, tmp_path / "out1")
+    [by_rank] = compare_dumps(target.parent, golden.parent, tmp_path / "out2")
+    [by_step] = compare_dumps(target.parent.parent, golden.parent.parent, tmp_path / "out3")
+    assert re.fullmatch(r"compare_result_\d{14}\.csv", one.output.name)
+    assert re.fullmatch(r"compare_result_rank0_\d{14}\.csv", by_rank.output.name)
+    assert re.fullmatch(r"compare_result_step0_rank0_\d{14}\.csv", by_step.output.name)
+
+
+def _tensor_pair(tmp_path: Path, golden_name: str) -> tuple[Path, Path]:
+    """Target and golden tensor dumps of two APIs; the golden's first data_name is ``golden_name``
+    (hostile), its second is a good file."""
+    a, b = torch.arange(4.0), torch.ones(3)
+    dirs = []
+    for side, first_name in (("t", "Torch.a.0.forward.input.0.pt"), ("g", golden_name)):
+        rank = tmp_path / side / "step0" / "rank0"
+        (rank / "dump_tensor_data").mkdir(parents=True)
+        torch.save(a, rank / "dump_tensor_data" / "Torch.a.0.forward.input.0.pt")
+        torch.save(b, rank / "dump_tensor_data" / "Torch.b.0.forward.input.0.pt")
+        data = {"Torch.a.0.forward": {"input_args": [stats_entry(a, first_name)], "output": []},
+                "Torch.b.0.forward": {"input_args": [stats_entry(b, "Torch.b.0.forward.input.0.pt")], "output": []}}  # fmt: skip
+        dirs.append(write_dump(rank, data, task="tensor"))
+    return dirs[0], dirs[1]
+
+
+def _hostile_names(tmp_path: Path) -> dict[str, str]:
+    outside = tmp_path / "elsewhere.pt"
+    torch.save(torch.arange(4.0), outside)
+    return {"absolute": str(outside), "dotdot": "../../../elsewhere.pt", "link": "link.pt", "fifo": "fifo.pt",
+            "pickle": "evil.pt", "not_a_tensor": "dict.pt"}  # fmt: skip
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("echo PWNED > /dev/null",))
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot", "link", "fifo", "pickle", "not_a_tensor"])
+def test_a_hostile_tensor_file_is_that_rows_error_and_the_rest_is_compared(tmp_path: Path, kind: str) -> None:
+    name = _hostile_names(tmp_path)[kind]
+    target, golden = _tensor_pair(tmp_path, name)
+    folder = golden / "dump_tensor_data"
+    if kind == "link":
+        (folder / "link.pt").symlink_to(tmp_path / "elsewhere.pt")
+    elif kind == "fifo":
+        os.mkfifo(folder / "fifo.pt")
+    elif kind == "pickle":
+        (folder / "evil.pt").write_bytes(pickle.dumps(_Evil()))
+    elif kind == "not_a_tensor":
+        torch.save({"a": 1}, folder / "dict.pt")
+    [result] = compare_dumps(target, golden, tmp_path / "out")
+    rows = table(result.output)
+    assert rows["Torch.a.0.forward.input.0"]["Result"] == "error"
+    assert rows["Torch.a.0.forward.input.0"]["Cosine"] == "N/A"
+    assert rows["Torch.b.0.forward.input.0"]["Result"] == "pass"
+    assert rows["Torch.b.0.forward.input.0"]["Cosine"] == "1.0"
+
+
+def test_deeply_nested_dump_json_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    good = write_dump(tmp_path / "g", {"Torch.relu.0.forward": {"input_args": [stats_entry(torch.ones(2))]}})
+    bad = tmp_path / "t"
+    bad.mkdir()
+    (bad / "dump.json").write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "trainprobe", "compare", "-tp", str(bad), "-gp", str(good),
+                           "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad / "dump.json") in lines[0]
+
+
+def test_a_fifo_named_dump_json_is_refused_without_waiting(tmp_path: Path) -> None:
+    good = write_dump(tmp_path / "g", {"Torch.relu.0.forward": {"input_args": [stats_entry(torch.ones(2))]}})
+    bad = tmp_path / "t"
+    bad.mkdir()
+    os.mkfifo(bad / "dump.json")
+    done = subprocess.run([sys.executable, "-m", "trainprobe", "compare", "-tp", str(bad), "-gp", str(good),
+                           "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "not a dump" in done.stderr, done.stderr
