@@ -71,12 +71,12 @@ def test_csv_files_headers_and_values(tmp_path, monkeypatch):
     names = {p.name for p in folder.iterdir()}
     for kind in ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq", "param_origin"):
         assert {f"{kind}_0-0.csv", f"{kind}_1-1.csv"} <= names, kind
-    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", *ALL_OPS]
-    assert read_csv(folder / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS]
+    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", *ALL_OPS, "shape", "dtype"]
+    assert read_csv(folder / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS, "shape", "dtype"]
     for step, snap in enumerate(snaps):
         for kind, source in (("grad_reduced", "grads"), ("grad_unreduced", "grads"), ("exp_avg", "exp_avg")):
             rows = [r for r in table(folder, kind) if r["step"] == str(step)]
-            assert [r["name"] for r in rows] == PARAMS, kind
+            assert [full_name(r) for r in rows] == PARAMS, kind
             for row, value in zip(rows, snap[source]):
                 assert_row_matches({"module_name": row["name"], **row}, value)
     actv = {full_name(r) for r in table(folder, "actv")}
@@ -124,7 +124,7 @@ def test_targets_specs_ops_and_ndigits(tmp_path, monkeypatch):
     folder = run_dir(tmp_path)
     actv = table(folder, "actv")
     assert {full_name(r) for r in actv} == {"0:pair.input", "0:pair.output"}
-    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", "norm", "max"]
+    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", "norm", "max", "shape", "dtype"]
     norm = float(by_name(actv, "0:pair.output")[0]["norm"])
     assert norm == pytest.approx(np.linalg.norm(seen["b"].astype(np.float64)), abs=5e-4)
     assert all(len(r["norm"].split(".")[-1]) <= 3 for r in actv)
@@ -174,8 +174,8 @@ def test_nan_alert_is_reported_and_dumped(tmp_path, monkeypatch, capsys):
     assert out.count("trainprobe alert:") == 1
     dump = json.loads((tmp_path / "out" / "anomaly_detected" / "rank0" / "anomaly.json").read_text())
     ((key, entry),) = dump.items()
-    assert key.startswith("0:fc1.weight/rank0/grad_reduced_step_3_call_")
-    assert entry["step"] == 3 and entry["tag_name"] == "0:fc1.weight/rank0/grad_reduced"
+    assert key.startswith("0:fc1.weight/rank0/post_grad_step_3_call_")
+    assert entry["step"] == 3 and entry["tag_name"] == "0:fc1.weight/rank0/post_grad"
 
 
 def test_dynamic_mode_switches_on_and_off(tmp_path, monkeypatch):
