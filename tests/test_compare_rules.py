@@ -161,3 +161,16 @@ def test_a_fifo_named_dump_json_is_refused_without_waiting(tmp_path: Path) -> No
     done = subprocess.run([sys.executable, "-m", "trainprobe", "compare", "-tp", str(bad), "-gp", str(good),
                            "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "not a dump" in done.stderr, done.stderr
+
+
+def test_stack_json_is_grouped_as_the_reference_writes_it_and_read_in_both_layouts() -> None:
+    from trainprobe.dump.compare_load import stacks_by_name
+    from trainprobe.dump.store import grouped_stacks
+
+    frames_a, frames_b = ["File a.py, line 1, in f"], ["File b.py, line 2, in g"]
+    by_name = {"Torch.relu.0.forward": frames_a, "Torch.add.0.forward": frames_b, "Torch.relu.1.forward": frames_a}
+    grouped = grouped_stacks(by_name)
+    assert grouped == {"0": [["Torch.relu.0.forward", "Torch.relu.1.forward"], frames_a],
+                       "1": [["Torch.add.0.forward"], frames_b]}  # fmt: skip
+    assert stacks_by_name(grouped) == by_name
+    assert stacks_by_name(by_name) == by_name  # an older trainprobe dump

@@ -172,8 +172,20 @@ def load_rank(path: Path) -> RankDump:
     items: list[Item] = []
     for record, body in data["data"].items():
         items.extend(flatten_record(str(record), body))
-    stack = _read_json(path / "stack.json")
-    return RankDump(path, str(data.get("task", "statistics")), items, stack if isinstance(stack, dict) else {})
+    return RankDump(path, str(data.get("task", "statistics")), items, stacks_by_name(_read_json(path / "stack.json")))
+
+
+def stacks_by_name(stack: Any) -> dict[str, Any]:
+    """``record name -> frames`` from either ``stack.json`` layout: grouped (``{"0": [[names],
+    [frames]]}``, the reference tool's and trainprobe's) or by name (older trainprobe dumps)."""
+    if not isinstance(stack, dict):
+        return {}
+    grouped = stack and all(
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and isinstance(v[1], list) for v in stack.values()
+    )
+    if grouped:
+        return {str(n): v[1] for v in stack.values() for n in v[0]}
+    return stack
 
 
 _SIDE = {

@@ -403,6 +403,19 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
+def grouped_stacks(stacks: dict[str, list[str]]) -> dict[str, list[list[str]]]:
+    """``stack.json`` as the reference tool writes it: records with the same call stack share one
+    entry, ``{"0": [[name, ...], [frame, ...]], "1": ...}``, numbered in order of first appearance.
+
+    Example: ``{"Torch.relu.0.forward": F, "Torch.relu.1.forward": F}`` →
+    ``{"0": [["Torch.relu.0.forward", "Torch.relu.1.forward"], F]}``.
+    """
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, frames in stacks.items():
+        groups.setdefault(tuple(frames), []).append(name)
+    return {str(i): [names, list(frames)] for i, (frames, names) in enumerate(groups.items())}
+
+
 def version_of(tensor: torch.Tensor) -> int | None:
     """The autograd version counter (None for inference tensors, which have none)."""
     try:
@@ -512,5 +525,5 @@ class StepStore:
                 write_json_atomically(self.rank_dir / "debug.json", {**self.header, "data": data})
                 return
             write_json_atomically(self.rank_dir / "dump.json", {**self.header, "data": data})
-            write_json_atomically(self.rank_dir / "stack.json", self.stack)
+            write_json_atomically(self.rank_dir / "stack.json", grouped_stacks(self.stack))
             write_json_atomically(self.rank_dir / "construct.json", self.construct if construct else {})
