@@ -1,12 +1,16 @@
 """The ``trainprobe`` command.
 
-Exit codes: 0 success, 2 bad input (one line on stderr naming the file or option, no traceback).
+Exit codes: 0 success, 2 bad input (one line on stderr naming the file or option, no traceback),
+141 when the reader of the output went away (``trainprobe anomaly-analyse ... | head``: quietly,
+as a Unix tool killed by SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,11 +39,35 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+BROKEN_PIPE = 141
+"""Exit status when stdout's reader closed the pipe (128 + SIGPIPE, as a Unix tool)."""
+
+DEMO_DESCRIPTION = (
+    "Train a small GPT (2 layers, d_model 128) on synthetic tokens on the CPU for --steps steps "
+    "with Monitor V2 on (module, weight_grad, optimizer and param monitors), write its per-rank CSV "
+    "files under --out, and print what was written (files and rows per monitor) and whether any NaN "
+    "appeared. Takes about a minute; torch only, no download."
+)
+
+
+def version() -> str:
+    """The installed trainprobe version (read from the package metadata: no torch import)."""
+    try:
+        return importlib.metadata.version("trainprobe")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="trainprobe", description="Training monitoring and precision debugging.")
+    parser.add_argument("--version", action="version", version=f"trainprobe {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small GPT on CPU with Monitor V2 on and summarise the output")
+    demo = sub.add_parser(
+        "demo",
+        help="train a small GPT on CPU with Monitor V2 on and summarise the output",
+        description=DEMO_DESCRIPTION,
+    )
     demo.add_argument("--out", default="./trainprobe_demo", help="output folder (default ./trainprobe_demo)")
     demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     demo.set_defaults(run=_demo)
@@ -50,12 +78,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trainprobe`` console script."""
-    args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
-    except (ConfigError, OSError) as exc:  # OSError: a file that vanished or cannot be written, named in it
-        print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        try:
+            return args.run(args)
+        except BrokenPipeError:
+            raise
+        except (ConfigError, OSError) as exc:  # OSError: a file that vanished or cannot be written, named in it
+            print(f"trainprobe {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+            return 2
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no usable stdout at all: nothing to silence
+        pass
 
 
 if __name__ == "__main__":
