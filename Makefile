@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup browser demo test test-mindspore interop interop-list lint bench clean
+.PHONY: setup browser demo test test-torch test-mindspore interop interop-list lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,6 +47,10 @@ test: lint browser $(MS_BIN)/.installed
 	$(BIN)/python -m pytest -q --ignore-glob='tests/test_mindspore_*' --ignore=tests/interop
 	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py
 	$(MAKE) interop
+
+# PyTorch only: no MindSpore install, no reference virtualenv (CI runs `make test`, everything).
+test-torch: lint browser
+	$(BIN)/python -m pytest -q --ignore-glob='tests/test_mindspore_*' --ignore=tests/interop
 
 # The differential test against the reference tool (tests/interop, docs/compatibility.md). The
 # reference (mindstudio-probe) is a test oracle only: it lives in its own virtualenv .venv-ref,
