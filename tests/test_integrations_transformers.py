@@ -43,7 +43,7 @@ class GradRecorder(transformers.TrainerCallback):
         self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
 
 
-def run(tmp_path: Path, callback: TrainProbeCallback, recorder: GradRecorder | None = None) -> Any:
+def run(tmp_path: Path, callback: TrainProbeCallback, recorder: GradRecorder | None = None, accumulation: int = 1) -> Any:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
@@ -55,6 +55,7 @@ def run(tmp_path: Path, callback: TrainProbeCallback, recorder: GradRecorder | N
         max_steps=STEPS,
         learning_rate=1e-3,
         logging_steps=1,
+        gradient_accumulation_steps=accumulation,
         report_to=[],
         save_strategy="no",
         use_cpu=True,
@@ -99,6 +100,25 @@ def test_trainer_callback_writes_metrics_and_monitor_v2(tmp_path: Path) -> None:
     assert not any(t.startswith("local_norm/transformer.h.0.mlp") for t in s)
     assert "training_args" in texts(acc) and "monitor_config" in texts(acc)
     assert list((tmp_path / "v2" / "rank_0").glob("weight_grad_step*.csv"))
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_losses_equal_what_the_trainer_logs(tmp_path: Path, accumulation: int) -> None:
+    """transformers hands each micro-batch ``num_items_in_batch`` and the model returns that
+    micro-batch's share of the step's loss: loss, local_loss and device_accum_local_loss are the
+    step's loss as the Trainer logs it, not the mean of the shares (1/4 of it at accumulation 4)."""
+    metrics = {
+        "monitor_config": {"monitor_on": True, "local_loss_format": "tensorboard",
+                           "device_local_loss_format": "tensorboard"},
+        "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")},
+    }  # fmt: skip
+    trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics), accumulation=accumulation)
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+    assert set(logged) == set(range(1, STEPS + 1))
+    for tag in ("loss", "local_loss", "device_accum_local_loss"):
+        for step, value in logged.items():
+            assert s[tag][step] == pytest.approx(value, rel=1e-4, abs=1e-4), (tag, step)
 
 
 def test_print_struct_stops_the_trainer(tmp_path: Path) -> None:

@@ -8,7 +8,10 @@ Example:
 What is logged: the metrics of :mod:`trainprobe.metrics.compose` (tags and units listed
 there), one step per optimizer step (``state.global_step``):
 
-* ``loss``: the mean of the micro-batch losses the model returned (``output.loss``);
+* ``loss``, ``local_loss``, ``device_accum_local_loss``: the step's loss as the Trainer logs it.
+  The model's returned losses (``output.loss``) are averaged over the micro-batches, except when
+  the Trainer passed ``num_items_in_batch`` (transformers ≥ 4.46 under gradient accumulation):
+  then each is the micro-batch's share of the step's loss, and they are summed;
 * ``batch-size``: samples fed to the model in the step, times the world size;
 * ``grad-norm``, ``local_norm``, ``device_local_norm``: gradients as the optimizer applies
   them, i.e. after the Trainer's clipping to ``max_grad_norm``;

@@ -166,7 +166,8 @@ class Composer:
             if mon.device_local_norm_format:
                 out.append(Metric("device_local_norm", _norm(norms), mon.device_local_norm_format, dump=True))
         micro = raw.get("micro_losses")
-        local = _mean(micro) if isinstance(micro, list) and micro else self.loss(raw)
+        shares = raw.get("micro_losses_are_shares") == 1.0
+        local = _mean(micro) if isinstance(micro, list) and micro and not shares else self.loss(raw)
         accum = math.fsum(micro) if isinstance(micro, list) and micro else self.loss(raw)
         if mon.local_loss_format and local is not None:
             out.append(Metric("local_loss", local, mon.local_loss_format, dump=True))
@@ -190,13 +191,14 @@ class Composer:
     # -- derived values --------------------------------------------------------------------
     @staticmethod
     def loss(raw: dict[str, Value]) -> float | None:
-        """The step's loss: the loop's, else the mean of the micro-batch losses."""
+        """The step's loss: the loop's, else the mean of the micro-batch losses (their sum when
+        they are shares of the step's loss: a model called with ``num_items_in_batch``)."""
         loss = raw.get("loss")
         if isinstance(loss, float):
             return loss
         micro = raw.get("micro_losses")
         if isinstance(micro, list) and micro:
-            return _mean(micro)
+            return math.fsum(micro) if raw.get("micro_losses_are_shares") == 1.0 else _mean(micro)
         return None
 
     @staticmethod

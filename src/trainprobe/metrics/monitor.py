@@ -295,8 +295,8 @@ class TrainingMetricsMonitor:
         seconds, self._last_time = now - self._last_time, now
         self._step += 1
         step = self._step
-        samples, tokens, losses = (
-            self._tap.take() if self._tap is not None and "inputs" not in self._off else (0, None, [])
+        samples, tokens, losses, shares = (
+            self._tap.take() if self._tap is not None and "inputs" not in self._off else (0, None, [], False)
         )
         if batch_size is None and samples:
             batch_size = samples * self.world
@@ -314,6 +314,8 @@ class TrainingMetricsMonitor:
             payload = self._payload(
                 step, seconds, loss, losses, lr, batch_size, num_tokens, loss_scale, expert_load, grad_norm
             )
+            if shares and losses and not isinstance(loss, (list, tuple)):
+                payload.put("micro_losses_are_shares", 1.0)
             payload.seal()
         except Exception:  # noqa: BLE001 - metrics never break training
             error_once(f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed")

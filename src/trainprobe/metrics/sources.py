@@ -70,12 +70,18 @@ def output_loss(output: Any) -> torch.Tensor | None:
 
 
 class InputTap:
-    """Counts samples and tokens and keeps returned losses during one step."""
+    """Counts samples and tokens and keeps returned losses during one step.
+
+    ``shares``: the model was called with ``num_items_in_batch`` (Hugging Face's gradient
+    accumulation since transformers 4.46): each returned loss is then that micro-batch's share
+    of the step's loss (its summed token losses divided by the whole step's token count), so the
+    step's loss is their sum, not their mean."""
 
     def __init__(self, module: nn.Module) -> None:
         self.samples = 0
         self.tokens: int | None = 0
         self.losses: list[torch.Tensor] = []
+        self.shares = False
         self.disabled = False
         self._handles = [
             module.register_forward_pre_hook(self._before, with_kwargs=True),
@@ -90,6 +96,8 @@ class InputTap:
         if self.disabled or not self._active(module):
             return
         try:
+            if kwargs.get("num_items_in_batch") is not None:
+                self.shares = True
             t = first_tensor(args, kwargs)
             if t is None or t.dim() == 0:
                 return
@@ -111,10 +119,10 @@ class InputTap:
             self.disabled = True
             error_once("metrics-loss-tap", "trainprobe: reading the model's loss failed; it is no longer gathered")
 
-    def take(self) -> tuple[int, int | None, list[torch.Tensor]]:
-        """``(samples, tokens, losses)`` since the last call, and reset."""
-        out = (self.samples, self.tokens if self.samples else None, self.losses)
-        self.samples, self.tokens, self.losses = 0, 0, []
+    def take(self) -> tuple[int, int | None, list[torch.Tensor], bool]:
+        """``(samples, tokens, losses, shares)`` since the last call, and reset."""
+        out = (self.samples, self.tokens if self.samples else None, self.losses, self.shares)
+        self.samples, self.tokens, self.losses, self.shares = 0, 0, [], False
         return out
 
     def remove(self) -> None:
