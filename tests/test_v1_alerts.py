@@ -267,3 +267,32 @@ def test_detector_warns_once_when_ops_cannot_tell_empty_from_nan(monkeypatch, ca
         assert _judge(det, (1.0, math.nan)) == 1  # a finite min: the tensor has elements, its NaN max is real
     warnings = [r.getMessage() for r in caplog.records if "cannot tell" in r.getMessage()]
     assert len(warnings) == 1 and "add 'norm' or 'nans' to ops" in warnings[0]
+
+
+def test_console_lines_carry_value_and_baseline_and_a_flood_is_summed_up():
+    """One line per anomalous row with its value and baseline; the same row of later micro-batches
+    folds into it; beyond MAX_LINES_PER_STEP rows of a step one summary line; the dump keeps all."""
+    from trainprobe.monitor_v1.alerts import MAX_LINES_PER_STEP
+
+    rules = (AlertRule(rule_name="AnomalyTurbulence", threshold=0.5),)
+    ctx = PipelineContext(rank=0, pp_stage=0, group_mates=(0,))
+    stream = io.StringIO()
+    det = AlertDetector(rules, {"actv": ("norm",)}, lambda m, k: "actv", ctx, None, stream)
+    names = [f"0:layer{i}.output" for i in range(MAX_LINES_PER_STEP + 5)]
+
+    def batch(step: int, value: float, micro: int = 0) -> StepBatch:
+        keys = [RowKey(0, n, "forward", micro) for n in names]
+        return StepBatch("module", step, keys, _host={i: [value] for i in range(len(keys))})
+
+    for step in range(3):
+        det.write(batch(step, 1.0, micro=0))
+        det.write(batch(step, 1.0, micro=1))
+    assert stream.getvalue() == ""
+    det.write(batch(3, 100.0, micro=0))
+    det.write(batch(3, 100.0, micro=1))  # the same rows, next micro-batch
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == MAX_LINES_PER_STEP + 2
+    assert lines[0] == "trainprobe alert: Rule AnomalyTurbulence at step 3: 0:layer0.output:0/rank0/actv norm = 100 (baseline 1)"
+    assert lines[MAX_LINES_PER_STEP] == "trainprobe alert: step 3: 5 more anomalies (anomaly.json has all)"
+    assert lines[-1] == f"trainprobe alert: step 3: {len(names)} more anomalies (anomaly.json has all)"
+    assert det.count == 2 * len(names)

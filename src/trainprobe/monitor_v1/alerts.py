@@ -71,6 +71,11 @@ class _Average:
         self.total = 0.0
 
 
+def _baseline(history: _Average | None) -> float | None:
+    """The running mean an op's value is compared with (None before any value)."""
+    return history.total / history.count if history is not None and history.count else None
+
+
 def _turbulent(value: float, history: _Average | None, threshold: float) -> bool:
     if history is None or history.count == 0 or not math.isfinite(value):
         return False
@@ -144,6 +149,8 @@ class AlertDetector:
         self._file = AnomalyFile(dump_dir / "anomaly.json") if dump_dir is not None else None
         self._history: dict[tuple[str, str, int | None], dict[str, _Average]] = {}
         self._call_id = 0
+        self._seen: dict[str, tuple[float, float | None]] = {}
+        self._console = ConsoleBudget()
 
     def write(self, batch: StepBatch) -> None:
         found: dict[str, dict[str, Any]] = {}
@@ -154,6 +161,7 @@ class AlertDetector:
             if fired is not None:
                 name, entry = self._report(batch.step, table, key, *fired)
                 found[name] = entry
+        self._console.end_batch(batch.step, self._print)
         if found:
             self.count += len(found)
             self.latest = found
@@ -182,6 +190,7 @@ class AlertDetector:
                 ]
             if hit:
                 result = (rule.rule_name, hit)
+                self._seen = {op: (v, _baseline(history.get(op))) for op, v in zip(ops, values) if op in hit}
                 break
         fired = result[1] if result is not None else ()
         for op, v in zip(ops, values):
@@ -228,12 +237,64 @@ class AlertDetector:
             "message": message,
             "group_mates": list(ctx.group_mates),
         }
+        if self._console.admit(step, (table, key.vpp_stage, key.name)):
+            self._print(console_line(rule, tag, step, self._seen))
+        return f"{tag}_step_{step}_call_{self._call_id}", entry
+
+    def _print(self, text: str) -> None:
         stream = self.stream or sys.stdout
-        line = f"trainprobe alert: {message}"
+        line = f"trainprobe alert: {text}"
         if getattr(stream, "isatty", lambda: False)():
             line = f"\033[1;33m{line}\033[0m"
         print(line, file=stream, flush=True)
-        return f"{tag}_step_{step}_call_{self._call_id}", entry
 
     def close(self, reached: int | None = None) -> None:
         """Nothing to release (the dump is complete after every write)."""
+
+
+MAX_LINES_PER_STEP = 10
+"""Console lines per step; further anomalies of the step are summed up in one line."""
+
+
+def console_line(rule: str, tag: str, step: int, seen: dict[str, tuple[float, float | None]]) -> str:
+    """One anomaly event on the console: rule, step, tag, and each op's value and baseline.
+
+    Example: ``Rule AnomalyTurbulence at step 5: 0:fc1.weight/rank0/post_grad norm = 12.3 (baseline 0.104)``.
+    """
+    parts = []
+    for op, (value, baseline) in seen.items():
+        base = f" (baseline {baseline:.6g})" if baseline is not None else ""
+        parts.append(f"{op} = {value:.6g}{base}")
+    return f"Rule {rule} at step {step}: {tag} {', '.join(parts)}"
+
+
+class ConsoleBudget:
+    """Which anomaly events reach the console: one line per row (the same row of later
+    micro-batches is folded into it), at most :data:`MAX_LINES_PER_STEP` lines per step, and one
+    summary line per batch for the rest. ``anomaly.json`` keeps every event."""
+
+    def __init__(self) -> None:
+        self._step: int | None = None
+        self._rows: set[tuple[object, ...]] = set()
+        self._printed = 0
+        self._held = 0
+
+    def admit(self, step: int, row: tuple[object, ...]) -> bool:
+        """Whether the event of ``row`` at ``step`` gets its own line."""
+        if step != self._step:
+            self._step, self._rows, self._printed, self._held = step, set(), 0, 0
+        if row in self._rows:
+            self._held += 1
+            return False
+        self._rows.add(row)
+        if self._printed >= MAX_LINES_PER_STEP:
+            self._held += 1
+            return False
+        self._printed += 1
+        return True
+
+    def end_batch(self, step: int, emit: Callable[[str], None]) -> None:
+        """Print one summary line for the events of this batch held back."""
+        if self._held and step == self._step:
+            emit(f"step {step}: {self._held} more anomal{'y' if self._held == 1 else 'ies'} (anomaly.json has all)")
+            self._held = 0
