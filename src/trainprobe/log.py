@@ -95,6 +95,12 @@ def _first_time(key: str) -> bool:
         return True
 
 
+def info_once(key: str, message: str) -> None:
+    """Log ``message`` at INFO the first time ``key`` is seen (where output goes, not per step)."""
+    if _first_time(key):
+        logger.info(message)
+
+
 def warn_once(key: str, message: str) -> None:
     """Log ``message`` as a warning the first time ``key`` is seen in this process."""
     if _first_time(key):

@@ -38,7 +38,7 @@ from trainprobe.dump.entries import EntryOptions, tensors_in, value_entry
 from trainprobe.dump.module_hooks import ModuleHooks, named_submodules
 from trainprobe.dump.store import StepStore, TensorFileWriter, disk_full, report_write_error
 from trainprobe.errors import ConfigError
-from trainprobe.log import logger, warn_once
+from trainprobe.log import info_once, warn_once
 from trainprobe.patching import AttrPatch
 
 Model = nn.Module | Sequence[nn.Module]
@@ -279,7 +279,10 @@ class PrecisionDebugger:
                 return
             self.collector.fail(exc, "writing the JSON files")
             return
-        logger.info("trainprobe dump: dump.json is at %s", store.rank_dir)
+        info_once(
+            f"dump-where-{store.rank_dir.parent.parent}",
+            f"trainprobe dump: writing dump.json, stack.json and construct.json per step, first under {store.rank_dir}",
+        )
 
     @_either
     def step(self) -> None:
