@@ -83,7 +83,9 @@ class TrainerMonitorV2:
                 True): pass False when the loop runs forward and backward inside
                 ``optimizer.step(closure)`` (Lightning), where the optimizer's pre-step hook
                 fires before the gradients exist, and call :meth:`before_optimizer_step` once
-                they are ready; other keys are accepted and ignored.
+                they are ready; ``initial_step`` (int >= 0): the step the run is at, for a
+                resumed run or a trainer's global step (default: 0 for the first ``start()``,
+                the step reached for a later one); other keys are accepted and ignored.
 
         Raises:
             ConfigError: a monitor needs a model or an optimizer that was not passed.
@@ -98,6 +100,7 @@ class TrainerMonitorV2:
             )
             self._started = True
             return
+        self._set_initial_step(context.get("initial_step"))
         self._session = self._build_session(model, optimizer, context, rank)
         self._session.attach()
         self._started = True
@@ -135,6 +138,14 @@ class TrainerMonitorV2:
             self._session.close()
             self._session = None
         self._started = False
+
+    def _set_initial_step(self, step: Any) -> None:
+        """Move the clock to ``start(initial_step=...)`` when given."""
+        if step is None:
+            return
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"start(initial_step=...): must be an integer >= 0, got {step!r}")
+        self._clock.step = step
 
     # -- assembly ------------------------------------------------------------------------
     def _build_session(self, model: Any, optimizer: Any, context: dict[str, Any], rank: int) -> Session:
