@@ -19,10 +19,19 @@ there), one step per optimizer step (``trainer.global_step``):
 
 With ``monitor_v2_config`` Monitor V2 is started with the LightningModule and the first
 optimizer at ``on_train_start`` (with ``grad_acc_steps`` = ``trainer.accumulate_grad_batches``)
-and stopped at ``on_train_end``. Lightning runs forward and
-backward inside ``optimizer.step(closure)``, so the optimizer's pre-step hook would fire before
-the gradients exist: the callback takes Monitor V2's pre-step statistics (weight_grad
-``reduced``, optimizer state) in ``on_before_optimizer_step`` instead. ``print_struct`` stops
+and stopped at ``on_train_end``. Its ``step`` column is the metrics' step: the trainer's
+``global_step`` once the optimizer step is done (1 for the first optimizer step; a run resumed
+with ``fit(ckpt_path=...)`` at global step N continues with N + 1).
+
+Lightning runs forward and backward inside ``optimizer.step(closure)``, so the optimizer's
+pre-step hook would fire before the gradients exist, and it clips gradients
+(``gradient_clip_val``, ``configure_gradient_clipping``) *after* ``on_before_optimizer_step``.
+Monitor V2's pre-step statistics (weight_grad ``reduced``, optimizer state) are therefore taken
+right after the precision plugin's ``_after_closure`` (which runs ``on_before_optimizer_step``
+and then the clipping), wrapped on that plugin instance for the run: they hold the gradients the
+optimizer applies, as in the Hugging Face callback. (Where a Lightning version has no
+``_after_closure`` they fall back to ``on_before_optimizer_step``, with one warning.) The
+metrics keep Lightning's convention for gradient norms: before clipping. ``print_struct`` stops
 training through ``trainer.should_stop``.
 """
 
