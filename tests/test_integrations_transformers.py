@@ -232,3 +232,15 @@ def test_clip_grad_norm_is_put_back_after_training(tmp_path: Path) -> None:
     before = vars(accelerate.Accelerator)["clip_grad_norm_"]
     run(tmp_path, TrainProbeCallback(metrics_config={"monitor_config": {"monitor_on": True}}), max_steps=1)
     assert vars(accelerate.Accelerator)["clip_grad_norm_"] is before
+
+
+def test_grad_norm_without_clipping_is_the_trainers(tmp_path: Path) -> None:
+    """``max_grad_norm=0``: the Trainer still measures the norm (an unbounded clip) and logs it;
+    ``grad-norm`` is that value."""
+    metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics), max_grad_norm=0.0)
+    logged = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e}
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    assert set(s["grad-norm"]) == set(logged) == set(range(1, STEPS + 1))
+    for step, value in logged.items():
+        assert s["grad-norm"][step] == pytest.approx(value, rel=1e-5)
