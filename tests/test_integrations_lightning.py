@@ -13,6 +13,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from conftest import rows_of  # noqa: E402
 from test_metrics_helpers import read_events, scalars, texts  # noqa: E402
+from trainprobe.errors import ConfigError  # noqa: E402
 from trainprobe.integrations.lightning import TrainProbeCallback  # noqa: E402
 
 BATCH, ACCUM, STEPS = 4, 2, 3
@@ -192,21 +193,33 @@ def test_clipping_patch_is_undone_at_train_end(tmp_path: Path) -> None:
 
 
 def test_resumed_run_keeps_one_clock(tmp_path: Path) -> None:
-    """``fit(ckpt_path=...)`` at global step 2: the metrics and Monitor V2 both number the
-    resumed steps 3 and 4, and the reduced rows are still the clipped gradients."""
-    first = TrainProbeCallback(metrics_config=METRICS)
-    trainer, _ = fit(tmp_path / "first", first, optimizer="sgd", max_steps=2)
-    ckpt = tmp_path / "step2.ckpt"
-    trainer.save_checkpoint(ckpt)
+    """``fit(ckpt_path=...)`` at global step 2, into the same output folders: the metrics and
+    Monitor V2 both number the resumed steps 3 and 4, V2's files continue the first run's rows
+    of steps 1 and 2, and the reduced rows are still the clipped gradients."""
     v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
     metrics = {**METRICS, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    first = TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2)
+    trainer, before = fit(tmp_path / "first", first, optimizer="sgd", max_steps=2)
+    ckpt = tmp_path / "step2.ckpt"
+    trainer.save_checkpoint(ckpt)
     callback = TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2)
     trainer, module = fit(tmp_path / "second", callback, optimizer="sgd", max_steps=4, ckpt_path=ckpt)
     assert trainer.global_step == 4
     s = scalars(read_events(tmp_path / "tb" / "rank_0"))
-    assert set(s["grad-norm"]) == {3, 4}
-    reduced = norms_by_step(rows_of(tmp_path / "v2", "weight_grad"), "reduced")
-    assert set(reduced) == set(module.applied_norms) == {3, 4}
-    for step, applied in module.applied_norms.items():
+    assert set(s["grad-norm"]) == {1, 2, 3, 4}
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
+    reduced = norms_by_step(rows, "reduced")
+    assert set(reduced) == {1, 2, 3, 4} and set(module.applied_norms) == {3, 4}
+    for step, applied in {**before.applied_norms, **module.applied_norms}.items():
         for name, value in applied.items():
             assert reduced[step][name] == pytest.approx(value, rel=1e-4), (step, name)
+
+
+def test_a_new_run_into_a_used_folder_is_refused(tmp_path: Path) -> None:
+    """A fresh ``fit`` (global step 0) is not a resumed run: Monitor V2 refuses the folder of an
+    earlier run instead of mixing with it."""
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    fit(tmp_path / "first", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)
+    with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
+        fit(tmp_path / "second", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)

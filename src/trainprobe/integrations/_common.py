@@ -58,6 +58,8 @@ class MonitorPair:
         ``initial_step + 1`` for both monitors: the metrics' step and Monitor V2's ``step``
         column hold the trainer's global step once that optimizer step is done (the ``step``
         of Hugging Face's ``log_history``), so the first optimizer step of a fresh run is 1.
+        Monitor V2 treats the run as resumed (continuing an earlier run's files in its output
+        folder) only when ``initial_step`` > 0; a fresh run into a used folder is refused.
 
         ``hook_optimizer=False``: the caller reports when the gradients are ready
         (:meth:`gradients_ready`, :meth:`gradients_applied`) instead of the optimizer's pre-step
@@ -79,7 +81,12 @@ class MonitorPair:
             )
         if self.v2 is not None:
             # V2's clock holds the step being trained: the one that ends at global step + 1
-            context: dict[str, Any] = {"optimizer_pre_step_hook": hook_optimizer, "initial_step": initial_step + 1}
+            # resumed: only a run the trainer resumed continues an earlier run's files
+            context: dict[str, Any] = {
+                "optimizer_pre_step_hook": hook_optimizer,
+                "initial_step": initial_step + 1,
+                "resumed": initial_step > 0,
+            }
             if grad_acc_steps is not None:
                 context["grad_acc_steps"] = grad_acc_steps
             self.v2.start(model=model, optimizer=optimizer, **context)
