@@ -209,22 +209,23 @@ def test_reduced_rows_are_clipped_and_grad_norm_is_the_trainers(tmp_path: Path) 
 
 
 def test_resumed_training_keeps_one_clock(tmp_path: Path) -> None:
-    """``train(resume_from_checkpoint=True)`` from the checkpoint of global step 2: the metrics
-    and Monitor V2 both number the resumed steps 3 and 4, as the Trainer logs them."""
-    run(
-        tmp_path, TrainProbeCallback(metrics_config={"monitor_config": {"monitor_on": True}}), max_steps=2, save_steps=2
-    )
+    """``train(resume_from_checkpoint=True)`` from the checkpoint of global step 2, into the same
+    output folders: the metrics and Monitor V2 both number the resumed steps 3 and 4, as the
+    Trainer logs them, after the first run's 1 and 2."""
     metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
     v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    run(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2), max_steps=2, save_steps=2)
     trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2), max_steps=4, resume=True)
     assert trainer.state.global_step == 4
     logged = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e and e["step"] > 2}
     assert set(logged) == {3, 4}
     s = scalars(read_events(tmp_path / "tb" / "rank_0"))
-    assert set(s["grad-norm"]) == {3, 4}
+    assert set(s["grad-norm"]) == {1, 2, 3, 4}
     for step, value in logged.items():
         assert s["grad-norm"][step] == pytest.approx(value, rel=1e-5)
-    assert {int(r["step"]) for r in rows_of(tmp_path / "v2", "weight_grad")} == {3, 4}
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    assert {int(r["step"]) for r in rows} == {1, 2, 3, 4}
+    assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
 
 
 def test_clip_grad_norm_is_put_back_after_training(tmp_path: Path) -> None:
