@@ -93,7 +93,9 @@ class TrainerMonitorV2:
                 folder already holds an earlier run's CSV files keeps that run's rows of steps
                 below ``initial_step`` and drops the rest (a resumed run continues its files);
                 ``overwrite`` (default False; or ``TRAINPROBE_OVERWRITE=1``): remove an earlier
-                run's CSV files first. Other keys are accepted and ignored.
+                run's CSV files first; ``resumed`` (default: ``initial_step`` > 0): whether this
+                run continues an earlier one, for callers whose first step is not 0 (the trainer
+                callbacks number steps from 1). Other keys are accepted and ignored.
 
         Raises:
             ConfigError: a monitor needs a model or an optimizer that was not passed; the
@@ -166,9 +168,12 @@ class TrainerMonitorV2:
             raise ConfigError(f"start(overwrite=...): must be True or False, got {overwrite!r}")
         if not files:
             return
+        resumed = context.get("resumed", self._clock.step > 0 and context.get("initial_step") is not None)
+        if not isinstance(resumed, bool):
+            raise ConfigError(f"start(resumed=...): must be True or False, got {resumed!r}")
         if overwrite or overwrite_requested():
             keep_before = 0
-        elif self._clock.step > 0 and context.get("initial_step") is not None:
+        elif resumed:
             keep_before = self._clock.step
         else:
             raise refuse_earlier_run(rank_dir, files)
