@@ -145,15 +145,12 @@ def test_demo_twice_asks_for_overwrite(tmp_path: Path) -> None:
     assert "weight_grad_step0-1.csv" in replaced.stdout
 
 
-def test_resumed_false_refuses_even_above_step_zero(tmp_path: Path) -> None:
-    """A loop whose fresh run starts above 0 (the trainer callbacks start at 1) says
-    ``resumed=False``: the earlier run's folder is refused, not cut at that step."""
-    _train(TrainerMonitorV2(_config(tmp_path)), 3)
-    before = {p.name: p.read_bytes() for p in (tmp_path / "rank_0").iterdir()}
-    with pytest.raises(ConfigError, match=r"already holds the files of an earlier run"):
-        _train(TrainerMonitorV2(_config(tmp_path)), 2, initial_step=1, resumed=False)
-    assert {p.name: p.read_bytes() for p in (tmp_path / "rank_0").iterdir()} == before
-    with pytest.raises(ConfigError, match=r"start\(resumed=\.\.\.\): must be True or False, got 'yes'"):
-        _train(TrainerMonitorV2(_config(tmp_path)), 2, initial_step=1, resumed="yes")
-    _train(TrainerMonitorV2(_config(tmp_path)), 2, initial_step=2, resumed=True)
-    assert sorted({int(r["step"]) for r in _rows(tmp_path / "rank_0", "weight_grad")}) == [0, 1, 2, 3]
+def test_resumed_false_refuses_even_when_counting_from_one(tmp_path: Path) -> None:
+    """The trainer callbacks number steps from 1: a fresh trainer run (resumed=False) into a
+    used folder is refused, not taken as a resume at step 1."""
+    _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
+    with pytest.raises(ConfigError, match="already holds the files of an earlier run"):
+        _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
+    _train(TrainerMonitorV2(_config(tmp_path)), 1, initial_step=3, resumed=True)
+    steps = sorted({int(r["step"]) for r in _rows(tmp_path / "rank_0", "weight_grad")})
+    assert steps == [1, 2, 3]

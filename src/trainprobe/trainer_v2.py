@@ -92,17 +92,15 @@ class TrainerMonitorV2:
                 the step reached for a later one). A first ``start()`` whose ``rank_<r>``
                 folder already holds an earlier run's CSV files keeps that run's rows of steps
                 below ``initial_step`` and drops the rest (a resumed run continues its files);
-                ``resumed`` (bool, default: ``initial_step`` > 0): whether this run continues an
-                earlier one, for a caller whose fresh run starts above 0 (the trainer callbacks
-                number a fresh run's first step 1); ``overwrite`` (default False; or
-                ``TRAINPROBE_OVERWRITE=1``): remove an earlier run's CSV files first. Other keys
-                are accepted and ignored.
+                ``overwrite`` (default False; or ``TRAINPROBE_OVERWRITE=1``): remove an earlier
+                run's CSV files first; ``resumed`` (default: ``initial_step`` > 0): whether this
+                run continues an earlier one, for callers whose first step is not 0 (the trainer
+                callbacks number steps from 1). Other keys are accepted and ignored.
 
         Raises:
             ConfigError: a monitor needs a model or an optimizer that was not passed; the
-                rank folder holds an earlier run's CSV files and neither a resumed run
-                (``initial_step`` > 0, ``resumed``) nor ``overwrite`` says what to do with them
-                (the message names the folder).
+                rank folder holds an earlier run's CSV files and neither ``initial_step`` > 0
+                nor ``overwrite`` says what to do with them (the message names the folder).
             RuntimeError: already started.
         """
         if self._started:
@@ -170,9 +168,12 @@ class TrainerMonitorV2:
             raise ConfigError(f"start(overwrite=...): must be True or False, got {overwrite!r}")
         if not files:
             return
+        resumed = context.get("resumed", self._clock.step > 0 and context.get("initial_step") is not None)
+        if not isinstance(resumed, bool):
+            raise ConfigError(f"start(resumed=...): must be True or False, got {resumed!r}")
         if overwrite or overwrite_requested():
             keep_before = 0
-        elif _resumed(context) and self._clock.step > 0:
+        elif resumed:
             keep_before = self._clock.step
         else:
             raise refuse_earlier_run(rank_dir, files)
@@ -263,14 +264,3 @@ class TrainerMonitorV2:
             else:
                 probes.append(CollectiveProbe(clock, cc, rank, rank_dir, backend=backend))
         return probes
-
-
-def _resumed(context: dict[str, Any]) -> bool:
-    """``start(resumed=...)``, by default whether ``initial_step`` > 0 was given."""
-    resumed = context.get("resumed")
-    if resumed is None:
-        step = context.get("initial_step")
-        return isinstance(step, int) and step > 0
-    if not isinstance(resumed, bool):
-        raise ConfigError(f"start(resumed=...): must be True or False, got {resumed!r}")
-    return resumed
