@@ -3,8 +3,8 @@ from Monitor V1 or V2 output.
 
 The page holds, top to bottom: a summary (steps, ranks, data types, targets, rows, torn rows
 skipped, NaN/inf rows and the first one in execution order, dumped alerts); the run (loss,
-learning rate, global gradient norm over steps, from ``training_state.jsonl`` and the gradient
-CSVs); the top offenders (the parameters carrying the largest shares of the global gradient
+learning rate, global gradient norm over steps, from ``training_state.jsonl``, the training
+metrics' TensorBoard scalars and the gradient CSVs); the top offenders (the parameters carrying the largest shares of the global gradient
 norm², per step and over the run); the anomaly timeline
 (the first NaN/inf row of each target in the CSVs and the events of
 ``anomaly_detected/rank*/anomaly.json``, the first in execution order starred); per data type a
@@ -61,27 +61,33 @@ def _import_plotly() -> None:
 
 
 def write_report(
-    monitor_dir: str | Path, output: str | Path | None = None, training_state: str | Path | None = None
+    monitor_dir: str | Path,
+    output: str | Path | None = None,
+    training_state: str | Path | None = None,
+    tensorboard: str | Path | None = None,
 ) -> Path:
     """Write the HTML report of the monitor output under ``monitor_dir`` (a V1 MONITOR_OUTPUT_DIR
     or run folder, or a V2 output_dir) to ``output`` (see :func:`output_path`) and return its path.
 
     The training metrics' ``training_state.jsonl`` files (loss and gradient norms of the Run
     section) come from ``training_state`` (the file, a ``rank_<id>`` folder or the metrics'
-    ``dump_path``), else from ``monitor_dir``, its ``rank_<id>`` folders or one level below.
+    ``dump_path``), else from ``monitor_dir``, its ``rank_<id>`` folders or one level below;
+    their TensorBoard scalars (loss, learning rate, gradient norm) from ``tensorboard`` (the
+    metrics' ``tensorboard_dir``), else from event files in ``monitor_dir``'s ``rank_<id>`` folders.
 
     Torn rows of a killed run are skipped (a warning names each file once, the summary counts them).
 
     Raises:
         ConfigError: ``monitor_dir`` missing or holding no monitor CSV, a CSV with a foreign
             header, no complete row at all, a malformed ``anomaly.json``, an unwritable output,
-            a ``training_state`` without ``training_state.jsonl``, or plotly missing.
+            a ``training_state`` without ``training_state.jsonl``, a ``tensorboard`` without a
+            readable event file (or without the tensorboard package), or plotly missing.
     """
     _import_plotly()
     from trainprobe.tools.report_data import load_report_data
     from trainprobe.tools.report_html import render_page
 
-    data = load_report_data(monitor_dir, training_state)
+    data = load_report_data(monitor_dir, training_state, tensorboard)
     path = output_path(output)
     text = render_page(data)
     try:
@@ -97,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: see :func:`write_report`.
     """
-    print(write_report(args.monitor_dir, args.output, args.training_state))
+    print(write_report(args.monitor_dir, args.output, args.training_state, args.tensorboard))
     return 0
 
 
@@ -119,6 +125,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="PATH",
         help="the training metrics' training_state.jsonl, a rank_<id> folder or their dump_path (default: any "
         "found in MONITOR_DIR, its rank_<id> folders or one level below): loss and gradient norm of the Run section",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        metavar="PATH",
+        help="the training metrics' tensorboard_dir (or a rank_<id> folder or event file): loss, learning rate "
+        "and grad-norm of the Run section (default: event files in MONITOR_DIR's rank_<id> folders)",
     )
     parser.set_defaults(run=run)
     return parser

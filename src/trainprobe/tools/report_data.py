@@ -44,8 +44,10 @@ from trainprobe.tools.report_run import (
     Offenders,
     TopShares,
     TrainingState,
+    find_event_files,
     find_training_state,
     offenders_of,
+    read_event_files,
     read_training_state,
 )
 
@@ -247,11 +249,16 @@ class _Rows:
 # --------------------------------------------------------------------------- reading
 
 
-def load_report_data(monitor_dir: str | Path, training_state: str | Path | None = None) -> ReportData:
+def load_report_data(
+    monitor_dir: str | Path, training_state: str | Path | None = None, tensorboard: str | Path | None = None
+) -> ReportData:
     """Read every monitor CSV and anomaly file under ``monitor_dir``, and the training metrics'
     ``training_state.jsonl`` files: those of ``training_state`` (the file, a ``rank_<id>``
     folder or the metrics' ``dump_path``), else any in ``monitor_dir``, its ``rank_<id>``
-    folders or one level below (see :func:`~trainprobe.tools.report_run.find_training_state`).
+    folders or one level below (see :func:`~trainprobe.tools.report_run.find_training_state`);
+    and the metrics' TensorBoard scalars (loss, learning rate, gradient norm) of ``tensorboard``
+    (their ``tensorboard_dir``), else of event files in ``monitor_dir``'s ``rank_<id>`` folders
+    (see :func:`~trainprobe.tools.report_run.find_event_files`).
 
     Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
     as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
@@ -261,11 +268,13 @@ def load_report_data(monitor_dir: str | Path, training_state: str | Path | None 
     Raises:
         ConfigError: missing path, no monitor output, a foreign CSV header, no complete row at
             all (every file empty or torn), a malformed ``anomaly.json`` (the message names the file),
-            or a ``training_state`` that is missing or holds no ``training_state.jsonl``.
+            a ``training_state`` that is missing or holds no ``training_state.jsonl``, a
+            ``tensorboard`` that is missing or holds no event file (or an unreadable one).
     """
     root = Path(monitor_dir).expanduser()
     files = find_csv_files(root)
     training = read_training_state(find_training_state(root, training_state))
+    read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     reading = _Reading()
     torn = sum(_collect_file(file, reading) for file in files)
     if not reading.tables:

@@ -491,14 +491,15 @@ REST_COLOUR = "#e0e0e0"
 
 
 def run_series(data: ReportData) -> dict[str, list[Series]]:
-    """The lines of each Run panel that has any: ``training_state.jsonl``'s keys, and for the
-    gradient norm also each gradient group's global norm (sqrt of the sum of the parameters'
-    squared norms), at most :data:`MAX_RUN_RANKS` ranks each."""
+    """The lines of each Run panel that has any: the training metrics' keys (``training_state.jsonl``,
+    TensorBoard), and for the gradient norm also the global norm (sqrt of the sum of the
+    parameters' squared norms) of the first gradient group (reduced gradients where there are,
+    else unreduced); at most :data:`MAX_RUN_RANKS` ranks each."""
     panels: dict[str, list[Series]] = {}
     for title, keys, _ in RUN_PANELS:
         lines = [s for key in keys for s in data.training.series if s.key == key]
         if title == "global gradient norm":
-            for group in data.gradient_groups:
+            for group in data.gradient_groups[:1]:
                 for rank in sorted(group.ranks):
                     value, _, _ = global_norm(group, rank)
                     lines.append(Series(group.name, "monitor CSVs", rank, group.steps, value))
@@ -515,7 +516,7 @@ def downsample_line(steps: np.ndarray, values: np.ndarray, points: int) -> tuple
     size = bucket_size(len(steps), points)
     if size == 1:
         return steps, values
-    flagged = ~np.isfinite(values) & ~np.isnan(values)
+    flagged = ~np.isfinite(values)
     picked, bad = downsample(np.where(flagged, np.nan, values)[None, :], flagged[None, :], size)
     return steps[::size], np.where(bad[0], np.nan, picked[0])
 

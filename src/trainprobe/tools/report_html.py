@@ -428,20 +428,23 @@ def _run_section(page: PageBuilder, data: ReportData) -> None:
     panels = run_series(data)
     if not panels:
         return
-    files = data.training.files
-    sources = f"{len(files)} {TRAINING_STATE} file(s)" if files else f"no {TRAINING_STATE}"
-    skipped = f", {data.training.skipped} line(s) skipped (torn or not JSON)" if data.training.skipped else ""
+    files, events = data.training.files, data.training.event_files
+    sources = f"{len(files)} {TRAINING_STATE} file(s), {len(events)} TensorBoard event file(s)"
+    skipped = f" ({data.training.skipped} line(s) skipped: torn or not JSON)" if data.training.skipped else ""
     page.add('<section id="run"><h2>Run</h2>')
     page.add(
-        f'<p class="note" id="tp-run-sources" data-files="{len(files)}" data-panels="{_e(",".join(panels))}">'
-        f"Over steps, from {_e(sources)}{_e(skipped)} and the gradient CSVs: the loss "
-        "(<code>local_loss</code>: the mean of the rank's micro-batch losses; "
-        "<code>device_accum_local_loss</code>: their sum), the learning rate (drawn when a source holds one: "
-        f"{_e(TRAINING_STATE)} does not), and the global gradient norm: <code>device_local_norm</code> of "
-        f"{_e(TRAINING_STATE)} (the gradients the optimizer applies, after clipping) and, per gradient data type "
-        "of the monitor output, sqrt of the sum of every parameter's squared norm (NaN/inf norms left out). "
-        f"One line per source and rank (at most the 8 lowest ranks). Runs longer than {MAX_LINE_POINTS} steps "
-        "show the value of largest magnitude of each bucket of steps. Click a legend entry to hide a line.</p>"
+        f'<p class="note" id="tp-run-sources" data-files="{len(files)}" data-event-files="{len(events)}" '
+        f'data-panels="{_e(",".join(panels))}">Over steps, from {_e(sources)}{_e(skipped)} and the gradient '
+        "CSVs of the monitor output. Loss: the training metrics' <code>loss</code> (TensorBoard), "
+        f"<code>local_loss</code> (the mean of the rank's micro-batch losses) and "
+        "<code>device_accum_local_loss</code> (their sum). Learning rate: <code>learning-rate</code>, only in the "
+        f"TensorBoard event files (pass <code>--tensorboard</code> with the metrics' tensorboard_dir; "
+        f"{_e(TRAINING_STATE)} holds none). Global gradient norm: <code>grad-norm</code> (TensorBoard) and "
+        f"<code>device_local_norm</code> ({_e(TRAINING_STATE)}), the gradients the optimizer applies, after "
+        "clipping; and per gradient data type of the monitor output, sqrt of the sum of every parameter's "
+        "squared norm (NaN/inf norms left out). One line per source and rank (at most the 8 lowest ranks). "
+        f"Runs longer than {MAX_LINE_POINTS} steps show the value of largest magnitude of each bucket of steps. "
+        "Click a legend entry to hide a line.</p>"
     )
     page.add_figure(run_figure(panels))
     page.add("</section>")

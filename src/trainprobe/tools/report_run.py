@@ -9,6 +9,9 @@ Sources:
   not a JSON object with an integer ``step`` (a run killed while writing) is skipped and
   counted. The file carries no learning rate; a ``learning-rate`` (or ``lr``) key is drawn when
   a line has one.
+* the TensorBoard event files of the training metrics (``tensorboard_dir/rank_<id>/events.*``):
+  the scalars ``loss``, ``learning-rate`` and ``grad-norm``, read event by event (needs the
+  ``tensorboard`` package). Only these event files carry the learning rate.
 * the gradient groups of the monitor CSVs (V2 ``weight_grad/reduced`` or ``unreduced``, V1
   ``grad_reduced`` or ``grad_unreduced``): their global norm per step (sqrt of the sum of the
   parameters' squared ``norm``) and, through :class:`TopShares`, the top offenders.
@@ -46,6 +49,10 @@ LOSS_KEYS = ("loss", "local_loss", "device_accum_local_loss")
 LR_KEYS = ("learning-rate", "lr")
 NORM_KEYS = ("grad-norm", "device_local_norm")
 LOCAL_NORM = "local_norm/"
+#: The training metrics' TensorBoard scalars drawn (their ``-vs-samples`` twins are not).
+TENSORBOARD_TAGS = ("loss", "learning-rate", "grad-norm")
+EVENTS = "events.out.tfevents.*"
+TENSORBOARD = "TensorBoard"
 _RANK_DIR = re.compile(r"^rank_?(\d+)$")
 
 
@@ -169,13 +176,15 @@ class TrainingState:
     """What the ``training_state.jsonl`` files hold.
 
     Attributes:
-        files: the files read.
+        files: the ``training_state.jsonl`` files read.
+        event_files: the TensorBoard event files read.
         skipped: lines skipped (torn, not JSON, no integer ``step``).
         series: the lines of :data:`LOSS_KEYS`, :data:`LR_KEYS` and :data:`NORM_KEYS` present.
         offenders: per rank, from the ``local_norm/<param>`` keys (when there are any).
     """
 
     files: list[Path] = field(default_factory=list)
+    event_files: list[Path] = field(default_factory=list)
     skipped: int = 0
     series: list[Series] = field(default_factory=list)
     offenders: dict[int, Offenders] = field(default_factory=dict)
@@ -285,3 +294,70 @@ def _add_local_norms(shares: TopShares, names: dict[str, int], step: int, row: d
     if ids:
         targets = np.array(ids, dtype=np.int64)
         shares.add(np.full(len(ids), step, dtype=np.int64), targets, np.array(squares, dtype=np.float64))
+
+
+# --------------------------------------------------------------------------- TensorBoard
+
+
+def find_event_files(root: Path, given: str | Path | None = None) -> list[tuple[int, Path]]:
+    """(rank, file) of the TensorBoard event files to read, in name (time) order.
+
+    ``given`` (``--tensorboard``): an event file, a ``rank_<id>`` folder, or the metrics'
+    ``tensorboard_dir`` holding ``rank_<id>/`` folders. Without it they are looked for in the
+    ``rank_<id>/`` folders of ``root`` and one level below (the monitors' own event files, in
+    other folders, are not read).
+
+    Raises:
+        ConfigError: ``given`` is missing or holds no event file.
+    """
+    if given is None:
+        patterns = [f"rank_*/{EVENTS}", f"*/rank_*/{EVENTS}"]
+        found = [p for pattern in patterns for p in root.glob(pattern)] if root.is_dir() else []
+    else:
+        path = Path(given).expanduser()
+        if not path.exists():
+            raise ConfigError(f"tensorboard: {str(path)!r} does not exist; pass the training metrics' tensorboard_dir")
+        found = [path] if path.is_file() else [p for pattern in (EVENTS, f"rank*/{EVENTS}") for p in path.glob(pattern)]
+        if not found:
+            raise ConfigError(
+                f"tensorboard: no {EVENTS} file in {str(path)!r} or its rank_<id>/ folders; "
+                "pass tensorboard.tensorboard_dir of the training metrics"
+            )
+    files = sorted({p for p in found if is_regular_file(p)}, key=lambda p: (str(p.parent), p.name))
+    return [(rank_of(p.parent), p) for p in files]
+
+
+def read_event_files(files: list[tuple[int, Path]], state: TrainingState, required: bool) -> None:
+    """Add the :data:`TENSORBOARD_TAGS` scalars of ``files`` to ``state.series`` (a later file's
+    value of a step wins). Without the ``tensorboard`` package: a ConfigError when ``required``
+    (``--tensorboard`` given), else a warning and nothing read.
+
+    Raises:
+        ConfigError: see above; an event file that cannot be read (the message names it).
+    """
+    if not files:
+        return
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    except ImportError:
+        message = "reading TensorBoard event files needs the tensorboard package; pip install tensorboard"
+        if required:
+            raise ConfigError(f"tensorboard: {message}") from None
+        warn_once("report:tensorboard", f"report: {message} (the learning rate is not drawn)")
+        return
+    values: dict[tuple[str, int], dict[int, float]] = {}
+    for rank, path in files:
+        state.event_files.append(path)
+        try:
+            for event in LegacyEventFileLoader(str(path)).Load():
+                for value in event.summary.value:
+                    if value.tag in TENSORBOARD_TAGS and value.HasField("simple_value"):
+                        values.setdefault((value.tag, rank), {})[int(event.step)] = float(value.simple_value)
+        except Exception as exc:  # noqa: BLE001 - a damaged file from a user: one line naming it
+            raise ConfigError(f"tensorboard: {path}: cannot read the event file: {exc}") from None
+    for tag in TENSORBOARD_TAGS:
+        for (key, rank), by_step in sorted(values.items()):
+            if key == tag:
+                steps = np.array(sorted(by_step), dtype=np.int64)
+                numbers = np.array([by_step[int(s)] for s in steps], dtype=np.float64)
+                state.series.append(Series(tag, TENSORBOARD, rank, steps, numbers))
