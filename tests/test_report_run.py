@@ -8,6 +8,7 @@ then the page is built by ``trainprobe report`` in a subprocess and rendered by 
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -302,3 +303,36 @@ def test_write_report_passes_the_sources_on(run, tmp_path):
     path = write_report(run.v2, tmp_path / "r.html", training_state=run.dump / "rank_0" / "training_state.jsonl")
     text = path.read_text(encoding="utf-8")
     assert 'data-files="1" data-event-files="0" data-panels="loss,global gradient norm"' in text
+
+
+def test_v1_and_v2_gradient_csvs_of_two_ranks_feed_run_and_offenders(monitor_runs):
+    """Two real gloo ranks (``monitor_runs.py``; NaN in rank 1's fc2.bias from step 4): the
+    global norm and shares of each rank, against float64 sums of the CSVs' norms read here."""
+    for root, name, target_col in (
+        (monitor_runs.v1, "grad_reduced", "name"),
+        (monitor_runs.v2, "weight_grad/reduced", "module_name"),
+    ):
+        data = load_report_data(root)
+        group = data.gradient_groups[0]
+        assert group.name == name and sorted(group.offenders) == [0, 1]
+        for rank in (0, 1):
+            norms: dict[int, dict[str, float]] = {}
+            pattern = (
+                f"*-rank{rank}-*/grad_reduced_*.csv" if name == "grad_reduced" else f"rank_{rank}/weight_grad_*.csv"
+            )
+            for path in root.glob(pattern):
+                with open(path, newline="", encoding="utf-8") as handle:
+                    for row in csv.DictReader(handle):
+                        if row.get("scope", "reduced") == "reduced" and math.isfinite(float(row["norm"])):
+                            norms.setdefault(int(row["step"]), {})[row[target_col]] = float(row["norm"])
+            offenders = group.offenders[rank]
+            steps = sorted(norms)
+            assert offenders.steps.tolist() == steps
+            expected = [math.sqrt(math.fsum(v * v for v in norms[s].values())) for s in steps]
+            np.testing.assert_allclose(offenders.norm, expected, rtol=1e-12)
+            for row, step in enumerate(steps):
+                top = reference_top(norms[step])
+                assert [offenders.names[i] for i in offenders.top_ids[row][: len(top)]] == [n for n, _ in top]
+                np.testing.assert_allclose(offenders.top_share[row][: len(top)], [s for _, s in top], rtol=1e-12)
+        if name == "grad_reduced":  # rank 1 lost fc2.bias (NaN) from step 4: 3 of 4 parameters then
+            assert "fc2.bias" not in [group.offenders[1].names[i] for i in group.offenders[1].top_ids[-1] if i >= 0]
