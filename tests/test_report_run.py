@@ -31,6 +31,7 @@ from trainprobe.tools.report_figures import (
     offender_buckets,
     offender_shares,
     real_label,
+    run_figure,
     run_series,
 )
 from trainprobe.tools.report_run import TOP_K, TopShares, offenders_of
@@ -336,3 +337,10 @@ def test_v1_and_v2_gradient_csvs_of_two_ranks_feed_run_and_offenders(monitor_run
                 np.testing.assert_allclose(offenders.top_share[row][: len(top)], [s for _, s in top], rtol=1e-12)
         if name == "grad_reduced":  # rank 1 lost fc2.bias (NaN) from step 4: 3 of 4 parameters then
             assert "fc2.bias" not in [group.offenders[1].names[i] for i in group.offenders[1].top_ids[-1] if i >= 0]
+        lines = {line.rank: line for line in run_series(data)["global gradient norm"]}
+        assert lines[1].nonfinite is not None and lines[1].steps[lines[1].nonfinite].tolist() == [4, 5]
+        assert lines[0].nonfinite is not None  # the NaN reaches rank 0 through the all-reduce a step later
+        assert lines[0].steps[lines[0].nonfinite].tolist() == [5]
+        figure = run_figure(run_series(data))
+        crosses = [t for t in figure["data"] if t["meta"]["role"] == "run-nonfinite"]
+        assert [t["name"] for t in crosses] == [f"NaN/inf in a gradient · rank {r}" for r in (0, 1)]

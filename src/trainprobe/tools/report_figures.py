@@ -501,8 +501,8 @@ def run_series(data: ReportData) -> dict[str, list[Series]]:
         if title == "global gradient norm":
             for group in data.gradient_groups[:1]:
                 for rank in sorted(group.ranks):
-                    value, _, _ = global_norm(group, rank)
-                    lines.append(Series(group.name, "monitor CSVs", rank, group.steps, value))
+                    value, bad, _ = global_norm(group, rank)
+                    lines.append(Series(group.name, "monitor CSVs", rank, group.steps, value, bad))
         ranks = sorted({s.rank for s in lines})[:MAX_RUN_RANKS]
         lines = [s for s in lines if s.rank in ranks]
         if lines:
@@ -519,6 +519,33 @@ def downsample_line(steps: np.ndarray, values: np.ndarray, points: int) -> tuple
     flagged = ~np.isfinite(values)
     picked, bad = downsample(np.where(flagged, np.nan, values)[None, :], flagged[None, :], size)
     return steps[::size], np.where(bad[0], np.nan, picked[0])
+
+
+def nonfinite_markers(line: Series, name: str, axis: str, title: str) -> dict[str, Any]:
+    """Red crosses at the steps of ``line`` where some parameter's norm was NaN/inf (at most
+    :data:`MAX_LINE_POINTS`, evenly picked): on the line where its value is finite, else at the
+    bottom of the line's finite values (at 1 when it has none)."""
+    assert line.nonfinite is not None
+    where = np.flatnonzero(line.nonfinite)
+    where = where[:: bucket_size(len(where), MAX_LINE_POINTS)]
+    finite = line.values[np.isfinite(line.values)]
+    bottom = float(finite.min()) if finite.size else 1.0
+    y = np.where(np.isfinite(line.values[where]), line.values[where], bottom)
+    label = f"NaN/inf in a gradient · rank {line.rank}"
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": plot_text(label),
+        "legendgroup": title,
+        "legendgrouptitle": None,
+        "x": typed(line.steps[where].astype(np.int32)),
+        "y": typed(as_float32(y)),
+        "xaxis": f"x{axis}",
+        "yaxis": f"y{axis}",
+        "marker": {"symbol": "x", "size": 9, "color": NONFINITE_COLOUR},
+        "hovertemplate": f"step %{{x}}: a parameter's norm is NaN/inf, left out of {plot_text(name)}<extra></extra>",
+        "meta": {"role": "run-nonfinite", "panel": title, "rank": line.rank},
+    }
 
 
 def run_figure(panels: dict[str, list[Series]]) -> Figure:
@@ -561,6 +588,8 @@ def run_figure(panels: dict[str, list[Series]]) -> Figure:
                     "meta": {"role": "run", "panel": title, "key": plot_text(line.key), "rank": line.rank},
                 }
             )
+            if line.nonfinite is not None and line.nonfinite.any():
+                traces.append(nonfinite_markers(line, name, axis, title))
     layout["xaxis" if n == 1 else f"xaxis{n}"]["title"] = {"text": "step"}
     for key in [k for k in layout if k.startswith("xaxis")]:
         layout[key] = {k: v for k, v in layout[key].items() if v is not None}

@@ -442,7 +442,7 @@ def _run_section(page: PageBuilder, data: ReportData) -> None:
         f"{_e(TRAINING_STATE)} holds none). Global gradient norm: <code>grad-norm</code> (TensorBoard) and "
         f"<code>device_local_norm</code> ({_e(TRAINING_STATE)}), the gradients the optimizer applies, after "
         "clipping; and per gradient data type of the monitor output, sqrt of the sum of every parameter's "
-        "squared norm (NaN/inf norms left out). One line per source and rank (at most the 8 lowest ranks). "
+        "squared norm (NaN/inf norms left out; red crosses mark those steps). One line per source and rank (at most the 8 lowest ranks). "
         f"Runs longer than {MAX_LINE_POINTS} steps show the value of largest magnitude of each bucket of steps. "
         "Click a legend entry to hide a line.</p>"
     )

@@ -162,13 +162,16 @@ def offender_rows(
 
 @dataclass
 class Series:
-    """One line of the Run section: ``key`` of ``source`` on ``rank`` (NaN/inf kept)."""
+    """One line of the Run section: ``key`` of ``source`` on ``rank`` (NaN/inf kept); for a
+    norm computed from the gradient CSVs, ``nonfinite`` flags the steps where some parameter's
+    norm was NaN/inf (left out of the sum)."""
 
     key: str
     source: str
     rank: int
     steps: np.ndarray
     values: np.ndarray
+    nonfinite: np.ndarray | None = None
 
 
 @dataclass
