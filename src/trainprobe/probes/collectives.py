@@ -351,7 +351,7 @@ class CollectiveProbe(Probe):
     name = "cc"
 
     def __init__(
-        self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend | None = None
+        self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend
     ) -> None:
         super().__init__(clock, config.ops, config.eps, backend=backend)
         api = self.backend.collective_api()
