@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from trainprobe.probes.collectives import CollectiveApi
     from trainprobe.probes.model_view import ModelView, NamedParam
 
+
 class Removable(Protocol):
     """A hook handle."""
 
