@@ -17,6 +17,7 @@ from trainprobe.adapters import Backend, backend_for
 from trainprobe.config.folders import make_output_folder
 from trainprobe.config.monitor_v2 import MonitorV2Config, load_monitor_v2_config
 from trainprobe.errors import ConfigError
+from trainprobe.layout import v2_rank_folder
 from trainprobe.log import logger, warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.collectives import CollectiveProbe
@@ -71,7 +72,7 @@ class TrainerMonitorV2:
     @property
     def output_dir(self) -> Path:
         """This rank's output folder, ``<output_dir>/rank_<rank>``."""
-        return self.config.output_dir / f"rank_{self._backend.rank()}"
+        return self.config.output_dir / v2_rank_folder(self._backend.rank())
 
     def start(self, model: Any = None, optimizer: Any = None, **context: Any) -> None:
         """Create the enabled monitors and attach them.
@@ -196,7 +197,7 @@ class TrainerMonitorV2:
                 f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
             )
         opt = backend.unwrap_optimizer(optimizer) if optimizer is not None else None
-        rank_dir = make_output_folder(cfg.output_dir / f"rank_{rank}", "output_dir")
+        rank_dir = make_output_folder(cfg.output_dir / v2_rank_folder(rank), "output_dir")
         if not self._wrote_here:
             self._make_room(rank_dir, context)
         clock = self._clock

@@ -12,13 +12,14 @@ from typing import Any
 
 from trainprobe.config.fields import Section, check_choice, load_json_object
 from trainprobe.errors import ConfigError
+from trainprobe.layout import V2_MONITORS
 from trainprobe.log import logger
 from trainprobe.schedule import Schedule
 from trainprobe.stats.ops import DEFAULT_EPS, DEFAULT_OPS, parse_ops
 
 FRAMEWORKS = ("pytorch", "mindspore")
 FRAMEWORK_ALIASES = {"pt": "pytorch", "torch": "pytorch", "ms": "mindspore"}
-MONITOR_NAMES = ("module", "weight_grad", "optimizer", "param", "cc")
+MONITOR_NAMES = V2_MONITORS
 TOP_LEVEL_KEYS = (
     "framework",
     "output_dir",

@@ -36,17 +36,14 @@ class StepClock:
 class Probe:
     """Base class of the monitors. Subclasses set ``name`` and ``with_micro_step`` and
     implement :meth:`attach`; optimizer-driven probes override :meth:`before_optimizer_step`
-    and :meth:`after_optimizer_step`. ``backend`` is the framework adapter (PyTorch by
-    default); ``self.stats`` is its statistics kernel."""
+    and :meth:`after_optimizer_step`. ``backend`` is the framework adapter (given by the
+    caller: the probes never import the adapters, which import the probes); ``self.stats`` is its
+    statistics kernel."""
 
     name: str = "probe"
     with_micro_step: bool = False
 
-    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float, *, backend: Backend | None = None) -> None:
-        if backend is None:
-            from trainprobe.adapters.pytorch import TORCH
-
-            backend = TORCH
+    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float, *, backend: Backend) -> None:
         self.clock = clock
         self.backend: Backend = backend
         self.stats = backend.stats(ops, eps)

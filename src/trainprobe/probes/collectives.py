@@ -350,9 +350,7 @@ class CollectiveProbe(Probe):
 
     name = "cc"
 
-    def __init__(
-        self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend | None = None
-    ) -> None:
+    def __init__(self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend) -> None:
         super().__init__(clock, config.ops, config.eps, backend=backend)
         api = self.backend.collective_api()
         assert api is not None, "the trainer refuses cc for a backend without collectives"
