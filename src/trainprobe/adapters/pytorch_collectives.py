@@ -12,6 +12,12 @@ An asynchronous call's outputs are recorded when its work completes:
   without a Python ``wait()`` is read then; one that has not is never waited for on the loop's
   behalf (a second ``wait()`` on a gloo receive blocks for another message): it is recorded when
   the loop waits for it, in the step running then, and not at all if nothing in Python does.
+
+The next step starts at the next ``nn.Module`` forward anywhere in the process
+(:meth:`TorchCollectives.on_next_forward`: a global forward pre-hook that removes itself when it
+fires). DistributedDataParallel's gradient all-reduce runs inside its C++ reducer, out of the
+patch's sight; :meth:`TorchCollectives.watch_ddp` registers a comm hook that runs DDP's own
+default (``allreduce_hook``: divide by the world size, all-reduce) and reports each bucket.
 """
 
 from __future__ import annotations
@@ -26,9 +32,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from trainprobe.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainprobe.probes.collectives import Wrap
+    from trainprobe.probes.collectives import CollectiveProbe, Wrap
 
 
 class _AwaitedWork:
@@ -133,5 +144,97 @@ class TorchCollectives:
         except Exception:  # noqa: BLE001 - a description only
             return str(group)
 
+    def on_next_forward(self, callback: Callable[[], None]) -> Any:
+        """A global ``nn.Module`` forward pre-hook calling ``callback`` once, at the first module
+        forward of any model (it runs before the module's own pre-hooks, FSDP's all-gathers
+        included) and removing itself (torch iterates a copy of the hooks, so that is safe)."""
+        handle: Any = None
+
+        def first_forward(module: Any, args: Any) -> None:
+            handle.remove()
+            callback()
+
+        handle = register_module_forward_pre_hook(first_forward)
+        return handle
+
+    def watch_ddp(self, model: Any, probe: CollectiveProbe) -> Any:
+        """Report the buckets of ``model`` (a DistributedDataParallel, else None is returned) to
+        ``probe`` until the returned handle is removed (see :class:`_DdpHookState`)."""
+        if not isinstance(model, DistributedDataParallel):
+            return None
+        state = _DDP_STATES.get(model)
+        if state is None:
+            if model._comm_hooks:
+                raise ConfigError(
+                    "monitors.cc.ddp_comm_hook: this DistributedDataParallel already has a comm hook "
+                    '(DDP allows one); set "ddp_comm_hook": false'
+                )
+            state = _DdpHookState(model.process_group)
+            try:
+                model.register_comm_hook(state, _ddp_comm_hook)
+            except RuntimeError as exc:  # a built-in comm hook is registered already
+                raise ConfigError(
+                    f'monitors.cc.ddp_comm_hook: DDP refused the comm hook ({exc}); set "ddp_comm_hook": false'
+                ) from exc
+            _DDP_STATES[model] = state
+        state.probes = (*state.probes, probe)
+        return _DdpListening(state, probe)
+
+
+class _DdpHookState:
+    """The state of trainprobe's DDP comm hook on one model: its process group and the probes
+    listening now. DDP cannot unregister a comm hook, so the hook stays registered for the
+    model's life, running DDP's default all-reduce and recording nothing once no probe listens
+    (a later ``start()`` on the same model listens to it again)."""
+
+    __slots__ = ("process_group", "probes")
+
+    def __init__(self, process_group: Any) -> None:
+        self.process_group = process_group
+        self.probes: tuple[CollectiveProbe, ...] = ()
+
+
+_DDP_STATES: weakref.WeakKeyDictionary[Any, _DdpHookState] = weakref.WeakKeyDictionary()
+
+
+class _DdpListening:
+    """Removes one probe from a model's :class:`_DdpHookState` (idempotent)."""
+
+    def __init__(self, state: _DdpHookState, probe: CollectiveProbe) -> None:
+        self.state = state
+        self.probe = probe
+
+    def remove(self) -> None:
+        self.state.probes = tuple(p for p in self.state.probes if p is not self.probe)
+
+
+def _ddp_comm_hook(state: _DdpHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce of ``bucket`` (``allreduce_hook``: the same operations in the same
+    order as the reducer's built-in one, so gradients are bitwise the same), reported to each
+    listening probe as ``all_reduce`` of ``ddp.bucket_<index>``: ``in`` before averaging,
+    ``out`` once the future completed. Its inner ``dist.all_reduce`` is not recorded again."""
+    probes = state.probes
+    if not probes:
+        return allreduce_hook(state.process_group, bucket)
+    index, tensor = bucket.index(), bucket.buffer()
+    calls = [(probe, probe.bucket_call(index, tensor)) for probe in probes]
+    with probes[0].unobserved():
+        future = allreduce_hook(state.process_group, bucket)
+
+    def reduced(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        result = done.value()
+        for probe, call in calls:
+            probe.bucket_done(call, result)
+        return result
+
+    return future.then(reduced)
+
+
+# DDP checks the hook's annotations as objects, not as this module's postponed strings
+_ddp_comm_hook.__annotations__ = {
+    "state": _DdpHookState,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
 
 TORCH_COLLECTIVES = TorchCollectives()

@@ -1,0 +1,237 @@
+"""The ``cc`` monitor at step boundaries, on two real gloo processes: a collective issued after
+``optimizer.step()`` (a logging ``all_reduce`` of the loss) belongs to the step that trained, no
+``cc`` file appears for a step that never trained, and DDP's bucket all-reduce is recorded
+through a comm hook (``ddp_comm_hook``) without changing a bit of training.
+
+One pair of spawned processes runs every scenario (a module-scoped fixture, with the launch
+helpers of ``test_distributed_v2``); the tests read the CSVs and the tensors the workers saved.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from conftest import read_csv, rows_of, write_config
+from models import MLP
+from test_distributed_v2 import (
+    OPS,
+    WORLD,
+    _assert_no_probe_errors,
+    _assert_stats,
+    _batch,
+    _loss,
+    _ErrorLog,
+    _world_of_one,
+    launch,
+)
+from trainprobe import ConfigError, TrainerMonitorV2
+
+THIS_FILE = os.path.basename(__file__)
+STEPS = 3
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
+)
+
+
+@contextmanager
+def _errors(out: Path, rank: int) -> Iterator[None]:
+    """Save the trainprobe errors logged in the block to ``out/errors_rank<r>.json``."""
+    errors = _ErrorLog()
+    logging.getLogger("trainprobe").addHandler(errors)
+    try:
+        yield
+    finally:
+        logging.getLogger("trainprobe").removeHandler(errors)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"errors_rank{rank}.json").write_text(json.dumps(errors.messages))
+
+
+def _config(out: Path, cc: dict[str, Any], **top: Any) -> Path:
+    cfg = {"output_dir": str(out), "monitors": {"cc": {"enabled": True, "ops": OPS, **cc}}, **top}
+    return write_config(out.parent, cfg, name=f"{out.name}_rank{dist.get_rank()}.json")
+
+
+def _train_with_logging(rank: int, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[float]:
+    """``steps`` optimizer steps, each followed by the usual logging all-reduce of the loss;
+    returns the logged (summed) losses."""
+    logged = []
+    for step in range(steps):
+        loss = _loss(model, _batch(rank, step, 0), 1.0)
+        loss.backward()
+        dist.all_reduce(torch.full((2,), float(step)))  # inside the step, before optimizer.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        reported = loss.detach().clone()
+        dist.all_reduce(reported)  # after optimizer.step(): belongs to the step that just trained
+        logged.append(reported.item())
+    return logged
+
+
+INNER_LINE = inspect.getsourcelines(_train_with_logging)[1] + 7
+LOGGING_LINE = inspect.getsourcelines(_train_with_logging)[1] + 11
+
+
+def _trailing_case(rank: int, root: Path, name: str, **top: Any) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = root / name
+    logged: list[float] = []
+
+    def body(mon: TrainerMonitorV2) -> None:
+        logged.extend(_train_with_logging(rank, model, opt, STEPS))
+
+    original = dist.all_reduce
+    with _errors(out, rank):
+        mon = TrainerMonitorV2(_config(out, {}, **top))
+        mon.start(model=model, optimizer=opt)
+        body(mon)
+        restored_before_stop = dist.all_reduce is original
+        mon.stop()
+    (out / f"logged_rank{rank}.json").write_text(json.dumps({"logged": logged, "restored": restored_before_stop}))
+
+
+def _ddp_train(rank: int, ddp: DDP, opt: torch.optim.Optimizer, steps: range) -> list[list[torch.Tensor]]:
+    """Train ``steps``; returns each step's gradients (after DDP's all-reduce)."""
+    grads = []
+    for step in steps:
+        _loss(ddp, _batch(rank, step, 0), 1.0).backward()
+        grads.append([p.grad.detach().clone() for p in ddp.parameters()])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return grads
+
+
+def _ddp_case(rank: int, root: Path) -> None:
+    """The same DDP training without a monitor, and with cc + ddp_comm_hook (3 steps monitored,
+    then 1 more after stop(): the hook stays registered and must still be exact)."""
+    runs = {}
+    for monitored in (False, True):
+        torch.manual_seed(0)
+        model = MLP()
+        ddp = DDP(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        local = copy.deepcopy(model).double()
+        if monitored:
+            out = root / "ddp"
+            with _errors(out, rank):
+                mon = TrainerMonitorV2(_config(out, {"ddp_comm_hook": True, "cc_pre_hook": True}))
+                mon.start(model=ddp, optimizer=opt)
+                # this rank's own gradient at the initial weights, for the "in" row of step 0
+                x = _batch(rank, 0, 0)
+                g = torch.autograd.grad(_loss(local, x.double(), 1.0), list(local.parameters()))
+                torch.save(torch.cat([t.flatten() for t in g]), out / f"local_rank{rank}.pt")
+                grads = _ddp_train(rank, ddp, opt, range(STEPS))
+                mon.stop()
+            grads += _ddp_train(rank, ddp, opt, range(STEPS, STEPS + 1))
+            torch.save([torch.cat([t.flatten() for t in step]) for step in grads], out / f"grads_rank{rank}.pt")
+        else:
+            grads = _ddp_train(rank, ddp, opt, range(STEPS + 1))
+        runs[monitored] = (grads, [p.detach().clone() for p in model.parameters()])
+    same = all(
+        torch.equal(a, b) for step_a, step_b in zip(runs[False][0], runs[True][0]) for a, b in zip(step_a, step_b)
+    ) and all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1]))
+    (root / "ddp" / f"bitwise_rank{rank}.json").write_text(json.dumps(same))
+
+
+def _worker(rank: int, root: Path) -> None:
+    _trailing_case(rank, root, "trailing")
+    # the schedule's last collected step is step 1 (stop_step 2): its trailing call still counts
+    _trailing_case(rank, root, "finished", stop_step=2)
+    _ddp_case(rank, root)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cc_steps")
+    launch(_worker, root)
+    return root
+
+
+def _by_step(out: Path, rank: int) -> dict[int, dict[str, dict[str, str]]]:
+    steps: dict[int, dict[str, dict[str, str]]] = {}
+    for row in rows_of(out, "cc", rank):
+        steps.setdefault(int(row["step"]), {})[row["module_name"]] = row
+    return steps
+
+
+@pytest.mark.parametrize("case,trained", [("trailing", STEPS), ("finished", 2)])
+def test_an_all_reduce_after_optimizer_step_belongs_to_the_step_that_trained(
+    run: Path, case: str, trained: int
+) -> None:
+    out = run / case
+    _assert_no_probe_errors(out)
+    inner, logging_ = f"@{THIS_FILE}[{INNER_LINE}]", f"@{THIS_FILE}[{LOGGING_LINE}]"
+    for rank in range(WORLD):
+        facts = json.loads((out / f"logged_rank{rank}.json").read_text())
+        steps = _by_step(out, rank)
+        assert sorted(steps) == list(range(trained)), f"rank {rank}: a cc row for a step that never trained"
+        for step in range(trained):
+            assert sorted(steps[step]) == [f"all_reduce.0.out.0{inner}", f"all_reduce.1.out.0{logging_}"], step
+            _assert_stats(steps[step][f"all_reduce.0.out.0{inner}"], torch.full((2,), 2.0 * step))
+            _assert_stats(steps[step][f"all_reduce.1.out.0{logging_}"], torch.tensor(facts["logged"][step]))
+        files = sorted(p.name for p in (out / f"rank_{rank}").glob("cc_*.csv"))
+        assert files == [f"cc_step{s}-{s}.csv" for s in range(trained)]
+
+
+def test_a_finished_schedule_still_detaches(run: Path) -> None:
+    """stop_step 2: the monitor lets go of torch.distributed once step 1's tail is written (at
+    step 2's first forward), before stop()."""
+    for rank in range(WORLD):
+        assert json.loads((run / "finished" / f"logged_rank{rank}.json").read_text())["restored"]
+        assert not json.loads((run / "trailing" / f"logged_rank{rank}.json").read_text())["restored"]
+
+
+def test_ddp_comm_hook_records_each_bucket_per_step(run: Path) -> None:
+    out = run / "ddp"
+    _assert_no_probe_errors(out)
+    for rank in range(WORLD):
+        header, _ = read_csv(out / f"rank_{rank}" / "cc_step0-0.csv")
+        assert header == ["vpp_stage", "step", "module_name", "scope", *OPS]
+        steps = _by_step(out, rank)
+        assert sorted(steps) == list(range(STEPS))  # not the step trained after stop()
+        grads = torch.load(out / f"grads_rank{rank}.pt")
+        local = torch.load(out / f"local_rank{rank}.pt")
+        for step in range(STEPS):
+            # the MLP's gradients fit one bucket: one all_reduce per step, in and out
+            assert sorted(steps[step]) == ["all_reduce.0.in.0@ddp.bucket_0", "all_reduce.0.out.0@ddp.bucket_0"]
+            row = steps[step]["all_reduce.0.out.0@ddp.bucket_0"]
+            assert row["scope"] == "comm" and row["vpp_stage"] == "0"
+            _assert_stats(row, grads[step])  # the averaged gradients (order-free statistics)
+        _assert_stats(steps[0]["all_reduce.0.in.0@ddp.bucket_0"], local)  # this rank's own, before averaging
+
+
+def test_ddp_comm_hook_leaves_gradients_and_parameters_bitwise_unchanged(run: Path) -> None:
+    for rank in range(WORLD):
+        assert json.loads((run / "ddp" / f"bitwise_rank{rank}.json").read_text()) is True
+
+
+def test_ddp_comm_hook_must_be_a_boolean(tmp_path: Path) -> None:
+    cfg = {"output_dir": str(tmp_path / "out"), "monitors": {"cc": {"enabled": True, "ddp_comm_hook": "yes"}}}
+    with pytest.raises(ConfigError, match=r"monitors\.cc\.ddp_comm_hook"):
+        TrainerMonitorV2(write_config(tmp_path, cfg))
+
+
+def test_ddp_comm_hook_without_a_ddp_model_fails_at_start(tmp_path: Path) -> None:
+    cfg = {"output_dir": str(tmp_path / "out"), "monitors": {"cc": {"enabled": True, "ddp_comm_hook": True}}}
+    model = MLP()
+    original = dist.all_reduce
+    with _world_of_one():
+        mon = TrainerMonitorV2(write_config(tmp_path, cfg))
+        with pytest.raises(ConfigError, match=r"monitors\.cc\.ddp_comm_hook: needs the DistributedDataParallel"):
+            mon.start(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        assert dist.all_reduce is original  # nothing left patched
