@@ -32,8 +32,8 @@ from test_distributed_v2 import (
     _assert_no_probe_errors,
     _assert_stats,
     _batch,
-    _loss,
     _ErrorLog,
+    _loss,
     _world_of_one,
     launch,
 )
