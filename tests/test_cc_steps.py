@@ -235,3 +235,49 @@ def test_ddp_comm_hook_without_a_ddp_model_fails_at_start(tmp_path: Path) -> Non
         with pytest.raises(ConfigError, match=r"monitors\.cc\.ddp_comm_hook: needs the DistributedDataParallel"):
             mon.start(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
         assert dist.all_reduce is original  # nothing left patched
+
+
+def _one_rank_monitor(tmp_path: Path, **top: Any) -> TrainerMonitorV2:
+    cfg = {"output_dir": str(tmp_path / "out"), "async_write": False, "monitors": {"cc": {"enabled": True}}, **top}
+    return TrainerMonitorV2(write_config(tmp_path, cfg))
+
+
+def test_a_steps_trailing_rows_are_in_its_file_once_the_next_forward_ran(tmp_path: Path) -> None:
+    """Before stop(): step 0's file holds its trailing all-reduce as soon as step 1's forward
+    started (what a process killed later leaves), and step 1 has no file yet."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rank_dir = tmp_path / "out" / "rank_0"
+    with _world_of_one():
+        mon = _one_rank_monitor(tmp_path)
+        mon.start(model=model, optimizer=opt)
+        model(torch.ones(2, 6)).sum().backward()
+        opt.step()
+        dist.all_reduce(torch.full((2,), 7.0))  # trailing: step 0
+        assert sorted(p.name for p in rank_dir.glob("cc_*.csv")) == []  # the tail is still open
+        loss = model(torch.ones(2, 6)).sum()  # step 1 starts: step 0's rows are written
+        (row,) = rows_of(tmp_path / "out", "cc", 0)
+        assert (row["step"], row["module_name"].split("@")[0], float(row["max"])) == ("0", "all_reduce.0.out.0", 7.0)
+        loss.backward()
+        opt.step()
+        mon.stop()
+    assert sorted(p.name for p in rank_dir.glob("cc_*.csv")) == ["cc_step0-0.csv"]
+
+
+def test_a_loop_without_module_forward_falls_back_to_the_running_step(tmp_path: Path, caplog) -> None:
+    """No nn.Module runs: step 0's tail ends at step 1's optimizer.step() (holding step 1's
+    call too), then a collective counts in the step running when it is issued."""
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    with _world_of_one(), caplog.at_level(logging.DEBUG, logger="trainprobe"):
+        mon = _one_rank_monitor(tmp_path)
+        mon.start(optimizer=opt)
+        for step in range(3):
+            (w * 2).sum().backward()
+            dist.all_reduce(torch.full((1,), float(step)))
+            opt.step()
+            opt.zero_grad()
+        mon.stop()
+    rows = [(int(r["step"]), float(r["max"])) for r in rows_of(tmp_path / "out", "cc", 0)]
+    assert rows == [(0, 0.0), (0, 1.0), (2, 2.0)]
+    assert "saw no nn.Module forward between two optimizer steps" in caplog.text

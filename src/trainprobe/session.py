@@ -140,8 +140,9 @@ class Session:
         if self._tail is not None:  # no module forward during a whole step: stop trailing
             self._trailing = False
             logger.info(
-                "trainprobe: no nn.Module forward ran between two optimizer steps; collectives issued "
-                "after optimizer.step() now count in the next step"
+                "trainprobe: cc saw no nn.Module forward between two optimizer steps (a functional loop, or "
+                "a model compiled in place with module.compile()); from now on a collective issued after "
+                "optimizer.step() counts in the next step"
             )
             self._close_tail()
         trailing = self._trailing_probes()

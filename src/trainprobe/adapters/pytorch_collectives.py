@@ -147,10 +147,15 @@ class TorchCollectives:
     def on_next_forward(self, callback: Callable[[], None]) -> Any:
         """A global ``nn.Module`` forward pre-hook calling ``callback`` once, at the first module
         forward of any model (it runs before the module's own pre-hooks, FSDP's all-gathers
-        included) and removing itself (torch iterates a copy of the hooks, so that is safe)."""
+        included) and removing itself (torch iterates a copy of the hooks, so that is safe).
+        Inside a graph ``torch.compile`` traces (a module compiled in place) it does nothing, so
+        nothing of trainprobe enters the graph; the session's fallback then ends the step."""
         handle: Any = None
+        is_compiling = torch.compiler.is_compiling
 
         def first_forward(module: Any, args: Any) -> None:
+            if is_compiling():
+                return
             handle.remove()
             callback()
 
