@@ -169,7 +169,7 @@ class TorchCollectives:
             return None
         state = _DDP_STATES.get(model)
         if state is None:
-            if model._comm_hooks:
+            if getattr(model, "_comm_hooks", None):
                 raise ConfigError(
                     "monitors.cc.ddp_comm_hook: this DistributedDataParallel already has a comm hook "
                     '(DDP allows one); set "ddp_comm_hook": false'
