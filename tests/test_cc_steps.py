@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from conftest import read_csv, rows_of, write_config
@@ -118,7 +119,8 @@ def _ddp_train(rank: int, ddp: DDP, opt: torch.optim.Optimizer, steps: range) ->
 
 def _ddp_case(rank: int, root: Path) -> None:
     """The same DDP training without a monitor, and with cc + ddp_comm_hook (3 steps monitored,
-    then 1 more after stop(): the hook stays registered and must still be exact)."""
+    1 more after stop(): the hook stays registered and must still be exact, then 1 under a second
+    monitor, which reuses it); then a DDP that has its own comm hook."""
     runs = {}
     for monitored in (False, True):
         torch.manual_seed(0)
@@ -138,14 +140,30 @@ def _ddp_case(rank: int, root: Path) -> None:
                 grads = _ddp_train(rank, ddp, opt, range(STEPS))
                 mon.stop()
             grads += _ddp_train(rank, ddp, opt, range(STEPS, STEPS + 1))
+            again = root / "ddp_again"
+            with _errors(again, rank):
+                mon = TrainerMonitorV2(_config(again, {"ddp_comm_hook": True}))
+                mon.start(model=ddp, optimizer=opt)
+                grads += _ddp_train(rank, ddp, opt, range(STEPS + 1, STEPS + 2))
+                mon.stop()
             torch.save([torch.cat([t.flatten() for t in step]) for step in grads], out / f"grads_rank{rank}.pt")
         else:
-            grads = _ddp_train(rank, ddp, opt, range(STEPS + 1))
+            grads = _ddp_train(rank, ddp, opt, range(STEPS + 2))
         runs[monitored] = (grads, [p.detach().clone() for p in model.parameters()])
     same = all(
         torch.equal(a, b) for step_a, step_b in zip(runs[False][0], runs[True][0]) for a, b in zip(step_a, step_b)
     ) and all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1]))
     (root / "ddp" / f"bitwise_rank{rank}.json").write_text(json.dumps(same))
+
+    own = DDP(MLP())
+    own.register_comm_hook(None, allreduce_hook)
+    mon = TrainerMonitorV2(_config(root / "ddp_own_hook", {"ddp_comm_hook": True}))
+    try:
+        mon.start(model=own, optimizer=torch.optim.SGD(own.parameters(), lr=0.1))
+        refused = ""
+    except ConfigError as exc:
+        refused = str(exc)
+    (root / f"own_hook_rank{rank}.txt").write_text(refused)
 
 
 def _worker(rank: int, root: Path) -> None:
@@ -218,6 +236,19 @@ def test_ddp_comm_hook_records_each_bucket_per_step(run: Path) -> None:
 def test_ddp_comm_hook_leaves_gradients_and_parameters_bitwise_unchanged(run: Path) -> None:
     for rank in range(WORLD):
         assert json.loads((run / "ddp" / f"bitwise_rank{rank}.json").read_text()) is True
+
+
+def test_ddp_comm_hook_is_reused_by_a_later_monitor(run: Path) -> None:
+    out = run / "ddp_again"
+    _assert_no_probe_errors(out)
+    for rank in range(WORLD):
+        assert sorted(_by_step(out, rank)[0]) == ["all_reduce.0.out.0@ddp.bucket_0"]
+
+
+def test_ddp_comm_hook_refuses_a_model_with_its_own_hook(run: Path) -> None:
+    for rank in range(WORLD):
+        message = (run / f"own_hook_rank{rank}.txt").read_text()
+        assert message.startswith("monitors.cc.ddp_comm_hook: this DistributedDataParallel already has a comm hook")
 
 
 def test_ddp_comm_hook_must_be_a_boolean(tmp_path: Path) -> None:
