@@ -9,11 +9,13 @@ helpers of ``test_distributed_v2``); the tests read the CSVs and the tensors the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -34,6 +37,7 @@ from test_distributed_v2 import (
     _assert_stats,
     _batch,
     _ErrorLog,
+    _free_port,
     _loss,
     _world_of_one,
     launch,
@@ -312,3 +316,65 @@ def test_a_loop_without_module_forward_falls_back_to_the_running_step(tmp_path: 
     rows = [(int(r["step"]), float(r["max"])) for r in rows_of(tmp_path / "out", "cc", 0)]
     assert rows == [(0, 0.0), (0, 1.0), (2, 2.0)]
     assert "saw no nn.Module forward between two optimizer steps" in caplog.text
+
+
+# -- bitwise on three ranks: 1/3 is where multiplying by the reciprocal and dividing differ --------
+BITWISE_CASES = [  # (dtype, gradient_as_bucket_view, zero_grad(set_to_none))
+    ("float32", False, True),
+    ("float32", True, True),
+    ("float32", True, False),
+    ("bfloat16", True, False),
+]
+
+
+def _three_rank_entry(rank: int, port: int, root: Path) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    try:
+        same = [_bitwise_case(rank, root, *case) for case in BITWISE_CASES]
+        (root / f"bitwise3_rank{rank}.json").write_text(json.dumps(same))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _bitwise_case(rank: int, root: Path, dtype: str, bucket_view: bool, set_to_none: bool) -> bool:
+    """Gradient accumulation (no_sync) over several small buckets, with and without the hook."""
+    grads: dict[bool, list[torch.Tensor]] = {}
+    for monitored in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+        model = model.to(getattr(torch, dtype))
+        ddp = DDP(model, gradient_as_bucket_view=bucket_view, bucket_cap_mb=0.002)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        mon = TrainerMonitorV2(_config(root / f"b3_{dtype}_{bucket_view}_{set_to_none}", {"ddp_comm_hook": True}))
+        if monitored:
+            mon.start(model=ddp, optimizer=opt)
+        seen = grads.setdefault(monitored, [])
+        for step in range(3):
+            for micro in range(2):
+                x = torch.randn(8, 16, generator=torch.Generator().manual_seed(100 * rank + 10 * step + micro))
+                with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                    ddp(x.to(model[0].weight.dtype)).float().pow(2).mean().backward()
+            seen += [p.grad.clone() for p in ddp.parameters()]
+            opt.step()
+            opt.zero_grad(set_to_none=set_to_none)
+        mon.stop()
+        seen += [p.detach().clone() for p in ddp.parameters()]
+    return all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
+
+
+def test_ddp_comm_hook_is_bitwise_on_three_ranks(tmp_path: Path) -> None:
+    """DDP's reducer multiplies a copied gradient by 1/3 and divides one already in a bucket view
+    by 3; the hook does the same per gradient (torch's own allreduce_hook, dividing all, differs
+    in the last bit of float32 gradients here)."""
+    ctx = mp.spawn(_three_rank_entry, args=(_free_port(), tmp_path), nprocs=3, join=False)
+    deadline = time.monotonic() + 180
+    while not ctx.join(timeout=1.0):  # raises when a rank failed
+        if time.monotonic() > deadline:
+            for process in ctx.processes:
+                if process.is_alive():
+                    process.kill()
+            pytest.fail("the three ranks did not finish within 180s")
+    for rank in range(3):
+        assert json.loads((tmp_path / f"bitwise3_rank{rank}.json").read_text()) == [True] * len(BITWISE_CASES)

@@ -16,8 +16,8 @@ An asynchronous call's outputs are recorded when its work completes:
 The next step starts at the next ``nn.Module`` forward anywhere in the process
 (:meth:`TorchCollectives.on_next_forward`: a global forward pre-hook that removes itself when it
 fires). DistributedDataParallel's gradient all-reduce runs inside its C++ reducer, out of the
-patch's sight; :meth:`TorchCollectives.watch_ddp` registers a comm hook that runs DDP's own
-default (``allreduce_hook``: divide by the world size, all-reduce) and reports each bucket.
+patch's sight; :meth:`TorchCollectives.watch_ddp` registers a comm hook that averages and
+all-reduces each bucket exactly as the built-in reducer does and reports it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel
 
@@ -174,29 +173,43 @@ class TorchCollectives:
                     "monitors.cc.ddp_comm_hook: this DistributedDataParallel already has a comm hook "
                     '(DDP allows one); set "ddp_comm_hook": false'
                 )
-            state = _DdpHookState(model.process_group)
+            state = _DdpHookState(model)
             try:
                 model.register_comm_hook(state, _ddp_comm_hook)
             except RuntimeError as exc:  # a built-in comm hook is registered already
                 raise ConfigError(
                     f'monitors.cc.ddp_comm_hook: DDP refused the comm hook ({exc}); set "ddp_comm_hook": false'
                 ) from exc
+            if state.bucket_view:
+                model.register_forward_pre_hook(state.snapshot)
             _DDP_STATES[model] = state
         state.probes = (*state.probes, probe)
         return _DdpListening(state, probe)
 
 
 class _DdpHookState:
-    """The state of trainprobe's DDP comm hook on one model: its process group and the probes
-    listening now. DDP cannot unregister a comm hook, so the hook stays registered for the
-    model's life, running DDP's default all-reduce and recording nothing once no probe listens
-    (a later ``start()`` on the same model listens to it again)."""
+    """The state of trainprobe's DDP comm hook on one model: its process group, the probes
+    listening now and, with ``gradient_as_bucket_view``, which parameters' gradients were already
+    views of DDP's buckets when the step's last forward started. DDP cannot unregister a comm
+    hook, so the hook (and that forward pre-hook) stay for the model's life, averaging exactly as
+    DDP's reducer does and recording nothing once no probe listens (a later ``start()`` on the
+    same model listens again)."""
 
-    __slots__ = ("process_group", "probes")
+    __slots__ = ("process_group", "probes", "bucket_view", "aliased", "__weakref__")
 
-    def __init__(self, process_group: Any) -> None:
-        self.process_group = process_group
+    def __init__(self, model: DistributedDataParallel) -> None:
+        self.process_group = model.process_group
         self.probes: tuple[CollectiveProbe, ...] = ()
+        self.bucket_view = bool(getattr(model, "gradient_as_bucket_view", False))
+        self.aliased: frozenset[int] = frozenset()
+
+    def snapshot(self, module: Any, args: Any) -> None:
+        """Forward pre-hook of the DDP model: remember whose gradient is a bucket view now (DDP's
+        reducer divides those in place and multiplies the others by the reciprocal while copying
+        them into the bucket)."""
+        if torch.compiler.is_compiling():
+            return
+        self.aliased = frozenset(id(p) for p in module.parameters() if p.grad is not None and p.grad._is_view())
 
 
 _DDP_STATES: weakref.WeakKeyDictionary[Any, _DdpHookState] = weakref.WeakKeyDictionary()
@@ -213,18 +226,46 @@ class _DdpListening:
         self.state.probes = tuple(p for p in self.state.probes if p is not self.probe)
 
 
+def _average(state: _DdpHookState, bucket: dist.GradBucket) -> None:
+    """Scale the bucket's gradients by 1/world size in place with the very operations of DDP's
+    built-in reducer (``mul`` by the reciprocal for a gradient copied into the bucket, ``div`` for
+    one that already is a bucket view), so the averaged gradients are bitwise DDP's own."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    size = group.size()
+    aliased = state.aliased if state.bucket_view else frozenset()
+    flags = [id(p) in aliased for p in bucket.parameters()] if aliased else []
+    if not any(flags):
+        bucket.buffer().mul_(1.0 / size)
+    elif all(flags):
+        bucket.buffer().div_(size)
+    else:
+        for is_view, grad in zip(flags, bucket.gradients()):
+            if is_view:
+                grad.div_(size)
+            else:
+                grad.mul_(1.0 / size)
+
+
+def _all_reduce(state: _DdpHookState, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda done: done.value()[0])
+
+
 def _ddp_comm_hook(state: _DdpHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default all-reduce of ``bucket`` (``allreduce_hook``: the same operations in the same
-    order as the reducer's built-in one, so gradients are bitwise the same), reported to each
-    listening probe as ``all_reduce`` of ``ddp.bucket_<index>``: ``in`` before averaging,
-    ``out`` once the future completed. Its inner ``dist.all_reduce`` is not recorded again."""
+    """DDP's own averaging all-reduce of ``bucket`` (:func:`_average`, then a sum all-reduce, as
+    the built-in reducer does; gradients are bitwise the same), reported to each listening probe
+    as ``all_reduce`` of ``ddp.bucket_<index>``: ``in`` before averaging, ``out`` once the future
+    completed. Its inner ``dist.all_reduce`` is not recorded again."""
     probes = state.probes
+    tensor = bucket.buffer()
     if not probes:
-        return allreduce_hook(state.process_group, bucket)
-    index, tensor = bucket.index(), bucket.buffer()
+        _average(state, bucket)
+        return _all_reduce(state, tensor)
+    index = bucket.index()
     calls = [(probe, probe.bucket_call(index, tensor)) for probe in probes]
+    _average(state, bucket)
     with probes[0].unobserved():
-        future = allreduce_hook(state.process_group, bucket)
+        future = _all_reduce(state, tensor)
 
     def reduced(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
         result = done.value()
