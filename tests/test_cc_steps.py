@@ -86,8 +86,15 @@ def _train_with_logging(rank: int, model: torch.nn.Module, opt: torch.optim.Opti
     return logged
 
 
-INNER_LINE = inspect.getsourcelines(_train_with_logging)[1] + 7
-LOGGING_LINE = inspect.getsourcelines(_train_with_logging)[1] + 11
+def _line_of(fn: Any, text: str) -> int:
+    """The file line of the one line of ``fn``'s source holding ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    (index,) = [i for i, line in enumerate(lines) if text in line]
+    return first + index
+
+
+INNER_LINE = _line_of(_train_with_logging, "# inside the step")
+LOGGING_LINE = _line_of(_train_with_logging, "# after optimizer.step()")
 
 
 def _trailing_case(rank: int, root: Path, name: str, **top: Any) -> None:
@@ -95,16 +102,11 @@ def _trailing_case(rank: int, root: Path, name: str, **top: Any) -> None:
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = root / name
-    logged: list[float] = []
-
-    def body(mon: TrainerMonitorV2) -> None:
-        logged.extend(_train_with_logging(rank, model, opt, STEPS))
-
     original = dist.all_reduce
     with _errors(out, rank):
         mon = TrainerMonitorV2(_config(out, {}, **top))
         mon.start(model=model, optimizer=opt)
-        body(mon)
+        logged = _train_with_logging(rank, model, opt, STEPS)
         restored_before_stop = dist.all_reduce is original
         mon.stop()
     (out / f"logged_rank{rank}.json").write_text(json.dumps({"logged": logged, "restored": restored_before_stop}))
