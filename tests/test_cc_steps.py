@@ -380,3 +380,23 @@ def test_ddp_comm_hook_is_bitwise_on_three_ranks(tmp_path: Path) -> None:
             pytest.fail("the three ranks did not finish within 180s")
     for rank in range(3):
         assert json.loads((tmp_path / f"bitwise3_rank{rank}.json").read_text()) == [True] * len(BITWISE_CASES)
+
+
+def test_a_window_file_ends_at_the_last_trained_step(tmp_path: Path) -> None:
+    """step_count_per_record 10, three steps each followed by a logging all-reduce: one file,
+    named up to step 2 (not 3), holding steps 0-2 only."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with _world_of_one():
+        mon = _one_rank_monitor(tmp_path, step_count_per_record=10)
+        mon.start(model=model, optimizer=opt)
+        for step in range(3):
+            model(torch.ones(2, 6)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            dist.all_reduce(torch.full((1,), float(step)))
+        mon.stop()
+    rank_dir = tmp_path / "out" / "rank_0"
+    assert sorted(p.name for p in rank_dir.glob("cc_*.csv")) == ["cc_step0-2.csv"]
+    rows = [(int(r["step"]), float(r["max"])) for r in rows_of(tmp_path / "out", "cc", 0)]
+    assert rows == [(0, 0.0), (1, 1.0), (2, 2.0)]
