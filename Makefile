@@ -38,7 +38,7 @@ browser:
 	  || echo "note: could not install chromium; the HTML report's browser tests will be skipped"; }
 
 demo: setup
-	$(BIN)/trainprobe demo --out ./trainprobe_demo
+	$(BIN)/trainprobe demo --out ./trainprobe_demo --overwrite
 
 lint: setup
 	$(BIN)/ruff check src tests bench

@@ -29,12 +29,17 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from trainprobe.demo.run import print_summary, run_demo
+    from trainprobe.demo.run import earlier_demo_files, print_summary, run_demo
 
     if args.steps < 1:
         raise ConfigError("--steps: must be >= 1")
     out = Path(args.out)
-    files = run_demo(out, steps=args.steps)
+    if not args.overwrite and earlier_demo_files(out):
+        raise ConfigError(
+            f"--out: {str(out)!r} already holds an earlier run's CSV files; pass --overwrite to replace them, "
+            "or choose another --out"
+        )
+    files = run_demo(out, steps=args.steps, overwrite=args.overwrite)
     print_summary(out, files)
     return 0
 
@@ -70,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", default="./trainprobe_demo", help="output folder (default ./trainprobe_demo)")
     demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    demo.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the CSV files of an earlier run in --out (without it, such files are an error)",
+    )
     demo.set_defaults(run=_demo)
     for module_name, function_name in _SUBCOMMANDS:
         getattr(importlib.import_module(module_name), function_name)(sub)

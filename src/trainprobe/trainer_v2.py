@@ -26,9 +26,12 @@ from trainprobe.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.probes.param import ParamProbe
 from trainprobe.session import Session
 from trainprobe.sinks.background import Writer
-from trainprobe.sinks.csv_sink import CsvSink
+from trainprobe.sinks.csv_sink import CsvSink, file_name
+from trainprobe.sinks.earlier_runs import keep_rows_before, overwrite_requested, refuse_earlier_run, window_files
 
 _NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
+V2_TABLES = ("module", "weight_grad", "optimizer", "param", "cc")
+"""The tables of Monitor V2's window files (``<table>_step<first>-<last>.csv``)."""
 
 
 class TrainerMonitorV2:
@@ -58,6 +61,7 @@ class TrainerMonitorV2:
         self._session: Session | None = None
         self._clock = StepClock(step=0)
         self._started = False
+        self._wrote_here = False  # a session of this monitor has written to the rank folder
 
     @property
     def current_step(self) -> int:
@@ -85,10 +89,18 @@ class TrainerMonitorV2:
                 fires before the gradients exist, and call :meth:`before_optimizer_step` once
                 they are ready; ``initial_step`` (int >= 0): the step the run is at, for a
                 resumed run or a trainer's global step (default: 0 for the first ``start()``,
-                the step reached for a later one); other keys are accepted and ignored.
+                the step reached for a later one). A first ``start()`` whose ``rank_<r>``
+                folder already holds an earlier run's CSV files keeps that run's rows of steps
+                below ``initial_step`` and drops the rest (a resumed run continues its files);
+                ``overwrite`` (default False; or ``TRAINPROBE_OVERWRITE=1``): remove an earlier
+                run's CSV files first; ``resumed`` (default: ``initial_step`` > 0): whether this
+                run continues an earlier one, for callers whose first step is not 0 (the trainer
+                callbacks number steps from 1). Other keys are accepted and ignored.
 
         Raises:
-            ConfigError: a monitor needs a model or an optimizer that was not passed.
+            ConfigError: a monitor needs a model or an optimizer that was not passed; the
+                rank folder holds an earlier run's CSV files and neither ``initial_step`` > 0
+                nor ``overwrite`` says what to do with them (the message names the folder).
             RuntimeError: already started.
         """
         if self._started:
@@ -103,6 +115,7 @@ class TrainerMonitorV2:
         self._set_initial_step(context.get("initial_step"))
         self._session = self._build_session(model, optimizer, context, rank)
         self._session.attach()
+        self._wrote_here = True
         self._started = True
 
     def step(self) -> None:
@@ -147,6 +160,29 @@ class TrainerMonitorV2:
             raise ConfigError(f"start(initial_step=...): must be an integer >= 0, got {step!r}")
         self._clock.step = step
 
+    def _make_room(self, rank_dir: Path, context: dict[str, Any]) -> None:
+        """Deal with an earlier run's CSV files in ``rank_dir``, as ``start()`` documents."""
+        files = window_files(rank_dir, V2_TABLES)
+        overwrite = context.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            raise ConfigError(f"start(overwrite=...): must be True or False, got {overwrite!r}")
+        if not files:
+            return
+        resumed = context.get("resumed", self._clock.step > 0 and context.get("initial_step") is not None)
+        if not isinstance(resumed, bool):
+            raise ConfigError(f"start(resumed=...): must be True or False, got {resumed!r}")
+        if overwrite or overwrite_requested():
+            keep_before = 0
+        elif resumed:
+            keep_before = self._clock.step
+        else:
+            raise refuse_earlier_run(rank_dir, files)
+        try:
+            dropped = keep_rows_before(files, keep_before, file_name)
+        except OSError as exc:
+            raise ConfigError(f"output_dir: cannot make room in {str(rank_dir)!r}: {exc}") from None
+        logger.info("trainprobe: %s: %d rows of an earlier run from step %d on removed", rank_dir, dropped, keep_before)
+
     # -- assembly ------------------------------------------------------------------------
     def _build_session(self, model: Any, optimizer: Any, context: dict[str, Any], rank: int) -> Session:
         cfg, backend = self.config, self._backend
@@ -161,6 +197,8 @@ class TrainerMonitorV2:
             )
         opt = backend.unwrap_optimizer(optimizer) if optimizer is not None else None
         rank_dir = make_output_folder(cfg.output_dir / f"rank_{rank}", "output_dir")
+        if not self._wrote_here:
+            self._make_room(rank_dir, context)
         clock = self._clock
         clock.micro_batches = self._micro_batches(context)
         probes = self._probes(enabled, view, opt, rank, rank_dir)
@@ -173,7 +211,7 @@ class TrainerMonitorV2:
                 "v2-patch-no-optimizer", "trainprobe: patch_optimizer_step needs an optimizer; call step() yourself"
             )
             patch = False
-        sink = CsvSink(rank_dir, cfg.schedule, {p.name: p.layout for p in probes})
+        sink = CsvSink(rank_dir, cfg.schedule, {p.name: p.layout for p in probes}, first_step=clock.step)
         writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
         return Session(
             probes=probes,

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
-from trainprobe.trainer_v2 import TrainerMonitorV2
+from trainprobe.sinks.earlier_runs import window_files
+from trainprobe.trainer_v2 import V2_TABLES, TrainerMonitorV2
 
 DEMO_CONFIG = {
     "framework": "pytorch",
@@ -38,8 +39,15 @@ class FileSummary:
     first_nan: str | None
 
 
-def run_demo(out: Path, steps: int = 50, seed: int = 0) -> list[FileSummary]:
-    """Train for ``steps`` steps with Monitor V2 writing to ``out``; return what was written."""
+def earlier_demo_files(out: Path) -> bool:
+    """Whether ``out`` already holds Monitor V2 CSV files of an earlier run."""
+    return any(window_files(rank_dir, V2_TABLES) for rank_dir in sorted(out.glob("rank_*")))
+
+
+def run_demo(out: Path, steps: int = 50, seed: int = 0, overwrite: bool = False) -> list[FileSummary]:
+    """Train for ``steps`` steps with Monitor V2 writing to ``out``; return what was written.
+    ``overwrite``: replace an earlier run's CSV files in ``out`` (otherwise they are a
+    :class:`~trainprobe.errors.ConfigError`, see :meth:`TrainerMonitorV2.start`)."""
     out.mkdir(parents=True, exist_ok=True)
     config = dict(DEMO_CONFIG, output_dir=str(out))
     config_path = out / "monitor_v2_config.json"
@@ -50,7 +58,7 @@ def run_demo(out: Path, steps: int = 50, seed: int = 0) -> list[FileSummary]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     batches = synthetic_batches(cfg, batch_size=8, seed=seed)
     monitor = TrainerMonitorV2(config_path, fr="pytorch")
-    monitor.start(model=model, optimizer=optimizer, grad_acc_steps=1)
+    monitor.start(model=model, optimizer=optimizer, grad_acc_steps=1, overwrite=overwrite)
     losses = []
     for _ in range(steps):
         loss = model.loss(next(batches))

@@ -1,0 +1,156 @@
+"""Re-using a Monitor V2 output folder: refused unless asked; overwrite; resume at a step."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainprobe import TrainerMonitorV2
+from trainprobe.errors import ConfigError
+
+
+def _config(out: Path, per_record: int = 1) -> dict:
+    return {
+        "output_dir": str(out),
+        "step_count_per_record": per_record,
+        "monitors": {"weight_grad": {"enabled": True}, "param": {"enabled": True}},
+    }
+
+
+def _train(mon: TrainerMonitorV2, steps: int, seed: int = 0, **start: object) -> None:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.start(model=model, optimizer=opt, **start)
+    for _ in range(steps):
+        model(torch.randn(3, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+
+
+def _rows(rank_dir: Path, table: str) -> list[dict[str, str]]:
+    rows = []
+    for path in sorted(rank_dir.glob(f"{table}_step*.csv")):
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows.extend(csv.DictReader(handle))
+    return rows
+
+
+def _names(rank_dir: Path, table: str) -> list[str]:
+    return sorted(
+        (p.name for p in rank_dir.glob(f"{table}_step*.csv")), key=lambda n: int(n.split("step")[1].split("-")[0])
+    )
+
+
+def test_second_run_into_the_same_folder_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
+    _train(TrainerMonitorV2(_config(tmp_path, 4)), 10)
+    rank_dir = tmp_path / "rank_0"
+    before = {p.name: p.read_bytes() for p in rank_dir.iterdir()}
+    with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
+        _train(TrainerMonitorV2(_config(tmp_path, 4)), 3)
+    assert {p.name: p.read_bytes() for p in rank_dir.iterdir()} == before
+
+
+def test_overwrite_replaces_only_the_earlier_runs_csv_files(tmp_path: Path) -> None:
+    _train(TrainerMonitorV2(_config(tmp_path, 4)), 10)
+    keep = tmp_path / "rank_0" / "notes.txt"
+    keep.write_text("mine")
+    _train(TrainerMonitorV2(_config(tmp_path, 4)), 3, overwrite=True)
+    rank_dir = tmp_path / "rank_0"
+    assert _names(rank_dir, "weight_grad") == ["weight_grad_step0-2.csv"]
+    assert {r["step"] for r in _rows(rank_dir, "param")} == {"0", "1", "2"}
+    assert keep.read_text() == "mine"
+
+
+def test_overwrite_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _train(TrainerMonitorV2(_config(tmp_path)), 5)
+    monkeypatch.setenv("TRAINPROBE_OVERWRITE", "1")
+    _train(TrainerMonitorV2(_config(tmp_path)), 2)
+    assert _names(tmp_path / "rank_0", "weight_grad") == ["weight_grad_step0-0.csv", "weight_grad_step1-1.csv"]
+
+
+def test_resume_keeps_earlier_steps_and_continues_the_files(tmp_path: Path) -> None:
+    """A run killed after step 6 (rows up to 6 in a 0-9 window) resumes from a step-4 checkpoint:
+    rows 0-3 of the first run stay, steps 4-8 come from the resumed run, each step once."""
+    first = tmp_path / "run"
+    _train(TrainerMonitorV2(_config(first, 10)), 7, seed=0)
+    assert _names(first / "rank_0", "weight_grad") == ["weight_grad_step0-6.csv"]
+    _train(TrainerMonitorV2(_config(first, 10)), 5, seed=1, initial_step=4)
+    twin = tmp_path / "twin"
+    _train(TrainerMonitorV2(_config(twin, 10)), 5, seed=1, initial_step=4)
+
+    rank_dir = first / "rank_0"
+    assert _names(rank_dir, "weight_grad") == ["weight_grad_step0-3.csv", "weight_grad_step4-8.csv"]
+    steps = [
+        int(r["step"])
+        for r in _rows(rank_dir, "weight_grad")
+        if r["module_name"] == "0.weight" and r["scope"] == "unreduced"
+    ]
+    assert steps == list(range(9))
+    resumed = [r for r in _rows(rank_dir, "param") if int(r["step"]) >= 4]
+    assert resumed == _rows(twin / "rank_0", "param")
+
+
+def test_resume_at_a_step_after_everything_written_keeps_it_all(tmp_path: Path) -> None:
+    _train(TrainerMonitorV2(_config(tmp_path, 4)), 6)
+    before = _rows(tmp_path / "rank_0", "weight_grad")
+    _train(TrainerMonitorV2(_config(tmp_path, 4)), 2, initial_step=6)
+    after = _rows(tmp_path / "rank_0", "weight_grad")
+    assert after[: len(before)] == before
+    assert sorted({int(r["step"]) for r in after}) == list(range(8))
+
+
+def test_the_same_monitor_started_again_continues_without_asking(tmp_path: Path) -> None:
+    mon = TrainerMonitorV2(_config(tmp_path))
+    _train(mon, 2)
+    _train(mon, 2)
+    assert sorted(
+        int(r["step"])
+        for r in _rows(tmp_path / "rank_0", "weight_grad")
+        if r["module_name"] == "0.bias" and r["scope"] == "unreduced"
+    ) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+
+
+def test_start_arguments_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"start\(overwrite=\.\.\.\): must be True or False"):
+        _train(TrainerMonitorV2(_config(tmp_path)), 1, overwrite="yes")
+    with pytest.raises(ConfigError, match=r"start\(initial_step=\.\.\.\): must be an integer >= 0"):
+        _train(TrainerMonitorV2(_config(tmp_path)), 1, initial_step=-1)
+
+
+def _demo(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "trainprobe", "demo", "--out", str(out), "--steps", "2", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_demo_twice_asks_for_overwrite(tmp_path: Path) -> None:
+    assert _demo(tmp_path).returncode == 0
+    again = _demo(tmp_path)
+    assert again.returncode == 2
+    assert "already holds an earlier run's CSV files; pass --overwrite" in again.stderr
+    assert "Traceback" not in again.stderr
+    replaced = _demo(tmp_path, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert "weight_grad_step0-1.csv" in replaced.stdout
+
+
+def test_resumed_false_refuses_even_when_counting_from_one(tmp_path: Path) -> None:
+    """The trainer callbacks number steps from 1: a fresh trainer run (resumed=False) into a
+    used folder is refused, not taken as a resume at step 1."""
+    _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
+    with pytest.raises(ConfigError, match="already holds the files of an earlier run"):
+        _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
+    _train(TrainerMonitorV2(_config(tmp_path)), 1, initial_step=3, resumed=True)
+    steps = sorted({int(r["step"]) for r in _rows(tmp_path / "rank_0", "weight_grad")})
+    assert steps == [1, 2, 3]
