@@ -263,5 +263,7 @@ class TrainerMonitorV2:
             elif cc.module_ranks and rank not in cc.module_ranks:
                 logger.info("trainprobe: cc skipped on rank %d (module_ranks=%s)", rank, list(cc.module_ranks))
             else:
-                probes.append(CollectiveProbe(clock, cc, rank, rank_dir, backend=backend))
+                probe = CollectiveProbe(clock, cc, rank, rank_dir, backend=backend)
+                probe.models = list(view.chunks)  # for ddp_comm_hook
+                probes.append(probe)
         return probes

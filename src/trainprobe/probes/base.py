@@ -83,6 +83,24 @@ class Probe:
     def end_step(self) -> None:
         """Called once at the end of every step, collected or not, before the rows are taken."""
 
+    # -- trailing rows (see trainprobe.session) ------------------------------------------
+    trails: bool = False
+    """Whether calls made after ``optimizer.step()`` still belong to the step that ended
+    (``cc``); such a probe implements the three methods below."""
+
+    def open_tail(self, collecting: bool) -> None:
+        """The optimizer ended the step: keep recording for it (when ``collecting``, whatever the
+        clock now says) until :meth:`close_tail`."""
+
+    def close_tail(self) -> None:
+        """The next step started: record for the clock's step again (``end_step`` follows, then
+        the rows are taken for the step that ended)."""
+
+    def watch_next_step(self, callback: Callable[[], None]) -> Any:
+        """Call ``callback`` once when the next step's first activity starts; returns a handle
+        with ``remove()``, or None where the framework cannot tell (no trailing then)."""
+        return None
+
     # -- fault isolation -----------------------------------------------------------------
     def has_work(self) -> bool:
         """Whether this step left rows to write (or, for probes that record later, work that
