@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from trainprobe.adapters.pytorch_optimizer import TorchOptimizerView, innermost_optimizer
 from trainprobe.errors import ConfigError
 from trainprobe.log import error_once
 from trainprobe.patching import AttrPatch
-from trainprobe.probes.model_view import unwrap_optimizer
 
 
 def _scaler_classes() -> list[type]:
@@ -66,7 +66,11 @@ _LOCK = threading.Lock()
 def watch_skipped_steps(optimizer: Any, on_skip: Callable[[], None]) -> SkipWatch | None:
     """Call ``on_skip()`` whenever a ``GradScaler.step(opt)`` with ``opt`` (or a wrapper of it)
     returns without ``optimizer`` having stepped. Returns the listener (``remove()`` it at stop),
-    or None for an optimizer that is not a ``torch.optim.Optimizer`` (no GradScaler steps it)."""
+    or None for an optimizer that is not a ``torch.optim.Optimizer`` (no GradScaler steps it).
+    For a :class:`~trainprobe.adapters.pytorch_optimizer.TorchOptimizerView`, the last of its
+    optimizers is watched (the one whose step ends the step)."""
+    if isinstance(optimizer, TorchOptimizerView):
+        optimizer = optimizer.optimizers[-1]
     if not isinstance(optimizer, torch.optim.Optimizer):
         return None
     watch = SkipWatch(optimizer, on_skip)
@@ -105,7 +109,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _watching(optimizer: Any) -> list[SkipWatch]:
     try:
-        inner = unwrap_optimizer(optimizer)
+        inner = innermost_optimizer(optimizer)
     except ConfigError:
         return []
     with _LOCK:

@@ -19,10 +19,11 @@ from trainprobe.config.monitor_v2 import MonitorV2Config, load_monitor_v2_config
 from trainprobe.errors import ConfigError
 from trainprobe.layout import v2_rank_folder
 from trainprobe.log import logger, warn_once
-from trainprobe.probes.base import Probe, StepClock
-from trainprobe.probes.collectives import CollectiveProbe
+from trainprobe.optimizer_view import OptimizerView
+from trainprobe.probes.base import Probe, ProbeSpec, StepClock
+from trainprobe.probes.collectives import CcSpec, CollectiveProbe
 from trainprobe.probes.model_view import ModelView
-from trainprobe.probes.module import ModuleProbe
+from trainprobe.probes.module import ModuleProbe, ModuleSpec
 from trainprobe.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.probes.param import ParamProbe
 from trainprobe.session import Session
@@ -196,7 +197,7 @@ class TrainerMonitorV2:
             raise ConfigError(
                 f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
             )
-        opt = backend.unwrap_optimizer(optimizer) if optimizer is not None else None
+        opt = backend.optimizer_view(optimizer) if optimizer is not None else None
         rank_dir = make_output_folder(cfg.output_dir / v2_rank_folder(rank), "output_dir")
         if not self._wrote_here:
             self._make_room(rank_dir, context)
@@ -238,20 +239,38 @@ class TrainerMonitorV2:
                 return value
         return 1
 
-    def _probes(self, enabled: list[str], view: ModelView, opt: Any, rank: int, rank_dir: Path) -> list[Probe]:
+    def _probes(
+        self, enabled: list[str], view: ModelView, opt: OptimizerView | None, rank: int, rank_dir: Path
+    ) -> list[Probe]:
         cfg, clock, backend = self.config, self._clock, self._backend
         params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
         probes: list[Probe] = []
         if "module" in enabled:
-            probes.append(ModuleProbe(clock, cfg.module, view, backend=backend))
+            m = cfg.module
+            spec = ModuleSpec(m.ops, m.eps, targets=m.targets, record_eval_mode=m.record_eval_mode)
+            probes.append(ModuleProbe(clock, spec, view, backend=backend))
         if "weight_grad" in enabled:
+            wg = cfg.weight_grad
             probes.append(
-                backend.weight_grad_probe(clock, cfg.weight_grad, params, clock.micro_batches, view, optimizer=opt)
+                backend.weight_grad_probe(
+                    clock,
+                    ProbeSpec(wg.ops, wg.eps),
+                    params,
+                    clock.micro_batches,
+                    view,
+                    per_micro_batch=wg.monitor_mbs_grad,
+                    optimizer=opt,
+                )
             )
-        if "optimizer" in enabled:
-            probes.append(OptimizerStateProbe(clock, cfg.optimizer, opt, params, backend=backend))
+        if "optimizer" in enabled and opt is not None:
+            mv = cfg.optimizer
+            spec = ProbeSpec(mv.ops, mv.eps)
+            probes.append(OptimizerStateProbe(clock, spec, opt, params, enabled=mv.mv_distribution, backend=backend))
         if "param" in enabled:
-            probes.append(ParamProbe(clock, cfg.param, params, backend=backend))
+            pc = cfg.param
+            probes.append(
+                ParamProbe(clock, ProbeSpec(pc.ops, pc.eps), params, enabled=pc.param_distribution, backend=backend)
+            )
         if "cc" in enabled:
             cc = cfg.cc
             if not backend.distributed():
@@ -263,7 +282,15 @@ class TrainerMonitorV2:
             elif cc.module_ranks and rank not in cc.module_ranks:
                 logger.info("trainprobe: cc skipped on rank %d (module_ranks=%s)", rank, list(cc.module_ranks))
             else:
-                probe = CollectiveProbe(clock, cc, rank, rank_dir, backend=backend)
+                cc_spec = CcSpec(
+                    cc.ops,
+                    cc.eps,
+                    cc_codeline=cc.cc_codeline,
+                    cc_log_only=cc.cc_log_only,
+                    cc_pre_hook=cc.cc_pre_hook,
+                    ddp_comm_hook=cc.ddp_comm_hook,
+                )
+                probe = CollectiveProbe(clock, cc_spec, rank, rank_dir, backend=backend)
                 probe.models = list(view.chunks)  # for ddp_comm_hook
                 probes.append(probe)
         return probes

@@ -9,10 +9,10 @@ framework's tensors, modules, autograd or optimizers goes through one :class:`Ba
 * module hooks: ``tensor_type`` (what :func:`~trainprobe.probes.tensor_walk.tensors_in` looks
   for), ``records_forward`` (training mode), ``grad_recording``/``wants_grad``/``hook_grad``
   (gradient hooks on the tensors of a call);
-* models and optimizers: ``model_view`` (names of modules and parameters), ``unwrap_optimizer``
-  (an object with the :class:`StepHooks` methods, which the session hooks), ``optimizer_moments``
-  (Adam-family ``exp_avg``/``exp_avg_sq``), ``weight_grad_probe`` (gradients are where the
-  frameworks differ most);
+* models and optimizers: ``model_view`` (names of modules and parameters), ``optimizer_view``
+  (the one :class:`~trainprobe.optimizer_view.OptimizerView` of what the user steps: its
+  parameters, state, Adam-family moments and step hooks, which the session hooks),
+  ``weight_grad_probe`` (gradients are where the frameworks differ most);
 * process: ``rank``, ``distributed``;
 * collectives: ``collective_api`` (a :class:`~trainprobe.probes.collectives.CollectiveApi`: the
   namespaces and primitive classes the ``cc`` probe wraps, how asynchronous calls complete).
@@ -28,20 +28,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainprobe.errors import ConfigError
+from trainprobe.optimizer_view import OptimizerView, Removable, StepHooks
+
+__all__ = ["Backend", "OptimizerView", "Removable", "StatsKernel", "StepHooks", "backend_for"]
 
 if TYPE_CHECKING:
-    from trainprobe.config.monitor_v2 import WeightGradConfig
-    from trainprobe.probes.base import Probe, StepClock
+    from trainprobe.probes.base import Probe, ProbeSpec, StepClock
     from trainprobe.probes.collectives import CollectiveApi
     from trainprobe.probes.model_view import ModelView, NamedParam
-
-
-class Removable(Protocol):
-    """A hook handle."""
-
-    def remove(self) -> None:
-        """Unregister the hook (idempotent)."""
-        ...
 
 
 class StatsKernel(Protocol):
@@ -60,20 +54,6 @@ class StatsKernel(Protocol):
 
     def rows(self, tensors: Sequence[Any]) -> list[Any]:
         """Statistics of several tensors, one row each, in order."""
-        ...
-
-
-class StepHooks(Protocol):
-    """An optimizer as the session sees it: PyTorch's step hook methods (hooks are called with
-    ``(optimizer, args, kwargs)`` just before and just after the optimizer updates the
-    parameters)."""
-
-    def register_step_pre_hook(self, hook: Callable[[Any, Any, Any], None]) -> Removable:
-        """Call ``hook`` just before each optimizer step."""
-        ...
-
-    def register_step_post_hook(self, hook: Callable[[Any, Any, Any], None]) -> Removable:
-        """Call ``hook`` just after each optimizer step."""
         ...
 
 
@@ -111,13 +91,6 @@ class Backend(Protocol):
         and dies with the tensor."""
         ...
 
-    def optimizer_moments(
-        self, optimizer: Any, params: Sequence[NamedParam]
-    ) -> tuple[list[tuple[NamedParam, str, Any]], bool]:
-        """``(param, "exp_avg" | "exp_avg_sq", tensor)`` for every moment the optimizer keeps, and
-        whether it keeps any per-parameter state at all."""
-        ...
-
     def rank(self) -> int:
         """This process's rank (0 without a distributed setup)."""
         ...
@@ -126,31 +99,33 @@ class Backend(Protocol):
         """Whether the framework's distributed communication is initialised."""
         ...
 
-    def model_view(self, model: Any) -> ModelView:
+    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
         """Names of the modules and parameters of ``model`` (a module or a list of chunks).
 
         Raises:
-            ConfigError: ``model`` is not a module or a list of them.
+            ConfigError: naming ``where``, when ``model`` is not a module or a list of them.
         """
         ...
 
-    def unwrap_optimizer(self, optimizer: Any) -> Any:
-        """The optimizer the probes read, which also has the :class:`StepHooks` methods.
+    def optimizer_view(self, optimizer: Any, where: str = "start(optimizer=...)") -> OptimizerView:
+        """The one view of the optimizer inside ``optimizer`` (the optimizer itself, wrappers
+        holding it, chains of them) that the probes read and the session hooks.
 
         Raises:
-            ConfigError: not an optimizer of this framework.
+            ConfigError: naming ``where``, when no optimizer of this framework is found.
         """
         ...
 
     def weight_grad_probe(
         self,
         clock: StepClock,
-        config: WeightGradConfig,
+        spec: ProbeSpec,
         params: list[NamedParam],
         micro_batches: int,
         view: ModelView,
         *,
-        optimizer: Any = None,
+        per_micro_batch: bool = False,
+        optimizer: OptimizerView | None = None,
         grad_of: Callable[[Any], Any] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
     ) -> Probe:

@@ -1,8 +1,9 @@
 """The PyTorch adapter: :class:`~trainprobe.adapters.Backend` over ``torch``.
 
 Statistics are :class:`~trainprobe.stats.torch_stats.TensorStats`; gradients of module tensors
-come from ``Tensor.register_hook`` (the hook lives and dies with the tensor); the optimizer is a
-``torch.optim.Optimizer`` with its own step hooks; ``weight_grad`` is
+come from ``Tensor.register_hook`` (the hook lives and dies with the tensor); the optimizer is seen
+through :class:`~trainprobe.adapters.pytorch_optimizer.TorchOptimizerView` (its torch
+optimizers' own step hooks); ``weight_grad`` is
 :class:`~trainprobe.probes.weight_grad.WeightGradProbe`.
 """
 
@@ -14,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainprobe.adapters.pytorch_collectives import TORCH_COLLECTIVES, TorchCollectives
+from trainprobe.adapters.pytorch_optimizer import TorchOptimizerView, torch_optimizer_view
 from trainprobe.dist_info import current_rank, distributed_ready
-from trainprobe.probes.model_view import ModelView, NamedParam, unwrap_optimizer
-from trainprobe.probes.optimizer_state import MOMENTS
+from trainprobe.optimizer_view import OptimizerView
+from trainprobe.probes.model_view import ModelView, NamedParam
 from trainprobe.probes.weight_grad import WeightGradProbe
 from trainprobe.stats.torch_stats import TensorStats
 
 if TYPE_CHECKING:
-    from trainprobe.config.monitor_v2 import WeightGradConfig
-    from trainprobe.probes.base import Probe, StepClock
+    from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 
 
 class TorchBackend:
@@ -50,52 +51,39 @@ class TorchBackend:
         t.register_hook(fn)  # returns None: the gradient is unchanged
         return None
 
-    def optimizer_moments(
-        self, optimizer: torch.optim.Optimizer, params: Sequence[NamedParam]
-    ) -> tuple[list[tuple[NamedParam, str, Any]], bool]:
-        state = optimizer.state
-        found: list[tuple[NamedParam, str, Any]] = []
-        for named in params:
-            entry = state.get(named.param)
-            if not entry:
-                continue
-            for moment in MOMENTS:
-                value = entry.get(moment)
-                if isinstance(value, torch.Tensor):
-                    found.append((named, moment, value))
-        return found, bool(state)
-
     def rank(self) -> int:
         return current_rank()
 
     def distributed(self) -> bool:
         return distributed_ready()
 
-    def model_view(self, model: Any) -> ModelView:
-        return ModelView(model)
+    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
+        return ModelView(model, where)
 
-    def unwrap_optimizer(self, optimizer: Any) -> torch.optim.Optimizer:
-        return unwrap_optimizer(optimizer)
+    def optimizer_view(self, optimizer: Any, where: str = "start(optimizer=...)") -> TorchOptimizerView:
+        return torch_optimizer_view(optimizer, where)
 
     def weight_grad_probe(
         self,
         clock: StepClock,
-        config: WeightGradConfig,
+        spec: ProbeSpec,
         params: list[NamedParam],
         micro_batches: int,
         view: ModelView,
         *,
-        optimizer: Any = None,
+        per_micro_batch: bool = False,
+        optimizer: OptimizerView | None = None,
         grad_of: Callable[[Any], Any] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
     ) -> Probe:
         modules = [(name, module) for _, name, module in view.modules()]
         return WeightGradProbe(
             clock,
-            config,
+            spec,
             params,
             micro_batches,
             modules,
+            per_micro_batch=per_micro_batch,
             grad_of=grad_of,
             keep_reduced=keep_reduced,
             backend=self,

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainprobe.adapters import pytorch_optimizer as torch_optimizer
 from trainprobe.config.folders import make_output_folder
 from trainprobe.dist_info import current_rank
 from trainprobe.errors import ConfigError
@@ -54,7 +55,7 @@ from trainprobe.metrics.outputs import DumpOutput, LogOutput, TensorBoardOutput
 from trainprobe.metrics.payload import StepPayload
 from trainprobe.metrics.sources import InputTap, norms
 from trainprobe.metrics.writer import MetricsWriter, Output
-from trainprobe.probes.model_view import ModelView, unwrap_optimizer
+from trainprobe.probes.model_view import ModelView
 
 LossArg = torch.Tensor | float | Sequence[torch.Tensor | float] | None
 
@@ -76,13 +77,7 @@ def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     Raises:
         ConfigError: no ``torch.optim.Optimizer`` is found.
     """
-    current = unwrap_optimizer(optimizer)
-    for _ in range(8):
-        inner = getattr(current, "optimizer", None)
-        if not isinstance(inner, torch.optim.Optimizer) or inner is current:
-            break
-        current = inner
-    return current
+    return torch_optimizer.innermost_optimizer(optimizer)
 
 
 class TrainingMetricsMonitor:

@@ -31,8 +31,7 @@ from trainprobe.mindspore.stats import MindSporeStats
 from trainprobe.probes.model_view import ModelView, NamedParam
 
 if TYPE_CHECKING:
-    from trainprobe.config.monitor_v2 import WeightGradConfig
-    from trainprobe.probes.base import Probe, StepClock
+    from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 
 
 class MindSporeBackend:
@@ -63,20 +62,6 @@ class MindSporeBackend:
 
         return t.register_hook(hook)
 
-    def optimizer_moments(
-        self, optimizer: MindSporeOptimizer, params: Sequence[NamedParam]
-    ) -> tuple[list[tuple[NamedParam, str, Any]], bool]:
-        moments = optimizer.moments()
-        if moments is None:
-            return [], True  # state of another kind (or none): the probe warns and stops
-        position = {id(p): i for i, p in enumerate(optimizer.parameters)}
-        found: list[tuple[NamedParam, str, Any]] = []
-        for named in params:
-            i = position.get(id(named.param))
-            if i is not None:
-                found.extend((named, moment, tensors[i]) for moment, tensors in moments.items())
-        return found, True
-
     def rank(self) -> int:
         if self.distributed():
             from mindspore.communication import get_rank
@@ -92,26 +77,27 @@ class MindSporeBackend:
 
         return bool(GlobalComm.INITED)
 
-    def model_view(self, model: Any) -> ModelView:
+    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
         runtime.check_runs_operators("start()")
         if not runtime.pynative_mode():
             raise ConfigError(
-                "start(model=...): MindSpore runs in GRAPH_MODE, where cell and tensor hooks do not run; "
+                f"{where}: MindSpore runs in GRAPH_MODE, where cell and tensor hooks do not run; "
                 "trainprobe needs PyNative mode: mindspore.set_context(mode=mindspore.PYNATIVE_MODE)"
             )
-        return CellView(model)
+        return CellView(model, where)
 
-    def unwrap_optimizer(self, optimizer: Any) -> MindSporeOptimizer:
-        return unwrap_optimizer(optimizer)
+    def optimizer_view(self, optimizer: Any, where: str = "start(optimizer=...)") -> MindSporeOptimizer:
+        return unwrap_optimizer(optimizer, where)
 
     def weight_grad_probe(
         self,
         clock: StepClock,
-        config: WeightGradConfig,
+        spec: ProbeSpec,
         params: list[NamedParam],
         micro_batches: int,
         view: ModelView,
         *,
+        per_micro_batch: bool = False,
         optimizer: Any = None,
         grad_of: Callable[[Any], Any] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
@@ -119,7 +105,14 @@ class MindSporeBackend:
         from trainprobe.mindspore.weight_grad import MindSporeWeightGradProbe
 
         return MindSporeWeightGradProbe(
-            clock, config, params, micro_batches, optimizer, backend=self, keep_reduced=keep_reduced
+            clock,
+            spec,
+            params,
+            micro_batches,
+            optimizer,
+            per_micro_batch=per_micro_batch,
+            backend=self,
+            keep_reduced=keep_reduced,
         )
 
 

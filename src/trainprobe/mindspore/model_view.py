@@ -18,8 +18,7 @@ from trainprobe.probes.model_view import ModelView
 
 
 class CellView(ModelView):
-    """:class:`ModelView` over MindSpore cells; the optimizer is a
-    :class:`~trainprobe.mindspore.optimizer.MindSporeOptimizer`."""
+    """:class:`ModelView` over MindSpore cells."""
 
     model_kind = "mindspore.nn.Cell"
 
@@ -31,6 +30,3 @@ class CellView(ModelView):
 
     def _named_parameters(self, chunk: Any) -> Iterator[tuple[str, Any]]:
         return chunk.parameters_and_names()
-
-    def _param_groups(self, optimizer: Any) -> list[list[Any]]:
-        return [list(optimizer.parameters)]

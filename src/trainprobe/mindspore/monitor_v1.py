@@ -77,15 +77,9 @@ def attach(
             without ``mindspore.communication``.
     """
     check_arguments(optimizer, grad_acc_steps, start_iteration)
-    try:
-        view = MINDSPORE.model_view(model)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("start(model=...)", "set_monitor(model=...)", 1)) from None
+    view = MINDSPORE.model_view(model, "set_monitor(model=...)")
     view.is_list = True  # V1 names always carry the "<vpp_stage>:" prefix
-    try:
-        opt = MINDSPORE.unwrap_optimizer(optimizer)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("start(optimizer=...)", "set_monitor(optimizer=...)", 1)) from None
+    opt = MINDSPORE.optimizer_view(optimizer, "set_monitor(optimizer=...)")
     rank = MINDSPORE.rank()
     return Attachment(
         clock=StepClock(step=start_iteration, micro_batches=grad_acc_steps),

@@ -14,12 +14,13 @@ and ``exp_avg``/``exp_avg_sq`` (``mint.optim``, ``experimental.optim``) become
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from mindspore import nn
 
 from trainprobe.errors import ConfigError
+from trainprobe.optimizer_view import MOMENTS, StepHook, holds
 
 MOMENT_ATTRIBUTES: tuple[tuple[str, str], ...] = (
     ("moment1", "moment2"),
@@ -28,11 +29,9 @@ MOMENT_ATTRIBUTES: tuple[tuple[str, str], ...] = (
 )
 """``(first, second)`` moment attribute names of MindSpore's Adam-family optimizers."""
 
-StepHook = Callable[[Any, Any, Any], None]
-
 
 class MindSporeOptimizer:
-    """Wraps a MindSpore optimizer cell.
+    """Wraps a MindSpore optimizer cell: its :class:`~trainprobe.optimizer_view.OptimizerView`.
 
     Attributes:
         cell: the optimizer (``nn.Optimizer`` or ``experimental.optim.Optimizer``).
@@ -47,6 +46,7 @@ class MindSporeOptimizer:
         self.parameters: list[Any] = list(cell.parameters)
         self.gradients: tuple[Any, ...] | None = None
         self.class_name = type(cell).__name__
+        self._positions: dict[int, int] | None = None
 
     def register_step_pre_hook(self, hook: StepHook) -> Any:
         """Call ``hook(self, args, kwargs)`` when the optimizer is called, before it updates
@@ -69,13 +69,49 @@ class MindSporeOptimizer:
 
         return self.cell.register_forward_hook(post, with_kwargs=True)
 
+    def groups(self) -> list[Mapping[str, Any]]:
+        """One group holding :attr:`parameters` (MindSpore's group settings are not read)."""
+        return [{"params": self.parameters}]
+
+    def state_of(self, param: Any) -> Mapping[str, Any] | None:
+        """The moments of ``param`` (MindSpore keeps no other per-parameter state the probes read)."""
+        return self.moments_of(param) or None
+
+    def moments_of(self, param: Any) -> dict[str, Any]:
+        """``exp_avg``/``exp_avg_sq`` of ``param``, empty for a parameter the optimizer does not
+        hold or an optimizer without Adam-family moments."""
+        pair = self._moment_tuples()
+        i = self._position().get(id(param)) if pair is not None else None
+        if pair is None or i is None:
+            return {}
+        return {"exp_avg": pair[0][i], "exp_avg_sq": pair[1][i]}
+
+    def _position(self) -> dict[int, int]:
+        if self._positions is None:
+            self._positions = {id(p): i for i, p in enumerate(self.parameters)}
+        return self._positions
+
+    def keeps_state(self, needs: Collection[str], *, every: bool = True, stepped: bool = False) -> bool | None:
+        """Whether its moment tuples hold ``needs`` (decided from the optimizer's attributes,
+        known from the start: never None)."""
+        return holds(MOMENTS if self._moment_tuples() is not None else (), needs, every=every)
+
+    def copy_of(self, param: Any) -> Any:
+        """``param`` itself (MindSpore optimizers step the model's parameters)."""
+        return param
+
     def moments(self) -> dict[str, list[Any]] | None:
         """``{"exp_avg": [...], "exp_avg_sq": [...]}`` aligned with :attr:`parameters`, or None
         for an optimizer without Adam-family moments."""
+        pair = self._moment_tuples()
+        return None if pair is None else {"exp_avg": list(pair[0]), "exp_avg_sq": list(pair[1])}
+
+    def _moment_tuples(self) -> tuple[Any, Any] | None:
+        """The cell's (first, second) moment tuples, aligned with :attr:`parameters`, or None."""
         for first, second in MOMENT_ATTRIBUTES:
             m, v = getattr(self.cell, first, None), getattr(self.cell, second, None)
             if m is not None and v is not None and len(m) == len(v) == len(self.parameters):
-                return {"exp_avg": list(m), "exp_avg_sq": list(v)}
+                return m, v
         return None
 
 
@@ -84,12 +120,12 @@ def _gradients(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     return tuple(grads) if isinstance(grads, (tuple, list)) else None
 
 
-def unwrap_optimizer(optimizer: Any) -> MindSporeOptimizer:
-    """The MindSpore optimizer inside ``optimizer``: the cell itself, a wrapper holding it in
-    ``.optimizer``, or a :class:`MindSporeOptimizer`.
+def unwrap_optimizer(optimizer: Any, where: str = "start(optimizer=...)") -> MindSporeOptimizer:
+    """The view of the MindSpore optimizer inside ``optimizer``: the cell itself, a wrapper
+    holding it in ``.optimizer``, or a :class:`MindSporeOptimizer`.
 
     Raises:
-        ConfigError: no MindSpore optimizer is found.
+        ConfigError: naming ``where``, when no MindSpore optimizer is found.
     """
     current = optimizer
     for _ in range(8):
@@ -102,7 +138,7 @@ def unwrap_optimizer(optimizer: Any) -> MindSporeOptimizer:
             break
         current = inner
     raise ConfigError(
-        "start(optimizer=...): expected a MindSpore optimizer (mindspore.nn.Optimizer or a "
+        f"{where}: expected a MindSpore optimizer (mindspore.nn.Optimizer or a "
         f"mindspore.experimental/mint optimizer) or a wrapper holding one in .optimizer, got {type(optimizer).__name__}"
     )
 

@@ -24,10 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainprobe.config.monitor_v2 import WeightGradConfig
 from trainprobe.mindspore.optimizer import MindSporeOptimizer
 from trainprobe.mindspore.stats import MindSporeStats
-from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.probes.weight_grad import warn_short_step
 from trainprobe.records import RowBuffer, RowKey, StepBatch
@@ -46,18 +45,19 @@ class MindSporeWeightGradProbe(Probe):
     def __init__(
         self,
         clock: StepClock,
-        config: WeightGradConfig,
+        spec: ProbeSpec,
         params: list[NamedParam],
         micro_batches: int,
         optimizer: MindSporeOptimizer | None,
         *,
+        per_micro_batch: bool = False,
         backend: Backend,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
     ) -> None:
-        super().__init__(clock, config.ops, config.eps, backend=backend)
+        super().__init__(clock, spec.ops, spec.eps, backend=backend)
         self.optimizer = optimizer
         self.keep_reduced = keep_reduced
-        self.per_micro_batch = config.monitor_mbs_grad
+        self.per_micro_batch = per_micro_batch
         self.micro_batches = micro_batches
         self.params = [p for p in params if getattr(p.param, "requires_grad", True)]
         position = {id(p): i for i, p in enumerate(optimizer.parameters)} if optimizer is not None else {}

@@ -3,9 +3,10 @@ groups, and the run folder; validated once and shared by every session of the ru
 
 * ``model``: a module or a list of chunks (chunk ``i`` is ``vpp_stage`` i; names always carry
   the ``<vpp_stage>:`` prefix, also for a single model).
-* ``optimizer``: unwrapped by :func:`~trainprobe.monitor_v1.optimizers.unwrap_all`; a
-  mixed-precision wrapper's float32 master copies are seen as the model's parameters
-  (:func:`~trainprobe.monitor_v1.optimizers.model_facing`).
+* ``optimizer``: seen through the backend's one
+  :class:`~trainprobe.optimizer_view.OptimizerView` (for PyTorch
+  :func:`~trainprobe.adapters.pytorch_optimizer.torch_optimizer_view`: wrappers, chains, and a
+  mixed-precision wrapper's float32 master copies seen as the model's parameters).
 * ``params_have_main_grad``: gradients are read from ``param.main_grad`` where it is a tensor
   (Megatron), else from ``.grad``.
 * ``dp_group``: only the first rank of the data-parallel group keeps reduced-gradient rows;
@@ -28,13 +29,14 @@ from torch import nn
 
 from trainprobe.adapters import Backend
 from trainprobe.adapters.pytorch import TORCH
+from trainprobe.adapters.pytorch_optimizer import torch_optimizer_view
 from trainprobe.config.folders import make_output_folder
 from trainprobe.config.monitor_v1 import MonitorV1Config
 from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.errors import ConfigError
 from trainprobe.monitor_v1 import output
 from trainprobe.monitor_v1.alerts import PipelineContext
-from trainprobe.monitor_v1.optimizers import OptimizerGroup, model_facing, unwrap_all
+from trainprobe.optimizer_view import OptimizerView, StepHooks
 from trainprobe.probes.base import StepClock
 from trainprobe.probes.model_view import ModelView, NamedParam
 
@@ -48,8 +50,10 @@ class Attachment:
 
     clock: StepClock
     view: ModelView
-    optimizers: list[torch.optim.Optimizer]
-    optimizer: Any
+    optimizers: list[StepHooks]
+    """The optimizers that step, in step order (the first one's pre-step and the last one's
+    post-step hooks are the step's)."""
+    optimizer: OptimizerView
     rank: int
     grad_of: GradOf | None
     keep_reduced: KeepReduced | None
@@ -90,20 +94,15 @@ def attach(
     """
     check_arguments(optimizer, grad_acc_steps, start_iteration)
     chunks = [model] if isinstance(model, nn.Module) else model
-    try:
-        view = ModelView(list(chunks) if isinstance(chunks, (list, tuple)) else chunks)
-    except ConfigError:
-        raise ConfigError(
-            f"set_monitor(model=...): expected a torch.nn.Module or a list of them, got {type(model).__name__}"
-        ) from None
+    view = ModelView(list(chunks) if isinstance(chunks, (list, tuple)) else chunks, "set_monitor(model=...)")
     view.is_list = True  # V1 names always carry the "<vpp_stage>:" prefix
-    optimizers = unwrap_all(optimizer)
+    opt = torch_optimizer_view(optimizer, "set_monitor(optimizer=...)")
     rank = current_rank()
     return Attachment(
         clock=StepClock(step=start_iteration, micro_batches=grad_acc_steps),
         view=view,
-        optimizers=optimizers,
-        optimizer=model_facing(optimizer, optimizers[0] if len(optimizers) == 1 else OptimizerGroup(optimizers)),
+        optimizers=list(opt.optimizers),
+        optimizer=opt,
         rank=rank,
         grad_of=main_grad if params_have_main_grad else None,
         keep_reduced=redundancy_filter(dp_group, tp_group),

@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainprobe.config.monitor_v2 import CcConfig
 from trainprobe.probes.base import StepClock
-from trainprobe.probes.collectives import CollectiveProbe, codeline_matches
+from trainprobe.probes.collectives import CcSpec, CollectiveProbe, codeline_matches
 
 if TYPE_CHECKING:
     from trainprobe.adapters import Backend
@@ -28,7 +27,7 @@ _MAX_FRAMES = 64
 class V1CollectiveProbe(CollectiveProbe):
     """Collectives selected by the reference's ``cc_codeline`` patterns."""
 
-    def __init__(self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend) -> None:
+    def __init__(self, clock: StepClock, config: CcSpec, rank: int, rank_dir: Path, *, backend: Backend) -> None:
         super().__init__(clock, config, rank, rank_dir, backend=backend)
         self._patterns = [re.compile(line) for line in config.cc_codeline]
 

@@ -24,7 +24,7 @@ distributions are also written as TensorBoard histograms, one per parameter and 
 
 Both need an optimizer whose state holds ``exp_avg`` (and, for ``ur_distribution``,
 ``exp_avg_sq``, ``step`` and the group's ``betas``/``eps``). That is decided from the optimizer
-(its class and the kind of state it keeps, see :func:`~trainprobe.probes.optimizer_state.keeps_state`),
+(its class and the kind of state it keeps, see :meth:`~trainprobe.optimizer_view.OptimizerView.keeps_state`),
 not from the monitored parameters: with any other optimizer each logs one warning naming the
 optimizer's class and switches itself off; with an Adam-family one, a parameter that has no state
 yet is skipped on that step.
@@ -41,9 +41,9 @@ from trainprobe.adapters.pytorch import TORCH
 from trainprobe.log import warn_once
 from trainprobe.monitor_v1.histogram import histogram_row
 from trainprobe.monitor_v1.output import HISTOGRAM_TABLES
+from trainprobe.optimizer_view import OptimizerView
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
-from trainprobe.probes.optimizer_state import keeps_state, optimizer_class_name
 from trainprobe.records import RowKey
 
 MG_NEEDS: tuple[str, ...] = ("exp_avg",)
@@ -54,7 +54,7 @@ UR_NEEDS: tuple[str, ...] = ("exp_avg", "exp_avg_sq", "step")
 
 class _AdamFeature(Probe):
     """A probe that reads Adam-family state: judges the optimizer once (see
-    :func:`~trainprobe.probes.optimizer_state.keeps_state`) and switches itself off with one
+    :meth:`~trainprobe.optimizer_view.OptimizerView.keeps_state`) and switches itself off with one
     warning naming the optimizer's class when it keeps no such state."""
 
     needs: tuple[str, ...] = ()
@@ -62,7 +62,7 @@ class _AdamFeature(Probe):
     """What the warning says the optimizer lacks."""
 
     def __init__(
-        self, clock: StepClock, ops: tuple[str, ...], eps: float, optimizer: Any, params: list[NamedParam]
+        self, clock: StepClock, ops: tuple[str, ...], eps: float, optimizer: OptimizerView, params: list[NamedParam]
     ) -> None:
         super().__init__(clock, ops, eps, backend=TORCH)
         self.optimizer = optimizer
@@ -78,7 +78,7 @@ class _AdamFeature(Probe):
             verdict = self._verdict = self._judge(stepped)
             if verdict is False:
                 self.disabled = True
-                kind = optimizer_class_name(self.optimizer)
+                kind = self.optimizer.class_name
                 warn_once(
                     f"v1-{self.name}-unsupported-{kind}",
                     f"trainprobe: {self.name} needs an Adam-family optimizer ({self.requirement}); "
@@ -87,7 +87,7 @@ class _AdamFeature(Probe):
         return bool(verdict)
 
     def _judge(self, stepped: bool) -> bool | None:
-        return keeps_state(self.optimizer, self.needs, stepped=stepped)
+        return self.optimizer.keeps_state(self.needs, stepped=stepped)
 
 
 class MgDirectionProbe(_AdamFeature):
@@ -102,7 +102,7 @@ class MgDirectionProbe(_AdamFeature):
         clock: StepClock,
         ops: tuple[str, ...],
         eps: float,
-        optimizer: Any,
+        optimizer: OptimizerView,
         params: list[NamedParam],
         grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     ) -> None:
@@ -112,9 +112,8 @@ class MgDirectionProbe(_AdamFeature):
     def before_optimizer_step(self) -> None:
         if not self.supported(stepped=False):
             return
-        state: Mapping[Any, Any] = self.optimizer.state
         for named in self.params:
-            moment = (state.get(named.param) or {}).get("exp_avg")
+            moment = (self.optimizer.state_of(named.param) or {}).get("exp_avg")
             grad = self.grad_of(named.param)
             if grad is None or not isinstance(moment, torch.Tensor) or grad.numel() == 0:
                 continue
@@ -161,26 +160,27 @@ class UpdateRatioProbe(_AdamFeature):
         clock: StepClock,
         ops: tuple[str, ...],
         eps: float,
-        optimizer: Any,
+        optimizer: OptimizerView,
         params: list[NamedParam],
         histograms: HistogramRows | None = None,
     ) -> None:
         super().__init__(clock, ops, eps, optimizer, params)
         self.histograms = histograms
-        self._group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        self._group_of = {id(p): g for g in optimizer.groups() for p in g["params"]}
 
     def _judge(self, stepped: bool) -> bool | None:
         verdict = super()._judge(stepped)
-        if verdict and not any("betas" in g for g in self.optimizer.param_groups):
+        if verdict and not any("betas" in g for g in self.optimizer.groups()):
             return False
         return verdict
 
     def after_optimizer_step(self) -> None:
         if not self.supported(stepped=True):
             return
-        state: Mapping[Any, Any] = self.optimizer.state
         for named in self.params:
-            pair = self._update_and_ratio(state.get(named.param) or {}, self._group_of.get(id(named.param)))
+            pair = self._update_and_ratio(
+                self.optimizer.state_of(named.param) or {}, self._group_of.get(id(named.param))
+            )
             if pair is None:
                 continue
             for scope, tensor in zip(("adam_update", "adam_ratio"), pair):

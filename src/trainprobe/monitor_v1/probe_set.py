@@ -15,8 +15,6 @@ or parameter of the model is reported once, with the closest names.
 from __future__ import annotations
 
 from trainprobe.config.monitor_v1 import MonitorV1Config
-from trainprobe.config.monitor_v2 import CcConfig as EngineCcConfig
-from trainprobe.config.monitor_v2 import ModuleMonitorConfig, OptimizerConfig, ParamConfig, WeightGradConfig
 from trainprobe.log import warn_once
 from trainprobe.monitor_v1 import output
 from trainprobe.monitor_v1.attachment import Attachment
@@ -33,9 +31,10 @@ from trainprobe.monitor_v1.naming import (
 )
 from trainprobe.monitor_v1.shapes import ShapeBook
 from trainprobe.monitor_v1.struct import StackProbe
-from trainprobe.probes.base import Probe
+from trainprobe.probes.base import Probe, ProbeSpec
+from trainprobe.probes.collectives import CcSpec
 from trainprobe.probes.model_view import NamedParam
-from trainprobe.probes.module import ModuleProbe
+from trainprobe.probes.module import ModuleProbe, ModuleSpec
 from trainprobe.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.probes.param import ParamProbe
 
@@ -79,6 +78,7 @@ def build_probes(cfg: MonitorV1Config, att: Attachment, shapes: ShapeBook | None
     if shapes is not None:
         shapes.add_params(params)
     probes: list[Probe] = []
+    spec = ProbeSpec(cfg.ops, cfg.eps)
     module_rank = cfg.monitors_rank(att.rank)
     xy = cfg.xy_distribution and module_rank
     per_param = (
@@ -98,15 +98,13 @@ def build_probes(cfg: MonitorV1Config, att: Attachment, shapes: ShapeBook | None
     if cfg.wg_distribution:
         probes.append(_weight_grad(cfg, att, params))
     if cfg.mv_distribution:
-        mv = OptimizerConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
         probes.append(
-            OptimizerStateProbe(att.clock, mv, att.optimizer, params, suffix_names=False, backend=att.backend)
+            OptimizerStateProbe(att.clock, spec, att.optimizer, params, suffix_names=False, backend=att.backend)
         )
     if cfg.param_distribution:
-        param_cfg = ParamConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
-        copy_of = getattr(att.optimizer, "copy_of", None)  # the float32 masters a wrapper steps
-        stepped = [NamedParam(n.vpp_stage, n.name, copy_of(n.param)) for n in params] if copy_of else params
-        probes.append(ParamProbe(att.clock, param_cfg, stepped, backend=att.backend))
+        copy_of = att.optimizer.copy_of  # the float32 masters a wrapper steps (the parameter itself if none)
+        stepped = [NamedParam(n.vpp_stage, n.name, copy_of(n.param)) for n in params]
+        probes.append(ParamProbe(att.clock, spec, stepped, backend=att.backend))
     if cfg.ur_distribution and torch_only("ur_distribution", att):
         probes += _update_ratio(cfg, att, params)
     if cfg.l2.enabled and module_rank and torch_only("recording_l2_features", att):
@@ -160,18 +158,18 @@ def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames, sha
         )
         return []
     names.warn_clashes("modules")
-    module_cfg = ModuleMonitorConfig(enabled=True, ops=cfg.ops, eps=cfg.eps)
-    return [ModuleProbe(att.clock, module_cfg, att.view, naming=naming, backend=att.backend)]
+    module_spec = ModuleSpec(cfg.ops, cfg.eps)
+    return [ModuleProbe(att.clock, module_spec, att.view, naming=naming, backend=att.backend)]
 
 
 def _weight_grad(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> Probe:
-    wg = WeightGradConfig(enabled=True, ops=cfg.ops, eps=cfg.eps, monitor_mbs_grad=cfg.monitor_mbs_grad)
     return att.backend.weight_grad_probe(
         att.clock,
-        wg,
+        ProbeSpec(cfg.ops, cfg.eps),
         params,
         att.clock.micro_batches,
         att.view,
+        per_micro_batch=cfg.monitor_mbs_grad,
         optimizer=att.optimizer,
         grad_of=att.grad_of,
         keep_reduced=att.keep_reduced,
@@ -206,8 +204,7 @@ def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
             f"trainprobe: cc_distribution needs {att.backend.name}'s distributed communication; it is skipped",
         )
         return []
-    cc = EngineCcConfig(
-        enabled=True,
+    cc = CcSpec(
         ops=cfg.ops,
         eps=cfg.eps,
         cc_codeline=cfg.cc.cc_codeline,

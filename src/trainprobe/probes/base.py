@@ -33,6 +33,18 @@ class StepClock:
     micro_batches: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    """What a probe takes from a monitor's settings: the statistics it computes (names from
+    :data:`trainprobe.stats.ops.ALL_OPS`, in column order) and the ``eps`` they use. The config
+    dialects build it from their own fields; a probe that needs more (its switches) extends it
+    (:class:`~trainprobe.probes.module.ModuleSpec`, :class:`~trainprobe.probes.collectives.CcSpec`)
+    or takes them as arguments."""
+
+    ops: tuple[str, ...]
+    eps: float
+
+
 class Probe:
     """Base class of the monitors. Subclasses set ``name`` and ``with_micro_step`` and
     implement :meth:`attach`; optimizer-driven probes override :meth:`before_optimizer_step`

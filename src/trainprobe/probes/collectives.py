@@ -50,9 +50,8 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainprobe.config.monitor_v2 import CcConfig
 from trainprobe.patching import AttrPatch
-from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.records import RowKey
 from trainprobe.sinks.files import write_json_atomically
 
@@ -374,12 +373,25 @@ class _Call:
     outputs: list[Any]
 
 
+@dataclass(frozen=True, slots=True)
+class CcSpec(ProbeSpec):
+    """The collective probe's settings: statistics, the call sites selected (``cc_codeline``;
+    empty: every call), whether only the call sites are logged (``cc_log_only``), whether
+    inputs are read before the call (``cc_pre_hook``) and whether DDP's gradient buckets are
+    followed (``ddp_comm_hook``)."""
+
+    cc_codeline: tuple[str, ...] = ()
+    cc_log_only: bool = False
+    cc_pre_hook: bool = False
+    ddp_comm_hook: bool = False
+
+
 class CollectiveProbe(Probe):
     """Statistics (or a call-site log) of a framework's collectives."""
 
     name = "cc"
 
-    def __init__(self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend) -> None:
+    def __init__(self, clock: StepClock, config: CcSpec, rank: int, rank_dir: Path, *, backend: Backend) -> None:
         super().__init__(clock, config.ops, config.eps, backend=backend)
         api = self.backend.collective_api()
         assert api is not None, "the trainer refuses cc for a backend without collectives"

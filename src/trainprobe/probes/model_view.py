@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from trainprobe.errors import ConfigError
+from trainprobe.optimizer_view import OptimizerView
 
 NAME_SEP = ":"
 ROOT_NAME = "root"
@@ -53,14 +54,16 @@ class NamedParam:
 class ModelView:
     """Read-only naming view over ``model`` (a module, a list of modules, or None).
 
-    The framework shows through four methods only (``_is_model``, ``_named_modules``,
-    ``_named_parameters``, ``_param_groups``) and ``model_kind``; another framework's adapter
+    The framework shows through three methods only (``_is_model``, ``_named_modules``,
+    ``_named_parameters``) and ``model_kind``; another framework's adapter
     subclasses this view and overrides them.
     """
 
     model_kind = "torch.nn.Module"
 
-    def __init__(self, model: nn.Module | Sequence[nn.Module] | None) -> None:
+    def __init__(self, model: nn.Module | Sequence[nn.Module] | None, where: str = "start(model=...)") -> None:
+        """Raises ConfigError (naming ``where``, the argument) when ``model`` is neither a
+        module of the framework nor a list of them."""
         if model is None:
             self.chunks: list[nn.Module] = []
             self.is_list = False
@@ -69,9 +72,7 @@ class ModelView:
         elif isinstance(model, (list, tuple)) and all(self._is_model(m) for m in model):
             self.chunks, self.is_list = list(model), True
         else:
-            raise ConfigError(
-                f"start(model=...): expected a {self.model_kind} or a list of them, got {type(model).__name__}"
-            )
+            raise ConfigError(f"{where}: expected a {self.model_kind} or a list of them, got {type(model).__name__}")
 
     # -- the framework ---------------------------------------------------------------------
     def _is_model(self, obj: object) -> bool:
@@ -85,10 +86,6 @@ class ModelView:
     def _named_parameters(self, chunk: Any) -> Iterator[tuple[str, Any]]:
         """``(name, parameter)`` of every parameter of ``chunk``."""
         return chunk.named_parameters()
-
-    def _param_groups(self, optimizer: Any) -> list[list[Any]]:
-        """The optimizer's parameters, group by group."""
-        return [group["params"] for group in optimizer.param_groups]
 
     def prefix(self, vpp_stage: int) -> str:
         """Name prefix of chunk ``vpp_stage`` (empty for a single model)."""
@@ -133,10 +130,11 @@ class ModelView:
                     out.append(NamedParam(vpp, self.prefix(vpp) + _plain_name(name), p))
         return out
 
-    def optimizer_parameters(self, optimizer: torch.optim.Optimizer) -> list[NamedParam]:
+    def optimizer_parameters(self, optimizer: OptimizerView | torch.optim.Optimizer) -> list[NamedParam]:
         """The optimizer's parameters, in model order; ones the model does not hold are named
         ``param_group<g>.<i>`` and come last."""
-        groups = self._param_groups(optimizer)
+        found = optimizer.param_groups if isinstance(optimizer, torch.optim.Optimizer) else optimizer.groups()
+        groups = [list(group["params"]) for group in found]
         in_optimizer = {id(p) for group in groups for p in group}
         named = [np for np in self.parameters() if id(np.param) in in_optimizer]
         known = {id(np.param) for np in named}
@@ -146,27 +144,3 @@ class ModelView:
                     known.add(id(p))
                     named.append(NamedParam(0, f"param_group{g}.{i}", p))
         return named
-
-
-def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
-    """The torch optimizer inside ``optimizer``, following ``.optimizer`` attributes of wrappers
-    (DeepSpeed, accelerate, Megatron style). A wrapper that subclasses ``Optimizer`` itself
-    (accelerate's ``AcceleratedOptimizer``) is followed too, down to the innermost optimizer.
-
-    Raises:
-        ConfigError: no ``torch.optim.Optimizer`` is found.
-    """
-    current, found = optimizer, None
-    for _ in range(8):
-        if isinstance(current, torch.optim.Optimizer):
-            found = current
-        inner = getattr(current, "optimizer", None)
-        if inner is None or inner is current:
-            break
-        current = inner
-    if found is not None:
-        return found
-    raise ConfigError(
-        f"start(optimizer=...): expected a torch.optim.Optimizer or a wrapper holding one in "
-        f".optimizer, got {type(optimizer).__name__}"
-    )

@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from trainprobe.config.monitor_v2 import ModuleMonitorConfig
 from trainprobe.log import warn_once
-from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.probes.model_view import ModelView
 from trainprobe.probes.tensor_walk import call_tensors, tensors_in
 from trainprobe.records import RowKey
@@ -81,6 +80,15 @@ class V2Naming:
         return [(f"{name}.grad_{kind}.{i}", t) for i, t in enumerate(tensors)]
 
 
+@dataclass(frozen=True, slots=True)
+class ModuleSpec(ProbeSpec):
+    """The module probe's settings: statistics, the default naming's ``targets`` (module names;
+    empty: every module) and whether forwards in eval mode are recorded too."""
+
+    targets: tuple[str, ...] = ()
+    record_eval_mode: bool = False
+
+
 class ModuleProbe(Probe):
     """Forward/backward statistics of the target modules.
 
@@ -97,7 +105,7 @@ class ModuleProbe(Probe):
     def __init__(
         self,
         clock: StepClock,
-        config: ModuleMonitorConfig,
+        config: ModuleSpec,
         view: ModelView,
         naming: ModuleNaming | None = None,
         *,

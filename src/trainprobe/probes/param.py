@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainprobe.config.monitor_v2 import ParamConfig
-from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
 
@@ -24,10 +23,13 @@ class ParamProbe(Probe):
 
     name = "param"
 
-    def __init__(self, clock: StepClock, config: ParamConfig, params: list[NamedParam], *, backend: Backend) -> None:
-        super().__init__(clock, config.ops, config.eps, backend=backend)
+    def __init__(
+        self, clock: StepClock, spec: ProbeSpec, params: list[NamedParam], *, enabled: bool = True, backend: Backend
+    ) -> None:
+        """``enabled=False`` (``param_distribution: false``): built switched off."""
+        super().__init__(clock, spec.ops, spec.eps, backend=backend)
         self.params = params
-        self.disabled = not config.param_distribution
+        self.disabled = not enabled
         self._keys: dict[str, list[RowKey]] = {}
 
     def _record(self, scope: str) -> None:

@@ -62,10 +62,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from trainprobe.config.monitor_v2 import WeightGradConfig
 from trainprobe.dist_info import distributed_ready
 from trainprobe.log import warn_once
-from trainprobe.probes.base import Probe, StepClock
+from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
 
@@ -82,19 +81,20 @@ class WeightGradProbe(Probe):
     def __init__(
         self,
         clock: StepClock,
-        config: WeightGradConfig,
+        spec: ProbeSpec,
         params: list[NamedParam],
         micro_batches: int,
         modules: list[tuple[str, nn.Module]] | None = None,
         *,
+        per_micro_batch: bool = False,
         grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
         backend: Backend,
     ) -> None:
-        super().__init__(clock, config.ops, config.eps, backend=backend)
+        super().__init__(clock, spec.ops, spec.eps, backend=backend)
         self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = grad_of or _dot_grad
         self.keep_reduced = keep_reduced
-        self.per_micro_batch = config.monitor_mbs_grad
+        self.per_micro_batch = per_micro_batch
         self.params = [p for p in params if p.param.requires_grad]
         self.micro_batches = micro_batches
         self.modules = modules or []
