@@ -40,8 +40,10 @@ browser:
 demo: setup
 	$(BIN)/trainprobe demo --out ./trainprobe_demo --overwrite
 
+# ruff, and mypy over src/trainprobe (its settings, strict on the framework-free core: pyproject.toml)
 lint: setup
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 test: lint browser $(MS_BIN)/.installed
 	$(BIN)/python -m pytest -q --ignore-glob='tests/test_mindspore_*' --ignore=tests/interop

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -151,6 +152,13 @@ def test_print_struct_stops_the_trainer(tmp_path: Path) -> None:
     metrics = {"monitor_config": {"monitor_on": True, "print_struct": True}}
     trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics))
     assert trainer.state.global_step == 1
+
+
+def test_monitor_v2_config_may_be_any_mapping(tmp_path: Path) -> None:
+    """A read-only mapping (not a dict) is a configuration like a dict."""
+    v2 = MappingProxyType({"output_dir": str(tmp_path / "out"), "monitors": {"param": {"enabled": True}}})
+    callback = TrainProbeCallback(monitor_v2_config=v2)
+    assert callback._pair.v2 is not None and callback._pair.v2.config.param.enabled
 
 
 def test_misconfiguration_fails_at_construction() -> None:

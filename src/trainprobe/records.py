@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
@@ -36,7 +37,7 @@ class _DeviceCopy:
         if stacked.device.type == "cuda":
             host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
             host.copy_(stacked, non_blocking=True)
-            self.event = torch.cuda.Event()
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event() untyped
             self.event.record()
             self.host = host
         else:
@@ -59,7 +60,7 @@ class StepBatch:
     monitor: str
     step: int
     keys: list[RowKey]
-    _host: dict[int, list] = field(default_factory=dict)
+    _host: dict[int, list[Any]] = field(default_factory=dict)
     _copies: list[tuple[list[int], _DeviceCopy]] = field(default_factory=list)
 
     def rows(self) -> list[tuple[RowKey, list[float]]]:
@@ -132,5 +133,5 @@ class RowBuffer:
             else:
                 batch._host[i] = v
         for indices in on_device.values():
-            batch._copies.append((indices, _DeviceCopy([values[i] for i in indices])))
+            batch._copies.append((indices, _DeviceCopy([cast(torch.Tensor, values[i]) for i in indices])))
         return batch

@@ -264,8 +264,8 @@ class TrainerMonitorV2:
             )
         if "optimizer" in enabled and opt is not None:
             mv = cfg.optimizer
-            spec = ProbeSpec(mv.ops, mv.eps)
-            probes.append(OptimizerStateProbe(clock, spec, opt, params, enabled=mv.mv_distribution, backend=backend))
+            mv_spec = ProbeSpec(mv.ops, mv.eps)
+            probes.append(OptimizerStateProbe(clock, mv_spec, opt, params, enabled=mv.mv_distribution, backend=backend))
         if "param" in enabled:
             pc = cfg.param
             probes.append(

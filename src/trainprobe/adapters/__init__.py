@@ -62,8 +62,11 @@ class Backend(Protocol):
 
     name: str
     """Framework name as the config dialects spell it (``pytorch``, ``mindspore``)."""
-    tensor_type: type | tuple[type, ...]
-    """The framework's tensor class(es)."""
+
+    @property
+    def tensor_type(self) -> type | tuple[type, ...]:
+        """The framework's tensor class(es)."""
+        ...
 
     def collective_api(self) -> CollectiveApi | None:
         """The framework's collectives for the ``cc`` monitor, or None where it cannot run."""

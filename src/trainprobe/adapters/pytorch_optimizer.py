@@ -155,7 +155,7 @@ class TorchOptimizerView:
         return "/".join(dict.fromkeys(type(o).__name__ for o in self.optimizers))
 
     def groups(self) -> list[Mapping[str, Any]]:
-        groups = [g for o in self.optimizers for g in o.param_groups]
+        groups: list[Mapping[str, Any]] = [g for o in self.optimizers for g in o.param_groups]
         if not self._model_of:
             return groups
         return [_ModelGroup(g, self._model_of) for g in groups]

@@ -22,7 +22,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import warn_once
@@ -159,8 +159,14 @@ class Section:
             raise self.fail(key, f"must be true or false, not {type_name(value)} {value!r}")
         return value
 
+    @overload
+    def integer(self, key: str, default: int, *, minimum: int | None = None) -> int: ...
+
+    @overload
+    def integer(self, key: str, default: None, *, minimum: int | None = None) -> int | None: ...
+
     def integer(self, key: str, default: int | None, *, minimum: int | None = None) -> int | None:
-        """An integer field, optionally bounded below."""
+        """An integer field, optionally bounded below (``default`` when absent or null)."""
         value = self.raw(key, default)
         if value is None:
             return None

@@ -28,7 +28,7 @@ import linecache
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -276,7 +276,7 @@ class Collector:
         record: dict[str, Any],
         output: Any,
         *,
-        parameters: dict[str, torch.Tensor] | None = None,
+        parameters: Mapping[str, torch.Tensor] | None = None,
         stack: list[str] | None = None,
         parent: str | None = None,
     ) -> None:

@@ -51,7 +51,7 @@ class _either:
         self.fn = fn
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
-    def __get__(self, obj: Any, cls: type) -> Callable[..., Any]:
+    def __get__(self, obj: Any, cls: Any) -> Callable[..., Any]:
         if obj is not None:
             return functools.partial(self.fn, obj)
 
@@ -94,10 +94,14 @@ class PrecisionDebugger:
         api_list: str | os.PathLike[str] | None = None,
     ) -> None:
         self.config_path = None if config_path is None else config_file(config_path, "config_path")
-        self._overrides = {"task": task, "dump_path": dump_path, "level": level, "step": step}
+        self._overrides: dict[str, Any] = {"task": task, "dump_path": dump_path, "level": level, "step": step}
         self.config: DumpConfig = load_dump_config(self.config_path).with_overrides(**self._overrides)
         self._config_mtime = self._mtime()
-        self.catalog = ApiCatalog.load(api_list) if self.config.level in ("L1", "mix") else ApiCatalog()
+        self.catalog = (
+            ApiCatalog.load(None if api_list is None else Path(api_list))
+            if self.config.level in ("L1", "mix")
+            else ApiCatalog()
+        )
         self._api_list = api_list
         self.collector = Collector(self.config)
         self.collector.bind()

@@ -87,7 +87,7 @@ def checksum(t: torch.Tensor, mode: str) -> str:
         pad = (-raw.size) % 8
         words = np.concatenate([raw, np.zeros(pad, np.uint8)]).view(np.uint64) if pad else raw.view(np.uint64)
         return f"{int(np.bitwise_xor.reduce(words)) if words.size else 0:016x}"
-    return f"{zlib.crc32(memoryview(raw)) & 0xFFFFFFFF:08x}"
+    return f"{zlib.crc32(raw.data) & 0xFFFFFFFF:08x}"
 
 
 def tensor_entry(t: torch.Tensor, data_name: str | None, opts: EntryOptions) -> dict[str, Any]:

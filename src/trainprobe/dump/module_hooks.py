@@ -19,6 +19,7 @@ from trainprobe.dump import collector as collector_module
 from trainprobe.dump.collector import Collector, _backward_name, call_stack
 from trainprobe.dump.entries import value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows
+from trainprobe.dump.store import StepStore
 
 
 def named_submodules(model: nn.Module | Sequence[nn.Module]) -> list[tuple[str, nn.Module]]:
@@ -149,12 +150,12 @@ class ModuleHooks:
         c = self.c
 
         def hook(grad: torch.Tensor) -> None:
-            store = c.store
-            cfg = c.config
-            if store is None or not cfg.backward or prefix not in c.selected_modules:
+            current, cfg = c.store, c.config
+            if current is None or not cfg.backward or prefix not in c.selected_modules:
                 return
+            store: StepStore = current
             record = state["record"]
-            if record is None or pname in record or state.get("step_store") is not store:
+            if record is None or pname in record or store is not state.get("step_store"):
                 state["index"] = c.next_index(f"{prefix}.parameters_grad")
                 record = {}
                 state["record"] = record

@@ -37,6 +37,8 @@ class MonitorPair:
         self.metrics_config: TrainingMetricsConfig | None = (
             load_training_metrics_config(metrics_config) if metrics_config is not None else None
         )
+        if isinstance(monitor_v2_config, Mapping):
+            monitor_v2_config = dict(monitor_v2_config)
         self.v2 = TrainerMonitorV2(monitor_v2_config) if monitor_v2_config is not None else None
         self.monitor_kwargs = dict(monitor_kwargs)
         self.metrics: TrainingMetricsMonitor | None = None

@@ -160,7 +160,7 @@ class TrainingMetricsMonitor:
             self._writer.text(text)
         self._last_time = time.perf_counter()
         ref = weakref.ref(self)
-        self._atexit: Callable[[], None] = lambda: (m := ref()) is not None and m.close()  # type: ignore[func-returns-value]
+        self._atexit: Callable[[], None] = lambda: (m := ref()) is not None and m.close()  # type: ignore[func-returns-value,assignment]
         atexit.register(self._atexit)
 
     # -- setup -------------------------------------------------------------------------------

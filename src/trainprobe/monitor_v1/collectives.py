@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from trainprobe.probes.base import StepClock
@@ -35,7 +36,7 @@ class V1CollectiveProbe(CollectiveProbe):
         lines = self.config.cc_codeline
         if not lines or any(codeline_matches(full_site, line) for line in lines):
             return True
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         for _ in range(_MAX_FRAMES):
             if frame is None:
                 break

@@ -16,7 +16,7 @@ Names are module names with the ``<vpp_stage>:`` prefix; modules are matched wit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -99,7 +99,7 @@ class L2Probe(Probe):
     def _linear(self, vpp: int, name: str) -> Any:
         def hook(module: nn.Module, args: Any, out: Any) -> None:
             if self._first("linear:" + name):
-                self.rows.add(RowKey(vpp, name, "linear_hook"), linear_features(module.weight))
+                self.rows.add(RowKey(vpp, name, "linear_hook"), linear_features(cast(torch.Tensor, module.weight)))
 
         return hook
 

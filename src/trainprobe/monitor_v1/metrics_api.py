@@ -39,7 +39,7 @@ def wgrad_metrics(session: Session | None, memory: MemorySink) -> tuple[Metrics,
     if probe is None:
         warn_once("v1-wgrad-off", 'trainprobe: generate_wgrad_metrics() needs "wg_distribution": true')
         return {}, {}
-    keys, values = probe.reduced_rows()
+    keys, values = probe.reduced_rows()  # type: ignore[attr-defined]  # both backends' weight_grad probes have it
     ops = probe.stats.ops
     reduced = {k.name: dict(zip(ops, _host(v))) for k, v in zip(keys, values)}
     if not reduced:

@@ -90,7 +90,10 @@ _STACK_LIMIT = 12  # frames kept by cc_log_only (console and cc_log.json)
 class CollectiveApi(Protocol):
     """A framework's collectives, as the ``cc`` probe needs them (one per adapter)."""
 
-    tensor_type: type | tuple[type, ...]
+    @property
+    def tensor_type(self) -> type | tuple[type, ...]:
+        """The framework's tensor class(es)."""
+        ...
 
     def namespaces(self) -> tuple[ModuleType, ...]:
         """Modules exposing the :data:`FUNCTIONS`; the first defines them (originals are read there)."""
@@ -301,7 +304,8 @@ class CollectivePatch:
 
         def collective(*args: Any, **kwargs: Any) -> Any:
             listeners = self.listeners
-            if not listeners or getattr(nesting, "depth", 0):
+            depth: int = getattr(nesting, "depth", 0)
+            if not listeners or depth:
                 return original(*args, **kwargs)
             frame = sys._getframe(1)
             arguments = CallArguments(read, args, kwargs)

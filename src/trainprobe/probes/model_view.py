@@ -65,7 +65,7 @@ class ModelView:
         """Raises ConfigError (naming ``where``, the argument) when ``model`` is neither a
         module of the framework nor a list of them."""
         if model is None:
-            self.chunks: list[nn.Module] = []
+            self.chunks: list[Any] = []  # the framework's modules
             self.is_list = False
         elif self._is_model(model):
             self.chunks, self.is_list = [model], False

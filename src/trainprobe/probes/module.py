@@ -45,8 +45,15 @@ Picked = list[tuple[str, Any]]
 class ModuleNaming(Protocol):
     """Which modules are hooked and how their tensors are chosen and named (one per dialect)."""
 
-    forward_scope: str
-    backward_scope: str
+    @property
+    def forward_scope(self) -> str:
+        """Scope of the forward rows."""
+        ...
+
+    @property
+    def backward_scope(self) -> str:
+        """Scope of the backward rows."""
+        ...
 
     def wants(self, vpp_stage: int, name: str, module: Any) -> bool:
         """Whether module ``name`` is hooked."""

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -321,7 +322,7 @@ runs a nested backward from there)."""
 def _in_nested_backward() -> bool:
     """Whether the caller runs inside a backward started from a custom autograd Function's
     backward (a nested backward, as reentrant activation checkpointing runs)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is _BACKWARD_OF_FUNCTION:
             return True

@@ -6,6 +6,7 @@ Each batch goes to every member in order. A member that raises is reported once 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from trainprobe.log import error_once
@@ -24,11 +25,11 @@ class FanOut:
     def write(self, batch: StepBatch) -> None:
         for i, member in enumerate(self.members):
             if i not in self._failed:
-                self._call(i, member, lambda m=member: m.write(batch))
+                self._call(i, member, functools.partial(member.write, batch))
 
     def close(self, reached: int | None = None) -> None:
         for i, member in enumerate(self.members):
-            self._call(i, member, lambda m=member: m.close(reached))
+            self._call(i, member, functools.partial(member.close, reached))
 
     def _call(self, i: int, member: Sink, fn: Callable[[], None]) -> None:
         try:

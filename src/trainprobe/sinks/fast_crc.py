@@ -28,7 +28,7 @@ def masked_crc32c(data: bytes) -> int:
     """
     import google_crc32c
 
-    crc = google_crc32c.value(data)
+    crc: int = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 

@@ -63,7 +63,7 @@ class _QuietRecordWriter:
             getattr(self._inner, method)(*args)
         except Exception as exc:  # noqa: BLE001 - handed to the caller's thread, not printed
             self._failed = True
-            self._worker.exception = exc  # type: ignore[attr-defined] - the caller's next call raises it
+            self._worker.exception = exc  # type: ignore[attr-defined]  # the caller's next call raises it
 
     def write(self, data: bytes) -> None:
         self._call("write", data)

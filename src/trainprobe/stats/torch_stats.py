@@ -338,7 +338,7 @@ class TensorStats:
         redo = x is not None and x.dtype != torch.float64
         if self._mean_at is not None:
             total = values[self._mean_at]
-            if redo and not math.isfinite(total):
+            if redo and x is not None and not math.isfinite(total):
                 total = x.sum(dtype=torch.float64).item()
             values[self._mean_at] = total / n
         if self._zeros_at is not None:

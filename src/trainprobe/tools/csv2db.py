@@ -205,8 +205,13 @@ class ParsedFile:
 
 def _unpack_parsed(head: tuple[Any, ...], packed: tuple[Any, ...], torn: int, warnings: tuple[str, ...]) -> ParsedFile:
     target_index, steps, values, masks = packed
+    file, size, mtime_ns, ops, targets = head
     return ParsedFile(
-        *head,
+        file,
+        size,
+        mtime_ns,
+        ops,
+        targets,
         target_index.tolist(),
         steps.tolist(),
         [column.tolist() for column in values],
@@ -395,7 +400,7 @@ class MetricsDatabase:
             target_ids = self._target_ids(parsed)
             masks = _remap_masks(parsed.nan_masks, metric_ids)
             for first, rows in self._split(parsed.steps):
-                columns = [_pick(parsed.steps, rows), _pick(target_ids, rows)]
+                columns: list[list[Any] | None] = [_pick(parsed.steps, rows), _pick(target_ids, rows)]
                 columns += [_pick(column, rows) for column in parsed.values]
                 columns.append(None if masks is None else _pick(masks, rows))
                 flat = _interleave(file.rank, data_type_id, columns)
@@ -485,7 +490,7 @@ class MetricsDatabase:
     def _data_type_id(self, name: str, layout: str) -> int:
         found = self._data_types.get(name)
         if found is None:
-            found = self.conn.execute("INSERT INTO data_types (name, layout) VALUES (?, ?)", (name, layout)).lastrowid
+            found = _row_id(self.conn.execute("INSERT INTO data_types (name, layout) VALUES (?, ?)", (name, layout)))
             self._data_types[name] = found
         return found
 
@@ -543,9 +548,9 @@ class MetricsDatabase:
     def _target_id(self, key: _TargetKey) -> int:
         found = self._targets.get(key)
         if found is None:
-            found = self.conn.execute(
-                "INSERT INTO targets (name, vpp_stage, micro_step, scope) VALUES (?, ?, ?, ?)", key
-            ).lastrowid
+            found = _row_id(
+                self.conn.execute("INSERT INTO targets (name, vpp_stage, micro_step, scope) VALUES (?, ?, ?, ?)", key)
+            )
             self._targets[key] = found
         return found
 
@@ -706,10 +711,18 @@ def _file_key(file: MonitorCsv) -> str:
     return str(file.path.absolute())
 
 
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an ``INSERT`` just added."""
+    row_id = cursor.lastrowid
+    assert row_id is not None, "an INSERT always sets lastrowid"
+    return row_id
+
+
 def _max_variables(conn: sqlite3.Connection) -> int:
     """How many ``?`` one statement may hold (999 in SQLite before 3.32)."""
     getlimit = getattr(conn, "getlimit", None)  # Python >= 3.11
-    return getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else 999
+    limit = getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", None)  # Python >= 3.11
+    return int(getlimit(limit)) if getlimit and limit is not None else 999
 
 
 def _interleave(rank: int, data_type_id: int, columns: list[list[Any] | None]) -> list[Any]:

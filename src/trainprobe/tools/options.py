@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
+from os import PathLike
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
@@ -41,7 +42,7 @@ def check_process_num(process_num: object) -> int:
     return process_num
 
 
-def output_folder(output_dirpath: str | Path | None, suffix: str) -> Path:
+def output_folder(output_dirpath: str | PathLike[str] | None, suffix: str) -> Path:
     """``output_dirpath`` (expanded), or ``<local time YYYYmmddHHMMSS>_<suffix>`` in the current
     folder; created if missing.
 

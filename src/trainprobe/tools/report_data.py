@@ -738,4 +738,4 @@ def downsample(values: np.ndarray, nonfinite: np.ndarray, size: int) -> tuple[np
     flags = np.concatenate([nonfinite, np.zeros((*nonfinite.shape[:-1], pad), dtype=bool)], axis=-1).reshape(shape)
     magnitude = np.where(np.isnan(padded), -1.0, np.abs(padded))
     pick = np.take_along_axis(padded, magnitude.argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    return pick, flags.any(axis=-1)
+    return pick, np.asarray(flags.any(axis=-1))

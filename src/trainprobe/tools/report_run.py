@@ -31,6 +31,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -247,7 +248,7 @@ def read_training_state(files: list[tuple[int, Path]]) -> TrainingState:
                 if row is None:
                     skipped += 1
                     continue
-                step = row["step"]
+                step = cast(int, row["step"])  # _json_row keeps only rows with an integer step
                 for key in (*LOSS_KEYS, *LR_KEYS, *NORM_KEYS):
                     number = _number(row.get(key))
                     if number is not None:
