@@ -45,7 +45,7 @@ class Float16Wrapper:
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.float16_groups = [params]
-        self.fp32_from_float16_groups = [[p.detach().float().requires_grad_() for p in params]]
+        self.fp32_from_float16_groups = [[p.detach().float().clone().requires_grad_() for p in params]]
         self.optimizer = torch.optim.Adam(self.fp32_from_float16_groups[0], lr=1e-2)
 
 
@@ -129,3 +129,25 @@ def test_monitor_v2_reads_the_moments_of_every_optimizer_of_a_chain(tmp_path):
     assert sorted(last) == sorted(f"{n}.{m}" for n, _ in model.named_parameters() for m in ("exp_avg", "exp_avg_sq"))
     assert_row_matches(last["fc2.weight.exp_avg_sq"], second.state[model.fc2.weight]["exp_avg_sq"])
     assert_row_matches(last["fc1.bias.exp_avg"], first.state[model.fc1.bias]["exp_avg"])
+
+
+def test_monitor_v2_reads_the_master_copies_a_mixed_precision_wrapper_steps(tmp_path):
+    model = MLP()
+    wrapper = Float16Wrapper(list(model.parameters()))
+    masters = wrapper.fp32_from_float16_groups[0]
+    out = tmp_path / "out"
+    monitors = {"optimizer": {"enabled": True, "ops": ["norm"]}, "param": {"enabled": True, "ops": ["norm"]}}
+    mon = TrainerMonitorV2(write_config(tmp_path, {"output_dir": str(out), "monitors": monitors}))
+    mon.start(model=model, optimizer=wrapper)
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    for p, master in zip(model.parameters(), masters):
+        master.grad = p.grad.float()
+    wrapper.optimizer.step()  # the copies step; the model gets them back only afterwards
+    with torch.no_grad():
+        for p, master in zip(model.parameters(), masters):
+            p.copy_(master)
+    mon.stop()
+    moments = {r["module_name"] for r in rows_of(out, "optimizer")}
+    assert "fc1.weight.exp_avg" in moments and not any(n.startswith("param_group") for n in moments)
+    updated = {r["module_name"]: r for r in rows_of(out, "param") if r["scope"] == "param_updated"}
+    assert_row_matches(updated["fc1.weight"], masters[0])

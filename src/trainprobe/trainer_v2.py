@@ -22,7 +22,7 @@ from trainprobe.log import logger, warn_once
 from trainprobe.optimizer_view import OptimizerView
 from trainprobe.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.probes.collectives import CcSpec, CollectiveProbe
-from trainprobe.probes.model_view import ModelView
+from trainprobe.probes.model_view import ModelView, NamedParam
 from trainprobe.probes.module import ModuleProbe, ModuleSpec
 from trainprobe.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.probes.param import ParamProbe
@@ -268,8 +268,10 @@ class TrainerMonitorV2:
             probes.append(OptimizerStateProbe(clock, mv_spec, opt, params, enabled=mv.mv_distribution, backend=backend))
         if "param" in enabled:
             pc = cfg.param
+            # the parameters as the optimizer steps them (a mixed-precision wrapper's float32 copies)
+            stepped = [NamedParam(n.vpp_stage, n.name, opt.copy_of(n.param)) for n in params] if opt else params
             probes.append(
-                ParamProbe(clock, ProbeSpec(pc.ops, pc.eps), params, enabled=pc.param_distribution, backend=backend)
+                ParamProbe(clock, ProbeSpec(pc.ops, pc.eps), stepped, enabled=pc.param_distribution, backend=backend)
             )
         if "cc" in enabled:
             cc = cfg.cc
