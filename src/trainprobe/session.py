@@ -31,6 +31,7 @@ from typing import Any
 
 from trainprobe.amp_skips import watch_skipped_steps
 from trainprobe.log import error_once, logger
+from trainprobe.optimizer_view import Removable, StepHooks
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.schedule import Schedule
 from trainprobe.sinks.background import Writer
@@ -57,7 +58,7 @@ class Session:
         schedule: Schedule,
         writer: Writer,
         clock: StepClock,
-        optimizer: Any = None,
+        optimizer: StepHooks | None = None,
         patch_step: bool = False,
         pre_step_hook: bool = True,
     ) -> None:
@@ -70,7 +71,7 @@ class Session:
         self.pre_step_hook = pre_step_hook
         self.closed = False
         self._attached = False
-        self._optimizer_handles: list[Any] = []
+        self._optimizer_handles: list[Removable] = []
         self._by_name = {p.name: p for p in self.probes}
         self._tail: _Tail | None = None
         self._trailing = patch_step
