@@ -1,27 +1,30 @@
 """Where the precision dump's CPU time goes, on the GPT benchmark model (statistics task).
 
-Two measurements per level, each in its own process (one torch thread, ``process_time``: CPU
-seconds of the whole process, the ``.pt`` writer thread included):
+One process per level, one torch thread, ``process_time`` (CPU seconds of the whole process, the
+``.pt`` writer thread included). Steps come in triples, the order rotating through all six
+permutations so that a drift of the machine favours none:
 
-* **ratio**: a dumped step (``start(model)``, forward, backward, ``optimizer.step()``,
-  ``zero_grad``, ``stop()``, ``step()``) against the same step of a twin model that is never
-  dumped (same initial weights, its own AdamW), one of each per pair, the order alternating;
-  the median over the pairs of dumped / undumped.
-* **breakdown**: the dump's own CPU time per step by where it is spent: the statistics kernels
-  (``Max``/``Min``/``Mean``/``Norm`` of each tensor), the module forward hooks, the backward and
-  parameter-gradient hooks, the API wrappers' recording (L1/mix) and ``start``/``stop``/``step``
-  (``stop`` writes the JSON files). Times are self times: the statistics computed inside a hook
-  count as statistics, not as that hook. What the breakdown does not attribute (torch calling
-  the hooks, the L1 wrappers' pass-through, caches evicted by the dump's reads) is the
-  difference between the ratio's overhead and the attributed sum.
+* an undumped step of a twin model that is never dumped (same initial weights, its own AdamW);
+* a dumped step (``start(model)``, forward, backward, ``optimizer.step()``, ``zero_grad``,
+  ``stop()``, ``step()``) with the statistics computed as now;
+* the same dumped step with ``--baseline-stats``: the statistics through the per-tensor kernels
+  used before the fused float32 path (``aminmax``, ``sum64``, ``norm64``; the same values).
 
-``--unfused`` runs the statistics through the kernels used before the fused float32 path
-(``aminmax``, ``sum64``, ``norm64`` per tensor; the same values) for comparison.
+Reported: the median over the triples of dumped / undumped for both, and, for the current
+dumped steps, the dump's own CPU time per step by where it is spent: the statistics kernels
+(``Max``/``Min``/``Mean``/``Norm`` of each tensor), the module forward hooks, the backward and
+parameter-gradient hooks, the API wrappers' recording (L1/mix) and ``start``/``stop``/``step``
+(``stop`` writes the JSON files). These are self times (the statistics computed inside a hook
+count as statistics, not as that hook), measured on the same steps as the ratio; the rest of the
+overhead (torch calling the hooks, the L1 wrappers' pass-through, the training's own work slowed
+by caches the dump's reads evicted, the timers themselves: ~1 us per timed call) is "not
+attributed". On a shared machine a single figure moves by several percent from run to run; the
+two dumped variants share their undumped steps, so their difference is the reliable part.
 
 Usage::
 
     python bench/profile_dump.py                      # L0, L1, mix
-    python bench/profile_dump.py --levels L0 --pairs 30 --unfused
+    python bench/profile_dump.py --levels L0 --triples 30
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import itertools
 import json
 import re
 import shutil
@@ -78,36 +82,36 @@ class SelfTimer:
         return timed
 
 
-def _worker(level: str, mode: str, pairs: int, unfused: bool) -> dict[str, Any]:
+def _worker(level: str, triples: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     import trainprobe.stats.torch_stats as torch_stats
     from trainprobe.demo.gpt import benchmark_setup
     from trainprobe.dump import PrecisionDebugger, entries
     from trainprobe.dump.collector import Collector
 
-    if unfused:
-        torch_stats._fused_float32 = lambda *a: None  # type: ignore[assignment]
+    fused = torch_stats._fused_float32
     timer = SelfTimer()
-    if mode == "breakdown":
-        plain_guarded = Collector.guarded
+    plain_guarded = Collector.guarded
 
-        def guarded(self: Collector, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-            return plain_guarded(self, where, timer.wrap(re.sub(r" of .*| \(.*", "", where), fn))
+    def guarded(self: Collector, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return plain_guarded(self, where, timer.wrap(re.sub(r" of .*| \(.*", "", where), fn))
 
-        Collector.guarded = guarded  # type: ignore[method-assign]
-        entries._STATS.row = timer.wrap("statistics", entries._STATS.row)  # type: ignore[method-assign]
+    Collector.guarded = guarded  # type: ignore[method-assign]
+    entries._STATS.row = timer.wrap("statistics", entries._STATS.row)  # type: ignore[method-assign]
     run = benchmark_setup(0, 8)
     model, optimizer, batches = run.model, run.optimizer, run.batches
     twin = copy.deepcopy(model)
     twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=3e-4)
     out = tempfile.mkdtemp(prefix="trainprobe-profile-dump-")
     debugger = PrecisionDebugger(task="statistics", level=level, dump_path=out)
-    calls = {n: getattr(debugger, n) for n in ("start", "stop", "step")}
-    if mode == "breakdown":
-        calls = {n: timer.wrap(n, f) for n, f in calls.items()}
+    calls = {n: timer.wrap(n, getattr(debugger, n)) for n in ("start", "stop", "step")}
 
-    def step(m: torch.nn.Module, opt: torch.optim.Optimizer, dumped: bool) -> float:
+    def step(kind: str) -> float:
+        dumped = kind != "undumped"
+        torch_stats._fused_float32 = fused if kind == "current" else (lambda *a: None)  # type: ignore[assignment]
+        m, opt = (model, optimizer) if dumped else (twin, twin_optimizer)
         batch = next(batches)
+        before = dict(timer.total)
         t0 = time.process_time()
         if dumped:
             calls["start"](m)
@@ -117,63 +121,58 @@ def _worker(level: str, mode: str, pairs: int, unfused: bool) -> dict[str, Any]:
         if dumped:
             calls["stop"]()
             calls["step"]()
-        return time.process_time() - t0
+        elapsed = time.process_time() - t0
+        if kind != "current":  # the breakdown is of the current code's steps only
+            timer.total.clear()
+            timer.total.update(before)
+        return elapsed
 
+    orders = list(itertools.permutations(("undumped", "current", "baseline")))
     try:
-        for _ in range(3):
-            step(model, optimizer, True)
-            step(twin, twin_optimizer, False)
+        for kind in ("current", "baseline", "undumped") * 2:
+            step(kind)
         timer.total.clear()
-        ratios, dumped_s, plain_s = [], [], []
-        for i in range(pairs):
-            if i % 2 == 0:
-                a, b = step(model, optimizer, True), step(twin, twin_optimizer, False)
-            else:
-                b, a = step(twin, twin_optimizer, False), step(model, optimizer, True)
-            ratios.append(a / b)
-            dumped_s.append(a)
-            plain_s.append(b)
+        times: dict[str, list[float]] = {"undumped": [], "current": [], "baseline": []}
+        for i in range(triples):
+            for kind in orders[i % len(orders)]:
+                times[kind].append(step(kind))
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    plain = times["undumped"]
     return {
-        "ratio": statistics.median(ratios),
-        "dumped_ms": 1000 * statistics.median(dumped_s),
-        "plain_ms": 1000 * statistics.median(plain_s),
-        "breakdown_ms": {k: 1000 * v / pairs for k, v in timer.total.items()},
+        "ratio": statistics.median(a / b for a, b in zip(times["current"], plain)),
+        "baseline_ratio": statistics.median(a / b for a, b in zip(times["baseline"], plain)),
+        "dumped_ms": 1000 * statistics.median(times["current"]),
+        "baseline_ms": 1000 * statistics.median(times["baseline"]),
+        "plain_ms": 1000 * statistics.median(plain),
+        "breakdown_ms": {k: 1000 * v / triples for k, v in timer.total.items()},
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--levels", default="L0,L1,mix")
-    p.add_argument("--pairs", type=int, default=30, help="pairs for the ratio (default 30)")
-    p.add_argument("--breakdown-steps", type=int, default=10)
-    p.add_argument("--unfused", action="store_true", help="statistics through the pre-fusion kernels")
-    p.add_argument("--worker", nargs=2, metavar=("LEVEL", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--triples", type=int, default=30, help="triples of steps per level (default 30)")
+    p.add_argument("--worker", metavar="LEVEL", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        level, mode = args.worker
-        steps = args.pairs if mode == "ratio" else args.breakdown_steps
-        print(json.dumps(_worker(level, mode, steps, args.unfused)))
+        print(json.dumps(_worker(args.worker, args.triples)))
         return 0
     for level in [v.strip() for v in args.levels.split(",") if v.strip()]:
-        res = {}
-        for mode in ("ratio", "breakdown"):
-            cmd = [sys.executable, __file__, "--worker", level, mode, "--pairs", str(args.pairs)]
-            cmd += ["--breakdown-steps", str(args.breakdown_steps)] + (["--unfused"] if args.unfused else [])
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            res[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-        r, b = res["ratio"], res["breakdown"]["breakdown_ms"]
+        cmd = [sys.executable, __file__, "--worker", level, "--triples", str(args.triples)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        b = r["breakdown_ms"]
         overhead = r["dumped_ms"] - r["plain_ms"]
-        print(f"\n{level}: dumped/undumped {r['ratio']:.3f}x (median of {args.pairs} pairs), "
-              f"dumped {r['dumped_ms']:.0f} ms, undumped {r['plain_ms']:.0f} ms, overhead {overhead:.0f} ms")  # fmt: skip
-        print("| where | ms per step | share of the undumped step |\n|---|---|---|")
+        print(f"\n{level} (median of {args.triples} triples): dumped/undumped {r['ratio']:.3f}x, with the "
+              f"baseline statistics {r['baseline_ratio']:.3f}x; steps: undumped {r['plain_ms']:.0f} ms, "
+              f"dumped {r['dumped_ms']:.0f} ms, baseline {r['baseline_ms']:.0f} ms")  # fmt: skip
+        print("| where | ms per step | % of the undumped step |\n|---|---|---|")
         for key, label in CATEGORIES:
             if key in b:
                 print(f"| {label} | {b[key]:.1f} | {100 * b[key] / r['plain_ms']:.1f}% |")
         rest = overhead - sum(b.values())
-        print(f"| not attributed (hook calls by torch, wrappers, cache effects) | {rest:.1f} | "
-              f"{100 * rest / r['plain_ms']:.1f}% |")  # fmt: skip
+        print(f"| not attributed | {rest:.1f} | {100 * rest / r['plain_ms']:.1f}% |")
     return 0
 
 
