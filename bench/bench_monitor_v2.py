@@ -250,10 +250,7 @@ class Result:
 
     @property
     def iqr(self) -> tuple[float, float]:
-        if len(self.ratios) < 2:
-            return self.ratios[0], self.ratios[0]
-        q = statistics.quantiles(self.ratios, n=4, method="inclusive")
-        return q[0], q[2]
+        return quartiles(self.ratios)
 
     @property
     def rss_growth_pct(self) -> float:
@@ -270,6 +267,14 @@ class Result:
         if self.config.rss_target_pct is not None:
             checks.append(self.rss_growth_pct <= self.config.rss_target_pct)
         return all(checks) if checks else None
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartiles of ``values`` (inclusive method; one value: that value twice)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def measure(

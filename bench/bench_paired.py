@@ -63,7 +63,7 @@ import torch  # noqa: E402
 
 from bench_monitor_v1 import OPS as V1_OPS  # noqa: E402
 from bench_monitor_v1 import V1Monitor  # noqa: E402
-from bench_monitor_v2 import OneReadHooks, kernel_floor, load_text  # noqa: E402
+from bench_monitor_v2 import OneReadHooks, kernel_floor, load_text, quartiles  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
 from trainprobe.demo.gpt import benchmark_setup  # noqa: E402
 from trainprobe.dump import PrecisionDebugger  # noqa: E402
@@ -219,10 +219,7 @@ class Result:
 
     @property
     def iqr(self) -> tuple[float, float]:
-        if len(self.ratios) < 2:
-            return self.ratios[0], self.ratios[0]
-        q = statistics.quantiles(self.ratios, n=4, method="inclusive")
-        return q[0], q[2]
+        return quartiles(self.ratios)
 
 
 def measure(row: Row, folder: Path, args: argparse.Namespace) -> Result:
