@@ -4,7 +4,9 @@ What is trained: ``TinyGPT`` with its default size (4 layers, d_model 256, 4 hea
 vocabulary 2000, about 4.2M parameters) on synthetic tokens, batch 8, AdamW, on the CPU with
 torch's default thread count. ``torch.manual_seed`` fixes the weights and the batches.
 
-Method (one process, one model, one optimizer for every configuration):
+Method (one process, one model, one optimizer for every configuration); ``bench_paired.py`` measures
+the way users run instead, twin models with the tool left on; on the same code and load the two
+methods agree, see docs/performance.md):
 
 * Step time. After a warm-up, blocks of ``--steps-per-block`` steps are run alternately with the
   monitor (``start()`` before the block, ``stop()`` after it) and without it, ``--blocks`` blocks
