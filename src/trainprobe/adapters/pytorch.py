@@ -17,6 +17,7 @@ from trainprobe.adapters.pytorch_collectives import TORCH_COLLECTIVES, TorchColl
 from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.probes.model_view import ModelView, NamedParam, unwrap_optimizer
 from trainprobe.probes.optimizer_state import MOMENTS
+from trainprobe.stats.fused import mode_from_env
 from trainprobe.stats.torch_stats import TensorStats
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class TorchBackend:
         return TORCH_COLLECTIVES
 
     def stats(self, ops: Sequence[str], eps: float) -> TensorStats:
+        mode_from_env()  # a bad TRAINPROBE_FUSED_STATS fails at start, naming the variable
         return TensorStats(ops, eps)
 
     def records_forward(self, module: Any, record_eval_mode: bool) -> bool:
