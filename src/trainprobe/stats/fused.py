@@ -116,7 +116,7 @@ class FusedStats:
         self._compile_fn = compile_fn
         self._min_speedup = min_speedup
         self._passes: dict[tuple[str, torch.dtype], Callable[[torch.Tensor], Reductions] | None] = {}
-        self._chosen: dict[tuple[str, torch.dtype, int], bool] = {}
+        self._chosen: dict[tuple[str, str, torch.dtype, int], bool] = {}
         self._lock = threading.Lock()
 
     def __call__(self, x: torch.Tensor) -> Reductions | None:
@@ -128,14 +128,17 @@ class FusedStats:
         n = x.numel()
         if n < _SMALLEST or not x.is_contiguous() or torch.compiler.is_compiling():
             return None
-        key = (x.device.type, x.dtype, size_class(n))
+        mode = self.mode(x.device.type)
+        if mode == "off":
+            return None
+        key = (mode, x.device.type, x.dtype, size_class(n))
         chosen = self._chosen.get(key)
         if chosen is None:
             with self._lock:
                 chosen = self._choose(key, x)
         if not chosen:
             return None
-        fused = self._passes[key[:2]]
+        fused = self._passes[key[1:3]]
         assert fused is not None
         try:
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
@@ -153,12 +156,12 @@ class FusedStats:
         except ConfigError:
             return "off"  # reported at start by the backend (mode_from_env); off until fixed
 
-    def _choose(self, key: tuple[str, torch.dtype, int], x: torch.Tensor) -> bool:
+    def _choose(self, key: tuple[str, str, torch.dtype, int], x: torch.Tensor) -> bool:
         if key in self._chosen:
             return self._chosen[key]
-        mode = self.mode(key[0])
+        mode, device_type, dtype, _ = key
         chosen = False
-        if mode != "off" and self._pass(key[0], key[1], x.device) is not None:
+        if self._pass(device_type, dtype, x.device) is not None:
             chosen = mode == "on" or self._faster(key, x.device)
         self._chosen[key] = chosen
         return chosen
@@ -198,22 +201,23 @@ class FusedStats:
         )
         return fused
 
-    def _faster(self, key: tuple[str, torch.dtype, int], device: torch.device) -> bool:
+    def _faster(self, key: tuple[str, str, torch.dtype, int], device: torch.device) -> bool:
         """Whether the fused pass beats the eager kernels by ``min_speedup`` on the size class."""
-        fused = self._passes[key[:2]]
+        _, device_type, dtype, cls = key
+        fused = self._passes[device_type, dtype]
         assert fused is not None
         try:
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
-                eager_s, fused_s = _time_both(self._eager, fused, key[1], key[2], device)
+                eager_s, fused_s = _time_both(self._eager, fused, dtype, cls, device)
         except Exception as e:  # noqa: BLE001 - never raised into training
             log.debug("fused statistics not timed for %s: %s", key, e)
             return False
         faster = eager_s >= self._min_speedup * fused_s
         log.debug(
             "fused statistics for %s on %s, ~4^%d elements: %.0f µs against %.0f µs eager: %s",
-            key[1],
-            key[0],
-            key[2],
+            dtype,
+            device_type,
+            cls,
             fused_s * 1e6,
             eager_s * 1e6,
             "fused" if faster else "eager",
