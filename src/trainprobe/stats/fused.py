@@ -16,7 +16,8 @@ line) on any failure:
   scale). Any exception (no C++ compiler, no Triton, an inductor error) means "not available".
 * per (device type, dtype, size class: a power of 4 of elements), ``auto`` only: time both on
   tensors of that class, spread over at least 32 MB so that they come from memory as in a
-  training step; the fused pass is used if it is at least 1.2x faster (the fixed cost of a
+  training step (best of 3, CPU time on the CPU, synchronised wall time on accelerators); the
+  fused pass is used if it is at least 1.2x faster (the fixed cost of a
   compiled call, ~40 µs on a CPU, loses to the eager kernels on small tensors).
 
 Compilation never happens inside a compiled region (``torch.compiler.is_compiling()``: the eager
@@ -295,9 +296,14 @@ def _first_mismatch(
     return None
 
 
-def _sync(device: torch.device) -> None:
+def _clock(device: torch.device) -> float:
+    """Seconds: the process's CPU time for CPU tensors (what the statistics take from training,
+    and robust to other processes on a shared machine), wall time after a sync on accelerators."""
+    if device.type == "cpu":
+        return time.process_time()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _time_both(
@@ -307,7 +313,7 @@ def _time_both(
     size_class_: int,
     device: torch.device,
 ) -> tuple[float, float]:
-    """Best-of-3 seconds per tensor of the eager kernels and the fused pass, on tensors of about
+    """Best-of-3 seconds (:func:`_clock`) per tensor of the eager kernels and the fused pass, on tensors of about
     ``1.5 * 4**size_class_`` elements (at most 4M) spread over 32 MB (from memory, not from cache)."""
     n = min(max(_SMALLEST, 3 << (2 * size_class_ - 1)), _TIMING_MAX_ELEMENTS)
     count = max(2, min(_TIMING_MAX_TENSORS, _TIMING_BYTES // (n * torch.finfo(dtype).bits // 8)))
@@ -316,10 +322,8 @@ def _time_both(
     best = [math.inf, math.inf]
     for _ in range(_TIMING_REPEATS):
         for which, fn in enumerate((eager, fused)):
-            _sync(device)
-            started = time.perf_counter()
+            started = _clock(device)
             for x in xs:
                 fn(x)
-            _sync(device)
-            best[which] = min(best[which], (time.perf_counter() - started) / count)
+            best[which] = min(best[which], (_clock(device) - started) / count)
     return best[0], best[1]
