@@ -250,10 +250,11 @@ def test_ops_without_two_reductions_never_use_the_pass():
 # ---- the environment variable -------------------------------------------------------------------
 
 
-def test_mode_defaults_off_on_the_cpu_and_auto_elsewhere(monkeypatch):
+def test_mode_defaults_off_on_the_cpu_and_auto_on_cuda(monkeypatch):
     monkeypatch.delenv(FUSED_ENV, raising=False)
     assert mode_from_env("cpu") == "off"
     assert mode_from_env("cuda") == "auto"
+    assert mode_from_env("npu") == "off"
     monkeypatch.setenv(FUSED_ENV, " AUTO ")
     assert mode_from_env("cpu") == "auto"
 

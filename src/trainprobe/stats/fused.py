@@ -27,9 +27,10 @@ is paid once per dtype.
 
 Mode, from the environment variable ``TRAINPROBE_FUSED_STATS``:
 
-* ``auto``: use the fused pass where it is exact and faster (the default on accelerators);
+* ``auto``: use the fused pass where it is exact and faster (the default on CUDA);
 * ``on``: use it where it compiles and is exact, whatever its speed (for tests and experiments);
-* ``off``: never compile (the default on the CPU: see docs/performance.md, "Fused single pass").
+* ``off``: never compile (the default on the CPU, see docs/performance.md, "Fused single pass",
+  and on other accelerators, where it is untried).
 
 Statistics are never cached: only compiled code is. Every call reads the tensor as it is now.
 """
@@ -49,8 +50,9 @@ from trainprobe.errors import ConfigError
 
 FUSED_ENV = "TRAINPROBE_FUSED_STATS"
 MODES = ("auto", "on", "off")
-DEFAULT_MODE = {"cpu": "off"}
-"""The mode when the environment variable is unset, per device type; others get ``auto``."""
+DEFAULT_MODE = {"cuda": "auto"}
+"""The mode when the environment variable is unset, per device type; others (the CPU included)
+get ``off``."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12
@@ -79,7 +81,7 @@ def mode_from_env(device_type: str = "cpu") -> str:
     """
     raw = os.environ.get(FUSED_ENV, "").strip().lower()
     if not raw:
-        return DEFAULT_MODE.get(device_type, "auto")
+        return DEFAULT_MODE.get(device_type, "off")
     if raw not in MODES:
         raise ConfigError(f"{FUSED_ENV}={raw!r}: must be one of {', '.join(MODES)} (or unset for the default)")
     return raw
