@@ -7,7 +7,9 @@ timed over enough distinct tensors to fill 64 MB (at least 2), so that they come
 as in a training step, best of ``--repeats`` (default 5) rounds, in process CPU time with one
 torch thread by default (steadier than wall time on a shared machine). Printed first: the time
 the first use takes (compilation and exactness check), and what ``auto`` chooses per size
-class on this machine.
+class on this machine. Then the same on the tensors of one training step of the benchmark GPT
+(``trainprobe.demo.gpt``, 4.2M parameters: parameters, gradients, both Adam moments; one
+``rows()`` call per set, as the monitors make them), with ``auto`` too.
 
 Usage::
 
@@ -43,6 +45,29 @@ def _time_rows(stats: TensorStats, xs: list[torch.Tensor], repeats: int) -> floa
     return best
 
 
+def _gpt_sets() -> list[list[torch.Tensor]]:
+    """Parameters, gradients and Adam moments of the benchmark GPT after one step."""
+    from trainprobe.demo.gpt import benchmark_setup
+
+    setup = benchmark_setup(seed=0)
+    setup.model.loss(next(setup.batches)).backward()
+    setup.optimizer.step()
+    params = list(setup.model.parameters())
+    state = [setup.optimizer.state[p] for p in params]
+    return [params, [p.grad for p in params], [s["exp_avg"] for s in state], [s["exp_avg_sq"] for s in state]]
+
+
+def _time_sets(stats: TensorStats, sets: list[list[torch.Tensor]], repeats: int) -> float:
+    """Best CPU seconds of one ``rows()`` call per set."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        for tensors in sets:
+            stats.rows(tensors)
+        best = min(best, time.process_time() - started)
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1 << 12, 1 << 16, 1 << 20, 1 << 24])
@@ -74,6 +99,20 @@ def main(argv: list[str] | None = None) -> int:
             t_eager = min(t_eager, _time_rows(eager, xs, args.repeats))
             t_fused = min(t_fused, _time_rows(fused, xs, args.repeats))
         print(f"{n:>10} {t_eager * 1e6:>10.1f} {t_fused * 1e6:>10.1f} {t_eager / t_fused:>8.2f}x", flush=True)
+    sets = _gpt_sets()
+    auto_stats = TensorStats(DEFAULT_OPS, fused=auto)
+    logging.getLogger("trainprobe.stats.fused").setLevel(logging.DEBUG)
+    _time_sets(auto_stats, sets, 1)  # auto's choices for the GPT's size classes
+    logging.getLogger("trainprobe.stats.fused").setLevel(logging.WARNING)
+    times = {"eager": float("inf"), "fused": float("inf"), "auto": float("inf")}
+    for _ in range(3):
+        for name, stats in (("eager", eager), ("fused", fused), ("auto", auto_stats)):
+            times[name] = min(times[name], _time_sets(stats, sets, args.repeats))
+    n_values = sum(t.numel() for tensors in sets for t in tensors)
+    print(
+        f"GPT step ({sum(map(len, sets))} tensors, {n_values / 1e6:.1f}M values): eager {times['eager'] * 1e3:.2f} ms,"
+        f" fused {times['fused'] * 1e3:.2f} ms, auto {times['auto'] * 1e3:.2f} ms"
+    )
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0
 

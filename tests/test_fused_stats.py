@@ -233,9 +233,16 @@ def test_the_fused_arithmetic_in_the_batched_rows(dtype):
 
 def test_auto_uses_the_pass_only_where_it_is_faster():
     slow = FusedStats(eager_reductions, mode="auto", compile_fn=no_compiler, min_speedup=1e9)
-    assert slow(torch.randn(10_000)) is None
+    assert slow(torch.randn(300_000)) is None
     free = FusedStats(eager_reductions, mode="auto", compile_fn=no_compiler, min_speedup=0.0)
-    assert free(torch.randn(10_000)) is not None
+    assert free(torch.randn(300_000)) is not None
+
+
+def test_auto_never_compiles_for_tensors_below_262144_elements():
+    calls = []
+    fs = FusedStats(eager_reductions, mode="auto", compile_fn=lambda fn, **kw: calls.append(fn) or fn, min_speedup=0)
+    assert fs(torch.randn(262_143)) is None
+    assert calls == []
 
 
 def test_ops_without_two_reductions_never_use_the_pass():

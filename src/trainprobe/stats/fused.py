@@ -18,7 +18,8 @@ line) on any failure:
   tensors of that class, spread over at least 32 MB so that they come from memory as in a
   training step (best of 3, CPU time on the CPU, synchronised wall time on accelerators); the
   fused pass is used if it is at least 1.2x faster (the fixed cost of a
-  compiled call, ~40 µs on a CPU, loses to the eager kernels on small tensors).
+  compiled call, ~40 µs on a CPU, loses to the eager kernels on small tensors; ``auto`` does not
+  even try below 262,144 elements).
 
 Compilation never happens inside a compiled region (``torch.compiler.is_compiling()``: the eager
 kernels run), and after the checks the compiled pass runs under the ``fail_on_recompile`` stance:
@@ -56,6 +57,9 @@ get ``off``."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12
+_AUTO_SMALLEST = 1 << 18
+"""``auto`` neither compiles nor times for smaller tensors: the fixed cost of a compiled call
+(~40-60 µs on the CPU) is more than their eager statistics cost (see docs/performance.md)."""
 _TIMING_BYTES = 32 << 20
 _TIMING_REPEATS = 3
 _TIMING_MAX_TENSORS = 64
@@ -125,14 +129,14 @@ class FusedStats:
     def __call__(self, x: torch.Tensor) -> Reductions | None:
         """The four reductions of ``x`` in one pass, or None: use the eager kernels.
 
-        ``x`` is a dense floating-point tensor; empty, small (< 4,096 elements), non-contiguous
-        tensors and calls inside a compiled region get None.
+        ``x`` is a dense floating-point tensor; empty, small (< 4,096 elements; < 262,144 in
+        ``auto`` mode), non-contiguous tensors and calls inside a compiled region get None.
         """
         n = x.numel()
         if n < _SMALLEST or not x.is_contiguous() or torch.compiler.is_compiling():
             return None
         mode = self.mode(x.device.type)
-        if mode == "off":
+        if mode == "off" or (mode == "auto" and n < _AUTO_SMALLEST):
             return None
         key = (mode, x.device.type, x.dtype, size_class(n))
         chosen = self._chosen.get(key)
