@@ -108,6 +108,23 @@ def test_compiled_pass_compiles_once_per_dtype_whatever_the_tensor(fused_on):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_a_refused_recompilation_means_the_eager_kernels(fused_on):
+    """A call that would need another compilation (here: under inference mode, which the compiled
+    pass is guarded on) gets None, and so do later calls of its size class, without compiling."""
+    from torch._dynamo.utils import counters
+
+    fs = FusedStats(eager_reductions, mode="on")
+    x = torch.randn(5_000, dtype=torch.float32)
+    assert fs(x) is not None
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        y = torch.randn(6_000)
+        assert fs(y) is None
+    assert fs(y) is None and fs(torch.randn(7_000)) is None
+    assert fs(torch.randn(300_000)) is not None  # another size class is unaffected
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 def test_a_changed_tensor_gives_new_statistics(fused_on):
     stats = TensorStats(DEFAULT_OPS, fused=fused_on)
     x = torch.randn(10_000)

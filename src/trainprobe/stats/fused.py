@@ -151,7 +151,8 @@ class FusedStats:
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
                 return fused(x)
         except Exception as e:  # noqa: BLE001 - a recompile refused, or a fault: the eager kernels
-            log.debug("fused statistics: eager kernels for a %s tensor of %d elements (%s)", x.dtype, n, e)
+            self._chosen[key] = False  # for this size class from now on, without another try
+            log.debug("fused statistics: eager kernels for %s tensors of ~4^%d elements (%s)", x.dtype, key[3], e)
             return None
 
     def mode(self, device_type: str) -> str:
