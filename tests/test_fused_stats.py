@@ -274,10 +274,10 @@ def test_ops_without_two_reductions_never_use_the_pass():
 # ---- the environment variable -------------------------------------------------------------------
 
 
-def test_mode_defaults_off_on_the_cpu_and_auto_on_cuda(monkeypatch):
+def test_mode_defaults_off_until_asked(monkeypatch):
     monkeypatch.delenv(FUSED_ENV, raising=False)
     assert mode_from_env("cpu") == "off"
-    assert mode_from_env("cuda") == "auto"
+    assert mode_from_env("cuda") == "off"
     assert mode_from_env("npu") == "off"
     monkeypatch.setenv(FUSED_ENV, " AUTO ")
     assert mode_from_env("cpu") == "auto"

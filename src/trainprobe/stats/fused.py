@@ -51,9 +51,10 @@ from trainprobe.errors import ConfigError
 
 FUSED_ENV = "TRAINPROBE_FUSED_STATS"
 MODES = ("auto", "on", "off")
-DEFAULT_MODE = {"cuda": "auto"}
-"""The mode when the environment variable is unset, per device type; others (the CPU included)
-get ``off``."""
+DEFAULT_MODE: dict[str, str] = {}
+"""The mode when the environment variable is unset, per device type; others get ``off``. Empty:
+off everywhere until the pass is measured on a GPU (the CPU measurements say it loses on
+tensors below about a million elements; its first use stalls a step for the compile)."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12
