@@ -89,7 +89,7 @@ def _worker(level: str, triples: int) -> dict[str, Any]:
     from trainprobe.dump import PrecisionDebugger, entries
     from trainprobe.dump.collector import Collector
 
-    fused = torch_stats._fused_float32
+    fused = torch_stats._chunked_float32
     timer = SelfTimer()
     plain_guarded = Collector.guarded
 
@@ -108,7 +108,7 @@ def _worker(level: str, triples: int) -> dict[str, Any]:
 
     def step(kind: str) -> float:
         dumped = kind != "undumped"
-        torch_stats._fused_float32 = fused if kind == "current" else (lambda *a: None)  # type: ignore[assignment]
+        torch_stats._chunked_float32 = fused if kind == "current" else (lambda *a: None)  # type: ignore[assignment]
         m, opt = (model, optimizer) if dumped else (twin, twin_optimizer)
         batch = next(batches)
         before = dict(timer.total)

@@ -273,3 +273,43 @@ def test_unwritable_dump_path_fails_at_setup_without_hooks(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="monitor_config.dump_path: cannot create the output folder"):
         TrainingMetricsMonitor(cfg, model, opt)
     assert not model._forward_hooks and not opt._optimizer_step_pre_hooks
+
+
+def _metric_steps(tmp_path: Path, steps: int, initial_step: int = 0) -> None:
+    model, opt = tiny_gpt()
+    batches = synthetic_batches(TINY, BATCH)
+    with TrainingMetricsMonitor(full_config(tmp_path), model=model, optimizer=opt, initial_step=initial_step) as mon:
+        for _ in range(steps):
+            loss = model.loss(next(batches))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step(loss=loss)
+
+
+def test_a_resumed_run_keeps_the_earlier_steps_and_purges_the_rest(tmp_path: Path) -> None:
+    """Killed after 5 steps, resumed from the checkpoint of step 3: training_state.jsonl holds
+    steps 1-3 of the first run then 4-5 of the second, once each; the event files carry
+    TensorBoard's purge marker at step 4."""
+    _metric_steps(tmp_path, 5)
+    state = tmp_path / "dump" / "rank_0" / "training_state.jsonl"
+    first = [json.loads(x) for x in state.read_text().splitlines()]
+    _metric_steps(tmp_path, 2, initial_step=3)
+    rows = [json.loads(x) for x in state.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[:3] == first[:3]
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    purges = []
+    for path in sorted((tmp_path / "tb" / "rank_0").glob("events.*")):
+        for event in EventFileLoader(str(path)).Load():
+            if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                purges.append(event.step)
+    assert purges == [4]
+
+
+def test_a_new_run_from_step_0_replaces_training_state(tmp_path: Path) -> None:
+    _metric_steps(tmp_path, 3)
+    _metric_steps(tmp_path, 2)
+    rows = (tmp_path / "dump" / "rank_0" / "training_state.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in rows] == [1, 2]

@@ -688,38 +688,38 @@ def _same_bits(a: list[float], b: list[float]) -> bool:
 @pytest.mark.parametrize(
     "n", [4096, 5000, 65535, 65536, 70000 - 70000 % 256, (1 << 18), (1 << 18) + 256, 3 * (1 << 18) + 512, 2_048_000]
 )
-def test_fused_float32_row_is_bit_identical_to_the_unfused_kernels(n: int) -> None:
-    from trainprobe.stats.torch_stats import _fused_float32
+def test_chunked_float32_row_is_bit_identical_to_the_unfused_kernels(n: int) -> None:
+    from trainprobe.stats.torch_stats import _chunked_float32
 
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=gen) * 3 + 0.25
-    fused = _fused_float32(x, True, True)
+    fused = _chunked_float32(x, True, True)
     assert fused is not None
     assert _same_bits(list(fused), _unfused_row(x))
 
 
 @pytest.mark.parametrize("where", [0, 1 << 18, -1])
-def test_fused_float32_propagates_nan_and_keeps_signed_zero(where: int) -> None:
-    from trainprobe.stats.torch_stats import _fused_float32
+def test_chunked_float32_propagates_nan_and_keeps_signed_zero(where: int) -> None:
+    from trainprobe.stats.torch_stats import _chunked_float32
 
     x = torch.randn(3 * (1 << 18))
     x[where] = float("nan")
-    fused = _fused_float32(x, True, True)
+    fused = _chunked_float32(x, True, True)
     assert fused is not None and all(v != v for v in fused[:3])
     z = torch.zeros(1 << 19)
     z[7] = -0.0
     z[(1 << 18) + 3] = 5.0
-    fused = _fused_float32(z, True, True)
+    fused = _chunked_float32(z, True, True)
     assert fused is not None and _same_bits(list(fused), _unfused_row(z))
 
 
-def test_fused_float32_declines_what_it_does_not_handle() -> None:
-    from trainprobe.stats.torch_stats import _fused_float32
+def test_chunked_float32_declines_what_it_does_not_handle() -> None:
+    from trainprobe.stats.torch_stats import _chunked_float32
 
-    assert _fused_float32(torch.randn(100), True, True) is None  # small: batched / direct path
-    assert _fused_float32(torch.randn(8192, dtype=torch.float64), True, True) is None
-    assert _fused_float32(torch.randn(128, 64).t(), True, True) is None  # not contiguous
-    assert _fused_float32(torch.randn((1 << 18) + 100), True, True) is None  # a tail beyond one chunk
+    assert _chunked_float32(torch.randn(100), True, True) is None  # small: batched / direct path
+    assert _chunked_float32(torch.randn(8192, dtype=torch.float64), True, True) is None
+    assert _chunked_float32(torch.randn(128, 64).t(), True, True) is None  # not contiguous
+    assert _chunked_float32(torch.randn((1 << 18) + 100), True, True) is None  # a tail beyond one chunk
 
 
 def test_host_row_of_large_float32_equals_the_unfused_kernels() -> None:

@@ -185,19 +185,20 @@ class TrainingMetricsMonitor:
 
     def _outputs(self) -> list[Output]:
         outputs: list[Output] = [LogOutput()]
+        resume_at = self._step + 1 if self._step else None  # the first step this run writes
         tb = self.config.tensorboard
         if tb is not None:
             folder = tb.tensorboard_dir / f"rank_{self.rank}"
             make_output_folder(folder, "tensorboard.tensorboard_dir")
             try:
-                outputs.append(TensorBoardOutput(folder, tb.tensorboard_queue_size))
+                outputs.append(TensorBoardOutput(folder, tb.tensorboard_queue_size, resume_at=resume_at))
             except OSError as exc:
                 raise ConfigError(f"tensorboard.tensorboard_dir: cannot write to {str(folder)!r}: {exc}") from None
         if self.config.monitor.dumped:
             folder = self.config.monitor.dump_path / f"rank_{self.rank}"
             try:
                 make_output_folder(folder, "monitor_config.dump_path")
-                outputs.append(DumpOutput(folder))
+                outputs.append(DumpOutput(folder, resume_at=resume_at))
             except (OSError, ConfigError) as exc:
                 for out in outputs:
                     out.close()

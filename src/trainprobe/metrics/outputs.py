@@ -12,7 +12,12 @@ they run on the writer thread only.
 * :class:`DumpOutput`: ``<dump_path>/rank_<id>/training_state.jsonl``, one JSON object per
   recorded step with the local/device norms and losses (one ``write`` per line, so a killed run
   leaves every completed line readable; a write that fails part-way, as on a full disk, is cut
-  back to the last whole line). The file is replaced when a run starts.
+  back to the last whole line). The file is replaced when a run starts from step 0; a run
+  resumed after N steps (``initial_step`` = N, or the trainer's global step in the callbacks)
+  writes steps N+1, N+2, ...: it keeps the earlier lines of steps up to N and appends after them.
+
+A resumed run's event files get TensorBoard's ``purge_step`` = N+1, so TensorBoard hides the
+earlier run's events of steps after N instead of drawing both runs over each other.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from trainprobe.errors import ConfigError
 from trainprobe.metrics.compose import Metric
 from trainprobe.metrics.config import LOG, TENSORBOARD
 from trainprobe.sinks.fast_crc import use_fast_crc
-from trainprobe.sinks.files import append_whole
+from trainprobe.sinks.files import append_whole, write_atomically
 from trainprobe.sinks.tensorboard import quiet_writer_thread
 
 metrics_logger = logging.getLogger("trainprobe.metrics")
@@ -46,18 +51,18 @@ def summary_writer_class() -> type:
             f"tensorboard.tensorboard_dir: writing event files needs the tensorboard package ({exc}); "
             "install it with `pip install trainprobe[tensorboard]` or remove the tensorboard section"
         ) from None
-    use_fast_crc()
     return SummaryWriter
 
 
 class TensorBoardOutput:
     """Scalars and text into one rank's event files."""
 
-    def __init__(self, log_dir: Path, queue_size: int) -> None:
+    def __init__(self, log_dir: Path, queue_size: int, resume_at: int | None = None) -> None:
         writer_class = summary_writer_class()
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size)
+        self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size, purge_step=resume_at)
+        use_fast_crc(self._writer)
         quiet_writer_thread(self._writer)
         from tensorboard.compat.proto.summary_pb2 import Summary  # present: the writer class loaded
 
@@ -117,10 +122,13 @@ class DumpOutput:
     """``training_state.jsonl`` in one rank's dump folder; whole lines only (see the module
     docstring), a failed write raises its ``OSError`` for the writer to report."""
 
-    def __init__(self, rank_dir: Path) -> None:
+    def __init__(self, rank_dir: Path, resume_at: int | None = None) -> None:
         rank_dir.mkdir(parents=True, exist_ok=True)
         self.path = rank_dir / DUMP_FILE
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        if resume_at is not None:
+            _keep_lines_before(self.path, resume_at)
+        truncate = 0 if resume_at is not None else os.O_TRUNC
+        flags = os.O_WRONLY | os.O_CREAT | truncate | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         self._fd: int | None = os.open(self.path, flags, 0o644)
 
     def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
@@ -137,3 +145,20 @@ class DumpOutput:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def _keep_lines_before(path: Path, step: int) -> None:
+    """Rewrite ``path`` (atomically) with its whole JSON lines of steps below ``step``; a torn
+    or unreadable line, and every line of step ``step`` or later, is dropped."""
+    if not path.is_file():
+        return
+    kept = []
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    write_atomically(path, "".join(kept))
