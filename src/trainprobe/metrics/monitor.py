@@ -50,11 +50,19 @@ from trainprobe.log import error_once, logger, warn_once
 from trainprobe.metrics.compose import EXPERT_PREFIX, Composer
 from trainprobe.metrics.config import TrainingMetricsConfig, config_text, load_training_metrics_config
 from trainprobe.metrics.flops import FlopsEstimate, transformer_estimate
-from trainprobe.metrics.outputs import DumpOutput, LogOutput, TensorBoardOutput
-from trainprobe.metrics.payload import StepPayload
+from trainprobe.metrics.outputs import (
+    MONITOR,
+    ComposeSink,
+    LogSink,
+    RawValues,
+    TrainingStateSink,
+    tensorboard_sink,
+)
 from trainprobe.metrics.sources import InputTap, norms
-from trainprobe.metrics.writer import MetricsWriter, Output
 from trainprobe.probes.model_view import ModelView, unwrap_optimizer
+from trainprobe.records import ScalarBatch
+from trainprobe.sinks.background import Sink, Writer
+from trainprobe.sinks.fanout import FanOut
 
 LossArg = torch.Tensor | float | Sequence[torch.Tensor | float] | None
 
@@ -156,13 +164,15 @@ class TrainingMetricsMonitor:
         self._closed = False
         self._handles: list[Any] = []
         # outputs first: a folder that cannot be created fails here, before any hook is attached
-        self._writer = MetricsWriter(Composer(self.config, self.param_names, self.world), self._outputs())
+        composer = Composer(self.config, self.param_names, self.world)
+        outputs = FanOut(self._outputs(), on_error=_output_failed)
+        self._writer = Writer(ComposeSink(composer, outputs), background=True, on_error=_write_failed, max_pending=64)
         self._tap = InputTap(self._model_chunks[0]) if self._model_chunks else None
         if self._optimizer is not None and hook_optimizer:
             self._handles.append(self._optimizer.register_step_pre_hook(self._on_optimizer_step))
         text = self.config.text + (config_text(extra_text) if extra_text else ())
-        if self.config.tensorboard is not None:
-            self._writer.text(text)
+        if self.config.tensorboard is not None and text:
+            self._writer.submit(ScalarBatch(MONITOR, 0, None, [], texts=tuple(text)))
         self._last_time = time.perf_counter()
         ref = weakref.ref(self)
         self._atexit: Callable[[], None] = lambda: (m := ref()) is not None and m.close()  # type: ignore[func-returns-value]
@@ -183,22 +193,22 @@ class TrainingMetricsMonitor:
             return transformer_estimate(self._model_chunks[0])
         return None
 
-    def _outputs(self) -> list[Output]:
-        outputs: list[Output] = [LogOutput()]
+    def _outputs(self) -> list[Sink]:
+        outputs: list[Sink] = [LogSink()]
         resume_at = self._step + 1 if self._step else None  # the first step this run writes
         tb = self.config.tensorboard
         if tb is not None:
             folder = tb.tensorboard_dir / f"rank_{self.rank}"
             make_output_folder(folder, "tensorboard.tensorboard_dir")
             try:
-                outputs.append(TensorBoardOutput(folder, tb.tensorboard_queue_size, resume_at=resume_at))
+                outputs.append(tensorboard_sink(folder, tb.tensorboard_queue_size, resume_at))
             except OSError as exc:
                 raise ConfigError(f"tensorboard.tensorboard_dir: cannot write to {str(folder)!r}: {exc}") from None
         if self.config.monitor.dumped:
             folder = self.config.monitor.dump_path / f"rank_{self.rank}"
             try:
                 make_output_folder(folder, "monitor_config.dump_path")
-                outputs.append(DumpOutput(folder, resume_at=resume_at))
+                outputs.append(TrainingStateSink(folder, resume_at=resume_at))
             except (OSError, ConfigError) as exc:
                 for out in outputs:
                     out.close()
@@ -317,11 +327,11 @@ class TrainingMetricsMonitor:
             )
             if shares and losses and not isinstance(loss, (list, tuple)):
                 payload.put("micro_losses_are_shares", 1.0)
-            payload.seal()
+            batch = payload.batch(step, self._samples)
         except Exception:  # noqa: BLE001 - metrics never break training
             error_once(f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed")
             return
-        self._writer.submit(payload)
+        self._writer.submit(batch)
 
     def _payload(
         self,
@@ -335,8 +345,8 @@ class TrainingMetricsMonitor:
         loss_scale: Any,
         expert_load: Mapping[str, Any] | None,
         grad_norm: Any,
-    ) -> StepPayload:
-        p = StepPayload(step, self._samples)
+    ) -> RawValues:
+        p = RawValues()
         p.put("iteration_s", seconds)
         if isinstance(loss, (list, tuple)):
             self._put_losses(p, list(loss))
@@ -373,7 +383,7 @@ class TrainingMetricsMonitor:
             self._guard("experts", "expert load", lambda: self._put_experts(p, expert_load))
         return p
 
-    def _put_losses(self, p: StepPayload, losses: list[Any]) -> None:
+    def _put_losses(self, p: RawValues, losses: list[Any]) -> None:
         if not losses:
             return
         if all(isinstance(v, torch.Tensor) for v in losses):
@@ -381,7 +391,7 @@ class TrainingMetricsMonitor:
         else:
             p.put("micro_losses", [float(_scalar(v)) for v in losses])
 
-    def _put_moments(self, p: StepPayload) -> None:
+    def _put_moments(self, p: RawValues) -> None:
         assert self._optimizer is not None
         state = self._optimizer.state
         index, m, v = [], [], []
@@ -403,7 +413,7 @@ class TrainingMetricsMonitor:
         p.put("v_norms", norms(v))
 
     @staticmethod
-    def _put_experts(p: StepPayload, expert_load: Mapping[str, Any]) -> None:
+    def _put_experts(p: RawValues, expert_load: Mapping[str, Any]) -> None:
         for layer, counts in expert_load.items():
             t = counts.detach() if isinstance(counts, torch.Tensor) else torch.as_tensor(counts, dtype=torch.float64)
             p.put(EXPERT_PREFIX + str(layer), t.reshape(-1).to(torch.float64))
@@ -436,7 +446,7 @@ class TrainingMetricsMonitor:
         self._handles = []
         if self._tap is not None:
             self._tap.remove()
-        self._writer.close()
+        self._writer.close(reached=self._step)
         atexit.unregister(self._atexit)
 
     def __enter__(self) -> TrainingMetricsMonitor:
@@ -444,6 +454,25 @@ class TrainingMetricsMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _output_failed(output: Sink, exc: BaseException) -> None:
+    """One output failed: it is skipped from now on (the fan-out's rule), the others go on."""
+    name = type(output).__name__
+    error_once(
+        f"metrics-output-{name}",
+        f"trainprobe: {name} failed and is disabled; the other outputs continue ({type(exc).__name__}: {exc})",
+        traceback=not isinstance(exc, OSError),  # disk full, permissions: one line says it all
+    )
+
+
+def _write_failed(monitor: str, exc: BaseException) -> None:
+    """Writing failed outside any one output (the writer then drops the metrics' later steps)."""
+    error_once(
+        f"metrics-writer-{monitor}",
+        f"trainprobe: writing the training metrics failed ({type(exc).__name__}: {exc}); training continues",
+        traceback=not isinstance(exc, OSError),
+    )
 
 
 def _scalar(value: Any) -> float | torch.Tensor:
