@@ -159,7 +159,7 @@ class TrainingMetricsMonitor:
         self._off: set[str] = set()
         self._captured_step = -1
         self._grad_index: list[int] = []
-        self._grad_norms: torch.Tensor | None = None
+        self._grad_norms: torch.Tensor | list[float] | None = None
         self._lr: torch.Tensor | float | None = None
         self._closed = False
         self._handles: list[Any] = []
