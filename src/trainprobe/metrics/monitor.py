@@ -46,6 +46,7 @@ from torch import nn
 from trainprobe.config.folders import make_output_folder
 from trainprobe.dist_info import current_rank
 from trainprobe.errors import ConfigError
+from trainprobe.guard import Switches, guarded
 from trainprobe.log import error_once, logger, warn_once
 from trainprobe.metrics.compose import EXPERT_PREFIX, Composer
 from trainprobe.metrics.config import TrainingMetricsConfig, config_text, load_training_metrics_config
@@ -156,7 +157,7 @@ class TrainingMetricsMonitor:
         self.stop_requested = False
         self._step = initial_step
         self._samples: int | None = 0
-        self._off: set[str] = set()
+        self._gatherers = Switches(f"metrics-{id(self)}")
         self._captured_step = -1
         self._grad_index: list[int] = []
         self._grad_norms: torch.Tensor | list[float] | None = None
@@ -228,15 +229,6 @@ class TrainingMetricsMonitor:
         return step % self.config.step_interval == 0
 
     # -- gathering -----------------------------------------------------------------------------
-    def _guard(self, name: str, what: str, fn: Callable[[], None]) -> None:
-        if name in self._off:
-            return
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - metrics never break training
-            self._off.add(name)
-            error_once(f"metrics-{name}-{id(self)}", f"trainprobe: gathering {what} failed; it is turned off")
-
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.capture_gradients()
 
@@ -248,8 +240,8 @@ class TrainingMetricsMonitor:
         if self._closed or self._captured_step == step or not self.collects(step):
             return
         self._captured_step = step
-        self._guard("grads", "gradient norms", self._capture_grads)
-        self._guard("lr", "the learning rate", self._capture_lr)
+        self._gatherers.run("grads", "gradient norms", self._capture_grads)
+        self._gatherers.run("lr", "the learning rate", self._capture_lr)
 
     def _capture_grads(self) -> None:
         index, grads = [], []
@@ -307,7 +299,7 @@ class TrainingMetricsMonitor:
         self._step += 1
         step = self._step
         samples, tokens, losses, shares = (
-            self._tap.take() if self._tap is not None and "inputs" not in self._off else (0, None, [], False)
+            self._tap.take() if self._tap is not None and self._gatherers.is_on("inputs") else (0, None, [], False)
         )
         if batch_size is None and samples:
             batch_size = samples * self.world
@@ -321,17 +313,22 @@ class TrainingMetricsMonitor:
         if not self.collects(step):
             self._grad_norms, self._lr = None, None
             return
-        try:
+
+        def submit() -> None:
             payload = self._payload(
                 step, seconds, loss, losses, lr, batch_size, num_tokens, loss_scale, expert_load, grad_norm
             )
             if shares and losses and not isinstance(loss, (list, tuple)):
                 payload.put("micro_losses_are_shares", 1.0)
-            batch = payload.batch(step, self._samples)
-        except Exception:  # noqa: BLE001 - metrics never break training
-            error_once(f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed")
-            return
-        self._writer.submit(batch)
+            self._writer.submit(payload.batch(step, self._samples))
+
+        guarded(
+            submit,
+            off=lambda: False,  # a failed step is lost, the next one is tried again
+            fail=lambda exc: error_once(
+                f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed"
+            ),
+        )()
 
     def _payload(
         self,
@@ -366,7 +363,7 @@ class TrainingMetricsMonitor:
         if grad_norm is not None:
             p.put("grad_norm", _scalar(grad_norm))
         lr_value = lr if lr is not None else self._lr
-        if lr_value is None and self._optimizer is not None and "lr" not in self._off:
+        if lr_value is None and self._optimizer is not None and self._gatherers.is_on("lr"):
             lr_value = self._optimizer.param_groups[0].get("lr")
         if lr_value is not None:
             p.put("lr", _scalar(lr_value))
@@ -376,11 +373,11 @@ class TrainingMetricsMonitor:
         self._grad_norms, self._lr = None, None
         mon = self.config.monitor
         if mon.monitor_on and mon.optimizer_state_format and self._optimizer is not None:
-            self._guard("optimizer_state", "Adam moment norms", lambda: self._put_moments(p))
+            self._gatherers.run("optimizer_state", "Adam moment norms", lambda: self._put_moments(p))
         if mon.monitor_on and mon.weight_state_format:
-            self._guard("weights", "weight norms", lambda: p.put("weight_norms", norms(self._weights)))
+            self._gatherers.run("weights", "weight norms", lambda: p.put("weight_norms", norms(self._weights)))
         if expert_load and tb is not None and tb.log_expert_load_to_tensorboard:
-            self._guard("experts", "expert load", lambda: self._put_experts(p, expert_load))
+            self._gatherers.run("experts", "expert load", lambda: self._put_experts(p, expert_load))
         return p
 
     def _put_losses(self, p: RawValues, losses: list[Any]) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainprobe.guard import guarded
 from trainprobe.log import error_once
 from trainprobe.stats.torch_stats import TensorStats
 
@@ -82,41 +83,43 @@ class InputTap:
         self.losses: list[torch.Tensor] = []
         self.shares = False
         self.disabled = False
+        before = guarded(self._before, off=lambda: self.disabled, fail=lambda exc: self._fail("samples"))
+        after = guarded(self._after, off=lambda: self.disabled, fail=lambda exc: self._fail("loss"))
         self._handles = [
-            module.register_forward_pre_hook(self._before, with_kwargs=True),
-            module.register_forward_hook(self._after),
+            module.register_forward_pre_hook(before, with_kwargs=True),
+            module.register_forward_hook(after),
         ]
 
     @staticmethod
     def _active(module: nn.Module) -> bool:
         return module.training and torch.is_grad_enabled()
 
-    def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.disabled or not self._active(module):
-            return
-        try:
-            if kwargs.get("num_items_in_batch") is not None:
-                self.shares = True
-            t = first_tensor(args, kwargs)
-            if t is None or t.dim() == 0:
-                return
-            self.samples += int(t.shape[0])
-            if self.tokens is not None:
-                self.tokens = None if (t.is_floating_point() or t.is_complex()) else self.tokens + t.numel()
-        except Exception:  # noqa: BLE001 - metrics never break training
-            self.disabled = True
+    def _fail(self, what: str) -> None:
+        """A fault in either hook (the shared guard, :mod:`trainprobe.guard`): both stop, one line."""
+        self.disabled = True
+        if what == "samples":
             error_once("metrics-input-tap", "trainprobe: counting samples failed; batch-size is no longer gathered")
+        else:
+            error_once("metrics-loss-tap", "trainprobe: reading the model's loss failed; it is no longer gathered")
+
+    def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._active(module):
+            return
+        if kwargs.get("num_items_in_batch") is not None:
+            self.shares = True
+        t = first_tensor(args, kwargs)
+        if t is None or t.dim() == 0:
+            return
+        self.samples += int(t.shape[0])
+        if self.tokens is not None:
+            self.tokens = None if (t.is_floating_point() or t.is_complex()) else self.tokens + t.numel()
 
     def _after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self.disabled or not self._active(module):
+        if not self._active(module):
             return
-        try:
-            loss = output_loss(output)
-            if loss is not None:
-                self.losses.append(loss)
-        except Exception:  # noqa: BLE001 - metrics never break training
-            self.disabled = True
-            error_once("metrics-loss-tap", "trainprobe: reading the model's loss failed; it is no longer gathered")
+        loss = output_loss(output)
+        if loss is not None:
+            self.losses.append(loss)
 
     def take(self) -> tuple[int, int | None, list[torch.Tensor], bool]:
         """``(samples, tokens, losses, shares)`` since the last call, and reset."""
