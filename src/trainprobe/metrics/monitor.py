@@ -62,6 +62,7 @@ from trainprobe.metrics.outputs import (
 from trainprobe.metrics.sources import InputTap, norms
 from trainprobe.probes.model_view import ModelView, unwrap_optimizer
 from trainprobe.records import ScalarBatch
+from trainprobe.schedule import Schedule
 from trainprobe.sinks.background import Sink, Writer
 from trainprobe.sinks.fanout import FanOut
 
@@ -154,6 +155,7 @@ class TrainingMetricsMonitor:
             self._weights = [p for _, p in self._params if p.requires_grad]
         self._flops = self._flops_estimate(flops_per_sample, flops_per_token)
         self._print_struct_exits = print_struct_exits
+        self._schedule = Schedule(step_interval=self.config.step_interval)  # the monitors' schedule: every k-th step
         self.stop_requested = False
         self._step = initial_step
         self._samples: int | None = 0
@@ -226,7 +228,7 @@ class TrainingMetricsMonitor:
 
     def collects(self, step: int) -> bool:
         """Whether ``step`` (1-based) is recorded."""
-        return step % self.config.step_interval == 0
+        return self._schedule.collects(step)
 
     # -- gathering -----------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
