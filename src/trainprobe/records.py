@@ -87,10 +87,6 @@ class StepBatch:
         return len(self.keys)
 
 
-SCALAR_DESTINATIONS = ("log", "tensorboard")
-"""Where a :class:`NamedScalar` can go: the log and/or TensorBoard."""
-
-
 @dataclass(frozen=True, slots=True)
 class NamedScalar:
     """One named value of a step (the training metrics), and where it goes.
@@ -98,7 +94,7 @@ class NamedScalar:
     Attributes:
         tag: TensorBoard tag / log name.
         value: the number.
-        formats: a subset of :data:`SCALAR_DESTINATIONS`.
+        formats: where it goes: a subset of ``{"log", "tensorboard"}``.
         vs_samples: also written as ``<tag>-vs-samples`` against the samples axis.
         summary: part of the step's one-line summary in the log.
         dump: also written to the per-rank ``training_state.jsonl``.

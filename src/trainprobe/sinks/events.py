@@ -190,6 +190,8 @@ class EventWriter:
         self._file.flush()
 
     def close(self) -> None:
-        """Flush and close the file."""
-        self._file.flush()
-        self._file.close()
+        """Flush and close the file (closed even when the flush raises a write error)."""
+        try:
+            self._file.flush()
+        finally:
+            self._file.close()
