@@ -33,6 +33,7 @@ from trainprobe.amp_skips import watch_skipped_steps
 from trainprobe.log import error_once, logger
 from trainprobe.optimizer_view import Removable, StepHooks
 from trainprobe.probes.base import Probe, StepClock
+from trainprobe.records import StepBatch
 from trainprobe.schedule import Schedule
 from trainprobe.sinks.background import Writer
 
@@ -56,7 +57,7 @@ class Session:
         *,
         probes: Sequence[Probe],
         schedule: Schedule,
-        writer: Writer,
+        writer: Writer[StepBatch],
         clock: StepClock,
         optimizer: StepHooks | None = None,
         patch_step: bool = False,

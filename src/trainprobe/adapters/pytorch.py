@@ -20,6 +20,7 @@ from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.optimizer_view import OptimizerView
 from trainprobe.probes.model_view import ModelView, NamedParam
 from trainprobe.probes.weight_grad import WeightGradProbe
+from trainprobe.stats.fused import mode_from_env
 from trainprobe.stats.torch_stats import TensorStats
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class TorchBackend:
         return TORCH_COLLECTIVES
 
     def stats(self, ops: Sequence[str], eps: float) -> TensorStats:
+        mode_from_env()  # a bad TRAINPROBE_FUSED_STATS fails at start, naming the variable
         return TensorStats(ops, eps)
 
     def records_forward(self, module: Any, record_eval_mode: bool) -> bool:

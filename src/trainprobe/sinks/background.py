@@ -11,36 +11,49 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Protocol
-
-from trainprobe.records import StepBatch
+from typing import Generic, Protocol, TypeVar
 
 ErrorCallback = Callable[[str, BaseException], None]
 
 
-class Sink(Protocol):
-    """What a writer needs from a sink."""
+class Batch(Protocol):
+    """What a writer reads of a batch: the monitor it belongs to and whether it holds anything
+    (:class:`~trainprobe.records.StepBatch` of the monitors, :class:`~trainprobe.records.ScalarBatch`
+    of the training metrics)."""
 
-    def write(self, batch: StepBatch) -> None: ...
+    @property
+    def monitor(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+
+B = TypeVar("B", bound=Batch)
+B_contra = TypeVar("B_contra", bound=Batch, contravariant=True)
+
+
+class Sink(Protocol[B_contra]):
+    """What a writer needs from a sink of batches of one kind."""
+
+    def write(self, batch: B_contra) -> None: ...
 
     def close(self, reached: int | None = None) -> None: ...
 
 
-class Writer:
+class Writer(Generic[B]):
     """Feeds batches to ``sink``, on a background thread when ``background`` is true."""
 
-    def __init__(self, sink: Sink, *, background: bool, on_error: ErrorCallback, max_pending: int = 256) -> None:
+    def __init__(self, sink: Sink[B], *, background: bool, on_error: ErrorCallback, max_pending: int = 256) -> None:
         self.sink = sink
         self.on_error = on_error
         self.failed: set[str] = set()
-        self._queue: queue.Queue[StepBatch | None] | None = None
+        self._queue: queue.Queue[B | None] | None = None
         self._thread: threading.Thread | None = None
         if background:
             self._queue = queue.Queue(maxsize=max_pending)
             self._thread = threading.Thread(target=self._drain, name="trainprobe-writer", daemon=True)
             self._thread.start()
 
-    def submit(self, batch: StepBatch) -> None:
+    def submit(self, batch: B) -> None:
         """Queue a batch (or write it now in synchronous mode)."""
         if batch.monitor in self.failed or not len(batch):
             return
@@ -78,7 +91,7 @@ class Writer:
             finally:
                 q.task_done()
 
-    def _write(self, batch: StepBatch) -> None:
+    def _write(self, batch: B) -> None:
         try:
             self.sink.write(batch)
         except Exception as exc:  # noqa: BLE001 - a write fault disables one monitor only

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Generic
 
 from trainprobe.log import error_once
-from trainprobe.records import StepBatch
-from trainprobe.sinks.background import Sink
+from trainprobe.sinks.background import B, Sink
 
 
-class FanOut:
+class FanOut(Generic[B]):
     """A sink that forwards every batch to ``members``."""
 
-    def __init__(self, members: Sequence[Sink], on_error: Callable[[Sink, BaseException], None] | None = None) -> None:
+    def __init__(
+        self, members: Sequence[Sink[B]], on_error: Callable[[Sink[B], BaseException], None] | None = None
+    ) -> None:
         self.members = list(members)
         self.on_error = on_error
         self._failed: set[int] = set()
 
-    def write(self, batch: StepBatch) -> None:
+    def write(self, batch: B) -> None:
         for i, member in enumerate(self.members):
             if i not in self._failed:
                 self._call(i, member, functools.partial(member.write, batch))
@@ -31,7 +33,7 @@ class FanOut:
         for i, member in enumerate(self.members):
             self._call(i, member, functools.partial(member.close, reached))
 
-    def _call(self, i: int, member: Sink, fn: Callable[[], None]) -> None:
+    def _call(self, i: int, member: Sink[B], fn: Callable[[], None]) -> None:
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - one failing member must not stop the others

@@ -11,6 +11,9 @@ Two strategies, picked per tensor by its device, both returning values in the or
   direct path (:meth:`TensorStats.row`'s), which has fewer kernels. NaN counting is lazy: min, max, mean and norm propagate NaN, so
   when one of them is not NaN the tensor has no NaN and the counting pass is skipped. Result: a
   ``list[float]`` per tensor.
+  Where a compiled single pass is selected (:mod:`trainprobe.stats.fused`, off by default on the
+  CPU), a large tensor's min, max, sum and sum of squares come from it instead: one read, the
+  sums accumulated in float64.
 * Accelerator tensors: every value stays on the device, with no host synchronisation; rows are
   stacked and copied to the host once per monitor per step by :mod:`trainprobe.records`.
   Result: a float64 tensor of shape ``[len(ops)]``.
@@ -22,8 +25,10 @@ import functools
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
+from trainprobe.stats.fused import FusedStats, Reductions
 from trainprobe.stats.ops import ALL_OPS
 
 RowValues = list | torch.Tensor
@@ -150,23 +155,105 @@ def norm64(x: torch.Tensor) -> torch.Tensor:
     return total
 
 
+_CHUNKED_FROM = 1 << 12
+_CHUNK = 1 << 18
+"""Elements per chunk of :func:`_chunked_float32` (1 MiB of float32: a chunk read for its minimum
+and maximum is still in the core's cache for the row sums and row norms that follow)."""
+
+
+def _chunked_float32(
+    x: torch.Tensor, want_sum: bool, want_norm: bool
+) -> tuple[float, float, float | None, float | None] | None:
+    """Min, max, float64-accumulated sum and L2 norm of a contiguous CPU float32 tensor of 4,096
+    elements or more, bit for bit what ``aminmax``, :func:`sum64` and :func:`norm64` give, or
+    None when ``x`` does not qualify (then the caller takes those functions).
+
+    Why it is faster: ``aminmax`` is replaced by NumPy's minimum and maximum (SIMD, about twice as
+    fast on data in cache; a minimum or maximum is one of the elements, so any order of
+    comparison finds the same value), and a tensor of more than :data:`_CHUNK` elements is
+    processed chunk by chunk, each chunk's minimum, maximum, row sums and row norms computed while
+    it is in cache (one pass over memory instead of three). The row sums and row norms are the
+    very kernels of :func:`sum64` / :func:`norm64` on the same rows of 256 elements; the
+    concatenated per-row results are combined by the same float64 reductions, so the values are
+    identical. A minimum or maximum of zero is redone with ``aminmax`` (NumPy and torch may pick
+    a different one of ``0.0`` and ``-0.0``); NaN propagates through both.
+    """
+    n = x.numel()
+    if (
+        x.dtype != torch.float32
+        or n < _CHUNKED_FROM
+        or x.device.type != "cpu"
+        or type(x) not in _PLAIN_TYPES
+        or not x.is_contiguous()
+        or (n > _CHUNK and n % _ROW)
+    ):
+        return None
+    flat = x.detach().view(-1)
+    values = flat.numpy()
+    f64 = torch.float64
+    if n <= _CHUNK:
+        lo, hi = float(values.min()), float(values.max())
+        total = sum64(flat).item() if want_sum else None
+        norm = norm64(flat).item() if want_norm else None
+    else:  # more than 65,536 elements, a multiple of 256: sum64/norm64 take their row paths
+        los, his, sums, norms = [], [], [], []
+        for start in range(0, n, _CHUNK):
+            part = values[start : start + _CHUNK]
+            los.append(part.min())
+            his.append(part.max())
+            rows = flat[start : start + _CHUNK].view(-1, _ROW)
+            if want_sum:
+                sums.append(rows.sum(1))
+            if want_norm:
+                norms.append(torch.linalg.vector_norm(rows, dim=1))
+        lo, hi = float(np.minimum.reduce(los)), float(np.maximum.reduce(his))  # NaN propagates
+        total = torch.cat(sums).sum(dtype=f64).item() if want_sum else None
+        norm = torch.linalg.vector_norm(torch.cat(norms), dtype=f64).item() if want_norm else None
+    if lo == 0.0 or hi == 0.0:
+        a, b = torch.aminmax(flat)
+        lo, hi = a.item(), b.item()
+    return lo, hi, total, norm
+
+
+def eager_reductions(x: torch.Tensor) -> Reductions:
+    """min, max, sum and sum of squares of ``x`` by the eager kernels this module uses."""
+    lo, hi = torch.aminmax(x)
+    if x.device.type == "cpu":
+        return lo, hi, sum64(x), norm64(x).square()
+    return lo, hi, sum64(x), torch.linalg.vector_norm(x, dtype=torch.float64).square()
+
+
+_SHARED_FUSED: list[FusedStats] = []
+
+
+def shared_fused() -> FusedStats:
+    """The process's fused-pass selector (mode from ``TRAINPROBE_FUSED_STATS``), made on first use."""
+    if not _SHARED_FUSED:
+        _SHARED_FUSED.append(FusedStats(eager_reductions))
+    return _SHARED_FUSED[0]
+
+
 class TensorStats:
     """Computes a fixed list of ops for tensors.
 
     Args:
         ops: op names from :data:`trainprobe.stats.ops.ALL_OPS`, in output order.
         eps: threshold of the ``zeros`` op (fraction of elements with ``abs(x) < eps``).
+        fused: the fused-pass selector (default: the process's, see :func:`shared_fused`); used
+            for large tensors when at least two of min/max, mean and norm are asked for.
 
     Example:
         >>> TensorStats(["min", "max", "nans"]).row(torch.tensor([1.0, float("nan"), 3.0]))
         [nan, nan, 1.0]
     """
 
-    def __init__(self, ops: Sequence[str], eps: float = 1e-8) -> None:
+    def __init__(self, ops: Sequence[str], eps: float = 1e-8, fused: FusedStats | None = None) -> None:
         unknown = [op for op in ops if op not in ALL_OPS]
         assert not unknown, f"unknown ops {unknown}"
         self.ops = tuple(ops)
         self.eps = float(eps)
+        wanted = ("min" in ops or "max" in ops) + ("mean" in ops) + ("norm" in ops)
+        self._fused = (fused or shared_fused()) if wanted >= 2 else None
         self._empty = [_EMPTY[op] for op in self.ops]
         # where each op sits in a host row before the NaN count is inserted (see _finish)
         plain = [op for op in self.ops if op != "nans"]
@@ -189,16 +276,31 @@ class TensorStats:
 
     def _host_row(self, x: torch.Tensor) -> list[float]:
         """One CPU tensor on its own: the arithmetic of the batched paths (float64 below 4,096
-        elements, rows of 256 combined in float64 above) in the fewest kernels, no batching."""
+        elements, rows of 256 combined in float64 above) in the fewest kernels, no batching.
+        Without a compiled single pass, contiguous float32 tensors take :func:`_chunked_float32`:
+        the eager kernels' values, fewer passes over memory."""
         ops = self.ops
         found: dict[str, float] = {}
-        if "min" in ops or "max" in ops:
-            lo, hi = torch.aminmax(x)
-            found["min"], found["max"] = lo.item(), hi.item()
-        if "mean" in ops:
-            found["mean"] = sum64(x).item()
-        if "norm" in ops:
-            found["norm"] = norm64(x).item()
+        one_pass = self._fused(x) if self._fused is not None else None
+        if one_pass is not None:
+            lo, hi, total, squares = (v.item() for v in one_pass)
+            found.update(min=lo, max=hi, mean=total, norm=math.sqrt(squares))
+        else:
+            chunked = _chunked_float32(x, "mean" in ops, "norm" in ops) if "min" in ops or "max" in ops else None
+            if chunked is not None:
+                found["min"], found["max"], mean, norm = chunked
+                if mean is not None:
+                    found["mean"] = mean
+                if norm is not None:
+                    found["norm"] = norm
+            else:
+                if "min" in ops or "max" in ops:
+                    low, high = torch.aminmax(x)
+                    found["min"], found["max"] = low.item(), high.item()
+                if "mean" in ops:
+                    found["mean"] = sum64(x).item()
+                if "norm" in ops:
+                    found["norm"] = norm64(x).item()
         if "zeros" in ops:
             found["zeros"] = float(torch.count_nonzero(x.abs() < self.eps).item())
         return self._finish([[found[op] for op in ops if op != "nans"]], [x], numels=[x.numel()])[0]
@@ -277,6 +379,16 @@ class TensorStats:
         for x in xs:
             n = x.numel()
             numels.append(n)
+            if want_zeros:
+                zeros.append(torch.count_nonzero(x.abs() < self.eps))
+            one_pass = self._fused(x) if self._fused is not None else None
+            if one_pass is not None:  # one read: its float64 totals are this tensor's one segment
+                los.append(one_pass[0])
+                his.append(one_pass[1])
+                sums.append(one_pass[2].reshape(1))
+                norms.append(one_pass[3].sqrt().reshape(1))
+                lengths.append(1)
+                continue
             rows, tail = _split_rows(x)
             acc = _ROW_ACCUMULATOR.get(x.dtype)
             if minmax:
@@ -292,8 +404,6 @@ class TensorStats:
                     sums.append(tail.sum(dtype=f64).reshape(1))
                 if want_norm:
                     norms.append(torch.linalg.vector_norm(tail, dtype=f64).reshape(1))
-            if want_zeros:
-                zeros.append(torch.count_nonzero(x.abs() < self.eps))
             lengths.append(rows.shape[0] + (tail is not None))
         cols: dict[str, torch.Tensor] = {}
         if minmax:
@@ -353,12 +463,16 @@ class TensorStats:
         n = x.numel()
         found: dict[str, torch.Tensor] = {}
         ops = self.ops
-        if "min" in ops or "max" in ops:
-            found["min"], found["max"] = torch.aminmax(x)
-        if "mean" in ops:
-            found["mean"] = sum64(x) / n
-        if "norm" in ops:
-            found["norm"] = torch.linalg.vector_norm(x, dtype=torch.float64)
+        one_pass = self._fused(x) if self._fused is not None else None
+        if one_pass is not None:
+            found.update(min=one_pass[0], max=one_pass[1], mean=one_pass[2] / n, norm=one_pass[3].sqrt())
+        else:
+            if "min" in ops or "max" in ops:
+                found["min"], found["max"] = torch.aminmax(x)
+            if "mean" in ops:
+                found["mean"] = sum64(x) / n
+            if "norm" in ops:
+                found["norm"] = torch.linalg.vector_norm(x, dtype=torch.float64)
         if "nans" in ops:
             found["nans"] = torch.count_nonzero(torch.isnan(x))
         if "zeros" in ops:
