@@ -276,7 +276,7 @@ class TrainerMonitorV2:
         if "param" in enabled:
             pc = cfg.param
             # the parameters as the optimizer steps them (a mixed-precision wrapper's float32 copies)
-            stepped = [NamedParam(n.vpp_stage, n.name, opt.copy_of(n.param)) for n in params] if opt else params
+            stepped = [NamedParam(n.vpp_stage, n.name, opt.copy_of(n.param)) for n in params] if opt is not None else params
             probes.append(
                 ParamProbe(clock, ProbeSpec(pc.ops, pc.eps), stepped, enabled=pc.param_distribution, backend=backend)
             )

@@ -29,7 +29,6 @@ from torch import nn
 
 from trainprobe.adapters import Backend
 from trainprobe.adapters.pytorch import TORCH
-from trainprobe.adapters.pytorch_optimizer import torch_optimizer_view
 from trainprobe.config.folders import make_output_folder
 from trainprobe.config.monitor_v1 import MonitorV1Config
 from trainprobe.dist_info import current_rank, distributed_ready
@@ -96,7 +95,7 @@ def attach(
     chunks = [model] if isinstance(model, nn.Module) else model
     view = ModelView(list(chunks) if isinstance(chunks, (list, tuple)) else chunks, "set_monitor(model=...)")
     view.is_list = True  # V1 names always carry the "<vpp_stage>:" prefix
-    opt = torch_optimizer_view(optimizer, "set_monitor(optimizer=...)")
+    opt = TORCH.optimizer_view(optimizer, "set_monitor(optimizer=...)")
     rank = current_rank()
     return Attachment(
         clock=StepClock(step=start_iteration, micro_batches=grad_acc_steps),
