@@ -22,7 +22,7 @@ class MonitorPair:
 
     Args:
         metrics_config: training-metrics configuration (YAML/JSON path or dict), or None.
-        monitor_v2_config: Monitor V2 configuration (JSON path or dict), or None.
+        monitor_v2_config: Monitor V2 configuration (JSON path or any mapping), or None.
         monitor_kwargs: keyword arguments for :class:`TrainingMetricsMonitor` (e.g.
             ``flops_per_token``).
 
