@@ -58,6 +58,7 @@ def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_set_grad_enabled = torch._C._set_grad_enabled
 
 
 def _fast_input(t: torch.Tensor) -> torch.Tensor:
@@ -98,10 +99,19 @@ def _segment_sums(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     return torch.segment_reduce(values, "sum", lengths=_lengths_tensor(tuple(lengths)))
 
 
-def _host_table(cols: dict[str, torch.Tensor], ops: Sequence[str], k: int) -> list[list[float]]:
-    """The columns of every op but ``nans``, in ``ops`` order, read back as k lists of floats."""
-    present = [cols[op].to(torch.float64) for op in ops if op != "nans"]
-    return torch.stack(present, 1).tolist() if present else [[] for _ in range(k)]
+@functools.lru_cache(maxsize=256)
+def _sizes_tensor(numels: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(numels, dtype=torch.float64)
+
+
+def _true_rows(flags: list[torch.Tensor]) -> list[int]:
+    """Indices where any of the boolean columns ``flags`` is true (one read-back)."""
+    if not flags:
+        return []
+    any_flag = flags[0]
+    for more in flags[1:]:
+        any_flag = any_flag | more
+    return any_flag.nonzero().flatten().tolist()
 
 
 def sum64(x: torch.Tensor) -> torch.Tensor:
@@ -175,10 +185,20 @@ class TensorStats:
         self._zeros_at = plain.index("zeros") if "zeros" in plain else None
         self._norm_at = plain.index("norm") if "norm" in plain else None
         self._nan_proof_at = [j for j, op in enumerate(plain) if op in ("max", "norm", "mean")]
+        self._plain = tuple(plain)
+        self._mean_pos = self.ops.index("mean") if "mean" in self.ops else None  # in a finished row
+        self._norm_pos = self.ops.index("norm") if "norm" in self.ops else None
 
     def row(self, t: torch.Tensor) -> RowValues:
         """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise."""
-        return self._row_of(as_statistic_input(t))
+        enabled = torch.is_grad_enabled()
+        if enabled:
+            _set_grad_enabled(False)
+        try:
+            return self._row_of(_fast_input(t))
+        finally:
+            if enabled:
+                _set_grad_enabled(True)
 
     def _row_of(self, x: torch.Tensor) -> RowValues:
         if x.numel() == 0:
@@ -211,8 +231,16 @@ class TensorStats:
         kernels, and the float64 combination of every large tensor's partial sums is one
         kernel per op (see the module docstring).
         """
-        with torch.no_grad():
+        enabled = torch.is_grad_enabled()  # no_grad without its Python context manager
+        if enabled:
+            _set_grad_enabled(False)
+        try:
+            if len(tensors) == 1:
+                return [self._row_of(_fast_input(tensors[0]))]
             return self._rows([_fast_input(t) for t in tensors])
+        finally:
+            if enabled:
+                _set_grad_enabled(True)
 
     def _rows(self, xs: list[torch.Tensor]) -> list[RowValues]:
         out: list[RowValues] = [[] for _ in xs]
@@ -222,7 +250,7 @@ class TensorStats:
             n = x.numel()
             if n == 0:
                 out[i] = list(self._empty)
-            elif x.device.type != "cpu":
+            elif not x.is_cpu:
                 out[i] = self._device_row(x)
             elif n < _NORM_ROWS_FROM:
                 small.setdefault((x.shape, x.dtype), []).append(i)
@@ -257,7 +285,10 @@ class TensorStats:
             cols["norm"] = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
         if "zeros" in ops:
             cols["zeros"] = torch.count_nonzero(block.abs() < self.eps, dim=1).to(torch.float64) / n
-        return self._finish(_host_table(cols, ops, block.shape[0]), block)
+        present = [cols[op].to(torch.float64) for op in self._plain]
+        if self._nan_at is not None:
+            present.insert(self._nan_at, self._nan_column(present, block.shape[0], block))
+        return torch.stack(present, 1).tolist() if present else [[] for _ in range(block.shape[0])]
 
     def _host_large(self, xs: list[torch.Tensor]) -> list[list[float]]:
         """Rows of CPU tensors of 4,096 elements or more: three kernels per tensor (``aminmax``
@@ -304,7 +335,60 @@ class TensorStats:
             cols["norm"] = _segment_sums(torch.cat(norms).to(f64).square(), lengths).sqrt()
         if want_zeros:
             cols["zeros"] = torch.stack(zeros)
-        return self._finish(_host_table(cols, ops, len(xs)), xs, numels=numels)
+        return self._large_table(cols, xs, numels)
+
+    def _large_table(
+        self, cols: dict[str, torch.Tensor], xs: list[torch.Tensor], numels: list[int]
+    ) -> list[list[float]]:
+        """Host rows from the columns of :meth:`_host_large` (sums and counts): means and zero
+        fractions divided by the sizes and NaN counts inserted with a few kernels for all rows;
+        then, for the rare rows whose float32 partial results may have overflowed or underflowed
+        (a non-finite sum, a norm outside (1e-15, 1e18)), the redo of :meth:`_finish_sums`."""
+        f64 = torch.float64
+        present = [cols[op].to(f64) for op in self._plain]
+        mean_at, norm_at = self._mean_at, self._norm_at
+        suspects: list[torch.Tensor] = []
+        if mean_at is not None:
+            suspects.append(~torch.isfinite(present[mean_at]))
+        if norm_at is not None:
+            norm = present[norm_at]
+            suspects.append((norm <= _NORM_SAFE[0]) | (norm >= _NORM_SAFE[1]) | torch.isnan(norm))
+        redo = _true_rows(suspects)
+        sizes = _sizes_tensor(tuple(numels))
+        for at in (mean_at, self._zeros_at):
+            if at is not None:
+                present[at] = present[at] / sizes
+        if self._nan_at is not None:
+            present.insert(self._nan_at, self._nan_column(present, len(xs), xs))
+        table = torch.stack(present, 1).tolist() if present else [[] for _ in xs]
+        for r in redo:
+            self._redo_row(table[r], xs[r], numels[r])
+        return table
+
+    def _nan_column(
+        self, present: list[torch.Tensor], k: int, xs: Sequence[torch.Tensor] | torch.Tensor
+    ) -> torch.Tensor:
+        """NaN counts of k rows (float64), counted only for rows whose min/max/mean/norm columns
+        (``present``, every op but ``nans``) hold a NaN: where none does, the tensor has none."""
+        proof = self._nan_proof_at
+        rows = _true_rows([torch.isnan(present[j]) for j in proof]) if proof else list(range(k))
+        column = torch.zeros(k, dtype=torch.float64)
+        if rows:
+            column[rows] = torch.stack([torch.count_nonzero(torch.isnan(xs[r])) for r in rows]).to(torch.float64)
+        return column
+
+    def _redo_row(self, values: list[float], x: torch.Tensor, n: int) -> None:
+        """A finished row's non-finite mean and out-of-range (not NaN) norm redone as one float64
+        reduction (float32 and half inputs only; see :meth:`_finish_sums`)."""
+        if x.dtype == torch.float64:
+            return
+        mean_at, norm_at = self._mean_pos, self._norm_pos
+        if mean_at is not None and not math.isfinite(values[mean_at]):
+            values[mean_at] = x.sum(dtype=torch.float64).item() / n
+        if norm_at is not None:
+            norm = values[norm_at]
+            if not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm:
+                values[norm_at] = torch.linalg.vector_norm(x, dtype=torch.float64).item()
 
     def _finish(
         self,
