@@ -69,6 +69,7 @@ def _fast_input(t: torch.Tensor) -> torch.Tensor:
     return as_statistic_input(t)
 
 
+_HOST_ROW_ORDER = ("min", "max", "mean", "norm", "nans", "zeros")
 _ROW = 256
 _EXACT_BELOW = 1 << 16
 _NORM_ROWS_FROM = 1 << 12
@@ -178,7 +179,7 @@ class TensorStats:
         self.ops = tuple(ops)
         self.eps = float(eps)
         self._empty = [_EMPTY[op] for op in self.ops]
-        # where each op sits in a host row before the NaN count is inserted (see _finish)
+        # where each op sits among the columns of every op but nans (see _nan_column)
         plain = [op for op in self.ops if op != "nans"]
         self._nan_at = self.ops.index("nans") if "nans" in self.ops else None
         self._mean_at = plain.index("mean") if "mean" in plain else None
@@ -186,6 +187,10 @@ class TensorStats:
         self._norm_at = plain.index("norm") if "norm" in plain else None
         self._nan_proof_at = [j for j, op in enumerate(plain) if op in ("max", "norm", "mean")]
         self._plain = tuple(plain)
+        self._want_minmax = "min" in self.ops or "max" in self.ops
+        self._want_mean, self._want_norm, self._want_zeros = ("mean" in ops, "norm" in ops, "zeros" in ops)
+        self._order = tuple(_HOST_ROW_ORDER.index(op) for op in self.ops)
+        self._proof_ops = tuple(j for j, op in enumerate(("max", "mean", "norm")) if op in self.ops)
         self._mean_pos = self.ops.index("mean") if "mean" in self.ops else None  # in a finished row
         self._norm_pos = self.ops.index("norm") if "norm" in self.ops else None
 
@@ -209,19 +214,32 @@ class TensorStats:
 
     def _host_row(self, x: torch.Tensor) -> list[float]:
         """One CPU tensor on its own: the arithmetic of the batched paths (float64 below 4,096
-        elements, rows of 256 combined in float64 above) in the fewest kernels, no batching."""
-        ops = self.ops
-        found: dict[str, float] = {}
-        if "min" in ops or "max" in ops:
-            lo, hi = torch.aminmax(x)
-            found["min"], found["max"] = lo.item(), hi.item()
-        if "mean" in ops:
-            found["mean"] = sum64(x).item()
-        if "norm" in ops:
-            found["norm"] = norm64(x).item()
-        if "zeros" in ops:
-            found["zeros"] = float(torch.count_nonzero(x.abs() < self.eps).item())
-        return self._finish([[found[op] for op in ops if op != "nans"]], [x], numels=[x.numel()])[0]
+        elements, rows of 256 combined in float64 above) in the fewest kernels, no batching,
+        and no per-op containers (the module monitor runs this once per tensor and call)."""
+        n = x.numel()
+        lo = hi = total = norm = zeros = 0.0
+        if self._want_minmax:
+            a, b = torch.aminmax(x)
+            lo, hi = a.item(), b.item()
+        if self._want_mean:
+            total = sum64(x).item()
+        if self._want_norm:
+            norm = norm64(x).item()
+        if self._want_zeros:
+            zeros = torch.count_nonzero(x.abs() < self.eps).item() / n
+        if x.dtype != torch.float64:  # float32 partial results that overflowed or underflowed
+            if self._want_mean and not math.isfinite(total):
+                total = x.sum(dtype=torch.float64).item()
+            if self._want_norm and not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm:
+                norm = torch.linalg.vector_norm(x, dtype=torch.float64).item()
+        mean = total / n
+        nans = 0.0
+        if self._nan_at is not None:
+            proof = (hi, mean, norm)
+            if not self._proof_ops or any(proof[j] != proof[j] for j in self._proof_ops):
+                nans = float(torch.count_nonzero(torch.isnan(x)).item())
+        found = (lo, hi, mean, norm, nans, zeros)
+        return [found[j] for j in self._order]
 
     def rows(self, tensors: Sequence[torch.Tensor]) -> list[RowValues]:
         """Statistics of several tensors, one row each, in order.
@@ -343,7 +361,7 @@ class TensorStats:
         """Host rows from the columns of :meth:`_host_large` (sums and counts): means and zero
         fractions divided by the sizes and NaN counts inserted with a few kernels for all rows;
         then, for the rare rows whose float32 partial results may have overflowed or underflowed
-        (a non-finite sum, a norm outside (1e-15, 1e18)), the redo of :meth:`_finish_sums`."""
+        (a non-finite sum, a norm outside (1e-15, 1e18)), their redo (:meth:`_redo_row`)."""
         f64 = torch.float64
         present = [cols[op].to(f64) for op in self._plain]
         mean_at, norm_at = self._mean_at, self._norm_at
@@ -379,56 +397,13 @@ class TensorStats:
 
     def _redo_row(self, values: list[float], x: torch.Tensor, n: int) -> None:
         """A finished row's non-finite mean and out-of-range (not NaN) norm redone as one float64
-        reduction (float32 and half inputs only; see :meth:`_finish_sums`)."""
+        reduction (float32 and half inputs only), as :meth:`_host_row` does."""
         if x.dtype == torch.float64:
             return
         mean_at, norm_at = self._mean_pos, self._norm_pos
         if mean_at is not None and not math.isfinite(values[mean_at]):
             values[mean_at] = x.sum(dtype=torch.float64).item() / n
         if norm_at is not None:
-            norm = values[norm_at]
-            if not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm:
-                values[norm_at] = torch.linalg.vector_norm(x, dtype=torch.float64).item()
-
-    def _finish(
-        self,
-        table: list[list[float]],
-        xs: Sequence[torch.Tensor] | torch.Tensor,
-        numels: list[int] | None = None,
-    ) -> list[list[float]]:
-        """Complete host rows (``table``: one per tensor, every op but ``nans``): with ``numels``
-        (rows holding sums and counts), means and zero fractions divided by the tensor's size,
-        and float32 partial results that overflowed or underflowed redone in float64; then NaN
-        counts. ``xs[r]`` (the tensor of row r) is read only when a row needs it."""
-        for r, values in enumerate(table):
-            if numels is not None:
-                self._finish_sums(values, xs[r] if self._needs_redo(values) else None, numels[r])
-            if self._nan_at is not None:
-                clean = self._nan_proof_at and not any(values[j] != values[j] for j in self._nan_proof_at)
-                count = 0.0 if clean else float(torch.count_nonzero(torch.isnan(xs[r])).item())
-                values.insert(self._nan_at, count)
-        return table
-
-    def _needs_redo(self, values: list[float]) -> bool:
-        """Whether a row's mean or norm may hide a float32 overflow or underflow inside a row."""
-        mean_at, norm_at = self._mean_at, self._norm_at
-        if mean_at is not None and not math.isfinite(values[mean_at]):
-            return True
-        return norm_at is not None and not (_NORM_SAFE[0] < values[norm_at] < _NORM_SAFE[1])
-
-    def _finish_sums(self, values: list[float], x: torch.Tensor | None, n: int) -> None:
-        """Divide the mean and zeros of a row by ``n``; with ``x`` (see :meth:`_needs_redo`), redo
-        its non-finite mean and out-of-range norm as one float64 reduction (float32 inputs only)."""
-        redo = x is not None and x.dtype != torch.float64
-        if self._mean_at is not None:
-            total = values[self._mean_at]
-            if redo and not math.isfinite(total):
-                total = x.sum(dtype=torch.float64).item()
-            values[self._mean_at] = total / n
-        if self._zeros_at is not None:
-            values[self._zeros_at] /= n
-        norm_at = self._norm_at
-        if redo and norm_at is not None:
             norm = values[norm_at]
             if not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm:
                 values[norm_at] = torch.linalg.vector_norm(x, dtype=torch.float64).item()
