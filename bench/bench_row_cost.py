@@ -19,9 +19,9 @@ formatting and writing included) around forward, backward, ``optimizer.step()`` 
 ``zero_grad``. Each block starts with one untimed step, so that each timed step carries one
 step's worth of background writing. Per pair, the monitoring cost of a step is the monitored
 block's mean step time minus the unmonitored block's; the figure is the median over the pairs.
-A census step (an extra monitored block, untimed) counts the rows written per step and the
-monitor's guarded calls per step (every hook and step event of a probe goes through
-:meth:`Probe.guard`); ``µs/row`` and ``µs/call`` divide the cost by them.
+A census block (an extra monitored block, untimed) counts the rows written per step and the
+calls per step of the hooks the monitor registers (tensor gradient hooks, module forward hooks,
+optimizer step hooks); ``µs/row`` and ``µs/call`` divide the cost by them.
 
 Usage::
 
@@ -54,7 +54,6 @@ from torch import nn
 
 from trainprobe import TrainerMonitorV2
 from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
-from trainprobe.probes import base as probe_base
 from trainprobe.sinks import background
 
 V1_OPS = ["min", "max", "norm", "mean", "nans"]
@@ -169,30 +168,47 @@ def run_block(trainer: Trainer, steps: int, monitor: Monitor | None) -> float:
     return statistics.fmean(times)
 
 
+_HOOK_REGISTRARS = (
+    (torch.Tensor, "register_hook"),
+    (nn.Module, "register_forward_pre_hook"),
+    (nn.Module, "register_forward_hook"),
+    (torch.optim.Optimizer, "register_step_pre_hook"),
+    (torch.optim.Optimizer, "register_step_post_hook"),
+)
+
+
 @contextlib.contextmanager
 def census() -> Iterator[dict[str, int]]:
-    """Counts rows submitted to writers and calls of guarded probe functions while active."""
+    """Counts rows submitted to writers, and calls of every hook registered while active (tensor
+    gradient hooks, module forward hooks, optimizer step hooks: what torch calls, however the
+    monitor wraps its functions inside)."""
     counts = {"rows": 0, "calls": 0}
-    real_guard, real_submit = probe_base.Probe.guard, background.Writer.submit
+    real_submit = background.Writer.submit
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _HOOK_REGISTRARS]
 
-    def guard(self: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
-        guarded = real_guard(self, fn)
+    def counting(register: Callable[..., Any]) -> Callable[..., Any]:
+        def register_counted(self: Any, hook: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            def counted(*hook_args: Any, **hook_kwargs: Any) -> Any:
+                counts["calls"] += 1
+                return hook(*hook_args, **hook_kwargs)
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            counts["calls"] += 1
-            return guarded(*args, **kwargs)
+            return register(self, counted, *args, **kwargs)
 
-        return counted
+        return register_counted
 
     def submit(self: Any, batch: Any) -> None:
         counts["rows"] += len(batch)
         real_submit(self, batch)
 
-    probe_base.Probe.guard, background.Writer.submit = guard, submit  # type: ignore[method-assign]
+    background.Writer.submit = submit  # type: ignore[method-assign]
+    for owner, name, register in saved:
+        setattr(owner, name, counting(register))
     try:
         yield counts
     finally:
-        probe_base.Probe.guard, background.Writer.submit = real_guard, real_submit  # type: ignore[method-assign]
+        background.Writer.submit = real_submit  # type: ignore[method-assign]
+        for owner, name, register in saved:
+            setattr(owner, name, register)
 
 
 @contextlib.contextmanager
@@ -303,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {cfg.key}: +{cost.delta_us:.0f} µs/step over {cost.base_us:.0f} µs", flush=True)
         if results:
             print(
-                "\n| model | config | step (unmonitored) | + monitoring | IQR | rows/step | guarded calls/step "
+                "\n| model | config | step (unmonitored) | + monitoring | IQR | rows/step | hook calls/step "
                 "| µs/row | µs/call |"
             )
             print("|---|---|---|---|---|---|---|---|---|")
