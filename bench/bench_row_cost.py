@@ -7,6 +7,8 @@ What is trained (CPU, one intra-op thread, ``torch.manual_seed`` fixed):
   batch 4, AdamW.
 * ``mlp``: 200 ``Linear(16, 16)`` layers with ReLU between them (400 parameter tensors of 16 or
   256 values, 54k parameters), batch 32, AdamW.
+* ``gpt_bench`` (not in the default run): the GPT of ``bench_monitor_v2.py`` (4 layers, d_model
+  256, 4.2M parameters, batch 8), to see the same costs where the reductions dominate.
 
 Configurations: Monitor V2 ``weight_grad``, ``weight_grad + optimizer + param``, ``module`` (all
 modules), Monitor V1 ``wg + mv + param`` and ``xy`` (``all_xy``), each with the default ops of
@@ -107,10 +109,11 @@ class Trainer:
 
     def __init__(self, model_name: str, seed: int) -> None:
         torch.manual_seed(seed)
-        if model_name == "gpt":
-            cfg = GPTConfig(vocab_size=512, seq_len=32, d_model=32, n_heads=2, n_layers=4)
+        if model_name in ("gpt", "gpt_bench"):
+            small = GPTConfig(vocab_size=512, seq_len=32, d_model=32, n_heads=2, n_layers=4)
+            cfg = small if model_name == "gpt" else GPTConfig()
             self.model: nn.Module = TinyGPT(cfg)
-            self.batches: Iterator[torch.Tensor] = synthetic_batches(cfg, 4, seed=seed)
+            self.batches: Iterator[torch.Tensor] = synthetic_batches(cfg, 4 if model_name == "gpt" else 8, seed=seed)
         else:
             self.model = DeepMLP()
             gen = torch.Generator().manual_seed(seed)
@@ -289,7 +292,7 @@ def profile(trainer: Trainer, model_name: str, cfg: RowConfig, out: Path, steps:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="gpt,mlp", help="comma-separated: gpt, mlp")
+    p.add_argument("--models", default="gpt,mlp", help="comma-separated: gpt, mlp, gpt_bench")
     p.add_argument("--configs", default=",".join(c.key for c in CONFIGS))
     p.add_argument("--pairs", type=int, default=12, help="monitored/unmonitored block pairs per config")
     p.add_argument("--steps", type=int, default=10, help="timed steps per block")
