@@ -83,6 +83,7 @@ bench: setup
 	$(BIN)/python bench/bench_monitor_v1.py
 	$(BIN)/python bench/bench_metrics.py
 	$(BIN)/python bench/bench_dump.py
+	$(BIN)/python bench/bench_paired.py
 
 clean:
 	rm -rf $(VENV) $(REF_VENV) trainprobe_demo .pytest_cache

@@ -3,7 +3,9 @@
 What is trained: ``TinyGPT`` (4 layers, d_model 256, 4 heads, sequence 128, vocabulary 2000) on
 synthetic tokens, batch 8, AdamW, torch's default thread count, fixed seeds.
 
-Method (one process, one model, one optimizer for every configuration):
+Method (one process, one model, one optimizer for every configuration); ``bench_paired.py`` measures
+the way users run instead, twin models with the tool left on; on the same code and load the two
+methods agree, see docs/performance.md):
 
 * A dumped step is what a user's loop does: ``start(model)``, forward, backward,
   ``optimizer.step()``, ``zero_grad``, ``stop()``, ``step()``; the whole of it is timed

@@ -4,7 +4,9 @@ What is trained: ``TinyGPT`` with its default size (4 layers, d_model 256, 4 hea
 vocabulary 2000, about 4.2M parameters) on synthetic tokens, batch 8, AdamW, on the CPU with
 torch's default thread count. ``torch.manual_seed`` fixes the weights and the batches.
 
-Method (one process, one model, one optimizer for every configuration):
+Method (one process, one model, one optimizer for every configuration); ``bench_paired.py`` measures
+the way users run instead, twin models with the tool left on; on the same code and load the two
+methods agree, see docs/performance.md):
 
 * Step time. After a warm-up, blocks of ``--steps-per-block`` steps are run alternately with the
   monitor (``start()`` before the block, ``stop()`` after it) and without it, ``--blocks`` blocks
@@ -18,6 +20,11 @@ Method (one process, one model, one optimizer for every configuration):
   background writing, as in a long run. A pair's ratio is the mean step time of its monitored
   block over that of its unmonitored block; the reported figure is the median over the pairs
   (with the interquartile range of the pair ratios).
+* Floor and one-read. ``floor`` runs ``weight_grad + optimizer + param`` with the statistics
+  replaced by the three reductions any exact min/max, mean and norm needs (:func:`kernel_floor`);
+  ``one-read`` replaces the monitor by a minimal hook set of this file that reads each of the
+  same tensors at the same points with one ``torch.sum`` (:class:`OneReadHooks`): the lower
+  bound of any single-pass design.
 * Control. ``control`` runs the same schedule with no monitor on either side; its ratio is the
   noise floor of the method on this machine (ideally 1.00x).
 * Clock. Step times are wall clock by default (the headline). ``--clock cpu`` times steps by the
@@ -91,6 +98,7 @@ class BenchConfig:
     ratio_target: float | None = None
     rss_target_pct: float | None = None
     kernels_only: bool = False  # the "floor" row: see kernel_floor()
+    one_read: bool = False  # the "one-read" row: OneReadHooks instead of the monitor
 
 
 def _on(*names: str) -> dict[str, Any]:
@@ -112,6 +120,12 @@ CONFIGS: tuple[BenchConfig, ...] = (
         "floor: weight_grad+optimizer+param, kernels only",
         _on("weight_grad", "optimizer", "param"),
         kernels_only=True,
+    ),
+    BenchConfig(
+        "one-read",
+        "one-read: one sum per tensor at the same points (no trainprobe)",
+        _on("weight_grad", "optimizer", "param"),
+        one_read=True,
     ),
     BenchConfig("module", "module(all modules)", _on("module"), ratio_target=1.35),
     BenchConfig("all", "all (module+weight_grad+optimizer+param)", _on("module", "weight_grad", "optimizer", "param")),
@@ -238,10 +252,7 @@ class Result:
 
     @property
     def iqr(self) -> tuple[float, float]:
-        if len(self.ratios) < 2:
-            return self.ratios[0], self.ratios[0]
-        q = statistics.quantiles(self.ratios, n=4, method="inclusive")
-        return q[0], q[2]
+        return quartiles(self.ratios)
 
     @property
     def rss_growth_pct(self) -> float:
@@ -258,6 +269,14 @@ class Result:
         if self.config.rss_target_pct is not None:
             checks.append(self.rss_growth_pct <= self.config.rss_target_pct)
         return all(checks) if checks else None
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """First and third quartiles of ``values`` (inclusive method; one value: that value twice)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def measure(
@@ -301,10 +320,64 @@ def kernel_floor(active: bool) -> Iterator[None]:
         torch_stats.TensorStats.rows = real
 
 
+class OneReadHooks:
+    """The ``one-read`` row: a minimal hook set, no trainprobe, that reads every tensor that
+    ``weight_grad + optimizer + param`` reads, once, at each point where it reads it, with one
+    ``torch.sum`` per tensor: every gradient at the end of backward (``unreduced``) and again
+    just before ``optimizer.step()`` (``reduced``), every parameter before the step
+    (``param_origin``) and after it (``param_updated``), and both Adam moments after it. No
+    min/max/norm, no rows, no files: the lower bound of any design that reads each monitored
+    tensor once per point. ``start(model, optimizer)`` / ``stop()`` like a monitor."""
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        self._handles: list[Any] = []
+        self._params: list[torch.nn.Parameter] = []
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.sums: list[torch.Tensor] = []  # the last point's sums (kept so none is optimised away)
+
+    def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **_: Any) -> None:
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._optimizer = optimizer
+        self._handles = [
+            self._params[-1].register_hook(self._backward_started),
+            optimizer.register_step_pre_hook(self._before_step),
+            optimizer.register_step_post_hook(self._after_step),
+        ]
+
+    def stop(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _read(self, tensors: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.sums = [torch.sum(t) for t in tensors]
+
+    def _backward_started(self, grad: torch.Tensor) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_finished)
+
+    def _backward_finished(self) -> None:
+        self._read([p.grad for p in self._params if p.grad is not None])
+
+    def _before_step(self, *_: Any) -> None:
+        self._read([p.grad for p in self._params if p.grad is not None])
+        self._read(self._params)
+
+    def _after_step(self, *_: Any) -> None:
+        assert self._optimizer is not None
+        self._read(self._params)
+        state = self._optimizer.state
+        self._read(
+            [state[p][k] for p in self._params if p in state for k in ("exp_avg", "exp_avg_sq") if k in state[p]]
+        )
+
+
 def _measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace, framework: str) -> Result:
     t_begin = time.perf_counter()
-    monitor = None
-    if cfg.monitors is not None:
+    monitor: Any = None
+    if cfg.one_read:
+        monitor = OneReadHooks()
+    elif cfg.monitors is not None:
         monitor = TrainerMonitorV2(
             {"output_dir": str(out / cfg.key.replace("+", "_")), "monitors": cfg.monitors}, fr=framework
         )
@@ -350,8 +423,12 @@ def profile_config(
     """cProfile of ``steps`` monitored steps (after one untimed step), top functions by own time."""
     if cfg.monitors is None:
         return
-    monitor = TrainerMonitorV2(
-        {"output_dir": str(out / f"profile_{cfg.key.replace('+', '_')}"), "monitors": cfg.monitors}, fr=framework
+    monitor: Any = (
+        OneReadHooks()
+        if cfg.one_read
+        else TrainerMonitorV2(
+            {"output_dir": str(out / f"profile_{cfg.key.replace('+', '_')}"), "monitors": cfg.monitors}, fr=framework
+        )
     )
     monitor.start(model=trainer.model, optimizer=trainer.optimizer)
     trainer.step()

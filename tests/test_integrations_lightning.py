@@ -13,19 +13,26 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from conftest import rows_of  # noqa: E402
 from test_metrics_helpers import read_events, scalars, texts  # noqa: E402
+from trainprobe.errors import ConfigError  # noqa: E402
 from trainprobe.integrations.lightning import TrainProbeCallback  # noqa: E402
 
 BATCH, ACCUM, STEPS = 4, 2, 3
 
 
 class Regressor(pl.LightningModule):
-    def __init__(self, width: int = 8) -> None:
+    """Records, per optimizer step (numbered like the trainer's global step once the step is
+    done: 1, 2, ...), the gradients before Lightning clips them and, with SGD at lr=1 (no
+    momentum), the gradients the optimizer applied (the parameters' change, in float64)."""
+
+    def __init__(self, width: int = 8, optimizer: str = "adam") -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
         self.losses: list[float] = []
-        self.grad_norms: list[float] = []
-        self.param_grad_norms: list[dict[str, float]] = []
+        self.grad_norms: dict[int, float] = {}
+        self.param_grad_norms: dict[int, dict[str, float]] = {}
+        self.applied_norms: dict[int, dict[str, float]] = {}
+        self._before: dict[str, torch.Tensor] = {}
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -34,13 +41,25 @@ class Regressor(pl.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        step = self.trainer.global_step + 1
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self.grad_norms.append(float(torch.nn.utils.get_total_norm(grads)))
-        self.param_grad_norms.append(
-            {n: p.grad.double().norm().item() for n, p in self.net.named_parameters() if p.grad is not None}
-        )
+        self.grad_norms[step] = float(torch.nn.utils.get_total_norm(grads))
+        self.param_grad_norms[step] = {
+            n: p.grad.double().norm().item() for n, p in self.net.named_parameters() if p.grad is not None
+        }
+        self._before = {n: p.detach().double().clone() for n, p in self.net.named_parameters()}
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        step = self.trainer.global_step + 1
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        if self.hparams.optimizer == "sgd":  # lr=1: the update is minus the applied gradient
+            self.applied_norms[step] = {
+                n: (self._before[n] - p.detach().double()).norm().item() for n, p in self.net.named_parameters()
+            }
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.hparams.optimizer == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=1.0)
         return torch.optim.Adam(self.parameters(), lr=0.01)
 
 
@@ -50,11 +69,18 @@ def loader() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH)
 
 
-def fit(tmp_path: Path, callback: TrainProbeCallback) -> tuple[Any, Regressor]:
+def fit(
+    tmp_path: Path,
+    callback: TrainProbeCallback,
+    *,
+    optimizer: str = "adam",
+    max_steps: int = STEPS,
+    ckpt_path: Path | None = None,
+) -> tuple[Any, Regressor]:
     torch.manual_seed(0)
-    module = Regressor()
+    module = Regressor(optimizer=optimizer)
     trainer = pl.Trainer(
-        max_steps=STEPS,
+        max_steps=max_steps,
         accumulate_grad_batches=ACCUM,
         gradient_clip_val=0.01,
         accelerator="cpu",
@@ -66,7 +92,7 @@ def fit(tmp_path: Path, callback: TrainProbeCallback) -> tuple[Any, Regressor]:
         callbacks=[callback],
         default_root_dir=str(tmp_path),
     )
-    trainer.fit(module, loader())
+    trainer.fit(module, loader(), ckpt_path=str(ckpt_path) if ckpt_path else None)
     return trainer, module
 
 
@@ -95,7 +121,7 @@ def test_lightning_callback_writes_metrics_and_monitor_v2(tmp_path: Path) -> Non
         assert s["local_loss"][step] == pytest.approx(sum(micro) / ACCUM, rel=1e-6)
         assert s["device_accum_local_loss"][step] == pytest.approx(sum(micro), rel=1e-6)
         # read before Lightning clips (clip value 0.01 is far below these norms)
-        assert s["grad-norm"][step] == pytest.approx(module.grad_norms[step - 1], rel=1e-5)
+        assert s["grad-norm"][step] == pytest.approx(module.grad_norms[step], rel=1e-5)
         assert s["grad-norm"][step] > 0.1
         assert s["batch-size"][step] == BATCH * ACCUM
         assert s["learning-rate"][step] == pytest.approx(0.01)
@@ -114,22 +140,86 @@ def test_print_struct_stops_lightning(tmp_path: Path, capsys: pytest.CaptureFixt
     ]
 
 
-def test_monitor_v2_reads_gradients_inside_the_optimizer_closure(tmp_path: Path) -> None:
-    """Lightning runs forward/backward inside ``optimizer.step(closure)``: weight_grad
-    ``reduced`` rows must hold the step's accumulated gradients (before clipping), not the
-    previous step's or none."""
-    ops = ["norm", "nans"]
-    v2 = {
-        "output_dir": str(tmp_path / "v2"),
-        "monitors": {"weight_grad": {"enabled": True, "ops": ops}, "optimizer": {"enabled": True, "ops": ops}},
-    }
-    trainer, module = fit(tmp_path, TrainProbeCallback(monitor_v2_config=v2))
+V2_GRADS = {"weight_grad": {"enabled": True, "ops": ["norm", "nans"]}, "optimizer": {"enabled": True, "ops": ["norm"]}}
+METRICS = {"monitor_config": {"monitor_on": True, "local_norm_format": "tensorboard"}}
+
+
+def norms_by_step(rows: list[dict[str, str]], scope: str) -> dict[int, dict[str, float]]:
+    """``{step: {parameter name without "net.": norm}}`` of the weight_grad rows of ``scope``."""
+    out: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if row["scope"] == scope:
+            out.setdefault(int(row["step"]), {})[row["module_name"].removeprefix("net.")] = float(row["norm"])
+    return out
+
+
+def test_monitor_v2_reduced_rows_are_the_clipped_gradients_the_optimizer_applies(tmp_path: Path) -> None:
+    """Lightning runs forward/backward inside ``optimizer.step(closure)`` and clips after
+    ``on_before_optimizer_step``: weight_grad ``reduced`` rows hold the step's accumulated
+    gradients after clipping (what SGD at lr=1 subtracted from the weights), ``unreduced`` the
+    unclipped ones, and Monitor V2's step column is the metrics' step (the trainer's global step
+    once the optimizer step is done: 1, 2, 3)."""
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    metrics = {**METRICS, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    trainer, module = fit(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2), optimizer="sgd")
     assert trainer.global_step == STEPS
-    reduced = [r for r in rows_of(tmp_path / "v2", "weight_grad") if r["scope"] == "reduced"]
-    assert {int(r["step"]) for r in reduced} == set(range(STEPS))
-    for row in reduced:
-        name = row["module_name"].removeprefix("net.")
-        want = module.param_grad_norms[int(row["step"])][name]
-        assert float(row["norm"]) == pytest.approx(want, rel=1e-5), row
-    exp_avg = [r for r in rows_of(tmp_path / "v2", "optimizer") if "exp_avg" in r["module_name"]]
-    assert {int(r["step"]) for r in exp_avg} == set(range(STEPS))
+    steps = set(range(1, STEPS + 1))
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    reduced, unreduced = norms_by_step(rows, "reduced"), norms_by_step(rows, "unreduced")
+    assert set(reduced) == set(unreduced) == set(module.applied_norms) == steps
+    for step in steps:
+        for name, applied in module.applied_norms[step].items():
+            unclipped = module.param_grad_norms[step][name]
+            assert applied < unclipped / 10  # clip value 0.01: every step is clipped
+            assert reduced[step][name] == pytest.approx(applied, rel=1e-4), (step, name)
+            assert unreduced[step][name] == pytest.approx(unclipped, rel=1e-5), (step, name)
+    sgd_rows = {int(r["step"]) for r in rows_of(tmp_path / "v2", "optimizer")}
+    assert sgd_rows <= steps
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    assert set(s["grad-norm"]) == steps  # the same clock as Monitor V2
+    for step in steps:  # the metrics keep the trainer's convention: the norm before clipping
+        assert s["grad-norm"][step] == pytest.approx(module.grad_norms[step], rel=1e-5)
+    for name in module.applied_norms[1]:
+        assert s[f"local_norm/net.{name}"][1] == pytest.approx(module.param_grad_norms[1][name], rel=1e-5)
+
+
+def test_clipping_patch_is_undone_at_train_end(tmp_path: Path) -> None:
+    """The precision plugin's method is wrapped on that instance only, and put back at train end."""
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    trainer, _ = fit(tmp_path, TrainProbeCallback(monitor_v2_config=v2), max_steps=1)
+    plugin = trainer.strategy.precision_plugin
+    assert "_after_closure" not in vars(plugin)
+    assert plugin._after_closure.__func__ is type(plugin)._after_closure
+
+
+def test_resumed_run_keeps_one_clock(tmp_path: Path) -> None:
+    """``fit(ckpt_path=...)`` at global step 2, into the same output folders: the metrics and
+    Monitor V2 both number the resumed steps 3 and 4, V2's files continue the first run's rows
+    of steps 1 and 2, and the reduced rows are still the clipped gradients."""
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    metrics = {**METRICS, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    first = TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2)
+    trainer, before = fit(tmp_path / "first", first, optimizer="sgd", max_steps=2)
+    ckpt = tmp_path / "step2.ckpt"
+    trainer.save_checkpoint(ckpt)
+    callback = TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2)
+    trainer, module = fit(tmp_path / "second", callback, optimizer="sgd", max_steps=4, ckpt_path=ckpt)
+    assert trainer.global_step == 4
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    assert set(s["grad-norm"]) == {1, 2, 3, 4}
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
+    reduced = norms_by_step(rows, "reduced")
+    assert set(reduced) == {1, 2, 3, 4} and set(module.applied_norms) == {3, 4}
+    for step, applied in {**before.applied_norms, **module.applied_norms}.items():
+        for name, value in applied.items():
+            assert reduced[step][name] == pytest.approx(value, rel=1e-4), (step, name)
+
+
+def test_a_new_run_into_a_used_folder_is_refused(tmp_path: Path) -> None:
+    """A fresh ``fit`` (global step 0) is not a resumed run: Monitor V2 refuses the folder of an
+    earlier run instead of mixing with it."""
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    fit(tmp_path / "first", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)
+    with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
+        fit(tmp_path / "second", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)

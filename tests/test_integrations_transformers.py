@@ -3,6 +3,7 @@ outputs read back."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
+from conftest import rows_of  # noqa: E402
 from test_metrics_helpers import read_events, scalars, texts  # noqa: E402
 from trainprobe.errors import ConfigError  # noqa: E402
 from trainprobe.integrations.transformers import TrainProbeCallback  # noqa: E402
@@ -32,18 +34,38 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-class GradRecorder(transformers.TrainerCallback):
-    """The test's own view of the gradients the optimizer applies (after the Trainer's clip)."""
+class AppliedRecorder(transformers.TrainerCallback):
+    """With SGD at lr=1 (no momentum) the update is minus the gradient the optimizer applied:
+    per step (the global step once it is done), each parameter's applied gradient norm, float64."""
 
     def __init__(self) -> None:
-        self.norms: list[float] = []
+        self.norms: dict[int, dict[str, float]] = {}
+        self.tolerance: dict[str, float] = {}  # float32 rounding of the updated weights
+        self._before: dict[str, torch.Tensor] = {}
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        grads = [p.grad for p in kwargs["model"].parameters() if p.grad is not None]
-        self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
+        self._before = {n: p.detach().double().clone() for n, p in kwargs["model"].named_parameters()}
+        eps = torch.finfo(torch.float32).eps
+        self.tolerance = {n: 2 * eps * p.numel() ** 0.5 * p.abs().max().item() for n, p in self._before.items()}
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.norms[state.global_step + 1] = {
+            n: (self._before[n] - p.detach().double()).norm().item() for n, p in kwargs["model"].named_parameters()
+        }
 
 
-def run(tmp_path: Path, callback: TrainProbeCallback, recorder: GradRecorder | None = None, accumulation: int = 1) -> Any:
+def run(
+    tmp_path: Path,
+    callback: TrainProbeCallback,
+    recorder: transformers.TrainerCallback | None = None,
+    accumulation: int = 1,
+    *,
+    sgd: bool = False,
+    max_grad_norm: float = 1.0,
+    max_steps: int = STEPS,
+    save_steps: int | None = None,
+    resume: bool = False,
+) -> Any:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
@@ -52,19 +74,25 @@ def run(tmp_path: Path, callback: TrainProbeCallback, recorder: GradRecorder | N
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"),
         per_device_train_batch_size=BATCH,
-        max_steps=STEPS,
-        learning_rate=1e-3,
+        max_steps=max_steps,
+        learning_rate=1.0 if sgd else 1e-3,
+        lr_scheduler_type="constant" if sgd else "linear",
+        max_grad_norm=max_grad_norm,
         logging_steps=1,
         gradient_accumulation_steps=accumulation,
         report_to=[],
-        save_strategy="no",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
         use_cpu=True,
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
     callbacks = [callback] + ([recorder] if recorder else [])
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(32), callbacks=callbacks)
-    trainer.train()
+    optimizers = (torch.optim.SGD(model.parameters(), lr=1.0), None) if sgd else (None, None)
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=Tokens(32), callbacks=callbacks, optimizers=optimizers
+    )
+    trainer.train(resume_from_checkpoint=resume or None)
     return trainer
 
 
@@ -74,8 +102,7 @@ def test_trainer_callback_writes_metrics_and_monitor_v2(tmp_path: Path) -> None:
         "tensorboard": {"tensorboard_dir": str(tmp_path / "tb"), "log_timers_to_tensorboard": True},
     }
     v2 = {"output_dir": str(tmp_path / "v2"), "monitors": {"weight_grad": {"enabled": True}}}
-    recorder = GradRecorder()
-    trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2), recorder)
+    trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2))
     acc = read_events(tmp_path / "tb" / "rank_0")
     s = scalars(acc)
     steps = set(range(1, STEPS + 1))
@@ -83,10 +110,9 @@ def test_trainer_callback_writes_metrics_and_monitor_v2(tmp_path: Path) -> None:
         assert set(s[tag]) == steps, tag
     assert set(s["loss-vs-samples"]) == {BATCH * k for k in steps}
     assert all(v == BATCH for v in s["batch-size"].values())
-    for step, norm in enumerate(recorder.norms, start=1):
-        assert s["grad-norm"][step] == pytest.approx(norm, rel=1e-5)
     logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
     for step in steps:
+        assert s["grad-norm"][step] == pytest.approx(logged[step]["grad_norm"], rel=1e-5)
         assert s["loss"][step] == pytest.approx(logged[step]["loss"], abs=1e-4)
         assert s["learning-rate"][step] == pytest.approx(logged[step]["learning_rate"], rel=1e-6)
     # FLOPs estimate: Conv1D weights of the block + the (tied) LM head, attention term from the config
@@ -132,3 +158,90 @@ def test_misconfiguration_fails_at_construction() -> None:
         TrainProbeCallback()
     with pytest.raises(ConfigError, match=r"monitor_config\.step_interval"):
         TrainProbeCallback(metrics_config={"monitor_config": {"step_interval": -1}})
+
+
+V2_GRADS = {"weight_grad": {"enabled": True, "ops": ["norm"]}, "optimizer": {"enabled": True, "ops": ["norm"]}}
+
+
+def norms_by_step(rows: list[dict[str, str]], scope: str) -> dict[int, dict[str, float]]:
+    """``{step: {parameter name: norm}}`` of the weight_grad rows of ``scope``."""
+    out: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if row["scope"] == scope:
+            out.setdefault(int(row["step"]), {})[row["module_name"]] = float(row["norm"])
+    return out
+
+
+def test_reduced_rows_are_clipped_and_grad_norm_is_the_trainers(tmp_path: Path) -> None:
+    """``max_grad_norm`` small enough to clip every step: Monitor V2's ``reduced`` rows are the
+    gradients SGD at lr=1 applied (clipped), ``unreduced`` the unclipped ones; the metrics'
+    ``grad-norm`` and ``local_norm`` are before clipping (grad-norm = the Trainer's logged
+    ``grad_norm``); V2's step column, the metrics' steps and the Trainer's steps are 1, 2, 3."""
+    metrics = {
+        "monitor_config": {"monitor_on": True, "local_norm_format": "tensorboard",
+                           "device_local_norm_format": "tensorboard"},
+        "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")},
+    }  # fmt: skip
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    recorder = AppliedRecorder()
+    callback = TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2)
+    trainer = run(tmp_path, callback, recorder, sgd=True, max_grad_norm=0.01)
+    steps = set(range(1, STEPS + 1))
+    logged = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e}
+    assert set(logged) == steps
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    reduced, unreduced = norms_by_step(rows, "reduced"), norms_by_step(rows, "unreduced")
+    assert set(reduced) == set(unreduced) == set(recorder.norms) == steps
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    assert set(s["grad-norm"]) == steps
+    for step in steps:
+        assert logged[step] > 10 * 0.01  # every step is clipped
+        applied = recorder.norms[step]
+        assert math.sqrt(sum(v * v for v in applied.values())) == pytest.approx(0.01, rel=1e-4)
+        for name, value in reduced[step].items():
+            assert value == pytest.approx(applied[name], rel=1e-4, abs=recorder.tolerance[name]), (step, name)
+            assert value < unreduced[step][name] / 10
+        assert math.sqrt(sum(v * v for v in unreduced[step].values())) == pytest.approx(logged[step], rel=1e-4)
+        assert s["grad-norm"][step] == pytest.approx(logged[step], rel=1e-5)
+        assert s["device_local_norm"][step] == pytest.approx(logged[step], rel=1e-4)
+        for name, value in unreduced[step].items():
+            assert s[f"local_norm/{name}"][step] == pytest.approx(value, rel=1e-4, abs=1e-9), (step, name)
+
+
+def test_resumed_training_keeps_one_clock(tmp_path: Path) -> None:
+    """``train(resume_from_checkpoint=True)`` from the checkpoint of global step 2, into the same
+    output folders: the metrics and Monitor V2 both number the resumed steps 3 and 4, as the
+    Trainer logs them, after the first run's 1 and 2."""
+    metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
+    run(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2), max_steps=2, save_steps=2)
+    trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2), max_steps=4, resume=True)
+    assert trainer.state.global_step == 4
+    logged = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e and e["step"] > 2}
+    assert set(logged) == {3, 4}
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    assert set(s["grad-norm"]) == {1, 2, 3, 4}
+    for step, value in logged.items():
+        assert s["grad-norm"][step] == pytest.approx(value, rel=1e-5)
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    assert {int(r["step"]) for r in rows} == {1, 2, 3, 4}
+    assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
+
+
+def test_clip_grad_norm_is_put_back_after_training(tmp_path: Path) -> None:
+    accelerate = pytest.importorskip("accelerate")
+    before = vars(accelerate.Accelerator)["clip_grad_norm_"]
+    run(tmp_path, TrainProbeCallback(metrics_config={"monitor_config": {"monitor_on": True}}), max_steps=1)
+    assert vars(accelerate.Accelerator)["clip_grad_norm_"] is before
+
+
+def test_grad_norm_without_clipping_is_the_trainers(tmp_path: Path) -> None:
+    """``max_grad_norm=0``: the Trainer still measures the norm (an unbounded clip) and logs it;
+    ``grad-norm`` is that value."""
+    metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    trainer = run(tmp_path, TrainProbeCallback(metrics_config=metrics), max_grad_norm=0.0)
+    logged = {e["step"]: e["grad_norm"] for e in trainer.state.log_history if "grad_norm" in e}
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    assert set(s["grad-norm"]) == set(logged) == set(range(1, STEPS + 1))
+    for step, value in logged.items():
+        assert s["grad-norm"][step] == pytest.approx(value, rel=1e-5)

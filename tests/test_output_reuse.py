@@ -143,3 +143,14 @@ def test_demo_twice_asks_for_overwrite(tmp_path: Path) -> None:
     replaced = _demo(tmp_path, "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
     assert "weight_grad_step0-1.csv" in replaced.stdout
+
+
+def test_resumed_false_refuses_even_when_counting_from_one(tmp_path: Path) -> None:
+    """The trainer callbacks number steps from 1: a fresh trainer run (resumed=False) into a
+    used folder is refused, not taken as a resume at step 1."""
+    _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
+    with pytest.raises(ConfigError, match="already holds the files of an earlier run"):
+        _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
+    _train(TrainerMonitorV2(_config(tmp_path)), 1, initial_step=3, resumed=True)
+    steps = sorted({int(r["step"]) for r in _rows(tmp_path / "rank_0", "weight_grad")})
+    assert steps == [1, 2, 3]

@@ -5,13 +5,23 @@ chromium: the names show literally and no ``<a>`` element comes out of the figur
 from __future__ import annotations
 
 import csv
+import json
 from html.parser import HTMLParser
 from pathlib import Path
 
 from test_tool_report import assert_page_ok, needs_chromium, render
 from trainprobe.tools.report import write_report
 from trainprobe.tools.report_data import load_report_data
-from trainprobe.tools.report_figures import anomaly_timeline, group_heatmap, group_lines, plot_text, rank_comparison
+from trainprobe.tools.report_figures import (
+    anomaly_timeline,
+    group_heatmap,
+    group_lines,
+    offenders_figure,
+    plot_text,
+    rank_comparison,
+    run_figure,
+    run_series,
+)
 
 LINK = '<a href="https://x.example/">click</a>'
 BOLD = "<b>x</b>"
@@ -99,3 +109,49 @@ def test_figures_hand_plotly_no_markup_from_names(tmp_path):
         assert not [t for t in texts if raw in t], raw
     assert plot_text(LINK) in texts and plot_text(f"module/{SCOPE}: targets × steps") in texts
     assert plot_text(FIELD) == "&#37;{x} &amp; 50&#37; &amp;amp;"
+
+
+def write_hostile_gradients(root: Path) -> Path:
+    """A V2 weight_grad file and a training_state.jsonl whose parameter names are markup."""
+    folder = root / "rank_0"
+    folder.mkdir(parents=True)
+    with open(folder / "weight_grad_step0-3.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["vpp_stage", "step", "module_name", "scope", "norm"])
+        for step in range(4):
+            for n, name in enumerate(NAMES):
+                writer.writerow([0, step, name, "reduced", n + step + 1.5])
+    lines = [
+        json.dumps({"step": step, "local_loss": 1.0, **{f"local_norm/{name}": n + 1.0 for n, name in enumerate(NAMES)}})
+        for step in range(1, 5)
+    ]
+    (folder / "training_state.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_run_and_offender_figures_hand_plotly_no_markup_from_names(tmp_path):
+    data = load_report_data(write_hostile_gradients(tmp_path / "hostile"))
+    offenders = [data.gradient_groups[0].offenders[0], data.training.offenders[0]]
+    assert {row.name for o in offenders for row in o.rows} == set(NAMES)
+    figures = [run_figure(run_series(data))] + [offenders_figure(o) for o in offenders]
+    texts = [text for figure in figures for text in _strings(figure)]
+    for raw in ("<a ", "<b>x", "<span", "two<br>", "%{x} &"):
+        assert not [t for t in texts if raw in t], raw
+    assert plot_text(LINK) in texts and plot_text(FIELD) in texts
+    page = write_report(tmp_path / "hostile", tmp_path / "hostile.html").read_text(encoding="utf-8")
+    table = page[page.index('<table id="tp-offenders">') :]
+    assert "<a href" not in table[: table.index("</table>")] and "&lt;a href=" in table
+
+
+@needs_chromium
+def test_markup_in_parameter_names_is_drawn_literally_in_run_and_offenders(tmp_path):
+    path = write_report(write_hostile_gradients(tmp_path / "hostile"), tmp_path / "hostile.html")
+    page = render(path, tmp_path / "chromium", height=2000)
+    assert_page_ok(page)
+    svg = SvgFacts()
+    svg.feed((tmp_path / "chromium" / "dom.html").read_text(encoding="utf-8"))
+    assert [t for t, _ in svg.tags if t == "a"] == []
+    assert not [a for t, a in svg.tags if "font-size:60px" in a.get("style", "").replace(" ", "")]
+    text = "".join(svg.text)
+    assert LINK in text and STYLED in text  # offender legend entries
+    assert "top offenders: weight_grad/reduced, rank 0" in text

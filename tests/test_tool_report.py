@@ -141,24 +141,27 @@ def png_busyness(png: bytes) -> tuple[int, int, float]:
     return width, height, float(np.count_nonzero(pixels)) / pixels.size
 
 
-# Clicks the menus of the first heatmap (colour → log, then rank → 1) and records what is shown.
+# Clicks the menus of the first heatmap (colour → linear, then rank → 1) and records what is shown.
 PROBE = """<script>
 function tpProbe() {
   var status = document.getElementById("tp-status");
   if (status.getAttribute("data-state") !== "rendered") { return setTimeout(tpProbe, 50); }
-  var gd = document.querySelectorAll(".js-plotly-plot")[1], out = {};
+  var gd = Array.prototype.filter.call(document.querySelectorAll(".js-plotly-plot"), function (g) {
+    return g.data.some(function (t) { return t.meta && t.meta.role === "z"; });
+  })[0], out = {};
   function shown() {
     return gd._fullData.filter(function (t) { return t.visible === true && t.meta.role === "z"; })
-      .map(function (t) { return {index: t.index, z: Number(t.z[0][0]), title: t.colorbar.title.text}; });
+      .map(function (t) { return {index: t.index, z: Number(t.z[0][0]), title: t.colorbar.title.text,
+                                  ticktext: t.colorbar.ticktext || null}; });
   }
   function click(menu, button) {
     gd.querySelectorAll(".updatemenu-header")[menu].dispatchEvent(new MouseEvent("click", {bubbles: true}));
     gd.querySelectorAll(".updatemenu-dropdown-button")[button].dispatchEvent(new MouseEvent("click", {bubbles: true}));
   }
-  out.linear = shown();
-  click(2, 1);
+  out.log = shown();
+  click(2, 0);
   setTimeout(function () {
-    out.log = shown();
+    out.linear = shown();
     click(1, 1);
     setTimeout(function () {
       out.rank1 = shown();
@@ -248,11 +251,12 @@ def test_v1_page_renders_in_chromium_and_its_menus_work(monitor_runs, tmp_path):
     width, height, busy = png_busyness(page.png)
     assert (width, height) == (1400, 3000) and busy > 0.01
     result = json.loads(page.status["data-probe"])
-    (linear,), (log,) = result["linear"], result["log"]
-    assert linear["index"] == log["index"] and linear["title"] == "norm" and log["title"] == "log10(|norm|)"
-    assert linear["z"] > 0 and log["z"] == pytest.approx(np.log10(linear["z"]), abs=0.1)
+    (linear,), (log,) = result["linear"], result["log"]  # log colour by default, linear one click away
+    assert linear["index"] == log["index"] and linear["title"] == "norm" and log["title"] == "|norm|"
+    assert linear["z"] > 0 and log["z"] == pytest.approx(np.log10(linear["z"]), abs=1e-6)
+    assert log["ticktext"] and linear["ticktext"] is None
     (rank1,) = result["rank1"]
-    assert rank1["index"] != log["index"] and rank1["title"] == "log10(|norm|)"
+    assert rank1["index"] != log["index"] and rank1["title"] == "norm"
 
 
 @needs_chromium

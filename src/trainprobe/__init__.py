@@ -9,15 +9,39 @@ Public API (also importable under the reference tool's paths, see ``trainprobe.c
 * :class:`PrecisionDebugger` and ``module_dump``/``module_dump_end``/``seed_all``/``random_save``:
   precision data dump.
 * :class:`ConfigError`: raised for every invalid config field, naming its JSON path.
+
+``import trainprobe`` is cheap: each name is imported from its module on first use (PEP 562), so
+the ``trainprobe`` command and the offline tools never load torch.
 """
 
-from trainprobe.dump import PrecisionDebugger, module_dump, module_dump_end, random_save, seed_all
-from trainprobe.errors import ConfigError
-from trainprobe.metrics import TrainingMetricsMonitor
-from trainprobe.monitor_v1 import TrainerMon
-from trainprobe.trainer_v2 import TrainerMonitorV2
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainprobe._lazy import lazy_exports
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
+    from trainprobe.dump import PrecisionDebugger, module_dump, module_dump_end, random_save, seed_all
+    from trainprobe.errors import ConfigError
+    from trainprobe.metrics import TrainingMetricsMonitor
+    from trainprobe.monitor_v1 import TrainerMon
+    from trainprobe.trainer_v2 import TrainerMonitorV2
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "ConfigError": "trainprobe.errors",
+    "PrecisionDebugger": "trainprobe.dump",
+    "TrainerMon": "trainprobe.monitor_v1",
+    "TrainerMonitorV2": "trainprobe.trainer_v2",
+    "TrainingMetricsMonitor": "trainprobe.metrics",
+    "module_dump": "trainprobe.dump",
+    "module_dump_end": "trainprobe.dump",
+    "random_save": "trainprobe.dump",
+    "seed_all": "trainprobe.dump",
+}
+"""Public name → the module that defines it (imported on first use)."""
+
 __all__ = [
     "ConfigError",
     "PrecisionDebugger",
@@ -30,3 +54,6 @@ __all__ = [
     "random_save",
     "seed_all",
 ]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

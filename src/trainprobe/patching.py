@@ -8,6 +8,7 @@ class attribute the class only inherited is deleted again rather than copied int
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 _INHERITED = object()
@@ -21,9 +22,10 @@ class AttrPatch:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def replace(self, owner: Any, attr: str, wrapper: Any) -> None:
-        """Set ``owner.attr = wrapper``, remembering what ``owner`` held (for a class, only what
-        its own ``__dict__`` held)."""
-        held = vars(owner).get(attr, _INHERITED) if isinstance(owner, type) else getattr(owner, attr)
+        """Set ``owner.attr = wrapper``, remembering what ``owner`` held (for a class or an
+        instance, only what its own ``__dict__`` held: an instance's method comes from its class,
+        so restoring deletes the instance attribute again)."""
+        held = getattr(owner, attr) if _keeps_value(owner) else vars(owner).get(attr, _INHERITED)
         self._saved.append((owner, attr, held))
         setattr(owner, attr, wrapper)
 
@@ -46,3 +48,9 @@ class AttrPatch:
 
     def __bool__(self) -> bool:
         return bool(self._saved)
+
+
+def _keeps_value(owner: Any) -> bool:
+    """Whether restoring puts back the value read (modules, objects without ``__dict__``) rather
+    than only what the owner's own ``__dict__`` held (classes, instances)."""
+    return isinstance(owner, types.ModuleType) or not hasattr(owner, "__dict__")

@@ -17,6 +17,7 @@ from trainprobe.adapters import Backend, backend_for
 from trainprobe.config.folders import make_output_folder
 from trainprobe.config.monitor_v2 import MonitorV2Config, load_monitor_v2_config
 from trainprobe.errors import ConfigError
+from trainprobe.layout import v2_rank_folder
 from trainprobe.log import logger, warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.collectives import CollectiveProbe
@@ -71,7 +72,7 @@ class TrainerMonitorV2:
     @property
     def output_dir(self) -> Path:
         """This rank's output folder, ``<output_dir>/rank_<rank>``."""
-        return self.config.output_dir / f"rank_{self._backend.rank()}"
+        return self.config.output_dir / v2_rank_folder(self._backend.rank())
 
     def start(self, model: Any = None, optimizer: Any = None, **context: Any) -> None:
         """Create the enabled monitors and attach them.
@@ -93,7 +94,9 @@ class TrainerMonitorV2:
                 folder already holds an earlier run's CSV files keeps that run's rows of steps
                 below ``initial_step`` and drops the rest (a resumed run continues its files);
                 ``overwrite`` (default False; or ``TRAINPROBE_OVERWRITE=1``): remove an earlier
-                run's CSV files first. Other keys are accepted and ignored.
+                run's CSV files first; ``resumed`` (default: ``initial_step`` > 0): whether this
+                run continues an earlier one, for callers whose first step is not 0 (the trainer
+                callbacks number steps from 1). Other keys are accepted and ignored.
 
         Raises:
             ConfigError: a monitor needs a model or an optimizer that was not passed; the
@@ -166,9 +169,12 @@ class TrainerMonitorV2:
             raise ConfigError(f"start(overwrite=...): must be True or False, got {overwrite!r}")
         if not files:
             return
+        resumed = context.get("resumed", self._clock.step > 0 and context.get("initial_step") is not None)
+        if not isinstance(resumed, bool):
+            raise ConfigError(f"start(resumed=...): must be True or False, got {resumed!r}")
         if overwrite or overwrite_requested():
             keep_before = 0
-        elif self._clock.step > 0 and context.get("initial_step") is not None:
+        elif resumed:
             keep_before = self._clock.step
         else:
             raise refuse_earlier_run(rank_dir, files)
@@ -191,7 +197,7 @@ class TrainerMonitorV2:
                 f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
             )
         opt = backend.unwrap_optimizer(optimizer) if optimizer is not None else None
-        rank_dir = make_output_folder(cfg.output_dir / f"rank_{rank}", "output_dir")
+        rank_dir = make_output_folder(cfg.output_dir / v2_rank_folder(rank), "output_dir")
         if not self._wrote_here:
             self._make_room(rank_dir, context)
         clock = self._clock
@@ -257,5 +263,7 @@ class TrainerMonitorV2:
             elif cc.module_ranks and rank not in cc.module_ranks:
                 logger.info("trainprobe: cc skipped on rank %d (module_ranks=%s)", rank, list(cc.module_ranks))
             else:
-                probes.append(CollectiveProbe(clock, cc, rank, rank_dir, backend=backend))
+                probe = CollectiveProbe(clock, cc, rank, rank_dir, backend=backend)
+                probe.models = list(view.chunks)  # for ddp_comm_hook
+                probes.append(probe)
         return probes

@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from trainprobe.probes.collectives import CollectiveApi
     from trainprobe.probes.model_view import ModelView, NamedParam
 
-MINDSPORE_INSTALL_HINT = 'pip install "trainprobe[mindspore]"'
-
 
 class Removable(Protocol):
     """A hook handle."""

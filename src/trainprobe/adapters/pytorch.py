@@ -17,6 +17,8 @@ from trainprobe.adapters.pytorch_collectives import TORCH_COLLECTIVES, TorchColl
 from trainprobe.dist_info import current_rank, distributed_ready
 from trainprobe.probes.model_view import ModelView, NamedParam, unwrap_optimizer
 from trainprobe.probes.optimizer_state import MOMENTS
+from trainprobe.probes.weight_grad import WeightGradProbe
+from trainprobe.stats.fused import mode_from_env
 from trainprobe.stats.torch_stats import TensorStats
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ class TorchBackend:
         return TORCH_COLLECTIVES
 
     def stats(self, ops: Sequence[str], eps: float) -> TensorStats:
+        mode_from_env()  # a bad TRAINPROBE_FUSED_STATS fails at start, naming the variable
         return TensorStats(ops, eps)
 
     def records_forward(self, module: Any, record_eval_mode: bool) -> bool:
@@ -88,8 +91,6 @@ class TorchBackend:
         grad_of: Callable[[Any], Any] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
     ) -> Probe:
-        from trainprobe.probes.weight_grad import WeightGradProbe  # imports probes.base, which imports us
-
         modules = [(name, module) for _, name, module in view.modules()]
         return WeightGradProbe(
             clock,
@@ -99,6 +100,7 @@ class TorchBackend:
             modules,
             grad_of=grad_of,
             keep_reduced=keep_reduced,
+            backend=self,
         )
 
 

@@ -12,6 +12,12 @@ An asynchronous call's outputs are recorded when its work completes:
   without a Python ``wait()`` is read then; one that has not is never waited for on the loop's
   behalf (a second ``wait()`` on a gloo receive blocks for another message): it is recorded when
   the loop waits for it, in the step running then, and not at all if nothing in Python does.
+
+The next step starts at the next ``nn.Module`` forward anywhere in the process
+(:meth:`TorchCollectives.on_next_forward`: a global forward pre-hook that removes itself when it
+fires). DistributedDataParallel's gradient all-reduce runs inside its C++ reducer, out of the
+patch's sight; :meth:`TorchCollectives.watch_ddp` registers a comm hook that averages and
+all-reduces each bucket exactly as the built-in reducer does and reports it.
 """
 
 from __future__ import annotations
@@ -26,9 +32,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from trainprobe.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainprobe.probes.collectives import Wrap
+    from trainprobe.probes.collectives import CollectiveProbe, Wrap
 
 
 class _AwaitedWork:
@@ -133,5 +143,144 @@ class TorchCollectives:
         except Exception:  # noqa: BLE001 - a description only
             return str(group)
 
+    def on_next_forward(self, callback: Callable[[], None]) -> Any:
+        """A global ``nn.Module`` forward pre-hook calling ``callback`` once, at the first module
+        forward of any model (it runs before the module's own pre-hooks, FSDP's all-gathers
+        included) and removing itself (torch iterates a copy of the hooks, so that is safe).
+        Inside a graph ``torch.compile`` traces (a module compiled in place) it does nothing, so
+        nothing of trainprobe enters the graph; the session's fallback then ends the step."""
+        handle: Any = None
+        is_compiling = torch.compiler.is_compiling
+
+        def first_forward(module: Any, args: Any) -> None:
+            if is_compiling():
+                return
+            handle.remove()
+            callback()
+
+        handle = register_module_forward_pre_hook(first_forward)
+        return handle
+
+    def watch_ddp(self, model: Any, probe: CollectiveProbe) -> Any:
+        """Report the buckets of ``model`` (a DistributedDataParallel, else None is returned) to
+        ``probe`` until the returned handle is removed (see :class:`_DdpHookState`)."""
+        if not isinstance(model, DistributedDataParallel):
+            return None
+        state = _DDP_STATES.get(model)
+        if state is None:
+            if getattr(model, "_comm_hooks", None):
+                raise ConfigError(
+                    "monitors.cc.ddp_comm_hook: this DistributedDataParallel already has a comm hook "
+                    '(DDP allows one); set "ddp_comm_hook": false'
+                )
+            state = _DdpHookState(model)
+            try:
+                model.register_comm_hook(state, _ddp_comm_hook)
+            except RuntimeError as exc:  # a built-in comm hook is registered already
+                raise ConfigError(
+                    f'monitors.cc.ddp_comm_hook: DDP refused the comm hook ({exc}); set "ddp_comm_hook": false'
+                ) from exc
+            if state.bucket_view:
+                model.register_forward_pre_hook(state.snapshot)
+            _DDP_STATES[model] = state
+        state.probes = (*state.probes, probe)
+        return _DdpListening(state, probe)
+
+
+class _DdpHookState:
+    """The state of trainprobe's DDP comm hook on one model: its process group, the probes
+    listening now and, with ``gradient_as_bucket_view``, which parameters' gradients were already
+    views of DDP's buckets when the step's last forward started. DDP cannot unregister a comm
+    hook, so the hook (and that forward pre-hook) stay for the model's life, averaging exactly as
+    DDP's reducer does and recording nothing once no probe listens (a later ``start()`` on the
+    same model listens again)."""
+
+    __slots__ = ("process_group", "probes", "bucket_view", "aliased", "__weakref__")
+
+    def __init__(self, model: DistributedDataParallel) -> None:
+        self.process_group = model.process_group
+        self.probes: tuple[CollectiveProbe, ...] = ()
+        self.bucket_view = bool(getattr(model, "gradient_as_bucket_view", False))
+        self.aliased: frozenset[int] = frozenset()
+
+    def snapshot(self, module: Any, args: Any) -> None:
+        """Forward pre-hook of the DDP model: remember whose gradient is a bucket view now (DDP's
+        reducer divides those in place and multiplies the others by the reciprocal while copying
+        them into the bucket)."""
+        if torch.compiler.is_compiling():
+            return
+        self.aliased = frozenset(id(p) for p in module.parameters() if p.grad is not None and p.grad._is_view())
+
+
+_DDP_STATES: weakref.WeakKeyDictionary[Any, _DdpHookState] = weakref.WeakKeyDictionary()
+
+
+class _DdpListening:
+    """Removes one probe from a model's :class:`_DdpHookState` (idempotent)."""
+
+    def __init__(self, state: _DdpHookState, probe: CollectiveProbe) -> None:
+        self.state = state
+        self.probe = probe
+
+    def remove(self) -> None:
+        self.state.probes = tuple(p for p in self.state.probes if p is not self.probe)
+
+
+def _average(state: _DdpHookState, bucket: dist.GradBucket) -> None:
+    """Scale the bucket's gradients by 1/world size in place with the very operations of DDP's
+    built-in reducer (``mul`` by the reciprocal for a gradient copied into the bucket, ``div`` for
+    one that already is a bucket view), so the averaged gradients are bitwise DDP's own."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    size = group.size()
+    aliased = state.aliased if state.bucket_view else frozenset()
+    flags = [id(p) in aliased for p in bucket.parameters()] if aliased else []
+    if not any(flags):
+        bucket.buffer().mul_(1.0 / size)
+    elif all(flags):
+        bucket.buffer().div_(size)
+    else:
+        for is_view, grad in zip(flags, bucket.gradients()):
+            if is_view:
+                grad.div_(size)
+            else:
+                grad.mul_(1.0 / size)
+
+
+def _all_reduce(state: _DdpHookState, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda done: done.value()[0])
+
+
+def _ddp_comm_hook(state: _DdpHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's own averaging all-reduce of ``bucket`` (:func:`_average`, then a sum all-reduce, as
+    the built-in reducer does; gradients are bitwise the same), reported to each listening probe
+    as ``all_reduce`` of ``ddp.bucket_<index>``: ``in`` before averaging, ``out`` once the future
+    completed. Its inner ``dist.all_reduce`` is not recorded again."""
+    probes = state.probes
+    tensor = bucket.buffer()
+    if not probes:
+        _average(state, bucket)
+        return _all_reduce(state, tensor)
+    index = bucket.index()
+    calls = [(probe, probe.bucket_call(index, tensor)) for probe in probes]
+    _average(state, bucket)
+    with probes[0].unobserved():
+        future = _all_reduce(state, tensor)
+
+    def reduced(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        result = done.value()
+        for probe, call in calls:
+            probe.bucket_done(call, result)
+        return result
+
+    return future.then(reduced)
+
+
+# DDP checks the hook's annotations as objects, not as this module's postponed strings
+_ddp_comm_hook.__annotations__ = {
+    "state": _DdpHookState,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
 
 TORCH_COLLECTIVES = TorchCollectives()

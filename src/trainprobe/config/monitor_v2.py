@@ -12,13 +12,14 @@ from typing import Any
 
 from trainprobe.config.fields import Section, check_choice, load_json_object
 from trainprobe.errors import ConfigError
+from trainprobe.layout import V2_MONITORS
 from trainprobe.log import logger
 from trainprobe.schedule import Schedule
 from trainprobe.stats.ops import DEFAULT_EPS, DEFAULT_OPS, parse_ops
 
 FRAMEWORKS = ("pytorch", "mindspore")
 FRAMEWORK_ALIASES = {"pt": "pytorch", "torch": "pytorch", "ms": "mindspore"}
-MONITOR_NAMES = ("module", "weight_grad", "optimizer", "param", "cc")
+MONITOR_NAMES = V2_MONITORS
 TOP_LEVEL_KEYS = (
     "framework",
     "output_dir",
@@ -85,6 +86,7 @@ class CcConfig(MonitorCommon):
     cc_log_only: bool = False
     cc_pre_hook: bool = False
     module_ranks: tuple[int, ...] = ()
+    ddp_comm_hook: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,7 +227,7 @@ def _cc(s: Section) -> CcConfig:
     legacy.check_keys(("enable",) + CC_KEYS)
     legacy_on = legacy.boolean("enable", False)
     default_on = legacy_on if legacy.present and legacy.has("enable") else False
-    common = _common(s, CC_KEYS + ("cc_distribution",), enabled_default=default_on)
+    common = _common(s, CC_KEYS + ("cc_distribution", "ddp_comm_hook"), enabled_default=default_on)
 
     def source(key: str) -> Section:
         return legacy if legacy.has(key) else s
@@ -236,4 +238,5 @@ def _cc(s: Section) -> CcConfig:
         cc_log_only=source("cc_log_only").boolean("cc_log_only", False),
         cc_pre_hook=source("cc_pre_hook").boolean("cc_pre_hook", False),
         module_ranks=source("module_ranks").int_list("module_ranks", minimum=0),
+        ddp_comm_hook=s.boolean("ddp_comm_hook", False),
     )

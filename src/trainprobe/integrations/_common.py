@@ -52,10 +52,19 @@ class MonitorPair:
         grad_acc_steps: int | None = None,
     ) -> None:
         """Create the metrics monitor and start Monitor V2 (stopping a previous run first).
+
+        One clock: ``initial_step`` is the trainer's global step at start (the optimizer steps
+        already done, > 0 when resuming from a checkpoint). The next optimizer step is step
+        ``initial_step + 1`` for both monitors: the metrics' step and Monitor V2's ``step``
+        column hold the trainer's global step once that optimizer step is done (the ``step``
+        of Hugging Face's ``log_history``), so the first optimizer step of a fresh run is 1.
+        Monitor V2 treats the run as resumed (continuing an earlier run's files in its output
+        folder) only when ``initial_step`` > 0; a fresh run into a used folder is refused.
+
         ``hook_optimizer=False``: the caller reports when the gradients are ready
-        (:meth:`before_optimizer_step`) instead of the optimizer's pre-step hook.
-        ``grad_acc_steps``: the trainer's backward passes per optimizer step, passed to Monitor
-        V2's ``start()`` (the configuration's own count, if any, wins)."""
+        (:meth:`gradients_ready`, :meth:`gradients_applied`) instead of the optimizer's pre-step
+        hook. ``grad_acc_steps``: the trainer's backward passes per optimizer step, passed to
+        Monitor V2's ``start()`` (the configuration's own count, if any, wins)."""
         self.stop()
         if optimizer is not None:
             optimizer = innermost_optimizer(optimizer)
@@ -71,15 +80,27 @@ class MonitorPair:
                 **self.monitor_kwargs,
             )
         if self.v2 is not None:
-            context: dict[str, Any] = {"optimizer_pre_step_hook": hook_optimizer}
+            # V2's clock holds the step being trained: the one that ends at global step + 1
+            # resumed: only a run the trainer resumed continues an earlier run's files
+            context: dict[str, Any] = {
+                "optimizer_pre_step_hook": hook_optimizer,
+                "initial_step": initial_step + 1,
+                "resumed": initial_step > 0,
+            }
             if grad_acc_steps is not None:
                 context["grad_acc_steps"] = grad_acc_steps
             self.v2.start(model=model, optimizer=optimizer, **context)
 
-    def before_optimizer_step(self) -> None:
-        """The step's gradients are final (after accumulation, before clipping): read them."""
+    def gradients_ready(self) -> None:
+        """The step's gradients are accumulated, not yet clipped: the metrics read them
+        (``grad-norm``, ``local_norm``, ``device_local_norm``, learning rate)."""
         if self.metrics is not None:
             self.metrics.capture_gradients()
+
+    def gradients_applied(self) -> None:
+        """The step's gradients are what the optimizer applies (after clipping, right before its
+        update): Monitor V2 takes its pre-step statistics (weight_grad ``reduced``, optimizer
+        state)."""
         if self.v2 is not None:
             self.v2.before_optimizer_step()
 

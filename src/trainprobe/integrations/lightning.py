@@ -19,10 +19,19 @@ there), one step per optimizer step (``trainer.global_step``):
 
 With ``monitor_v2_config`` Monitor V2 is started with the LightningModule and the first
 optimizer at ``on_train_start`` (with ``grad_acc_steps`` = ``trainer.accumulate_grad_batches``)
-and stopped at ``on_train_end``. Lightning runs forward and
-backward inside ``optimizer.step(closure)``, so the optimizer's pre-step hook would fire before
-the gradients exist: the callback takes Monitor V2's pre-step statistics (weight_grad
-``reduced``, optimizer state) in ``on_before_optimizer_step`` instead. ``print_struct`` stops
+and stopped at ``on_train_end``. Its ``step`` column is the metrics' step: the trainer's
+``global_step`` once the optimizer step is done (1 for the first optimizer step; a run resumed
+with ``fit(ckpt_path=...)`` at global step N continues with N + 1).
+
+Lightning runs forward and backward inside ``optimizer.step(closure)``, so the optimizer's
+pre-step hook would fire before the gradients exist, and it clips gradients
+(``gradient_clip_val``, ``configure_gradient_clipping``) *after* ``on_before_optimizer_step``.
+Monitor V2's pre-step statistics (weight_grad ``reduced``, optimizer state) are therefore taken
+right after the precision plugin's ``_after_closure`` (which runs ``on_before_optimizer_step``
+and then the clipping), wrapped on that plugin instance for the run: they hold the gradients the
+optimizer applies, as in the Hugging Face callback. (Where a Lightning version has no
+``_after_closure`` they fall back to ``on_before_optimizer_step``, with one warning.) The
+metrics keep Lightning's convention for gradient norms: before clipping. ``print_struct`` stops
 training through ``trainer.should_stop``.
 """
 
@@ -41,7 +50,10 @@ except ImportError as exc:  # pragma: no cover - optional extra
 import torch
 
 from trainprobe.integrations._common import MonitorPairCallback
+from trainprobe.log import warn_once
+from trainprobe.metrics.monitor import innermost_optimizer
 from trainprobe.metrics.sources import batch_counts
+from trainprobe.patching import AttrPatch
 
 
 class TrainProbeCallback(MonitorPairCallback, pl.Callback):
@@ -51,6 +63,9 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._patch = AttrPatch()
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._after_clipping = False
         self._reset()
 
     def _reset(self) -> None:
@@ -60,6 +75,7 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        self._patch.restore()
         hparams = dict(pl_module.hparams) if getattr(pl_module, "hparams", None) else None
         self._pair.start(
             pl_module,
@@ -71,11 +87,40 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
         )
         self._last_step = trainer.global_step
         self._reset()
+        self._optimizer = innermost_optimizer(optimizer) if optimizer is not None else None
+        self._after_clipping = self._pair.v2 is not None and self._read_after_clipping(trainer)
+
+    def _read_after_clipping(self, trainer: pl.Trainer) -> bool:
+        """Wrap the precision plugin's ``_after_closure`` (this instance only, undone at train
+        end): Lightning calls it once the closure's backward has run, and it runs
+        ``on_before_optimizer_step`` and then the gradient clipping; right after it, the
+        gradients are those the optimizer applies. Returns False (with one warning) where this
+        Lightning has no such method."""
+        plugin = trainer.strategy.precision_plugin
+        original = getattr(plugin, "_after_closure", None)
+        if not callable(original) or trainer.strategy.precision_plugin is not plugin:
+            warn_once(
+                "lightning-after-closure",
+                "trainprobe: this Lightning's precision plugin has no _after_closure; Monitor V2's weight_grad "
+                "reduced rows are read in on_before_optimizer_step, before gradient clipping",
+            )
+            return False
+
+        def after_closure(model: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(model, optimizer, *args, **kwargs)
+            if self._optimizer is None or innermost_optimizer(optimizer) is self._optimizer:
+                self._pair.gradients_applied()
+            return result
+
+        self._patch.replace(plugin, "_after_closure", after_closure)
+        return True
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        self._pair.before_optimizer_step()
+        self._pair.gradients_ready()
+        if not self._after_clipping:
+            self._pair.gradients_applied()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -104,9 +149,14 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._pair.stop()
+        self._stop()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        self._patch.restore()
+        self._after_clipping = False
         self._pair.stop()
 
 

@@ -13,20 +13,38 @@ there), one step per optimizer step (``state.global_step``):
   the Trainer passed ``num_items_in_batch`` (transformers ≥ 4.46 under gradient accumulation):
   then each is the micro-batch's share of the step's loss, and they are summed;
 * ``batch-size``: samples fed to the model in the step, times the world size;
-* ``grad-norm``, ``local_norm``, ``device_local_norm``: gradients as the optimizer applies
-  them, i.e. after the Trainer's clipping to ``max_grad_norm``;
+* ``grad-norm``: the norm the Trainer itself logs as ``grad_norm``, i.e. what
+  ``Accelerator.clip_grad_norm_`` returned: the total gradient norm *before* clipping to
+  ``max_grad_norm`` (the Trainer calls it every step, with an infinite bound when
+  ``max_grad_norm`` is 0); measured from the gradients where no value was returned;
+* ``local_norm``, ``device_local_norm``: the gradients read right before that clipping (after
+  accumulation and any unscaling). Where they cannot be read there (an fp16 ``GradScaler``
+  unscales inside the clipping call; DeepSpeed clips inside its engine) they are read in the
+  optimizer's pre-step hook instead, i.e. after clipping;
 * ``learning-rate``: the optimizer's first parameter group before the scheduler steps;
 * TEXT: the configuration's top-level keys and ``training_args`` (``TrainingArguments``).
 
 With ``monitor_v2_config`` Monitor V2 is started with the Trainer's model and optimizer at
 ``on_train_begin`` (with ``grad_acc_steps`` = ``args.gradient_accumulation_steps``) and stopped at
-``on_train_end``. ``print_struct`` stops training through
-``control.should_training_stop``.
+``on_train_end``. Its weight_grad ``reduced`` rows (and optimizer-state rows) are taken in the
+optimizer's pre-step hook: the Trainer clips before ``optimizer.step()``, so they hold the
+gradients the optimizer applies, after clipping. Its ``step`` column is the metrics' step, the
+Trainer's ``state.global_step`` once the step is done (1 for the first optimizer step; a run
+resumed with ``resume_from_checkpoint`` at global step N continues with N + 1).
+``print_struct`` stops training through ``control.should_training_stop``.
+
+To read the norm before clipping, ``accelerate.Accelerator.clip_grad_norm_`` is wrapped for the
+duration of ``train()`` (on the class, as the callback never sees the Trainer's accelerator;
+only calls on this model's parameters are looked at, the call itself is unchanged) and put back
+at ``on_train_end``.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
+
+import torch
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -36,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - optional extra
     ) from exc
 
 from trainprobe.integrations._common import MonitorPairCallback
+from trainprobe.patching import AttrPatch
 
 
 class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
@@ -43,27 +62,78 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
     those of :class:`~trainprobe.integrations._common.MonitorPairCallback` (``metrics_config=``,
     ``monitor_v2_config=``, keyword arguments for ``TrainingMetricsMonitor``)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._patch = AttrPatch()
+        self._grad_norm: torch.Tensor | float | None = None
+
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._patch.restore()
+        model = kwargs.get("model")
         self._pair.start(
-            kwargs.get("model"),
+            model,
             kwargs.get("optimizer"),
             initial_step=state.global_step,
             hook_optimizer=True,
             extra_text={"training_args": args.to_dict()},
             grad_acc_steps=max(1, int(args.gradient_accumulation_steps)),
         )
+        self._grad_norm = None
+        if self._pair.metrics is not None and isinstance(model, torch.nn.Module):
+            self._watch_clipping(model)
+
+    def _watch_clipping(self, model: torch.nn.Module) -> None:
+        """Wrap ``Accelerator.clip_grad_norm_`` until :meth:`on_train_end`: on a call with this
+        model's parameters, the metrics read the gradients before it clips them (when nothing is
+        still to be unscaled) and keep the pre-clip norm it returns for ``grad-norm``."""
+        try:
+            from accelerate import Accelerator
+        except ImportError:  # pragma: no cover - the Trainer needs accelerate
+            return
+        original = Accelerator.clip_grad_norm_
+        mine = {id(p) for p in model.parameters()}
+        callback = weakref.ref(self)
+
+        def clip_grad_norm_(accelerator: Any, parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            me = callback()
+            monitor = me._pair.metrics if me is not None else None
+            if monitor is None:
+                return original(accelerator, parameters, *args, **kwargs)
+            parameters = list(parameters)
+            ours = any(id(p) in mine for p in parameters)
+            if ours and _grads_final(accelerator):
+                monitor.capture_gradients()
+            result = original(accelerator, parameters, *args, **kwargs)
+            if ours and me is not None:
+                me._grad_norm = result
+            return result
+
+        self._patch.replace(Accelerator, "clip_grad_norm_", clip_grad_norm_)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         mon = self._pair.metrics
         if mon is None:
             return
-        mon.step()
+        grad_norm, self._grad_norm = self._grad_norm, None
+        mon.step(grad_norm=grad_norm if isinstance(grad_norm, (torch.Tensor, float, int)) else None)
         if mon.stop_requested:
             control.should_training_stop = True
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self._patch.restore()
         self._pair.stop()
+
+
+def _grads_final(accelerator: Any) -> bool:
+    """Whether ``.grad`` already holds the gradients to be clipped when ``clip_grad_norm_`` is
+    entered: not with an fp16 ``GradScaler`` (it unscales inside the call) nor under DeepSpeed
+    (its engine holds and clips them)."""
+    if getattr(accelerator, "scaler", None) is not None:
+        return False
+    return getattr(accelerator, "deepspeed_engine_wrapped", None) is None and "DEEPSPEED" not in str(
+        getattr(accelerator, "distributed_type", "")
+    )

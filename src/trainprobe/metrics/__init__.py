@@ -6,7 +6,21 @@ the log and a per-rank dump folder.
 * :func:`load_training_metrics_config`: the ``monitor_config`` / ``tensorboard`` dialect.
 """
 
-from trainprobe.metrics.config import TrainingMetricsConfig, load_training_metrics_config
-from trainprobe.metrics.monitor import TrainingMetricsMonitor
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from trainprobe._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from trainprobe.metrics.config import TrainingMetricsConfig, load_training_metrics_config
+    from trainprobe.metrics.monitor import TrainingMetricsMonitor
+
+_EXPORTS = {
+    "TrainingMetricsConfig": "trainprobe.metrics.config",
+    "TrainingMetricsMonitor": "trainprobe.metrics.monitor",
+    "load_training_metrics_config": "trainprobe.metrics.config",
+}
 __all__ = ["TrainingMetricsConfig", "TrainingMetricsMonitor", "load_training_metrics_config"]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

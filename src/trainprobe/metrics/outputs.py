@@ -51,7 +51,6 @@ def summary_writer_class() -> type:
             f"tensorboard.tensorboard_dir: writing event files needs the tensorboard package ({exc}); "
             "install it with `pip install trainprobe[tensorboard]` or remove the tensorboard section"
         ) from None
-    use_fast_crc()
     return SummaryWriter
 
 
@@ -63,6 +62,7 @@ class TensorBoardOutput:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
         self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size, purge_step=resume_at)
+        use_fast_crc(self._writer)
         quiet_writer_thread(self._writer)
         from tensorboard.compat.proto.summary_pb2 import Summary  # present: the writer class loaded
 

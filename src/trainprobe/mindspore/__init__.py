@@ -12,10 +12,19 @@ ImportError saying what to install (``pip install trainprobe[mindspore]``). See
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from trainprobe._lazy import lazy_exports
 from trainprobe.mindspore.runtime import require_mindspore
+
+if TYPE_CHECKING:
+    from trainprobe.mindspore.monitor_v1 import TrainerMon
 
 require_mindspore()
 
-from trainprobe.mindspore.monitor_v1 import TrainerMon  # noqa: E402 - after the check
-
+_EXPORTS = {"TrainerMon": "trainprobe.mindspore.monitor_v1"}
+"""``TrainerMon`` is imported on first use: the backend (``trainprobe.mindspore.backend``, which
+Monitor V2 loads through :func:`trainprobe.adapters.backend_for`) does not need Monitor V1."""
 __all__ = ["TrainerMon", "require_mindspore"]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -100,5 +100,13 @@ class MindSporeCollectives:
             return "world"
         return str(group)
 
+    def on_next_forward(self, callback: Callable[[], None]) -> None:
+        """None: on MindSpore a collective issued after the optimizer's step counts in the next step."""
+        return None
+
+    def watch_ddp(self, model: Any, probe: Any) -> None:
+        """None: MindSpore has no DistributedDataParallel comm hook (``ddp_comm_hook`` is refused)."""
+        return None
+
 
 MINDSPORE_COLLECTIVES = MindSporeCollectives()

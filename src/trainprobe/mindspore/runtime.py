@@ -14,8 +14,9 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-from trainprobe.adapters import MINDSPORE_INSTALL_HINT
 from trainprobe.errors import ConfigError
+
+MINDSPORE_INSTALL_HINT = 'pip install "trainprobe[mindspore]"'
 
 LAST_NUMPY1_RELEASE = (2, 10, 0)
 """The newest MindSpore release known to be built against NumPy 1.x (checked: 2.10.0)."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainprobe.config.monitor_v1 import AlertRule
+from trainprobe.layout import ANOMALY_FILE
 from trainprobe.log import warn_once
 from trainprobe.monitor_v1.anomaly_dump import AnomalyFile
 from trainprobe.monitor_v1.output import task_tagger
@@ -146,7 +147,7 @@ class AlertDetector:
         self.stream = stream
         self.count = 0
         self.latest: dict[str, dict[str, Any]] = {}
-        self._file = AnomalyFile(dump_dir / "anomaly.json") if dump_dir is not None else None
+        self._file = AnomalyFile(dump_dir / ANOMALY_FILE) if dump_dir is not None else None
         self._history: dict[tuple[str, str, int | None], dict[str, _Average]] = {}
         self._call_id = 0
         self._seen: dict[str, tuple[float, float | None]] = {}

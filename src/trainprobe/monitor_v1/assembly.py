@@ -12,6 +12,7 @@ returns.
 from __future__ import annotations
 
 from trainprobe.config.monitor_v1 import MonitorV1Config
+from trainprobe.layout import ANOMALY_FOLDER, anomaly_rank_folder
 from trainprobe.monitor_v1 import output
 from trainprobe.monitor_v1.alerts import AlertDetector
 from trainprobe.monitor_v1.attachment import Attachment
@@ -81,7 +82,7 @@ class SessionFactory:
         return sinks
 
     def _alert_detector(self, cfg: MonitorV1Config, ops_of: dict[str, tuple[str, ...]]) -> AlertDetector:
-        dump = output.output_root() / "anomaly_detected" / f"rank{self.att.rank}" if cfg.alert.dump else None
+        dump = output.output_root() / ANOMALY_FOLDER / anomaly_rank_folder(self.att.rank) if cfg.alert.dump else None
         det = self._alerts
         if det is None or det.rules != cfg.alert.rules or det.dump_dir != dump:
             det = AlertDetector(cfg.alert.rules, ops_of, output.table_of, self.att.pipeline, dump)

@@ -28,9 +28,7 @@ _MAX_FRAMES = 64
 class V1CollectiveProbe(CollectiveProbe):
     """Collectives selected by the reference's ``cc_codeline`` patterns."""
 
-    def __init__(
-        self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend | None = None
-    ) -> None:
+    def __init__(self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend) -> None:
         super().__init__(clock, config, rank, rank_dir, backend=backend)
         self._patterns = [re.compile(line) for line in config.cc_codeline]
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from trainprobe.adapters.pytorch import TORCH
 from trainprobe.log import warn_once
 from trainprobe.monitor_v1.histogram import histogram_row
 from trainprobe.monitor_v1.output import HISTOGRAM_TABLES
@@ -63,7 +64,7 @@ class _AdamFeature(Probe):
     def __init__(
         self, clock: StepClock, ops: tuple[str, ...], eps: float, optimizer: Any, params: list[NamedParam]
     ) -> None:
-        super().__init__(clock, ops, eps)
+        super().__init__(clock, ops, eps, backend=TORCH)
         self.optimizer = optimizer
         self.params = params
         self._verdict: bool | None = None  # the optimizer's verdict, once known

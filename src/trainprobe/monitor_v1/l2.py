@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainprobe.adapters.pytorch import TORCH
 from trainprobe.config.monitor_v1 import L2Config
 from trainprobe.monitor_v1.naming import bare
 from trainprobe.probes.base import Probe, StepClock
@@ -67,7 +68,7 @@ class L2Probe(Probe):
     name = "l2_features"
 
     def __init__(self, clock: StepClock, config: L2Config, view: ModelView) -> None:
-        super().__init__(clock, ("norm",), 1e-8)
+        super().__init__(clock, ("norm",), 1e-8, backend=TORCH)
         self.config = config
         self.view = view
         self._done: set[str] = set()

@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+from trainprobe.layout import V1_KEY_COLUMNS, V1_TABLES, format_stamp, parse_stamp, v1_file_name, v1_run_folder
 from trainprobe.log import warn_once
 from trainprobe.monitor_v1.naming import bare
 from trainprobe.records import RowKey
@@ -41,27 +42,12 @@ from trainprobe.sinks.csv_sink import TableLayout
 
 OUTPUT_ENV = "MONITOR_OUTPUT_DIR"
 DEFAULT_OUTPUT = "./monitor_output"
-STAMP_FORMAT = "%b%d_%H-%M-%S"
-KEY_COLUMNS = ("vpp_stage", "name", "step")
+KEY_COLUMNS = V1_KEY_COLUMNS
 SCOPE_TABLE = {"unreduced": "grad_unreduced", "reduced": "grad_reduced", "comm": "other", "mg_direction": "other"}
 TASKS = {"grad_unreduced": "acc_grad", "grad_reduced": "post_grad"}
 """Tables whose rows carry another task name in tags (the reference's names)."""
 TRAILING = ("shape", "dtype")
-TABLES = (
-    "actv",
-    "actv_grad",
-    "grad_unreduced",
-    "grad_reduced",
-    "exp_avg",
-    "exp_avg_sq",
-    "param_origin",
-    "param_updated",
-    "other",
-    "linear_hook",
-    "attention_hook",
-    "adam_update",
-    "adam_ratio",
-)
+TABLES = V1_TABLES
 HISTOGRAM_TABLES = {"adam_update": "adam_update_histogram", "adam_ratio": "adam_ratio_histogram"}
 """ur_distribution table → the table of its TensorBoard histograms."""
 L2_COLUMNS = {"linear_hook": ("sr", "kernel_norm"), "attention_hook": ("entropy", "softmax_max")}
@@ -78,9 +64,8 @@ def table_of(monitor: str, key: RowKey) -> str:
     return SCOPE_TABLE.get(key.scope, key.scope)
 
 
-def file_name(table: str, first: int, last: int) -> str:
-    """``grad_reduced_0-4.csv``."""
-    return f"{table}_{first}-{last}.csv"
+file_name = v1_file_name
+"""``grad_reduced_0-4.csv`` (see :mod:`trainprobe.layout`)."""
 
 
 def columns(ops: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
@@ -154,20 +139,15 @@ def run_folder(rank: int, append_output: tuple[str, ...]) -> Path:
             f"trainprobe: append_output: no folder of rank {rank} under {str(root)!r} has a timestamp between "
             f"{append_output[0]} and {append_output[1]}; this rank is not continued and writes to a new folder",
         )
-    stamp = datetime.now().astimezone().strftime(STAMP_FORMAT)
-    folder = root / f"{stamp}-rank{rank}-{uuid.uuid4().hex[:8]}"
+    stamp = format_stamp(datetime.now().astimezone())
+    folder = root / v1_run_folder(stamp, rank, uuid.uuid4().hex[:8])
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def _stamp(text: str) -> datetime:
-    """A folder timestamp as a date in a leap year (the stamps carry no year; ``Feb29`` is valid)."""
-    return datetime.strptime(f"2000{text}", f"%Y{STAMP_FORMAT}")
-
-
 def _bound(bounds: tuple[str, ...], i: int) -> datetime:
     try:
-        return _stamp(bounds[i])
+        return parse_stamp(bounds[i])
     except ValueError as exc:
         raise ConfigError(f"append_output[{i}]: {bounds[i]!r} is not a valid timestamp ({exc})") from None
 
@@ -181,7 +161,7 @@ def _existing(root: Path, rank: int, bounds: tuple[str, ...]) -> Path | None:
         if not sep or not folder.is_dir() or rest.split("-", 1)[0] != str(rank):
             continue
         try:
-            when = _stamp(stamp)
+            when = parse_stamp(stamp)
         except ValueError:
             continue
         if lo <= when <= hi:

@@ -179,7 +179,9 @@ def _weight_grad(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]
 
 
 def _update_ratio(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> list[Probe]:
-    histograms = HistogramRows(att.clock, cfg.ops, cfg.eps) if cfg.format == "tensorboard" else None
+    histograms = (
+        HistogramRows(att.clock, cfg.ops, cfg.eps, backend=att.backend) if cfg.format == "tensorboard" else None
+    )
     if histograms is None:
         warn_once(
             "v1-ur-no-histograms",

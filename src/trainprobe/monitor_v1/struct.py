@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainprobe.adapters.pytorch import TORCH
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import ModelView
 from trainprobe.probes.tensor_walk import call_tensors, tensors_in
@@ -46,7 +47,7 @@ class StructProbe(Probe):
     name = "print_struct"
 
     def __init__(self, clock: StepClock, view: ModelView, root: Path, rank: int) -> None:
-        super().__init__(clock, ("norm",), 1e-8)
+        super().__init__(clock, ("norm",), 1e-8, backend=TORCH)
         self.view = view
         self.first_step = clock.step
         self.path = root / "module_struct" / f"rank{rank}" / "module_struct.json"
@@ -97,7 +98,7 @@ class StackProbe(Probe):
     def __init__(
         self, clock: StepClock, view: ModelView, folder: Path, names: Callable[[str], str] | None = None
     ) -> None:
-        super().__init__(clock, ("norm",), 1e-8)
+        super().__init__(clock, ("norm",), 1e-8, backend=TORCH)
         self.view = view
         self.names = names or (lambda name: name)
         self.path = folder / "stack_info.csv"

@@ -36,17 +36,14 @@ class StepClock:
 class Probe:
     """Base class of the monitors. Subclasses set ``name`` and ``with_micro_step`` and
     implement :meth:`attach`; optimizer-driven probes override :meth:`before_optimizer_step`
-    and :meth:`after_optimizer_step`. ``backend`` is the framework adapter (PyTorch by
-    default); ``self.stats`` is its statistics kernel."""
+    and :meth:`after_optimizer_step`. ``backend`` is the framework adapter (given by the
+    caller: the probes never import the adapters, which import the probes); ``self.stats`` is its
+    statistics kernel."""
 
     name: str = "probe"
     with_micro_step: bool = False
 
-    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float, *, backend: Backend | None = None) -> None:
-        if backend is None:
-            from trainprobe.adapters.pytorch import TORCH
-
-            backend = TORCH
+    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float, *, backend: Backend) -> None:
         self.clock = clock
         self.backend: Backend = backend
         self.stats = backend.stats(ops, eps)
@@ -85,6 +82,24 @@ class Probe:
 
     def end_step(self) -> None:
         """Called once at the end of every step, collected or not, before the rows are taken."""
+
+    # -- trailing rows (see trainprobe.session) ------------------------------------------
+    trails: bool = False
+    """Whether calls made after ``optimizer.step()`` still belong to the step that ended
+    (``cc``); such a probe implements the three methods below."""
+
+    def open_tail(self, collecting: bool) -> None:
+        """The optimizer ended the step: keep recording for it (when ``collecting``, whatever the
+        clock now says) until :meth:`close_tail`."""
+
+    def close_tail(self) -> None:
+        """The next step started: record for the clock's step again (``end_step`` follows, then
+        the rows are taken for the step that ended)."""
+
+    def watch_next_step(self, callback: Callable[[], None]) -> Any:
+        """Call ``callback`` once when the next step's first activity starts; returns a handle
+        with ``remove()``, or None where the framework cannot tell (no trailing then)."""
+        return None
 
     # -- fault isolation -----------------------------------------------------------------
     def has_work(self) -> bool:

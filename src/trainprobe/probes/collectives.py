@@ -37,13 +37,14 @@ training.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -124,6 +125,18 @@ class CollectiveApi(Protocol):
 
     def describe_group(self, group: Any) -> Any:
         """A JSON-able description of a communication group (``"world"`` for the default)."""
+        ...
+
+    def on_next_forward(self, callback: Callable[[], None]) -> Any:
+        """Call ``callback`` once, before the next model forward in this process, and return a
+        handle with ``remove()``; None where the framework cannot tell (a collective issued after
+        ``optimizer.step()`` then counts in the next step)."""
+        ...
+
+    def watch_ddp(self, model: Any, probe: CollectiveProbe) -> Any:
+        """Record ``model``'s (a data-parallel wrapper's) gradient buckets as ``probe``'s calls
+        (``probe.bucket_call`` / ``probe.bucket_done``) until the returned handle is removed; None
+        when ``model`` is not such a wrapper. Raises ConfigError when it cannot be done."""
         ...
 
 
@@ -258,6 +271,17 @@ class CollectivePatch:
         """Put back exactly what the collectives' attributes held before :meth:`install`."""
         self._patch.restore()
 
+    @contextlib.contextmanager
+    def unobserved(self) -> Iterator[None]:
+        """Within the block, this thread's collectives run unobserved (a call recorded another
+        way, such as a DDP bucket, whose implementation calls ``all_reduce``)."""
+        depth = getattr(self._nesting, "depth", 0)
+        self._nesting.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._nesting.depth = depth
+
     # -- wrappers ------------------------------------------------------------------------
     def _function(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         collective = self._dispatcher(op, original, _arguments_of_function(self.api, op, original), False)
@@ -309,6 +333,11 @@ class Listening:
         self._patch: CollectivePatch | None = patch
         self._probe = probe
 
+    def unobserved(self) -> contextlib.AbstractContextManager[None]:
+        """See :meth:`CollectivePatch.unobserved` (a no-op once removed)."""
+        patch = self._patch
+        return patch.unobserved() if patch is not None else contextlib.nullcontext()
+
     def remove(self) -> None:
         with _PATCHES_LOCK:
             patch, self._patch = self._patch, None
@@ -350,9 +379,7 @@ class CollectiveProbe(Probe):
 
     name = "cc"
 
-    def __init__(
-        self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend | None = None
-    ) -> None:
+    def __init__(self, clock: StepClock, config: CcConfig, rank: int, rank_dir: Path, *, backend: Backend) -> None:
         super().__init__(clock, config.ops, config.eps, backend=backend)
         api = self.backend.collective_api()
         assert api is not None, "the trainer refuses cc for a backend without collectives"
@@ -364,23 +391,64 @@ class CollectiveProbe(Probe):
         self._pending: list[Any] = []
         self._sites: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._tail: bool | None = None  # open tail: whether the step that ended was collected
+        self._listening: Listening | None = None
+        self.trails = not config.cc_log_only
+        self.models: list[Any] = []
         self.before_call = self.guard(self._before)
         self.after_call = self.guard(self._after)
+        self.bucket_call = self.guard(self._bucket_call)
+        self.bucket_done = self.guard(self._bucket_done)
 
     def attach(self) -> None:
-        self.keep(listen(self.api, self))
+        """Listen to the collectives; with ``ddp_comm_hook``, also to the buckets of each
+        DistributedDataParallel in :attr:`models` (raises ConfigError when there is none, or
+        when DDP refuses the hook)."""
+        self._listening = listen(self.api, self)
+        self.keep(self._listening)
+        if not self.config.ddp_comm_hook or self.config.cc_log_only:
+            return
+        handles = [h for h in (self.api.watch_ddp(m, self) for m in self.models) if h is not None]
+        if not handles:
+            from trainprobe.errors import ConfigError
+
+            raise ConfigError(
+                "monitors.cc.ddp_comm_hook: needs the DistributedDataParallel model; call "
+                'start(model=ddp_model) or set "ddp_comm_hook": false'
+            )
+        for handle in handles:
+            self.keep(handle)
+
+    def unobserved(self) -> contextlib.AbstractContextManager[None]:
+        """A block whose collectives this probe's patch does not see (the DDP hook's allreduce)."""
+        listening = self._listening
+        return listening.unobserved() if listening is not None else contextlib.nullcontext()
+
+    # -- trailing calls (see trainprobe.session) -----------------------------------------
+    def _collecting(self) -> bool:
+        return self.clock.collecting if self._tail is None else self._tail
+
+    def open_tail(self, collecting: bool) -> None:
+        self._tail = collecting
+
+    def close_tail(self) -> None:
+        self._tail = None
+
+    def watch_next_step(self, callback: Callable[[], None]) -> Any:
+        return self.api.on_next_forward(callback)
 
     def detach(self) -> None:
         """Stop listening (the last ``cc`` probe to detach restores the collectives) and forget
         the asynchronous calls still pending."""
         super().detach()
         self._pending = []
+        self._listening = None
 
     def _before(self, op: str, arguments: CallArguments, outputs_returned: bool, frame: FrameType) -> _Call | None:
         """Called before the original collective runs; the returned call, if any, is handed to
         :meth:`_after` with the result."""
         full_site, short_site = call_site(frame)
-        if not self.config.cc_log_only and (not self.clock.collecting or not self._selected(full_site)):
+        if not self.config.cc_log_only and (not self._collecting() or not self._selected(full_site)):
             return None
         try:
             inputs, outputs, group = arguments.get()
@@ -420,6 +488,24 @@ class CollectiveProbe(Probe):
     def _record(self, op: str, index: int, side: str, tensors: list[Any], tag_site: str) -> None:
         keys = [RowKey(0, f"{op}.{index}.{side}.{i}{tag_site}", "comm") for i in range(len(tensors))]
         self.rows.extend(keys, self.stats.rows(tensors))
+
+    # -- DDP buckets (ddp_comm_hook) -----------------------------------------------------
+    def _bucket_call(self, index: int, tensor: Any) -> _Call | None:
+        """Bucket ``index`` of a DDP is about to be all-reduced (``tensor``: this rank's
+        gradients, before averaging); the returned call goes to :meth:`_bucket_done`."""
+        if self.disabled or not self._collecting():
+            return None
+        call_index = self._counts.get("all_reduce", 0)
+        self._counts["all_reduce"] = call_index + 1
+        tag_site = f"@ddp.bucket_{index}"
+        if self.config.cc_pre_hook:
+            self._record("all_reduce", call_index, "in", [tensor], tag_site)
+        return _Call("all_reduce", call_index, tag_site, [])
+
+    def _bucket_done(self, call: _Call | None, tensor: Any) -> None:
+        """The bucket's all-reduce completed: ``tensor`` holds the averaged gradients."""
+        if call is not None:
+            self._record(call.op, call.index, "out", [tensor], call.tag_site)
 
     def has_work(self) -> bool:
         return len(self.rows) > 0 or bool(self._pending)

@@ -104,7 +104,7 @@ class ModuleProbe(Probe):
         view: ModelView,
         naming: ModuleNaming | None = None,
         *,
-        backend: Backend | None = None,
+        backend: Backend,
     ) -> None:
         super().__init__(clock, config.ops, config.eps, backend=backend)
         self.config = config

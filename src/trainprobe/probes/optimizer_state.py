@@ -147,7 +147,7 @@ class OptimizerStateProbe(Probe):
         params: list[NamedParam],
         *,
         suffix_names: bool = True,
-        backend: Backend | None = None,
+        backend: Backend,
     ) -> None:
         super().__init__(clock, config.ops, config.eps, backend=backend)
         self.suffix_names = suffix_names

@@ -24,9 +24,7 @@ class ParamProbe(Probe):
 
     name = "param"
 
-    def __init__(
-        self, clock: StepClock, config: ParamConfig, params: list[NamedParam], *, backend: Backend | None = None
-    ) -> None:
+    def __init__(self, clock: StepClock, config: ParamConfig, params: list[NamedParam], *, backend: Backend) -> None:
         super().__init__(clock, config.ops, config.eps, backend=backend)
         self.params = params
         self.disabled = not config.param_distribution

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -68,6 +68,9 @@ from trainprobe.log import warn_once
 from trainprobe.probes.base import Probe, StepClock
 from trainprobe.probes.model_view import NamedParam
 from trainprobe.records import RowKey
+
+if TYPE_CHECKING:
+    from trainprobe.adapters import Backend
 
 
 class WeightGradProbe(Probe):
@@ -86,8 +89,9 @@ class WeightGradProbe(Probe):
         *,
         grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
+        backend: Backend,
     ) -> None:
-        super().__init__(clock, config.ops, config.eps)
+        super().__init__(clock, config.ops, config.eps, backend=backend)
         self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = grad_of or _dot_grad
         self.keep_reduced = keep_reduced
         self.per_micro_batch = config.monitor_mbs_grad

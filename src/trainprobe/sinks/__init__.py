@@ -1,6 +1,20 @@
 """Sinks write records; :class:`~trainprobe.sinks.background.Writer` keeps IO off the training thread."""
 
-from trainprobe.sinks.background import Writer
-from trainprobe.sinks.csv_sink import CsvSink, TableLayout
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from trainprobe._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from trainprobe.sinks.background import Writer
+    from trainprobe.sinks.csv_sink import CsvSink, TableLayout
+
+_EXPORTS = {
+    "CsvSink": "trainprobe.sinks.csv_sink",
+    "TableLayout": "trainprobe.sinks.csv_sink",
+    "Writer": "trainprobe.sinks.background",
+}
 __all__ = ["CsvSink", "TableLayout", "Writer"]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from pathlib import Path
 
+from trainprobe.layout import V2_KEY_COLUMNS, v2_file_name
 from trainprobe.records import RowKey, StepBatch
 from trainprobe.schedule import Schedule
 from trainprobe.sinks.files import append_whole
 from trainprobe.stats.ops import COUNT_OPS, format_value
 
-V2_KEY_COLUMNS: tuple[str, ...] = ("vpp_stage", "step", "module_name", "scope")
 _UNENCODABLE = "backslashreplace"
 """A name UTF-8 cannot encode (a lone surrogate such as ``"\\udc80"``) is written as that escape
 text instead of failing the whole batch."""
@@ -205,9 +205,8 @@ def _csv_text(text: str) -> str:
     return text
 
 
-def file_name(monitor: str, first: int, last: int) -> str:
-    """``weight_grad_step0-9.csv`` for ``("weight_grad", 0, 9)``."""
-    return f"{monitor}_step{first}-{last}.csv"
+file_name = v2_file_name
+"""``weight_grad_step0-9.csv`` for ``("weight_grad", 0, 9)`` (see :mod:`trainprobe.layout`)."""
 
 
 def _by_monitor(monitor: str, key: RowKey) -> str:

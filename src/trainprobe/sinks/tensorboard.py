@@ -39,7 +39,6 @@ def _summary_writer_class() -> type:
             f"format: 'tensorboard' needs the tensorboard package ({exc}); install it with "
             "`pip install tensorboard` (or trainprobe[tensorboard]), or use format 'csv'"
         ) from None
-    use_fast_crc()
     return SummaryWriter
 
 
@@ -125,6 +124,7 @@ class TensorBoardSink:
         writer_class = _summary_writer_class()
         log_dir.mkdir(parents=True, exist_ok=True)
         self._writer = writer_class(log_dir=str(log_dir))
+        use_fast_crc(self._writer)
         quiet_writer_thread(self._writer)
         self.ops = dict(ops)
         self.table_of = table_of

@@ -11,6 +11,9 @@ Two strategies, picked per tensor by its device, both returning values in the or
   direct path (:meth:`TensorStats.row`'s), which has fewer kernels. NaN counting is lazy: min, max, mean and norm propagate NaN, so
   when one of them is not NaN the tensor has no NaN and the counting pass is skipped. Result: a
   ``list[float]`` per tensor.
+  Where a compiled single pass is selected (:mod:`trainprobe.stats.fused`, off by default on the
+  CPU), a large tensor's min, max, sum and sum of squares come from it instead: one read, the
+  sums accumulated in float64.
 * Accelerator tensors: every value stays on the device, with no host synchronisation; rows are
   stacked and copied to the host once per monitor per step by :mod:`trainprobe.records`.
   Result: a float64 tensor of shape ``[len(ops)]``.
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
+from trainprobe.stats.fused import FusedStats, Reductions
 from trainprobe.stats.ops import ALL_OPS
 
 RowValues = list | torch.Tensor
@@ -164,23 +168,45 @@ def norm64(x: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def eager_reductions(x: torch.Tensor) -> Reductions:
+    """min, max, sum and sum of squares of ``x`` by the eager kernels this module uses."""
+    lo, hi = torch.aminmax(x)
+    if x.device.type == "cpu":
+        return lo, hi, sum64(x), norm64(x).square()
+    return lo, hi, sum64(x), torch.linalg.vector_norm(x, dtype=torch.float64).square()
+
+
+_SHARED_FUSED: list[FusedStats] = []
+
+
+def shared_fused() -> FusedStats:
+    """The process's fused-pass selector (mode from ``TRAINPROBE_FUSED_STATS``), made on first use."""
+    if not _SHARED_FUSED:
+        _SHARED_FUSED.append(FusedStats(eager_reductions))
+    return _SHARED_FUSED[0]
+
+
 class TensorStats:
     """Computes a fixed list of ops for tensors.
 
     Args:
         ops: op names from :data:`trainprobe.stats.ops.ALL_OPS`, in output order.
         eps: threshold of the ``zeros`` op (fraction of elements with ``abs(x) < eps``).
+        fused: the fused-pass selector (default: the process's, see :func:`shared_fused`); used
+            for large tensors when at least two of min/max, mean and norm are asked for.
 
     Example:
         >>> TensorStats(["min", "max", "nans"]).row(torch.tensor([1.0, float("nan"), 3.0]))
         [nan, nan, 1.0]
     """
 
-    def __init__(self, ops: Sequence[str], eps: float = 1e-8) -> None:
+    def __init__(self, ops: Sequence[str], eps: float = 1e-8, fused: FusedStats | None = None) -> None:
         unknown = [op for op in ops if op not in ALL_OPS]
         assert not unknown, f"unknown ops {unknown}"
         self.ops = tuple(ops)
         self.eps = float(eps)
+        wanted = ("min" in ops or "max" in ops) + ("mean" in ops) + ("norm" in ops)
+        self._fused = (fused or shared_fused()) if wanted >= 2 else None
         self._empty = [_EMPTY[op] for op in self.ops]
         # where each op sits among the columns of every op but nans (see _nan_column)
         plain = [op for op in self.ops if op != "nans"]
@@ -221,13 +247,18 @@ class TensorStats:
         and no per-op containers (the module monitor runs this once per tensor and call)."""
         n = x.numel()
         lo = hi = total = norm = zeros = 0.0
-        if self._want_minmax:
-            a, b = torch.aminmax(x)
-            lo, hi = a.item(), b.item()
-        if self._want_mean:
-            total = sum64(x).item()
-        if self._want_norm:
-            norm = norm64(x).item()
+        one_pass = self._fused(x) if self._fused is not None else None
+        if one_pass is not None:
+            lo, hi, total, squares = (v.item() for v in one_pass)
+            norm = math.sqrt(squares)
+        else:
+            if self._want_minmax:
+                a, b = torch.aminmax(x)
+                lo, hi = a.item(), b.item()
+            if self._want_mean:
+                total = sum64(x).item()
+            if self._want_norm:
+                norm = norm64(x).item()
         if self._want_zeros:
             zeros = torch.count_nonzero(x.abs() < self.eps).item() / n
         if x.dtype != torch.float64:  # float32 partial results that overflowed or underflowed
@@ -332,6 +363,16 @@ class TensorStats:
         for x in xs:
             n = x.numel()
             numels.append(n)
+            if want_zeros:
+                zeros.append(torch.count_nonzero(x.abs() < self.eps))
+            one_pass = self._fused(x) if self._fused is not None else None
+            if one_pass is not None:  # one read: its float64 totals are this tensor's one segment
+                los.append(one_pass[0])
+                his.append(one_pass[1])
+                sums.append(one_pass[2].reshape(1))
+                norms.append(one_pass[3].sqrt().reshape(1))
+                lengths.append(1)
+                continue
             rows, tail = _split_rows(x)
             acc = _ROW_ACCUMULATOR.get(x.dtype)
             if minmax:
@@ -347,8 +388,6 @@ class TensorStats:
                     sums.append(tail.sum(dtype=f64).reshape(1))
                 if want_norm:
                     norms.append(torch.linalg.vector_norm(tail, dtype=f64).reshape(1))
-            if want_zeros:
-                zeros.append(torch.count_nonzero(x.abs() < self.eps))
             lengths.append(rows.shape[0] + (tail is not None))
         cols: dict[str, torch.Tensor] = {}
         if minmax:
@@ -442,12 +481,16 @@ class TensorStats:
         n = x.numel()
         found: dict[str, torch.Tensor] = {}
         ops = self.ops
-        if "min" in ops or "max" in ops:
-            found["min"], found["max"] = torch.aminmax(x)
-        if "mean" in ops:
-            found["mean"] = sum64(x) / n
-        if "norm" in ops:
-            found["norm"] = torch.linalg.vector_norm(x, dtype=torch.float64)
+        one_pass = self._fused(x) if self._fused is not None else None
+        if one_pass is not None:
+            found.update(min=one_pass[0], max=one_pass[1], mean=one_pass[2] / n, norm=one_pass[3].sqrt())
+        else:
+            if "min" in ops or "max" in ops:
+                found["min"], found["max"] = torch.aminmax(x)
+            if "mean" in ops:
+                found["mean"] = sum64(x) / n
+            if "norm" in ops:
+                found["norm"] = torch.linalg.vector_norm(x, dtype=torch.float64)
         if "nans" in ops:
             found["nans"] = torch.count_nonzero(torch.isnan(x))
         if "zeros" in ops:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainprobe.errors import ConfigError
+from trainprobe.layout import ANOMALY_FILE, ANOMALY_FOLDER, ANOMALY_RANK
 from trainprobe.log import warn_once
 from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
 from trainprobe.safe_json import load_json_file
@@ -61,8 +62,6 @@ from trainprobe.sinks.files import write_json_atomically
 
 COMMAND = "anomaly-analyse"
 OUTPUT_NAME = "anomaly_analyse.json"
-ANOMALY_FOLDER = "anomaly_detected"
-ANOMALY_FILE = "anomaly.json"
 DEFAULT_TOPK = 8
 
 FORWARD = "forward"
@@ -117,7 +116,6 @@ ONCE_PER_STEP_SUFFIXES: frozenset[str] = frozenset(
     {"grad_reduced", "post_grad"} | {suffix for suffix, phase in PHASE_OF_SUFFIX.items() if phase == OPTIMIZER}
 )
 
-_RANK_DIR = re.compile(r"rank([0-9]+)")
 _RULE = re.compile(r"^Rule (\S+) ")
 _STEP = re.compile(r"[0-9]+")
 
@@ -204,7 +202,7 @@ def _rank_files(folder: Path) -> list[Path]:
     except OSError as exc:
         raise ConfigError(f"data_path: cannot list {str(folder)!r}: {exc.strerror or exc}") from None
     for child in children:
-        match = _RANK_DIR.fullmatch(child.name)
+        match = ANOMALY_RANK.fullmatch(child.name)
         if match and (child / ANOMALY_FILE).is_file():  # regular files (or links to one) only
             found.append((bounded_int(match.group(1), "rank", f"data_path: {str(child)!r}"), child / ANOMALY_FILE))
     return [path for _, path in sorted(found)]

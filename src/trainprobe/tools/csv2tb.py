@@ -202,6 +202,7 @@ def convert_group(group: Group, out: Path) -> GroupResult:
     for old in folder.glob(f"{EVENT_FILE_PREFIX}*"):
         old.unlink()
     writer = writer_class(str(folder), max_queue_size=1024)
+    use_fast_crc(writer)
     rows = scalars = torn = 0
     try:
         for file in group.files:
@@ -272,7 +273,6 @@ def _event_modules() -> tuple[Any, Any, Any]:
             f"csv2tensorboard: needs the tensorboard package ({exc}); install it with `pip install tensorboard` "
             "(or trainprobe[tensorboard])"
         ) from None
-    use_fast_crc()
     return event_pb2, summary_pb2, EventFileWriter
 
 

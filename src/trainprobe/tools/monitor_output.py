@@ -48,7 +48,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,30 +55,35 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainprobe.errors import ConfigError
+from trainprobe.layout import (
+    MICRO_COLUMN,
+    V1_FILE,
+    V1_KEY_COLUMNS,
+    V1_RUN,
+    V1_TABLES,
+    V2_FILE,
+    V2_KEY_COLUMNS,
+    V2_MONITORS,
+    V2_RANK,
+    parse_stamp,
+)
 from trainprobe.log import warn_once
-from trainprobe.monitor_v1.output import STAMP_FORMAT, TABLES
 from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, is_regular_file, read_text
 
 Layout = Literal["v1", "v2"]
 #: V1 tables only the reference tool writes (its MoE router features, forward hooks).
 REFERENCE_V1_TABLES: tuple[str, ...] = ("moe_router_weight_hook", "moe_router_logit_hook")
-V1_DATA_TYPES: tuple[str, ...] = TABLES + tuple(t for t in REFERENCE_V1_TABLES if t not in TABLES)
-V2_DATA_TYPES: tuple[str, ...] = ("module", "weight_grad", "optimizer", "param", "cc")
+V1_DATA_TYPES: tuple[str, ...] = V1_TABLES + tuple(t for t in REFERENCE_V1_TABLES if t not in V1_TABLES)
+V2_DATA_TYPES: tuple[str, ...] = V2_MONITORS
 DATA_TYPES: tuple[str, ...] = V1_DATA_TYPES + V2_DATA_TYPES
 #: Columns that describe the tensor as text (the reference V1 writer's ``shape,dtype``).
 TEXT_COLUMNS: tuple[str, ...] = ("shape", "dtype")
-MICRO_COLUMN = "micro_step"
 #: Largest CSV file read (bytes).
 MAX_CSV_BYTES = 4 << 30
-_V1_RUN = re.compile(r"(?P<stamp>[A-Z][a-z]{2}[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2})-rank(?P<rank>[0-9]+)-(?P<id>.+)")
-_V2_RANK = re.compile(r"rank_(?P<rank>[0-9]+)")
-_V1_FILE = re.compile(r"(?P<type>[a-z_0-9]+?)_(?P<first>[0-9]+)-(?P<last>[0-9]+)\.csv")
-_V2_FILE = re.compile(r"(?P<type>[a-z_0-9]+?)_step(?P<first>[0-9]+)-(?P<last>[0-9]+)\.csv")
-_LEAP_YEAR = 2000  # folder stamps carry no year: parse them in a leap year, so Feb29 is a date
 _BLOCK_ROWS = 2048  # rows converted at a time
 _KEY_COLUMNS: dict[Layout, tuple[str, ...]] = {
-    "v1": ("vpp_stage", "name", "step"),
-    "v2": ("vpp_stage", "step", "module_name", "scope"),
+    "v1": V1_KEY_COLUMNS,
+    "v2": V2_KEY_COLUMNS,
 }
 
 
@@ -189,7 +193,7 @@ def parse_time(text: str, field: str) -> datetime:
         ConfigError: naming ``field`` when the text does not have that form.
     """
     try:
-        return datetime.strptime(f"{text}|{_LEAP_YEAR}", f"{STAMP_FORMAT}|%Y")
+        return parse_stamp(text)
     except (TypeError, ValueError):
         raise ConfigError(
             f"{field}: {text!r} is not a monitor timestamp; use the run folder's form, e.g. 'Dec03_21-34-40'"
@@ -264,8 +268,8 @@ def _runs(root: Path, lo: datetime | None, hi: datetime | None) -> Iterator[tupl
         raise ConfigError(f"monitor_path: cannot list {str(root)!r}: {exc.strerror or exc}") from None
     v2_seen = False
     for folder in [root, *children]:
-        v1 = _V1_RUN.fullmatch(folder.name)
-        v2 = _V2_RANK.fullmatch(folder.name)
+        v1 = V1_RUN.fullmatch(folder.name)
+        v2 = V2_RANK.fullmatch(folder.name)
         if v1 and _in_range(parse_time(v1["stamp"], f"run folder {str(folder)!r}"), lo, hi):
             yield folder, "v1", bounded_int(v1["rank"], "rank", f"run folder {str(folder)!r}")
         elif v2:
@@ -283,7 +287,7 @@ def _in_range(when: datetime, lo: datetime | None, hi: datetime | None) -> bool:
 
 
 def _files_of(run: Path, layout: Layout, rank: int, skipped: list[str]) -> Iterator[MonitorCsv]:
-    pattern = _V1_FILE if layout == "v1" else _V2_FILE
+    pattern = V1_FILE if layout == "v1" else V2_FILE
     known = V1_DATA_TYPES if layout == "v1" else V2_DATA_TYPES
     try:
         paths = sorted(run.glob("*.csv"))

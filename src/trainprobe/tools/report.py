@@ -2,10 +2,13 @@
 from Monitor V1 or V2 output.
 
 The page holds, top to bottom: a summary (steps, ranks, data types, targets, rows, torn rows
-skipped, NaN/inf rows and the first one in execution order, dumped alerts); the anomaly timeline
+skipped, NaN/inf rows and the first one in execution order, dumped alerts); the run (loss,
+learning rate, global gradient norm over steps, from ``training_state.jsonl``, the training
+metrics' TensorBoard scalars and the gradient CSVs); the top offenders (the parameters carrying the largest shares of the global gradient
+norm², per step and over the run); the anomaly timeline
 (the first NaN/inf row of each target in the CSVs and the events of
 ``anomaly_detected/rank*/anomaly.json``, the first in execution order starred); per data type a
-targets × steps heatmap (menus: op, rank, linear or log10(|x|+tiny) colour) and line charts of the
+targets × steps heatmap (menus: op, rank, log colour by default, or linear) and line charts of the
 top targets by max norm; with several ranks, a ranks × steps heatmap of each data type's global
 norm. Heatmaps of more than 500 steps are downsampled: each column is a bucket of consecutive
 steps showing its value of largest magnitude (red if any is NaN/inf). A data type with more than
@@ -57,22 +60,34 @@ def _import_plotly() -> None:
         raise ConfigError("report: needs plotly; install it with pip install 'trainprobe[report]'") from None
 
 
-def write_report(monitor_dir: str | Path, output: str | Path | None = None) -> Path:
+def write_report(
+    monitor_dir: str | Path,
+    output: str | Path | None = None,
+    training_state: str | Path | None = None,
+    tensorboard: str | Path | None = None,
+) -> Path:
     """Write the HTML report of the monitor output under ``monitor_dir`` (a V1 MONITOR_OUTPUT_DIR
     or run folder, or a V2 output_dir) to ``output`` (see :func:`output_path`) and return its path.
+
+    The training metrics' ``training_state.jsonl`` files (loss and gradient norms of the Run
+    section) come from ``training_state`` (the file, a ``rank_<id>`` folder or the metrics'
+    ``dump_path``), else from ``monitor_dir``, its ``rank_<id>`` folders or one level below;
+    their TensorBoard scalars (loss, learning rate, gradient norm) from ``tensorboard`` (the
+    metrics' ``tensorboard_dir``), else from event files in ``monitor_dir``'s ``rank_<id>`` folders.
 
     Torn rows of a killed run are skipped (a warning names each file once, the summary counts them).
 
     Raises:
         ConfigError: ``monitor_dir`` missing or holding no monitor CSV, a CSV with a foreign
-            header, no complete row at all, a malformed ``anomaly.json``, an unwritable output, or
-            plotly missing.
+            header, no complete row at all, a malformed ``anomaly.json``, an unwritable output,
+            a ``training_state`` without ``training_state.jsonl``, a ``tensorboard`` without a
+            readable event file (or without the tensorboard package), or plotly missing.
     """
     _import_plotly()
     from trainprobe.tools.report_data import load_report_data
     from trainprobe.tools.report_html import render_page
 
-    data = load_report_data(monitor_dir)
+    data = load_report_data(monitor_dir, training_state, tensorboard)
     path = output_path(output)
     text = render_page(data)
     try:
@@ -88,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: see :func:`write_report`.
     """
-    print(write_report(args.monitor_dir, args.output))
+    print(write_report(args.monitor_dir, args.output, args.training_state, args.tensorboard))
     return 0
 
 
@@ -104,6 +119,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "-o",
         "--output",
         help=f"the HTML file, or a folder to write {DEFAULT_NAME} in (default: ./{DEFAULT_NAME})",
+    )
+    parser.add_argument(
+        "--training-state",
+        metavar="PATH",
+        help="the training metrics' training_state.jsonl, a rank_<id> folder or their dump_path (default: any "
+        "found in MONITOR_DIR, its rank_<id> folders or one level below): loss and gradient norm of the Run section",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        metavar="PATH",
+        help="the training metrics' tensorboard_dir (or a rank_<id> folder or event file): loss, learning rate "
+        "and grad-norm of the Run section (default: event files in MONITOR_DIR's rank_<id> folders)",
     )
     parser.set_defaults(run=run)
     return parser

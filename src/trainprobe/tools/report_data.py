@@ -40,6 +40,16 @@ from trainprobe.tools.anomaly_analyse import (
     phase_of,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES, MonitorCsv, find_csv_files, read_table
+from trainprobe.tools.report_run import (
+    Offenders,
+    TopShares,
+    TrainingState,
+    find_event_files,
+    find_training_state,
+    offenders_of,
+    read_event_files,
+    read_training_state,
+)
 
 #: V2 ``(monitor, scope)`` → the V1 table holding the same kind of row (it decides the phase).
 V2_TABLE_OF: dict[tuple[str, str], str] = {
@@ -74,6 +84,9 @@ COUNT_OPS: frozenset[str] = frozenset({"nans"})
 MAX_TARGETS = 200
 #: NaN/inf onsets kept (the timeline draws at most this many); the page says how many there were.
 MAX_ONSETS = 2000
+#: The V1 tables of gradients: their groups feed the Run section and the top offenders, in this
+#: order of preference (the reduced gradient is the one the optimizer applies).
+GRADIENT_TABLES = ("grad_reduced", "grad_unreduced")
 
 
 @dataclass
@@ -116,6 +129,8 @@ class Group:
         ranks: rank → its matrix (rows: ``targets``).
         onset_targets: (rank, target) pairs with a NaN/inf row.
         first_onset_step: the step of the group's first NaN/inf row in execution order, or None.
+        offenders: per rank, the top offenders of a gradient group (see
+            :mod:`trainprobe.tools.report_run`); empty for other groups.
     """
 
     name: str
@@ -128,6 +143,7 @@ class Group:
     all_targets: int = 0
     onset_targets: int = 0
     first_onset_step: int | None = None
+    offenders: dict[int, Offenders] = field(default_factory=dict)
 
     @property
     def sampled(self) -> bool:
@@ -159,6 +175,7 @@ class ReportData:
             first :data:`MAX_ONSETS`; ``onset_count`` says how many there are).
         alerts: the events of ``anomaly_detected/rank*/anomaly.json``, in execution order.
         anomaly_files: the ``anomaly.json`` files read.
+        training: what the ``training_state.jsonl`` files hold (empty without them).
     """
 
     root: Path
@@ -170,6 +187,7 @@ class ReportData:
     alerts: list[AnomalyEvent]
     anomaly_files: list[Path] = field(default_factory=list)
     onset_count: int = 0
+    training: TrainingState = field(default_factory=TrainingState)
 
     @property
     def steps(self) -> np.ndarray:
@@ -180,6 +198,13 @@ class ReportData:
     def ranks(self) -> list[int]:
         """Every rank of any group, ascending."""
         return sorted({r for g in self.groups for r in g.ranks})
+
+    @property
+    def gradient_groups(self) -> list[Group]:
+        """The groups of gradients (V2 ``weight_grad/*``, V1 ``grad_*``) with a global norm,
+        reduced before unreduced."""
+        found = [g for g in self.groups if g.table in GRADIENT_TABLES and g.offenders]
+        return sorted(found, key=lambda g: GRADIENT_TABLES.index(g.table))
 
     @property
     def first_nonfinite(self) -> AnomalyEvent | None:
@@ -224,8 +249,16 @@ class _Rows:
 # --------------------------------------------------------------------------- reading
 
 
-def load_report_data(monitor_dir: str | Path) -> ReportData:
-    """Read every monitor CSV and anomaly file under ``monitor_dir``.
+def load_report_data(
+    monitor_dir: str | Path, training_state: str | Path | None = None, tensorboard: str | Path | None = None
+) -> ReportData:
+    """Read every monitor CSV and anomaly file under ``monitor_dir``, and the training metrics'
+    ``training_state.jsonl`` files: those of ``training_state`` (the file, a ``rank_<id>``
+    folder or the metrics' ``dump_path``), else any in ``monitor_dir``, its ``rank_<id>``
+    folders or one level below (see :func:`~trainprobe.tools.report_run.find_training_state`);
+    and the metrics' TensorBoard scalars (loss, learning rate, gradient norm) of ``tensorboard``
+    (their ``tensorboard_dir``), else of event files in ``monitor_dir``'s ``rank_<id>`` folders
+    (see :func:`~trainprobe.tools.report_run.find_event_files`).
 
     Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
     as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
@@ -234,10 +267,14 @@ def load_report_data(monitor_dir: str | Path) -> ReportData:
 
     Raises:
         ConfigError: missing path, no monitor output, a foreign CSV header, no complete row at
-            all (every file empty or torn), or a malformed ``anomaly.json`` (the message names the file).
+            all (every file empty or torn), a malformed ``anomaly.json`` (the message names the file),
+            a ``training_state`` that is missing or holds no ``training_state.jsonl``, a
+            ``tensorboard`` that is missing or holds no event file (or an unreadable one).
     """
     root = Path(monitor_dir).expanduser()
     files = find_csv_files(root)
+    training = read_training_state(find_training_state(root, training_state))
+    read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     reading = _Reading()
     torn = sum(_collect_file(file, reading) for file in files)
     if not reading.tables:
@@ -252,7 +289,7 @@ def load_report_data(monitor_dir: str | Path) -> ReportData:
     anomaly_files, alerts = _alerts(root, files)
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
-    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count)
+    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training)
 
 
 @dataclass
@@ -268,6 +305,7 @@ class _Digest:
     global_norm: bool = True
     onset_ids: set[int] = field(default_factory=set)
     onsets: list[AnomalyEvent] = field(default_factory=list)
+    shares: TopShares | None = None  # gradient groups: the top offenders' digest
 
 
 @dataclass
@@ -286,7 +324,10 @@ class _Reading:
     def add(self, name: str, table: str, rank: int, block: _Block) -> None:
         """Digest ``block`` and keep its rows while its group has at most :data:`MAX_TARGETS` targets."""
         self.tables.setdefault(name, table)
-        _digest(self, name, rank, block, self.digests.setdefault((name, rank), _Digest()))
+        digest = self.digests.get((name, rank))
+        if digest is None:
+            digest = self.digests[name, rank] = _Digest(shares=TopShares() if table in GRADIENT_TABLES else None)
+        _digest(self, name, rank, block, digest)
         if len(self.names[name]) <= MAX_TARGETS:
             self.blocks.setdefault((name, rank), []).append(block)
         elif name not in self.sampled:
@@ -401,6 +442,10 @@ def _fold_global(
         present = np.isfinite(largest)
         where = cells[present] % n
         sums = np.bincount(where, weights=largest[present] ** 2, minlength=n)
+        if digest.shares is not None:
+            squares = largest[present] ** 2
+            fine = np.isfinite(squares)
+            digest.shares.add(steps[where[fine]], cells[present][fine] // n, squares[fine])
         for step in np.unique(where).tolist():
             key = int(steps[step])
             digest.global_value[key] = digest.global_value.get(key, 0.0) + float(sums[step])
@@ -492,6 +537,9 @@ def _build_group(name: str, reading: _Reading) -> tuple[Group, list[AnomalyEvent
         group.ranks[rank] = _rank_matrix(rows, ops, position, len(chosen), steps, digest)
         onsets.extend(digest.onsets)
         group.onset_targets += len(digest.onset_ids)
+        found = offenders_of(digest.shares, all_targets, name, rank) if digest.shares and digest.global_norm else None
+        if found is not None:
+            group.offenders[rank] = found
     onsets = order_events(onsets)[:MAX_ONSETS]
     group.first_onset_step = onsets[0].data["step"] if onsets else None
     return group, onsets

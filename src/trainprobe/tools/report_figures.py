@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from trainprobe.tools.report_data import (
     event_group,
     event_target,
 )
+from trainprobe.tools.report_run import LOSS_KEYS, LR_KEYS, NORM_KEYS, Offenders, Series
 
 Figure = dict[str, Any]
 
@@ -47,7 +49,11 @@ MAX_TIMELINE_EVENTS = 2000
 NONFINITE_COLOUR = "#e4002b"
 COLOURSCALE = "Viridis"
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
-SCALE_LABELS = ("colour: linear", "colour: log10(|x|+tiny)")
+#: The colour-scale menu; log (index 1) is the default: one embedding row no longer washes out
+#: the rest. Log colour is log10(|x|) with 0 one decade below the smallest non-zero |x|; the
+#: colour bar is labelled in real values and the hover shows the real (signed) value.
+SCALE_LABELS = ("colour: linear", "colour: log |x|")
+LOG_SCALE = 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _DTYPES = {"float32": "f4", "int32": "i4", "uint8": "u1"}
 
@@ -81,10 +87,46 @@ def as_float32(values: np.ndarray) -> np.ndarray:
 
 
 def tiny_of(values: np.ndarray) -> float:
-    """The ``tiny`` of the log colour ``log10(|x| + tiny)``: a tenth of the smallest non-zero
-    magnitude (1e-30 when every value is zero or missing)."""
+    """Where the log colour puts 0: a tenth of the smallest non-zero magnitude (1e-30 when
+    every value is zero or missing); log colour is ``log10(max(|x|, tiny))``."""
     magnitude = np.abs(values[np.isfinite(values) & (values != 0)])
     return float(magnitude.min()) / 10 if magnitude.size else 1e-30
+
+
+def real_label(value: float) -> str:
+    """A colour-bar tick of the log scale in real values: ``0.01``, ``2``, ``5000``, ``1e-05``, ``2e+06``."""
+    if 1e-3 <= abs(value) < 1e5:
+        return f"{float(f'{value:.3g}'):.10g}"
+    return "0" if value == 0 else f"{value:.3g}"
+
+
+def log_ticks(values: np.ndarray) -> dict[str, list[Any]]:
+    """Colour-bar ticks of the log colour of ``values``: positions log10(|x|) at 1, 2, 5 × 10^d
+    (only 10^d, thinned, beyond 3 decades), labelled in real values; a tick "0" at the floor
+    (:func:`tiny_of`) when some value is 0. Fewer than two decade ticks in range (a narrow
+    range): four evenly spaced ticks instead."""
+    finite = values[np.isfinite(values)]
+    magnitude = np.abs(finite[finite != 0]).astype(np.float64)
+    vals: list[float] = []
+    text: list[str] = []
+    if magnitude.size:
+        lo, hi = float(np.log10(magnitude.min())), float(np.log10(magnitude.max()))
+        first, last = math.floor(lo + 1e-6), math.ceil(hi - 1e-6)  # float32 slack
+        mantissas = (1, 2, 5) if last - first <= 3 else (1,)
+        every = max(1, math.ceil((last - first) / 8))
+        for decade in range(first, last + 1):
+            for mantissa in mantissas:
+                at = decade + math.log10(mantissa)
+                if (decade - first) % every == 0 and lo - 1e-6 <= at <= hi + 1e-6:  # float32 slack
+                    vals.append(at)
+                    text.append(real_label(mantissa * 10.0**decade))
+        if len(vals) < 2:
+            vals = sorted({lo + (hi - lo) * i / 3 for i in range(4)})
+            text = [real_label(float(f"{10**v:.3g}")) for v in vals]
+    if (finite == 0).any():
+        vals.insert(0, math.log10(tiny_of(values)))
+        text.insert(0, "0")
+    return {"vals": vals, "text": text}
 
 
 def menu(
@@ -152,7 +194,7 @@ def heatmap_traces(
     z = as_float32(values)
     y, label, extra = [plot_text(name) for name in y], plot_text(label), plot_text(extra)
     hover = f"%{{y}}<br>step %{{x}}<br>{label} = %{{z:.4g}}<extra>{extra}</extra>"
-    log_hover = f"%{{y}}<br>step %{{x}}<br>log10(|{label}|+tiny) = %{{z:.3f}}<extra>{extra}</extra>"
+    log_hover = f"%{{y}}<br>step %{{x}}<br>{label} = %{{customdata:.4g}}<extra>{extra}</extra>"
     traces: list[dict[str, Any]] = [
         {
             "type": "heatmap",
@@ -164,7 +206,15 @@ def heatmap_traces(
             "hovertemplate": hover,
             "hoverongaps": False,
             "visible": visible,
-            "meta": {"tp": tp, "role": "z", "tiny": tiny_of(z), "hover": hover, "loghover": log_hover, "label": label},
+            "meta": {
+                "tp": tp,
+                "role": "z",
+                "tiny": tiny_of(z),
+                "ticks": log_ticks(z),
+                "hover": hover,
+                "loghover": log_hover,
+                "label": label,
+            },
         }
     ]
     if nonfinite.any():
@@ -205,7 +255,7 @@ def group_heatmap(group: Group, size: int) -> Figure:
         [
             menu("tp-op", [f"op: {plot_text(op)}" for op in group.ops], first_op),
             menu("tp-rank", [f"rank {rank}" for rank in ranks]),
-            menu("tp-scale", SCALE_LABELS),
+            menu("tp-scale", SCALE_LABELS, LOG_SCALE),
         ]
     )
     height = int(min(1000, max(340, 12 * len(group.targets) + 170)))
@@ -323,7 +373,7 @@ def rank_comparison(groups: Sequence[Group]) -> Figure:
         traces += heatmap_traces(
             _steps_axis(group.steps, size), y, values, nonfinite, rows[0][2], {"group": g}, g == 0, group.name
         )
-    menus = menu_row([menu("tp-group", [plot_text(g.name) for g in groups]), menu("tp-scale", SCALE_LABELS)])
+    menus = menu_row([menu("tp-group", [plot_text(g.name) for g in groups]), menu("tp-scale", SCALE_LABELS, LOG_SCALE)])
     n_ranks = max(len(group.ranks) for group in groups)
     layout = {
         "title": {"text": "ranks × steps: global norm of each data type"},
@@ -421,5 +471,227 @@ def anomaly_timeline(data: ReportData, events: Sequence[AnomalyEvent]) -> Figure
         ],
         "hovermode": "closest",
         "legend": {"orientation": "h", "y": -0.25},
+    }
+    return {"data": traces, "layout": layout}
+
+
+# --------------------------------------------------------------------------- run
+
+
+#: The Run section's panels: title, the training_state.jsonl keys drawn, y axis type.
+RUN_PANELS = (
+    ("loss", LOSS_KEYS, "linear"),
+    ("learning rate", LR_KEYS, "linear"),
+    ("global gradient norm", NORM_KEYS, "log"),
+)
+#: Ranks drawn per line of the Run section (the lowest ones).
+MAX_RUN_RANKS = 8
+OTHER_COLOUR = "#9e9e9e"
+REST_COLOUR = "#e0e0e0"
+
+
+def run_series(data: ReportData) -> dict[str, list[Series]]:
+    """The lines of each Run panel that has any: the training metrics' keys (``training_state.jsonl``,
+    TensorBoard), and for the gradient norm also the global norm (sqrt of the sum of the
+    parameters' squared norms) of the first gradient group (reduced gradients where there are,
+    else unreduced); at most :data:`MAX_RUN_RANKS` ranks each."""
+    panels: dict[str, list[Series]] = {}
+    for title, keys, _ in RUN_PANELS:
+        lines = [s for key in keys for s in data.training.series if s.key == key]
+        if title == "global gradient norm":
+            for group in data.gradient_groups[:1]:
+                for rank in sorted(group.ranks):
+                    value, bad, _ = global_norm(group, rank)
+                    lines.append(Series(group.name, "monitor CSVs", rank, group.steps, value, bad))
+        ranks = sorted({s.rank for s in lines})[:MAX_RUN_RANKS]
+        lines = [s for s in lines if s.rank in ranks]
+        if lines:
+            panels[title] = lines
+    return panels
+
+
+def downsample_line(steps: np.ndarray, values: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``points`` points: buckets of consecutive points, each at its first step with
+    its value of largest magnitude (NaN/inf count as largest: a non-finite bucket is a gap)."""
+    size = bucket_size(len(steps), points)
+    if size == 1:
+        return steps, values
+    flagged = ~np.isfinite(values)
+    picked, bad = downsample(np.where(flagged, np.nan, values)[None, :], flagged[None, :], size)
+    return steps[::size], np.where(bad[0], np.nan, picked[0])
+
+
+def nonfinite_markers(line: Series, name: str, axis: str, title: str) -> dict[str, Any]:
+    """Red crosses at the steps of ``line`` where some parameter's norm was NaN/inf (at most
+    :data:`MAX_LINE_POINTS`, evenly picked): on the line where its value is finite, else at the
+    bottom of the line's finite values (at 1 when it has none)."""
+    assert line.nonfinite is not None
+    where = np.flatnonzero(line.nonfinite)
+    where = where[:: bucket_size(len(where), MAX_LINE_POINTS)]
+    finite = line.values[np.isfinite(line.values)]
+    bottom = float(finite.min()) if finite.size else 1.0
+    y = np.where(np.isfinite(line.values[where]), line.values[where], bottom)
+    label = f"NaN/inf in a gradient · rank {line.rank}"
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": plot_text(label),
+        "legendgroup": title,
+        "legendgrouptitle": None,
+        "x": typed(line.steps[where].astype(np.int32)),
+        "y": typed(as_float32(y)),
+        "xaxis": f"x{axis}",
+        "yaxis": f"y{axis}",
+        "marker": {"symbol": "x", "size": 9, "color": NONFINITE_COLOUR},
+        "hovertemplate": f"step %{{x}}: a parameter's norm is NaN/inf, left out of {plot_text(name)}<extra></extra>",
+        "meta": {"role": "run-nonfinite", "panel": title, "rank": line.rank},
+    }
+
+
+def run_figure(panels: dict[str, list[Series]]) -> Figure:
+    """One panel per Run line (loss, learning rate, global gradient norm) stacked over a shared
+    step axis; one line per (source key, rank); the gradient norm on a log y axis."""
+    traces: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {}
+    n = len(panels)
+    gap = 0.08
+    height = (1 - gap * (n - 1)) / n
+    for p, (title, lines) in enumerate(panels.items()):
+        axis = "" if p == 0 else str(p + 1)
+        top = 1 - p * (height + gap)
+        axis_type = next(t for name, _, t in RUN_PANELS if name == title)
+        layout[f"yaxis{axis}"] = {
+            "domain": [top - height, top],
+            "type": axis_type,
+            "title": {"text": title},
+            "exponentformat": "power",
+        }
+        layout[f"xaxis{axis}"] = {"anchor": f"y{axis}", "matches": "x" if p else None, "showticklabels": p == n - 1}
+        for n_line, line in enumerate(lines):
+            steps, values = downsample_line(line.steps, line.values, MAX_LINE_POINTS)
+            name = f"{line.key} · rank {line.rank}"
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines+markers" if len(steps) < 50 else "lines",
+                    "name": plot_text(name),
+                    "legendgroup": title,
+                    "legendgrouptitle": {"text": title} if n_line == 0 else None,
+                    "x": typed(steps.astype(np.int32)),
+                    "y": typed(as_float32(values)),
+                    "xaxis": f"x{axis}",
+                    "yaxis": f"y{axis}",
+                    "line": {"width": 1.5},
+                    "marker": {"size": 4},
+                    "hovertemplate": f"{plot_text(name)}<br>step %{{x}}<br>{plot_text(title)} = %{{y:.4g}}"
+                    f"<extra>{plot_text(line.source)}</extra>",
+                    "meta": {"role": "run", "panel": title, "key": plot_text(line.key), "rank": line.rank},
+                }
+            )
+            if line.nonfinite is not None and line.nonfinite.any():
+                traces.append(nonfinite_markers(line, name, axis, title))
+    layout["xaxis" if n == 1 else f"xaxis{n}"]["title"] = {"text": "step"}
+    for key in [k for k in layout if k.startswith("xaxis")]:
+        layout[key] = {k: v for k, v in layout[key].items() if v is not None}
+    for trace in traces:
+        if trace["legendgrouptitle"] is None:
+            del trace["legendgrouptitle"]
+    layout.update(
+        {
+            "title": {"text": "run: " + ", ".join(plot_text(t) for t in panels) + " over steps"},
+            "height": int(200 + 220 * n),
+            "margin": {"t": 60, "b": 60},
+            "hovermode": "closest",
+            "showlegend": True,
+            "legend": {"font": {"size": 10}, "groupclick": "toggleitem"},
+        }
+    )
+    return {"data": traces, "layout": layout}
+
+
+# --------------------------------------------------------------------------- top offenders
+
+
+def offender_buckets(offenders: Offenders, points: int) -> np.ndarray:
+    """Row indices of the steps drawn: all, or per bucket of consecutive steps the one with the
+    largest global norm (so a spike and what drove it stay visible)."""
+    n = len(offenders.steps)
+    size = bucket_size(n, points)
+    if size == 1:
+        return np.arange(n)
+    norm = np.where(np.isfinite(offenders.norm), offenders.norm, -1.0)
+    pad = (-n) % size
+    padded = np.concatenate([norm, np.full(pad, -np.inf)]).reshape(-1, size)
+    return np.minimum(np.arange(0, n + pad, size) + padded.argmax(axis=1), n - 1)
+
+
+def offender_shares(offenders: Offenders, rows: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Per drawn step (``rows``): the share of global norm² of each parameter of the table
+    (0 where it is not among the step's top k), then of the other top-k parameters, then of
+    every parameter outside the top k (1 - the top k's shares). Returns the band names and a
+    ``(bands, steps)`` array whose columns add up to 1."""
+    names = [row.name for row in offenders.rows]
+    position = {name: i for i, name in enumerate(names)}
+    bands = np.zeros((len(names) + 2, len(rows)))
+    for column, row in enumerate(rows.tolist()):
+        for target, share in zip(offenders.top_ids[row].tolist(), offenders.top_share[row].tolist()):
+            if target < 0 or not math.isfinite(share):
+                continue
+            band = position.get(offenders.names[target], len(names))
+            bands[band, column] += share
+    bands[-1] = np.clip(1.0 - bands[:-1].sum(axis=0), 0.0, 1.0)
+    k = offenders.top_ids.shape[1]
+    return [*names, f"other parameters in a step's top {k}", f"outside the step's top {k}"], bands
+
+
+def offenders_figure(offenders: Offenders) -> Figure:
+    """The global gradient norm over steps (top) and, below, each step's norm² split into the
+    shares of the table's parameters, the other top-k ones and the rest (stacked bars)."""
+    rows = offender_buckets(offenders, MAX_LINE_POINTS)
+    x = typed(offenders.steps[rows].astype(np.int32))
+    names, bands = offender_shares(offenders, rows)
+    traces: list[dict[str, Any]] = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers" if len(rows) < 50 else "lines",
+            "name": "global norm",
+            "x": x,
+            "y": typed(as_float32(offenders.norm[rows])),
+            "yaxis": "y2",
+            "line": {"width": 1.5, "color": "#222"},
+            "marker": {"size": 4},
+            "hovertemplate": "step %{x}<br>global norm = %{y:.4g}<extra></extra>",
+            "meta": {"role": "offender-norm"},
+        }
+    ]
+    for band, name in enumerate(names):
+        colour = {len(names) - 2: OTHER_COLOUR, len(names) - 1: REST_COLOUR}.get(band)
+        traces.append(
+            {
+                "type": "bar",
+                "name": plot_text(name),
+                "x": x,
+                "y": typed(as_float32(bands[band])),
+                "marker": {"color": colour, "line": {"width": 0}} if colour else {"line": {"width": 0}},
+                "hovertemplate": f"{plot_text(name)}<br>step %{{x}}<br>share of norm² = %{{y:.1%}}<extra></extra>",
+                "meta": {"role": "offender-share"},
+            }
+        )
+    sampled = len(rows) < len(offenders.steps)
+    step_title = "step" + (" (each bar: the step of largest global norm in its bucket)" if sampled else "")
+    layout = {
+        "title": {
+            "text": f"top offenders: {plot_text(offenders.source)}, rank {offenders.rank}: global gradient norm "
+            "and each step's norm² by parameter"
+        },
+        "height": 620,
+        "margin": {"t": 60, "b": 60},
+        "barmode": "stack",
+        "bargap": 0.05,
+        "xaxis": {"title": {"text": step_title}},
+        "yaxis": {"domain": [0, 0.55], "range": [0, 1], "tickformat": ".0%", "title": {"text": "share of norm²"}},
+        "yaxis2": {"domain": [0.65, 1], "type": "log", "title": {"text": "global norm"}, "exponentformat": "power"},
+        "hovermode": "closest",
+        "legend": {"font": {"size": 10}, "traceorder": "normal"},
     }
     return {"data": traces, "layout": layout}

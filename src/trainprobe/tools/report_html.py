@@ -32,8 +32,12 @@ from trainprobe.tools.report_figures import (
     heatmap_bucket,
     is_csv_event,
     line_bucket,
+    offenders_figure,
     rank_comparison,
+    run_figure,
+    run_series,
 )
+from trainprobe.tools.report_run import TOP_K, TRAINING_STATE, Offenders
 
 PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
 TIMELINE_TABLE_ROWS = DEFAULT_TOPK
@@ -64,31 +68,42 @@ SCRIPT = """
     for (var r = 0; r < dims[0]; r++) rows.push(flat.subarray(r * dims[1], (r + 1) * dims[1]));
     return rows;
   }
+  // Log colour: log10(|v|), 0 at log10(tiny) (a decade below the smallest non-zero |v|), NaN kept.
   function logOf(z, tiny) {
-    var out = new Array(z.length);
+    var out = new Array(z.length), floor = Math.log10(tiny);
     for (var i = 0; i < z.length; i++) {
       var row = z[i], result = new Float32Array(row.length);
       for (var j = 0; j < row.length; j++) {
         var v = row[j];
-        result[j] = (v === null || v !== v) ? NaN : Math.log10(Math.abs(v) + tiny);
+        result[j] = (v === null || v !== v) ? NaN : (v === 0 ? floor : Math.log10(Math.abs(v)));
       }
       out[i] = result;
     }
     return out;
   }
   function setScale(gd, log) {
-    var idx = [], zs = [], hovers = [], titles = [];
+    var idx = [], zs = [], custom = [], hovers = [], titles = [], vals = [], texts = [], modes = [];
     gd._tpLinear = gd._tpLinear || {};
+    gd._tpLog = gd._tpLog || {};
     gd.data.forEach(function (trace, i) {
       var m = trace.meta;
       if (!m || m.role !== "z") return;
       if (!(i in gd._tpLinear)) gd._tpLinear[i] = decode(trace.z);
+      if (log && !(i in gd._tpLog)) gd._tpLog[i] = logOf(gd._tpLinear[i], m.tiny);
       idx.push(i);
-      zs.push(log ? logOf(gd._tpLinear[i], m.tiny) : gd._tpLinear[i]);
+      zs.push(log ? gd._tpLog[i] : gd._tpLinear[i]);
+      custom.push(log ? gd._tpLinear[i] : null);
       hovers.push(log ? m.loghover : m.hover);
-      titles.push(log ? "log10(|" + m.label + "|)" : m.label);
+      titles.push(log ? "|" + m.label + "|" : m.label);
+      vals.push(log ? m.ticks.vals : null);
+      texts.push(log ? m.ticks.text : null);
+      modes.push(log ? "array" : "auto");
     });
-    if (idx.length) Plotly.restyle(gd, {z: zs, hovertemplate: hovers, "colorbar.title.text": titles}, idx);
+    if (!idx.length) return null;
+    return Plotly.restyle(gd, {
+      z: zs, customdata: custom, hovertemplate: hovers, "colorbar.title.text": titles,
+      "colorbar.tickmode": modes, "colorbar.tickvals": vals, "colorbar.ticktext": texts
+    }, idx);
   }
   function showView(gd) {
     var state = gd._tp, idx = [], visible = [];
@@ -115,19 +130,22 @@ SCRIPT = """
       state[key] = event.active;
       if (key === "scale") setScale(gd, event.active === 1); else showView(gd);
     });
+    return state.scale === 1 ? setScale(gd, true) : null;  // the log colour is the default
   }
   window.tpReport = {
     rendered: function (id) {
-      attach(document.getElementById(id));
-      rendered += 1;
-      var el = status();
-      el.setAttribute("data-rendered", String(rendered));
-      el.setAttribute("data-ms", String(Math.round(performance.now())));
-      if (rendered === Number(el.getAttribute("data-expected")) && !errors.length) {
-        el.setAttribute("data-state", "rendered");
-      }
+      return Promise.resolve(attach(document.getElementById(id))).then(done, note);
     }
   };
+  function done() {
+    rendered += 1;
+    var el = status();
+    el.setAttribute("data-rendered", String(rendered));
+    el.setAttribute("data-ms", String(Math.round(performance.now())));
+    if (rendered === Number(el.getAttribute("data-expected")) && !errors.length) {
+      el.setAttribute("data-state", "rendered");
+    }
+  }
 })();
 """
 
@@ -342,8 +360,11 @@ def _timeline_section(page: PageBuilder, data: ReportData) -> None:
 def _heatmap_section(page: PageBuilder, data: ReportData) -> None:
     page.add('<section id="heatmaps"><h2>Heatmaps: targets × steps</h2>')
     page.add(
-        f'<p class="note">One heatmap per data type; the menus pick the op, the rank and the colour scale '
-        f"(log colour: log10(|x| + tiny), tiny = a tenth of the smallest non-zero |x|). Rows are targets in "
+        f'<p class="note">One heatmap per data type; the menus pick the op, the rank and the colour scale. '
+        f"The colour is logarithmic by default (log10 of |x|, so that a few large rows such as an embedding "
+        f"do not wash the rest out): the colour bar is labelled in real values, 0 sits one decade below the "
+        f"smallest non-zero |x| (the tick \u201c0\u201d), the hover shows the real, signed value; "
+        f"\u201ccolour: linear\u201d switches to a linear scale. Rows are targets in "
         f"model order (first appearance in the CSVs). Red cells: NaN or inf. Grey: no value. Runs longer than "
         f"{MAX_HEATMAP_COLUMNS} steps (fewer on pages with many ranks, ops and data types) are downsampled: "
         f"consecutive steps share a column, which shows the value of largest magnitude in its bucket (or red if "
@@ -393,8 +414,87 @@ def _ranks_section(page: PageBuilder, data: ReportData) -> None:
     page.add("</section>")
 
 
+def chosen_offenders(data: ReportData) -> Offenders | None:
+    """The top offenders drawn: the lowest rank's of the first gradient group (V2
+    ``weight_grad/reduced``, then ``unreduced``; V1 ``grad_reduced``, then ``grad_unreduced``),
+    else of ``training_state.jsonl``'s ``local_norm/<param>``; None without either."""
+    for group in data.gradient_groups:
+        return group.offenders[min(group.offenders)]
+    offenders = data.training.offenders
+    return offenders[min(offenders)] if offenders else None
+
+
+def _run_section(page: PageBuilder, data: ReportData) -> None:
+    panels = run_series(data)
+    if not panels:
+        return
+    files, events = data.training.files, data.training.event_files
+    sources = f"{len(files)} {TRAINING_STATE} file(s), {len(events)} TensorBoard event file(s)"
+    skipped = f" ({data.training.skipped} line(s) skipped: torn or not JSON)" if data.training.skipped else ""
+    page.add('<section id="run"><h2>Run</h2>')
+    page.add(
+        f'<p class="note" id="tp-run-sources" data-files="{len(files)}" data-event-files="{len(events)}" '
+        f'data-panels="{_e(",".join(panels))}">Over steps, from {_e(sources)}{_e(skipped)} and the gradient '
+        "CSVs of the monitor output. Loss: the training metrics' <code>loss</code> (TensorBoard), "
+        f"<code>local_loss</code> (the mean of the rank's micro-batch losses) and "
+        "<code>device_accum_local_loss</code> (their sum). Learning rate: <code>learning-rate</code>, only in the "
+        f"TensorBoard event files (pass <code>--tensorboard</code> with the metrics' tensorboard_dir; "
+        f"{_e(TRAINING_STATE)} holds none). Global gradient norm: <code>grad-norm</code> (TensorBoard) and "
+        f"<code>device_local_norm</code> ({_e(TRAINING_STATE)}), the gradients the optimizer applies, after "
+        "clipping; and per gradient data type of the monitor output, sqrt of the sum of every parameter's "
+        "squared norm (NaN/inf norms left out; red crosses mark those steps). One line per source and rank (at most the 8 lowest ranks). "
+        f"Runs longer than {MAX_LINE_POINTS} steps show the value of largest magnitude of each bucket of steps. "
+        "Click a legend entry to hide a line.</p>"
+    )
+    page.add_figure(run_figure(panels))
+    page.add("</section>")
+
+
+def _offenders_section(page: PageBuilder, data: ReportData) -> None:
+    offenders = chosen_offenders(data)
+    if offenders is None:
+        return
+    page.add('<section id="offenders"><h2>Top offenders</h2>')
+    page.add(
+        f'<p class="note">Which parameters dominate the global gradient norm of {_e(offenders.source)} on rank '
+        f"{offenders.rank}. Top: the global norm (sqrt of the sum of every parameter's squared norm). Bottom: "
+        f"each step's squared global norm split by parameter: a parameter's share is its squared norm over the "
+        f"sum; the {TOP_K} largest shares of each step are kept, coloured for the parameters of the table, grey "
+        f"for other parameters in that step's top {TOP_K}, light grey for all parameters outside it. Runs longer "
+        f"than {MAX_LINE_POINTS} steps draw, per bucket of steps, the step of largest global norm.</p>"
+    )
+    page.add_figure(offenders_figure(offenders))
+    page.add(offenders_table(offenders))
+    page.add("</section>")
+
+
+def offenders_table(offenders: Offenders) -> str:
+    """The parameters most often among a step's top k: steps in the top k, their mean share
+    there, and their share of the squared norms summed over the run."""
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "parameter",
+            f"steps in the top {TOP_K} (of {len(offenders.steps)})",
+            f"mean share of norm² when in the top {TOP_K}",
+            "share of the run's summed norm²",
+        )
+    )
+    body = "".join(
+        f"<tr><td>{_e(row.name)}</td><td class=num>{row.steps_in_top}</td>"
+        f"<td class=num>{row.mean_share:.1%}</td><td class=num>{row.run_share:.1%}</td></tr>"
+        for row in offenders.rows
+    )
+    return f'<table id="tp-offenders"><tr>{head}</tr>{body}</table>'
+
+
 def _nav(data: ReportData) -> str:
-    links = [("summary", "Summary"), ("timeline", "Anomaly timeline"), ("heatmaps", "Heatmaps"), ("lines", "Lines")]
+    links = [("summary", "Summary")]
+    if run_series(data):
+        links.append(("run", "Run"))
+    if chosen_offenders(data) is not None:
+        links.append(("offenders", "Top offenders"))
+    links += [("timeline", "Anomaly timeline"), ("heatmaps", "Heatmaps"), ("lines", "Lines")]
     if any(len(g.ranks) > 1 for g in data.groups):
         links.append(("ranks", "Rank comparison"))
     return "<nav>" + "".join(f'<a href="#{key}">{label}</a>' for key, label in links) + "</nav>"
@@ -403,6 +503,8 @@ def _nav(data: ReportData) -> str:
 def render_page(data: ReportData) -> str:
     """The whole HTML document of the report."""
     page = PageBuilder()
+    _run_section(page, data)
+    _offenders_section(page, data)
     _timeline_section(page, data)
     _heatmap_section(page, data)
     _lines_section(page, data)

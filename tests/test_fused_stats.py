@@ -1,0 +1,290 @@
+"""The fused single pass (trainprobe.stats.fused): exact against float64 references, selected only
+when it compiles, is exact and (in ``auto``) faster, and silently replaced by the eager kernels
+otherwise. Tests marked by a real ``torch.compile`` share one compilation per dtype (the process's
+selector, ``TRAINPROBE_FUSED_STATS=on``)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import read_csv, write_config
+from trainprobe import TrainerMonitorV2
+from trainprobe.adapters.pytorch import TorchBackend
+from trainprobe.errors import ConfigError
+from trainprobe.stats.fused import FUSED_ENV, FusedStats, min_max_sum_sumsq, mode_from_env
+from trainprobe.stats.ops import DEFAULT_OPS
+from trainprobe.stats.torch_stats import TensorStats, eager_reductions, shared_fused
+
+LOGGER = "trainprobe.stats.fused"
+
+
+def no_compiler(fn, **kwargs):
+    """A 'compiler' that runs the function as it is: the selection logic without a compilation."""
+    return fn
+
+
+def broken_compiler(fn, **kwargs):
+    raise RuntimeError("no C++ compiler found")
+
+
+def reference(t: torch.Tensor) -> list[float]:
+    """min, max, mean, norm, nans of ``t`` in float64."""
+    x = t.to(torch.float64)
+    nans = float(torch.isnan(x).sum())
+    return [x.min().item(), x.max().item(), x.mean().item(), x.norm().item(), nans]
+
+
+def assert_close_to_reference(row: list[float], t: torch.Tensor) -> None:
+    ref = reference(t)
+    assert row[0] == ref[0] or (math.isnan(row[0]) and math.isnan(ref[0]))
+    assert row[1] == ref[1] or (math.isnan(row[1]) and math.isnan(ref[1]))
+    for got, want in zip(row[2:4], ref[2:4], strict=True):
+        if math.isfinite(want):
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+        else:
+            assert got == want or (math.isnan(got) and math.isnan(want))
+    assert row[4] == ref[4]
+
+
+def same(a: float, b: float, rel: float = 0.0) -> bool:
+    """Equal (NaN equals NaN), or within ``rel`` relative."""
+    return a == b or (a != a and b != b) or abs(a - b) <= rel * abs(b)
+
+
+def inputs(dtype: torch.dtype) -> list[torch.Tensor]:
+    """Large tensors of ``dtype``: odd sizes, offsets, cancelling sums, NaN, infinities, views."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(70_001, generator=g, dtype=torch.float64)
+    with_nan = base.clone()
+    with_nan[5] = math.nan
+    with_inf = base.clone()
+    with_inf[9] = math.inf
+    both = with_inf.clone()
+    both[11] = -math.inf
+    flat = torch.randn(3 * 4_096 + 7, generator=g).to(dtype)
+    made = [t.to(dtype) for t in (base, base * 1e-2 + 100, base - base.mean(), with_nan, with_inf, both)]
+    return made + [flat[3 : 3 + 2 * 4_096].view(64, 128), torch.randn(8, 16, 5, 7, generator=g).to(dtype)]
+
+
+@pytest.fixture
+def fused_on(monkeypatch: pytest.MonkeyPatch) -> FusedStats:
+    """The process's selector with the fused pass forced on (compiled once per dtype per process)."""
+    monkeypatch.setenv(FUSED_ENV, "on")
+    return shared_fused()
+
+
+# ---- the real compiled pass -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # float16: as bfloat16, uncompiled below
+def test_compiled_pass_is_exact_against_float64(fused_on, dtype):
+    stats = TensorStats(DEFAULT_OPS, fused=fused_on)
+    eager = TensorStats(DEFAULT_OPS, fused=FusedStats(eager_reductions, mode="off"))
+    tensors = inputs(dtype)
+    assert all(fused_on(t) is not None for t in tensors), "the fused pass was not selected"
+    for t, row, single, plain in zip(
+        tensors, stats.rows(tensors), [stats.row(t) for t in tensors], eager.rows(tensors), strict=True
+    ):
+        assert_close_to_reference(row, t)
+        assert all(same(a, b, 1e-12) for a, b in zip(row, single, strict=True))  # batched = single path
+        assert all(same(a, b) for a, b in zip(row[:2] + row[4:], plain[:2] + plain[4:], strict=True))
+
+
+def test_compiled_pass_compiles_once_per_dtype_whatever_the_tensor(fused_on):
+    from torch._dynamo.utils import counters
+
+    fused_on(torch.randn(5_000))  # compiled (or already compiled by another test)
+    graphs = counters["stats"]["unique_graphs"]
+    flat = torch.randn(50_000)
+    lin = nn.Linear(100, 80)
+    lin(torch.randn(2, 100)).sum().backward()
+    varied = [lin.weight, lin.weight.grad, flat[1:8_001], flat[2:40_002].view(200, 200), torch.randn(3, 4, 5, 100)]
+    assert all(fused_on(t) is not None for t in varied)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_refused_recompilation_means_the_eager_kernels(fused_on):
+    """A call that would need another compilation (here: under inference mode, which the compiled
+    pass is guarded on) gets None, and so do later calls of its size class, without compiling."""
+    from torch._dynamo.utils import counters
+
+    fs = FusedStats(eager_reductions, mode="on")
+    x = torch.randn(5_000, dtype=torch.float32)
+    assert fs(x) is not None
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        y = torch.randn(6_000)
+        assert fs(y) is None
+    assert fs(y) is None and fs(torch.randn(7_000)) is None
+    assert fs(torch.randn(300_000)) is not None  # another size class is unaffected
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_changed_tensor_gives_new_statistics(fused_on):
+    stats = TensorStats(DEFAULT_OPS, fused=fused_on)
+    x = torch.randn(10_000)
+    before = stats.row(x)
+    x.mul_(2)
+    x[7] = math.nan
+    after = stats.row(x)
+    assert after != before
+    assert_close_to_reference(after, x)
+
+
+def test_v2_run_with_the_fused_pass_writes_the_eager_values(tmp_path, monkeypatch):
+    """Two identical runs, fused pass on and off: the same CSV values (min, max exactly)."""
+
+    def run(mode: str) -> list[dict[str, str]]:
+        monkeypatch.setenv(FUSED_ENV, mode)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 96), nn.Tanh(), nn.Linear(96, 96), nn.Tanh(), nn.Linear(96, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        out = tmp_path / mode
+        ops = list(DEFAULT_OPS)
+        monitors = {name: {"enabled": True, "ops": ops} for name in ("weight_grad", "optimizer", "param")}
+        mon = TrainerMonitorV2(write_config(tmp_path / f"cfg_{mode}", {"output_dir": str(out), "monitors": monitors}))
+        mon.start(model=model, optimizer=opt)
+        for _ in range(3):
+            model(torch.randn(4, 6)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.stop()
+        assert (shared_fused()(torch.randn(96 * 96)) is not None) == (mode == "on")
+        return [row for f in sorted((out / "rank_0").glob("*.csv")) for row in read_csv(f)[1]]
+
+    fused, eager = run("on"), run("off")
+    assert len(fused) == len(eager) > 0
+    for a, b in zip(fused, eager, strict=True):
+        assert (a["min"], a["max"], a["nans"]) == (b["min"], b["max"], b["nans"])
+        for op in ("mean", "norm"):
+            assert float(a[op]) == pytest.approx(float(b[op]), rel=1e-6, abs=1e-12)
+
+
+def test_no_compilation_inside_a_compiled_region(fused_on):
+    x = torch.randn(8_192)
+
+    @torch.compile(backend="eager")
+    def traced(t: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(1.0 if fused_on(t) is None else 0.0)
+
+    assert traced(x).item() == 1.0
+
+
+# ---- selection, without a real compiler ----------------------------------------------------------
+
+
+def test_off_and_small_empty_or_non_contiguous_tensors_take_the_eager_kernels():
+    calls = []
+
+    def counting(fn, **kwargs):
+        calls.append(fn)
+        return fn
+
+    fs = FusedStats(eager_reductions, mode="on", compile_fn=counting)
+    assert fs(torch.randn(4_095)) is None
+    assert fs(torch.empty(0)) is None
+    assert fs(torch.randn(100, 100).t()) is None
+    assert calls == []
+    assert FusedStats(eager_reductions, mode="off", compile_fn=counting)(torch.randn(10_000)) is None
+    assert calls == []
+    assert fs(torch.randn(10_000)) is not None
+    assert fs(torch.randn(20_000)) is not None
+    assert len(calls) == 1  # compiled once per (device, dtype)
+
+
+def test_a_failing_compiler_falls_back_silently(caplog):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    fs = FusedStats(eager_reductions, mode="on", compile_fn=broken_compiler)
+    x = torch.randn(30_000)
+    assert fs(x) is None
+    assert TensorStats(DEFAULT_OPS, fused=fs).row(x) == TensorStats(
+        DEFAULT_OPS, fused=FusedStats(eager_reductions, mode="off")
+    ).row(x)
+    assert "unavailable" in caplog.text and "no C++ compiler found" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_kernel_that_fails_under_torch_compile_falls_back(caplog):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+
+    def failing(x: torch.Tensor):
+        raise ValueError("codegen failed")
+
+    fs = FusedStats(eager_reductions, mode="on", kernel=failing)
+    assert fs(torch.randn(30_000)) is None
+    assert "codegen failed" in caplog.text
+
+
+def test_an_inexact_pass_is_refused(caplog):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+
+    def wrong_min(x: torch.Tensor):
+        lo, hi, s, ss = min_max_sum_sumsq(x)
+        return lo * (1 + 2**-10), hi, s, ss
+
+    def wrong_squares(x: torch.Tensor):
+        lo, hi, s, ss = min_max_sum_sumsq(x)
+        return lo, hi, s, ss * (1 + 1e-6)
+
+    for kernel in (wrong_min, wrong_squares):
+        fs = FusedStats(eager_reductions, mode="on", kernel=kernel, compile_fn=no_compiler)
+        assert fs(torch.randn(30_000)) is None
+    assert "not exact" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_the_fused_arithmetic_in_the_batched_rows(dtype):
+    """The seam in TensorStats, with the uncompiled kernel: the same rows as float64 references."""
+    fs = FusedStats(eager_reductions, mode="on", compile_fn=no_compiler)
+    tensors = inputs(dtype) + [torch.randn(10, dtype=dtype), torch.empty(0, dtype=dtype)]
+    rows = TensorStats(DEFAULT_OPS, fused=fs).rows(tensors)
+    for t, row in zip(tensors[:-1], rows[:-1], strict=True):
+        assert_close_to_reference(row, t)
+    assert rows[-1][3:] == [0.0, 0.0] and all(math.isnan(v) for v in rows[-1][:3])
+
+
+def test_auto_uses_the_pass_only_where_it_is_faster():
+    slow = FusedStats(eager_reductions, mode="auto", compile_fn=no_compiler, min_speedup=1e9)
+    assert slow(torch.randn(300_000)) is None
+    free = FusedStats(eager_reductions, mode="auto", compile_fn=no_compiler, min_speedup=0.0)
+    assert free(torch.randn(300_000)) is not None
+
+
+def test_auto_never_compiles_for_tensors_below_262144_elements():
+    calls = []
+    fs = FusedStats(eager_reductions, mode="auto", compile_fn=lambda fn, **kw: calls.append(fn) or fn, min_speedup=0)
+    assert fs(torch.randn(262_143)) is None
+    assert calls == []
+
+
+def test_ops_without_two_reductions_never_use_the_pass():
+    calls = []
+    fs = FusedStats(eager_reductions, mode="on", compile_fn=lambda fn, **kw: calls.append(fn) or fn)
+    TensorStats(["norm", "nans"], fused=fs).rows([torch.randn(10_000), torch.randn(20_000)])
+    assert calls == []
+    TensorStats(["min", "max", "norm"], fused=fs).rows([torch.randn(10_000), torch.randn(20_000)])
+    assert len(calls) == 1
+
+
+# ---- the environment variable -------------------------------------------------------------------
+
+
+def test_mode_defaults_off_until_asked(monkeypatch):
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    assert mode_from_env("cpu") == "off"
+    assert mode_from_env("cuda") == "off"
+    assert mode_from_env("npu") == "off"
+    monkeypatch.setenv(FUSED_ENV, " AUTO ")
+    assert mode_from_env("cpu") == "auto"
+
+
+def test_a_bad_mode_fails_at_start_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(FUSED_ENV, "yes")
+    with pytest.raises(ConfigError, match=r"TRAINPROBE_FUSED_STATS='yes': must be one of auto, on, off"):
+        TorchBackend().stats(DEFAULT_OPS, 1e-8)
+    assert shared_fused().mode("cpu") == "off"  # during training: the eager kernels, no exception
