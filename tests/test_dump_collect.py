@@ -449,3 +449,29 @@ def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:
         PrecisionDebugger(level="L3")
     with pytest.raises(ConfigError, match="task: 'tensors' is not one of"):
         PrecisionDebugger(task="tensors")
+
+
+@pytest.mark.parametrize("level", ["L0", "L1"])
+def test_a_tensor_changed_without_its_version_counter_is_summarised_again(tmp_path: Path, level: str) -> None:
+    """A write through ``.data`` (as GradScaler.unscale_ or a weight clamp does) leaves autograd's
+    version counter alone: the second call's statistics must still be the changed tensor's."""
+    debugger = PrecisionDebugger(task="statistics", level=level, dump_path=str(tmp_path))
+    linear = torch.nn.Linear(4, 3)
+    model = torch.nn.Sequential(linear)
+    x = torch.randn(2, 4)
+    debugger.start(model)
+    with torch.no_grad():
+        model(x)
+        linear.weight.data.mul_(2)
+        x.data.mul_(3)
+        model(x)
+    debugger.stop()
+    debugger.step()
+    data = load(tmp_path)["data"]
+    if level == "L0":
+        second = data["Module.0.Linear.forward.1"]
+        assert_stats(second["parameters"]["weight"], linear.weight)
+    else:
+        second = data["Functional.linear.1.forward"]
+        assert_stats(second["input_args"][1], linear.weight)
+    assert_stats(second["input_args"][0], x)

@@ -17,15 +17,15 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa
 
 from test_metrics_helpers import read_events, scalars  # noqa: E402
 from trainprobe.records import RowKey, StepBatch  # noqa: E402
-from trainprobe.sinks.fast_crc import FastCrcRecordWriter, masked_crc32c, use_fast_crc  # noqa: E402
+from trainprobe.sinks.fast_crc import FastCrcRecordWriter, event_file_writer, masked_crc32c, use_fast_crc  # noqa: E402
 from trainprobe.sinks.tensorboard import TensorBoardSink  # noqa: E402
 
 TENSORBOARDS_CRC = record_writer.masked_crc32c
 
 
 def _record_writer_of(writer: object) -> object:
-    """The record writer of a ``SummaryWriter`` (under trainprobe's quiet-thread wrapper, if any)."""
-    found = writer._get_file_writer().event_writer._async_writer._writer  # type: ignore[attr-defined]
+    """The record writer of a ``SummaryWriter`` or an ``EventWriter`` (under trainprobe's quiet-thread wrapper, if any)."""
+    found = event_file_writer(getattr(writer, "_file", writer))._async_writer._writer  # type: ignore[attr-defined]
     return getattr(found, "_inner", found)
 
 

@@ -223,3 +223,16 @@ def test_a_new_run_into_a_used_folder_is_refused(tmp_path: Path) -> None:
     fit(tmp_path / "first", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)
     with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
         fit(tmp_path / "second", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)
+
+
+def test_one_clock_when_the_optimizer_does_not_end_monitor_v2s_steps(tmp_path: Path) -> None:
+    """``"patch_optimizer_step": false``: the callback's step end ticks Monitor V2 with the
+    metrics, so its rows hold the trainer's global steps 1..STEPS (before, every row stayed at
+    step 1)."""
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS, "patch_optimizer_step": False}
+    metrics = {**METRICS, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    fit(tmp_path, TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2), optimizer="sgd")
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    assert {int(r["step"]) for r in rows} == set(range(1, STEPS + 1))
+    assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
+    assert set(scalars(read_events(tmp_path / "tb" / "rank_0"))["grad-norm"]) == set(range(1, STEPS + 1))

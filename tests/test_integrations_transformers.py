@@ -245,3 +245,19 @@ def test_grad_norm_without_clipping_is_the_trainers(tmp_path: Path) -> None:
     assert set(s["grad-norm"]) == set(logged) == set(range(1, STEPS + 1))
     for step, value in logged.items():
         assert s["grad-norm"][step] == pytest.approx(value, rel=1e-5)
+
+
+@pytest.mark.parametrize("with_metrics", [True, False])
+def test_one_clock_when_the_optimizer_does_not_end_monitor_v2s_steps(tmp_path: Path, with_metrics: bool) -> None:
+    """``"patch_optimizer_step": false``: the callback's step end ticks Monitor V2 with the
+    metrics, so its rows hold the Trainer's global steps 1..3, as the metrics do (before, every
+    row stayed at step 1)."""
+    metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS, "patch_optimizer_step": False}
+    callback = TrainProbeCallback(metrics_config=metrics if with_metrics else None, monitor_v2_config=v2)
+    run(tmp_path, callback)
+    rows = rows_of(tmp_path / "v2", "weight_grad")
+    assert {int(r["step"]) for r in rows} == {1, 2, 3}
+    assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
+    if with_metrics:
+        assert set(scalars(read_events(tmp_path / "tb" / "rank_0"))["grad-norm"]) == {1, 2, 3}

@@ -676,3 +676,59 @@ def test_norm_of_large_float32_tensors_matches_float64(n: int, kind: str) -> Non
     (norm,) = TensorStats(["norm"]).row(x)
     ref = x.double().norm().item()
     assert norm == pytest.approx(ref, rel=2e-7)
+
+
+def _unfused_row(x: torch.Tensor) -> list[float]:
+    """min, max, sum and norm by the kernels the fused path replaces (aminmax, sum64, norm64)."""
+    from trainprobe.stats.torch_stats import norm64
+
+    lo, hi = torch.aminmax(x)
+    return [lo.item(), hi.item(), sum64(x).item(), norm64(x).item()]
+
+
+def _same_bits(a: list[float], b: list[float]) -> bool:
+    return all((u != u and v != v) or (u == v and math.copysign(1, u) == math.copysign(1, v)) for u, v in zip(a, b))
+
+
+@pytest.mark.parametrize(
+    "n", [4096, 5000, 65535, 65536, 70000 - 70000 % 256, (1 << 18), (1 << 18) + 256, 3 * (1 << 18) + 512, 2_048_000]
+)
+def test_chunked_float32_row_is_bit_identical_to_the_unfused_kernels(n: int) -> None:
+    from trainprobe.stats.torch_stats import _chunked_float32
+
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen) * 3 + 0.25
+    fused = _chunked_float32(x, True, True)
+    assert fused is not None
+    assert _same_bits(list(fused), _unfused_row(x))
+
+
+@pytest.mark.parametrize("where", [0, 1 << 18, -1])
+def test_chunked_float32_propagates_nan_and_keeps_signed_zero(where: int) -> None:
+    from trainprobe.stats.torch_stats import _chunked_float32
+
+    x = torch.randn(3 * (1 << 18))
+    x[where] = float("nan")
+    fused = _chunked_float32(x, True, True)
+    assert fused is not None and all(v != v for v in fused[:3])
+    z = torch.zeros(1 << 19)
+    z[7] = -0.0
+    z[(1 << 18) + 3] = 5.0
+    fused = _chunked_float32(z, True, True)
+    assert fused is not None and _same_bits(list(fused), _unfused_row(z))
+
+
+def test_chunked_float32_declines_what_it_does_not_handle() -> None:
+    from trainprobe.stats.torch_stats import _chunked_float32
+
+    assert _chunked_float32(torch.randn(100), True, True) is None  # small: batched / direct path
+    assert _chunked_float32(torch.randn(8192, dtype=torch.float64), True, True) is None
+    assert _chunked_float32(torch.randn(128, 64).t(), True, True) is None  # not contiguous
+    assert _chunked_float32(torch.randn((1 << 18) + 100), True, True) is None  # a tail beyond one chunk
+
+
+def test_host_row_of_large_float32_equals_the_unfused_kernels() -> None:
+    x = torch.randn(8, 128, 1024, requires_grad=True) * 2
+    stats = TensorStats(("max", "min", "mean", "norm"))
+    lo, hi, total, norm = _unfused_row(x.detach())
+    assert stats.row(x) == [hi, lo, total / x.numel(), norm]

@@ -648,7 +648,8 @@ def test_ops_set_before_set_monitor_apply_from_the_first_step(tmp_path, monkeypa
 def test_tensorboard_missing_is_a_config_error_not_a_fallback(tmp_path, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    # as if tensorboard were not installed: the one event writer imports its EventFileWriter
+    monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "format": "tensorboard"})

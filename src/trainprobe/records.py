@@ -28,10 +28,16 @@ class RowKey:
 
 
 class _DeviceCopy:
-    """Values of one device, stacked and on their way to the host."""
+    """Values of one device, stacked (or, rows of different lengths, concatenated) and on their
+    way to the host."""
 
     def __init__(self, values: list[torch.Tensor]) -> None:
-        stacked = torch.stack(values)
+        self.lengths: list[int] | None = None
+        if len({v.shape for v in values}) > 1:  # named values of several lengths (training metrics)
+            self.lengths = [v.numel() for v in values]
+            stacked = torch.cat([v.reshape(-1) for v in values])
+        else:
+            stacked = torch.stack(values)
         self.event = None
         if stacked.device.type == "cuda":
             host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
@@ -45,7 +51,14 @@ class _DeviceCopy:
     def tolist(self) -> list[list[float]]:
         if self.event is not None:
             self.event.synchronize()
-        return self.host.tolist()
+        flat = self.host.tolist()
+        if self.lengths is None:
+            return flat
+        rows, offset = [], 0
+        for n in self.lengths:
+            rows.append(flat[offset : offset + n])
+            offset += n
+        return rows
 
 
 @dataclass
@@ -81,6 +94,45 @@ class StepBatch:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+@dataclass(frozen=True, slots=True)
+class NamedScalar:
+    """One named value of a step (the training metrics), and where it goes.
+
+    Attributes:
+        tag: TensorBoard tag / log name.
+        value: the number.
+        formats: where it goes: a subset of ``{"log", "tensorboard"}``.
+        vs_samples: also written as ``<tag>-vs-samples`` against the samples axis.
+        summary: part of the step's one-line summary in the log.
+        dump: also written to the per-rank ``training_state.jsonl``.
+    """
+
+    tag: str
+    value: float
+    formats: frozenset[str]
+    vs_samples: bool = False
+    summary: bool = False
+    dump: bool = False
+
+
+@dataclass
+class ScalarBatch:
+    """Named scalars of one monitor for one step (host floats, nothing left to copy), and text
+    entries ``(tag, markdown)`` for TensorBoard's TEXT page (written at step 0).
+
+    ``samples`` is the samples consumed so far over all ranks (the ``-vs-samples`` axis), or
+    None when unknown."""
+
+    monitor: str
+    step: int
+    samples: int | None
+    scalars: list[NamedScalar]
+    texts: tuple[tuple[str, str], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.scalars) + len(self.texts)
 
 
 _HOST_ROWS = {list}

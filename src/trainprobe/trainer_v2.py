@@ -70,6 +70,13 @@ class TrainerMonitorV2:
         return self._clock.step
 
     @property
+    def steps_with_optimizer(self) -> bool:
+        """Whether ``optimizer.step()`` ends each step of the running session
+        (``patch_optimizer_step`` in force); False when stopped or when :meth:`step` ends them."""
+        session = self._session
+        return session is not None and session.patch_step and not session.closed
+
+    @property
     def output_dir(self) -> Path:
         """This rank's output folder, ``<output_dir>/rank_<rank>``."""
         return self.config.output_dir / v2_rank_folder(self._backend.rank())

@@ -36,7 +36,7 @@ import torch
 
 from trainprobe.dump.api_catalog import DISTRIBUTED_PREFIX, api_risk
 from trainprobe.dump.config import DumpConfig
-from trainprobe.dump.entries import EntryOptions, as_list, clear_cache, tensors_in, value_entry
+from trainprobe.dump.entries import EntryOptions, as_list, tensors_in, value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows, data_names, forward_overflows, writes_inputs
 from trainprobe.dump.store import StepStore
 from trainprobe.log import error_once
@@ -129,7 +129,6 @@ class Collector:
     def new_step(self) -> None:
         """Forget the counters and pending gradient hooks of the previous step."""
         self.remove_handles()
-        clear_cache()
         self._deferred.clear()
         self.counts.clear()
         self.module_stack.clear()
@@ -542,10 +541,8 @@ class Collector:
         name, record, parent, stack = prepared
         output = result
         if result is None and name.startswith("Distributed."):
-            # in-place collectives (all_reduce, broadcast, ...): their tensors after the call;
-            # collectives write without bumping the version counter, so cached statistics are stale
+            # in-place collectives (all_reduce, broadcast, ...): their tensors after the call
             output = [t for _, t in tensors_in([args, kwargs])]
-            clear_cache()
             if self.store is not None:
                 self.store.files.new_step()
         self.finish_forward(name, record, output, stack=stack, parent=parent)

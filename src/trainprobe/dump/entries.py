@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,35 +45,12 @@ class EntryOptions:
     save: Callable[[str, torch.Tensor, dict[str, Any]], None] | None = None
 
 
-_ROW_CACHE: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = {}
-_ROW_CACHE_MAX = 50000
-
-
 def statistics_row(t: torch.Tensor) -> Any:
-    """Max/Min/Mean/Norm of ``t``, computed once per tensor object and version: the output of
-    one API is the input of the next, and a tensor passed twice is summarised once. A hit needs
-    the very same live tensor object with an unchanged version counter (no in-place write since)."""
-    key = id(t)
-    try:
-        version = t._version
-    except RuntimeError:  # an inference tensor: no version counter, so no caching
-        return _STATS.row(t)
-    hit = _ROW_CACHE.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == version:
-        return hit[2]
-    row = _STATS.row(t)
-    if len(_ROW_CACHE) >= _ROW_CACHE_MAX:
-        _ROW_CACHE.clear()
-    try:
-        _ROW_CACHE[key] = (weakref.ref(t), version, row)
-    except TypeError:  # a tensor subclass without weak references
-        pass
-    return row
-
-
-def clear_cache() -> None:
-    """Forget cached statistics (at the end of a step)."""
-    _ROW_CACHE.clear()
+    """Max/Min/Mean/Norm of ``t`` as it is now. Never reused from an earlier record: a write
+    through ``.data`` (``GradScaler.unscale_``, a weight clamp, an in-place collective) changes a
+    tensor without moving autograd's version counter, so no cheap test tells an unchanged tensor
+    from a changed one."""
+    return _STATS.row(t)
 
 
 def checksum(t: torch.Tensor, mode: str) -> str:

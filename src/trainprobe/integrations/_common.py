@@ -17,7 +17,8 @@ ConfigSource = str | Path | Mapping[str, Any] | None
 
 
 class MonitorPair:
-    """Training metrics and/or Monitor V2, configured once and started per training run.
+    """Training metrics and/or Monitor V2, configured once and started per training run, on one
+    clock: the trainer's global step (set at :meth:`start`, ticked by :meth:`end_step`).
 
     Args:
         metrics_config: training-metrics configuration (YAML/JSON path or dict), or None.
@@ -90,6 +91,21 @@ class MonitorPair:
             if grad_acc_steps is not None:
                 context["grad_acc_steps"] = grad_acc_steps
             self.v2.start(model=model, optimizer=optimizer, **context)
+
+    def end_step(self, **metrics_args: Any) -> bool:
+        """The trainer finished an optimizer step: the one clock of both monitors ticks here.
+
+        The metrics end their step (``metrics_args`` go to :meth:`TrainingMetricsMonitor.step`);
+        Monitor V2 ends its own when ``optimizer.step()`` does not (``"patch_optimizer_step":
+        false``; otherwise its optimizer post-hook already did, on the same optimizer step).
+        Both then hold the trainer's global step. Returns whether the run should stop
+        (``print_struct``)."""
+        if self.v2 is not None and not self.v2.steps_with_optimizer:
+            self.v2.step()
+        if self.metrics is None:
+            return False
+        self.metrics.step(**metrics_args)
+        return self.metrics.stop_requested
 
     def gradients_ready(self) -> None:
         """The step's gradients are accumulated, not yet clipped: the metrics read them

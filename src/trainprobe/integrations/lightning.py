@@ -125,27 +125,25 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        mon = self._pair.metrics
-        if mon is None:
-            return
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            # callbacks receive the loss divided by accumulate_grad_batches; undo it
-            self._losses.append(loss.detach().reshape(()) * max(1, trainer.accumulate_grad_batches))
-        samples, tokens = batch_counts(batch)
-        self._samples += samples
-        self._tokens = None if tokens is None or self._tokens is None else self._tokens + tokens
+        if self._pair.metrics is not None:
+            loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                # callbacks receive the loss divided by accumulate_grad_batches; undo it
+                self._losses.append(loss.detach().reshape(()) * max(1, trainer.accumulate_grad_batches))
+            samples, tokens = batch_counts(batch)
+            self._samples += samples
+            self._tokens = None if tokens is None or self._tokens is None else self._tokens + tokens
         if trainer.global_step == self._last_step:
             return  # accumulating: no optimizer step yet
         self._last_step = trainer.global_step
         world = max(1, trainer.world_size)
-        mon.step(
+        stop = self._pair.end_step(
             loss=list(self._losses) or None,
             batch_size=self._samples * world if self._samples else None,
             num_tokens=self._tokens * world if self._tokens else None,
         )
         self._reset()
-        if mon.stop_requested:
+        if stop:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

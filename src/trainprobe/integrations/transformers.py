@@ -113,12 +113,8 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
         self._patch.replace(Accelerator, "clip_grad_norm_", clip_grad_norm_)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        mon = self._pair.metrics
-        if mon is None:
-            return
         grad_norm, self._grad_norm = self._grad_norm, None
-        mon.step(grad_norm=grad_norm if isinstance(grad_norm, (torch.Tensor, float, int)) else None)
-        if mon.stop_requested:
+        if self._pair.end_step(grad_norm=grad_norm if isinstance(grad_norm, (torch.Tensor, float, int)) else None):
             control.should_training_stop = True
 
     def on_train_end(

@@ -1,6 +1,7 @@
 """Raw step values → named metrics, with the specification's names and units (pure Python).
 
-Runs on the writer thread. Every metric is a :class:`Metric`: a tag, a value and where it goes.
+Runs on the writer thread. Every metric is a :class:`Metric` (a :class:`~trainprobe.records.NamedScalar`):
+a tag, a value and where it goes.
 
 Scalars of the loss family (always logged in the step's summary line; written to TensorBoard
 when there is a ``tensorboard`` section, each also as ``<tag>-vs-samples`` against the number
@@ -46,34 +47,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from trainprobe.metrics.config import LOG, TENSORBOARD, Formats, TrainingMetricsConfig
-from trainprobe.metrics.payload import Value
+from trainprobe.records import NamedScalar
+
+Value = float | list[float]
+"""A raw value of a step: a number or a list of numbers (host floats)."""
 
 SECONDS_PER_DAY = 86400.0
 EXPERT_PREFIX = "expert/"
 
 
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """One value to write.
-
-    Attributes:
-        tag: TensorBoard tag / log name.
-        value: the number.
-        formats: ``log`` and/or ``tensorboard``.
-        vs_samples: also write ``<tag>-vs-samples`` against the samples axis.
-        summary: part of the step's one-line summary in the log (loss family).
-        dump: also written to ``dump_path/rank_<id>/`` (local/device norms and losses).
-    """
-
-    tag: str
-    value: float
-    formats: Formats
-    vs_samples: bool = False
-    summary: bool = False
-    dump: bool = False
+Metric = NamedScalar
+"""One value to write (:class:`~trainprobe.records.NamedScalar`: tag, value, formats,
+``vs_samples``, ``summary`` for the log's one-line step summary, ``dump`` for
+``training_state.jsonl``)."""
 
 
 def _norm(values: Sequence[float]) -> float:

@@ -46,15 +46,25 @@ from torch import nn
 from trainprobe.config.folders import make_output_folder
 from trainprobe.dist_info import current_rank
 from trainprobe.errors import ConfigError
+from trainprobe.guard import Switches, guarded
 from trainprobe.log import error_once, logger, warn_once
 from trainprobe.metrics.compose import EXPERT_PREFIX, Composer
 from trainprobe.metrics.config import TrainingMetricsConfig, config_text, load_training_metrics_config
 from trainprobe.metrics.flops import FlopsEstimate, transformer_estimate
-from trainprobe.metrics.outputs import DumpOutput, LogOutput, TensorBoardOutput
-from trainprobe.metrics.payload import StepPayload
+from trainprobe.metrics.outputs import (
+    MONITOR,
+    ComposeSink,
+    LogSink,
+    RawValues,
+    TrainingStateSink,
+    tensorboard_sink,
+)
 from trainprobe.metrics.sources import InputTap, norms
-from trainprobe.metrics.writer import MetricsWriter, Output
 from trainprobe.probes.model_view import ModelView, unwrap_optimizer
+from trainprobe.records import ScalarBatch
+from trainprobe.schedule import Schedule
+from trainprobe.sinks.background import Sink, Writer
+from trainprobe.sinks.fanout import FanOut
 
 LossArg = torch.Tensor | float | Sequence[torch.Tensor | float] | None
 
@@ -145,24 +155,27 @@ class TrainingMetricsMonitor:
             self._weights = [p for _, p in self._params if p.requires_grad]
         self._flops = self._flops_estimate(flops_per_sample, flops_per_token)
         self._print_struct_exits = print_struct_exits
+        self._schedule = Schedule(step_interval=self.config.step_interval)  # the monitors' schedule: every k-th step
         self.stop_requested = False
         self._step = initial_step
         self._samples: int | None = 0
-        self._off: set[str] = set()
+        self._gatherers = Switches(f"metrics-{id(self)}")
         self._captured_step = -1
         self._grad_index: list[int] = []
-        self._grad_norms: torch.Tensor | None = None
+        self._grad_norms: torch.Tensor | list[float] | None = None
         self._lr: torch.Tensor | float | None = None
         self._closed = False
         self._handles: list[Any] = []
         # outputs first: a folder that cannot be created fails here, before any hook is attached
-        self._writer = MetricsWriter(Composer(self.config, self.param_names, self.world), self._outputs())
+        composer = Composer(self.config, self.param_names, self.world)
+        outputs = FanOut(self._outputs(), on_error=_output_failed)
+        self._writer = Writer(ComposeSink(composer, outputs), background=True, on_error=_write_failed, max_pending=64)
         self._tap = InputTap(self._model_chunks[0]) if self._model_chunks else None
         if self._optimizer is not None and hook_optimizer:
             self._handles.append(self._optimizer.register_step_pre_hook(self._on_optimizer_step))
         text = self.config.text + (config_text(extra_text) if extra_text else ())
-        if self.config.tensorboard is not None:
-            self._writer.text(text)
+        if self.config.tensorboard is not None and text:
+            self._writer.submit(ScalarBatch(MONITOR, 0, None, [], texts=tuple(text)))
         self._last_time = time.perf_counter()
         ref = weakref.ref(self)
         self._atexit: Callable[[], None] = lambda: (m := ref()) is not None and m.close()  # type: ignore[func-returns-value]
@@ -183,22 +196,22 @@ class TrainingMetricsMonitor:
             return transformer_estimate(self._model_chunks[0])
         return None
 
-    def _outputs(self) -> list[Output]:
-        outputs: list[Output] = [LogOutput()]
+    def _outputs(self) -> list[Sink]:
+        outputs: list[Sink] = [LogSink()]
         resume_at = self._step + 1 if self._step else None  # the first step this run writes
         tb = self.config.tensorboard
         if tb is not None:
             folder = tb.tensorboard_dir / f"rank_{self.rank}"
             make_output_folder(folder, "tensorboard.tensorboard_dir")
             try:
-                outputs.append(TensorBoardOutput(folder, tb.tensorboard_queue_size, resume_at=resume_at))
+                outputs.append(tensorboard_sink(folder, tb.tensorboard_queue_size, resume_at))
             except OSError as exc:
                 raise ConfigError(f"tensorboard.tensorboard_dir: cannot write to {str(folder)!r}: {exc}") from None
         if self.config.monitor.dumped:
             folder = self.config.monitor.dump_path / f"rank_{self.rank}"
             try:
                 make_output_folder(folder, "monitor_config.dump_path")
-                outputs.append(DumpOutput(folder, resume_at=resume_at))
+                outputs.append(TrainingStateSink(folder, resume_at=resume_at))
             except (OSError, ConfigError) as exc:
                 for out in outputs:
                     out.close()
@@ -215,18 +228,9 @@ class TrainingMetricsMonitor:
 
     def collects(self, step: int) -> bool:
         """Whether ``step`` (1-based) is recorded."""
-        return step % self.config.step_interval == 0
+        return self._schedule.collects(step)
 
     # -- gathering -----------------------------------------------------------------------------
-    def _guard(self, name: str, what: str, fn: Callable[[], None]) -> None:
-        if name in self._off:
-            return
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - metrics never break training
-            self._off.add(name)
-            error_once(f"metrics-{name}-{id(self)}", f"trainprobe: gathering {what} failed; it is turned off")
-
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.capture_gradients()
 
@@ -238,8 +242,8 @@ class TrainingMetricsMonitor:
         if self._closed or self._captured_step == step or not self.collects(step):
             return
         self._captured_step = step
-        self._guard("grads", "gradient norms", self._capture_grads)
-        self._guard("lr", "the learning rate", self._capture_lr)
+        self._gatherers.run("grads", "gradient norms", self._capture_grads)
+        self._gatherers.run("lr", "the learning rate", self._capture_lr)
 
     def _capture_grads(self) -> None:
         index, grads = [], []
@@ -297,7 +301,7 @@ class TrainingMetricsMonitor:
         self._step += 1
         step = self._step
         samples, tokens, losses, shares = (
-            self._tap.take() if self._tap is not None and "inputs" not in self._off else (0, None, [], False)
+            self._tap.take() if self._tap is not None and self._gatherers.is_on("inputs") else (0, None, [], False)
         )
         if batch_size is None and samples:
             batch_size = samples * self.world
@@ -311,17 +315,22 @@ class TrainingMetricsMonitor:
         if not self.collects(step):
             self._grad_norms, self._lr = None, None
             return
-        try:
+
+        def submit() -> None:
             payload = self._payload(
                 step, seconds, loss, losses, lr, batch_size, num_tokens, loss_scale, expert_load, grad_norm
             )
             if shares and losses and not isinstance(loss, (list, tuple)):
                 payload.put("micro_losses_are_shares", 1.0)
-            payload.seal()
-        except Exception:  # noqa: BLE001 - metrics never break training
-            error_once(f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed")
-            return
-        self._writer.submit(payload)
+            self._writer.submit(payload.batch(step, self._samples))
+
+        guarded(
+            submit,
+            off=lambda: False,  # a failed step is lost, the next one is tried again
+            fail=lambda exc: error_once(
+                f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed"
+            ),
+        )()
 
     def _payload(
         self,
@@ -335,8 +344,8 @@ class TrainingMetricsMonitor:
         loss_scale: Any,
         expert_load: Mapping[str, Any] | None,
         grad_norm: Any,
-    ) -> StepPayload:
-        p = StepPayload(step, self._samples)
+    ) -> RawValues:
+        p = RawValues()
         p.put("iteration_s", seconds)
         if isinstance(loss, (list, tuple)):
             self._put_losses(p, list(loss))
@@ -356,7 +365,7 @@ class TrainingMetricsMonitor:
         if grad_norm is not None:
             p.put("grad_norm", _scalar(grad_norm))
         lr_value = lr if lr is not None else self._lr
-        if lr_value is None and self._optimizer is not None and "lr" not in self._off:
+        if lr_value is None and self._optimizer is not None and self._gatherers.is_on("lr"):
             lr_value = self._optimizer.param_groups[0].get("lr")
         if lr_value is not None:
             p.put("lr", _scalar(lr_value))
@@ -366,14 +375,14 @@ class TrainingMetricsMonitor:
         self._grad_norms, self._lr = None, None
         mon = self.config.monitor
         if mon.monitor_on and mon.optimizer_state_format and self._optimizer is not None:
-            self._guard("optimizer_state", "Adam moment norms", lambda: self._put_moments(p))
+            self._gatherers.run("optimizer_state", "Adam moment norms", lambda: self._put_moments(p))
         if mon.monitor_on and mon.weight_state_format:
-            self._guard("weights", "weight norms", lambda: p.put("weight_norms", norms(self._weights)))
+            self._gatherers.run("weights", "weight norms", lambda: p.put("weight_norms", norms(self._weights)))
         if expert_load and tb is not None and tb.log_expert_load_to_tensorboard:
-            self._guard("experts", "expert load", lambda: self._put_experts(p, expert_load))
+            self._gatherers.run("experts", "expert load", lambda: self._put_experts(p, expert_load))
         return p
 
-    def _put_losses(self, p: StepPayload, losses: list[Any]) -> None:
+    def _put_losses(self, p: RawValues, losses: list[Any]) -> None:
         if not losses:
             return
         if all(isinstance(v, torch.Tensor) for v in losses):
@@ -381,7 +390,7 @@ class TrainingMetricsMonitor:
         else:
             p.put("micro_losses", [float(_scalar(v)) for v in losses])
 
-    def _put_moments(self, p: StepPayload) -> None:
+    def _put_moments(self, p: RawValues) -> None:
         assert self._optimizer is not None
         state = self._optimizer.state
         index, m, v = [], [], []
@@ -403,7 +412,7 @@ class TrainingMetricsMonitor:
         p.put("v_norms", norms(v))
 
     @staticmethod
-    def _put_experts(p: StepPayload, expert_load: Mapping[str, Any]) -> None:
+    def _put_experts(p: RawValues, expert_load: Mapping[str, Any]) -> None:
         for layer, counts in expert_load.items():
             t = counts.detach() if isinstance(counts, torch.Tensor) else torch.as_tensor(counts, dtype=torch.float64)
             p.put(EXPERT_PREFIX + str(layer), t.reshape(-1).to(torch.float64))
@@ -436,7 +445,7 @@ class TrainingMetricsMonitor:
         self._handles = []
         if self._tap is not None:
             self._tap.remove()
-        self._writer.close()
+        self._writer.close(reached=self._step)
         atexit.unregister(self._atexit)
 
     def __enter__(self) -> TrainingMetricsMonitor:
@@ -444,6 +453,25 @@ class TrainingMetricsMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _output_failed(output: Sink, exc: BaseException) -> None:
+    """One output failed: it is skipped from now on (the fan-out's rule), the others go on."""
+    name = type(output).__name__
+    error_once(
+        f"metrics-output-{name}",
+        f"trainprobe: {name} failed and is disabled; the other outputs continue ({type(exc).__name__}: {exc})",
+        traceback=not isinstance(exc, OSError),  # disk full, permissions: one line says it all
+    )
+
+
+def _write_failed(monitor: str, exc: BaseException) -> None:
+    """Writing failed outside any one output (the writer then drops the metrics' later steps)."""
+    error_once(
+        f"metrics-writer-{monitor}",
+        f"trainprobe: writing the training metrics failed ({type(exc).__name__}: {exc}); training continues",
+        traceback=not isinstance(exc, OSError),
+    )
 
 
 def _scalar(value: Any) -> float | torch.Tensor:

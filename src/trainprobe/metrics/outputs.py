@@ -1,22 +1,27 @@
-"""Where metrics go: TensorBoard event files, the log, and the per-rank dump folder.
+"""Where the training metrics go, as sinks of the engine's writer
+(:class:`~trainprobe.sinks.background.Writer`, on its background thread).
 
-Each output implements ``write(step, samples, metrics)``, ``text(entries)`` and ``close()``;
-they run on the writer thread only.
+The training thread hands each recorded step to the writer as one
+:class:`~trainprobe.records.StepBatch` of raw named values (:func:`raw_rows`: every value still
+on its device, one copy to the host per device, waited for on the writer thread).
+:class:`ComposeSink` turns it into the step's named metrics (:class:`~trainprobe.records.ScalarBatch`,
+composed by :class:`~trainprobe.metrics.compose.Composer`) and hands them to a
+:class:`~trainprobe.sinks.fanout.FanOut` of:
 
-* :class:`TensorBoardOutput`: ``<tensorboard_dir>/rank_<id>/events.*`` through
-  ``torch.utils.tensorboard.SummaryWriter`` (scalars; ``-vs-samples`` twins use the samples
-  count as their step; configuration entries as TEXT at step 0). A write error (disk full)
-  surfaces as trainprobe's one line, not as a traceback of TensorBoard's writer thread.
-* :class:`LogOutput`: the ``trainprobe.metrics`` logger at INFO: one summary line per step for
+* :class:`~trainprobe.sinks.tensorboard.TensorBoardSink`: ``<tensorboard_dir>/rank_<id>/events.*``
+  (scalars; ``-vs-samples`` twins use the samples count as their step; configuration entries
+  as TEXT at step 0).
+* :class:`LogSink`: the ``trainprobe.metrics`` logger at INFO: one summary line per step for
   the loss family, one line per other metric whose format includes ``log``.
-* :class:`DumpOutput`: ``<dump_path>/rank_<id>/training_state.jsonl``, one JSON object per
+* :class:`TrainingStateSink`: ``<dump_path>/rank_<id>/training_state.jsonl``, one JSON object per
   recorded step with the local/device norms and losses (one ``write`` per line, so a killed run
   leaves every completed line readable; a write that fails part-way, as on a full disk, is cut
   back to the last whole line). The file is replaced when a run starts from step 0; a run
   resumed after N steps (``initial_step`` = N, or the trainer's global step in the callbacks)
   writes steps N+1, N+2, ...: it keeps the earlier lines of steps up to N and appends after them.
 
-A resumed run's event files get TensorBoard's ``purge_step`` = N+1, so TensorBoard hides the
+A failing output is reported once and skipped from then on (the fan-out's rule); the others go
+on. A resumed run's event files get TensorBoard's ``purge_step`` = N+1, so TensorBoard hides the
 earlier run's events of steps after N instead of drawing both runs over each other.
 """
 
@@ -25,85 +30,99 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+import torch
 
 from trainprobe.errors import ConfigError
-from trainprobe.metrics.compose import Metric
-from trainprobe.metrics.config import LOG, TENSORBOARD
-from trainprobe.sinks.fast_crc import use_fast_crc
+from trainprobe.log import error_once
+from trainprobe.metrics.compose import Composer, Value
+from trainprobe.metrics.config import LOG
+from trainprobe.records import RowBuffer, RowKey, ScalarBatch, StepBatch
+from trainprobe.sinks.fanout import FanOut
 from trainprobe.sinks.files import append_whole, write_atomically
-from trainprobe.sinks.tensorboard import quiet_writer_thread
+from trainprobe.sinks.tensorboard import TensorBoardSink
 
 metrics_logger = logging.getLogger("trainprobe.metrics")
 
+MONITOR = "metrics"
+"""The monitor name of the training metrics' records."""
 DUMP_FILE = "training_state.jsonl"
-SAMPLES_SUFFIX = "-vs-samples"
+SAMPLES = "samples"
+_SCALAR, _LIST = "scalar", "list"
 
 
-def summary_writer_class() -> type:
-    """``torch.utils.tensorboard.SummaryWriter``, or a ConfigError saying what to install."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:  # pragma: no cover - tensorboard is an extra
-        raise ConfigError(
-            f"tensorboard.tensorboard_dir: writing event files needs the tensorboard package ({exc}); "
-            "install it with `pip install trainprobe[tensorboard]` or remove the tensorboard section"
-        ) from None
-    return SummaryWriter
+# -- the raw values of a step (training thread) ---------------------------------------------
+class RawValues:
+    """One step's raw values by name, gathered on the training thread: host numbers, lists of
+    host numbers, or tensors (0-d: a number; else flattened), kept on their device as float64."""
+
+    def __init__(self) -> None:
+        self.rows = RowBuffer()
+
+    def put(self, key: str, value: float | int | torch.Tensor | list[float]) -> None:
+        """Add one value under ``key``."""
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            self.rows.add(RowKey(0, key, _SCALAR if t.dim() == 0 else _LIST), t.reshape(-1).to(torch.float64))
+        elif isinstance(value, list):
+            self.rows.add(RowKey(0, key, _LIST), [float(v) for v in value])
+        else:
+            self.rows.add(RowKey(0, key, _SCALAR), [float(value)])
+
+    def batch(self, step: int, samples: int | None) -> StepBatch:
+        """The values as a batch for the writer; device values start their copy to the host
+        (the tensors are copied now, so later in-place changes do not show)."""
+        if samples is not None:
+            self.put(SAMPLES, samples)
+        return self.rows.drain(MONITOR, step)
 
 
-class TensorBoardOutput:
-    """Scalars and text into one rank's event files."""
-
-    def __init__(self, log_dir: Path, queue_size: int, resume_at: int | None = None) -> None:
-        writer_class = summary_writer_class()
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir = log_dir
-        self._writer = writer_class(log_dir=str(log_dir), max_queue=queue_size, purge_step=resume_at)
-        use_fast_crc(self._writer)
-        quiet_writer_thread(self._writer)
-        from tensorboard.compat.proto.summary_pb2 import Summary  # present: the writer class loaded
-
-        self._summary = Summary
-
-    def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
-        """One event per x value: every scalar of the step in one summary at ``step``, their
-        ``-vs-samples`` twins in one at ``samples`` (what ``add_scalar`` writes, one record per
-        step instead of one per scalar: the writer thread's cost per step)."""
-        Summary = self._summary  # noqa: N806 - the protobuf class
-        by_step: list[Any] = []
-        by_samples: list[Any] = []
-        for m in metrics:
-            if TENSORBOARD in m.formats:
-                by_step.append(Summary.Value(tag=m.tag, simple_value=float(m.value)))
-                if m.vs_samples and samples is not None:
-                    by_samples.append(Summary.Value(tag=m.tag + SAMPLES_SUFFIX, simple_value=float(m.value)))
-        file_writer = self._writer._get_file_writer()  # torch's FileWriter: add_summary(summary, step)
-        if by_step:
-            file_writer.add_summary(Summary(value=by_step), step)
-        if by_samples:
-            file_writer.add_summary(Summary(value=by_samples), samples)
-
-    def text(self, entries: Sequence[tuple[str, str]]) -> None:
-        for tag, body in entries:
-            self._writer.add_text(tag, body, 0)
-
-    def close(self) -> None:
-        self._writer.flush()
-        self._writer.close()
+def raw_values(batch: StepBatch) -> tuple[dict[str, Value], int | None]:
+    """``(values by name, samples)`` of a batch made by :meth:`RawValues.batch` (writer thread:
+    waits for the device copies)."""
+    raw: dict[str, Value] = {}
+    for key, row in batch.rows():
+        raw[key.name] = row[0] if key.scope == _SCALAR else list(row)
+    samples = raw.pop(SAMPLES, None)
+    return raw, int(samples) if isinstance(samples, float) else None
 
 
-class LogOutput:
+# -- sinks (writer thread) ------------------------------------------------------------------
+class ComposeSink:
+    """Raw values → named metrics → ``outputs`` (a :class:`ScalarBatch` is passed on as it is).
+    A step whose metrics cannot be composed is dropped with one error line; training goes on."""
+
+    def __init__(self, composer: Composer, outputs: FanOut) -> None:
+        self.composer = composer
+        self.outputs = outputs
+
+    def write(self, batch: StepBatch | ScalarBatch) -> None:
+        if isinstance(batch, StepBatch):
+            try:
+                raw, samples = raw_values(batch)
+                batch = ScalarBatch(batch.monitor, batch.step, samples, self.composer.compose(raw))
+            except Exception:  # noqa: BLE001 - one step lost, training goes on
+                error_once(
+                    "metrics-compose", f"trainprobe: training metrics of step {batch.step} could not be computed"
+                )
+                return
+        self.outputs.write(batch)
+
+    def close(self, reached: int | None = None) -> None:
+        self.outputs.close(reached)
+
+
+class LogSink:
     """Metrics as log lines of the ``trainprobe.metrics`` logger."""
 
     def __init__(self, logger: logging.Logger = metrics_logger) -> None:
         self.logger = logger
 
-    def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
+    def write(self, batch: ScalarBatch) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
+        step, metrics = batch.step, batch.scalars
         summary = [f"{m.tag}: {m.value:.6g}" for m in metrics if m.summary]
         if summary:
             self.logger.info("step:[%5d] %s", step, ", ".join(summary))
@@ -111,16 +130,13 @@ class LogOutput:
             if not m.summary and LOG in m.formats:
                 self.logger.info("step:[%5d] %s: %.6g", step, m.tag, m.value)
 
-    def text(self, entries: Sequence[tuple[str, str]]) -> None:
-        """Configuration text is for TensorBoard only."""
-
-    def close(self) -> None:
+    def close(self, reached: int | None = None) -> None:
         """Nothing to close."""
 
 
-class DumpOutput:
+class TrainingStateSink:
     """``training_state.jsonl`` in one rank's dump folder; whole lines only (see the module
-    docstring), a failed write raises its ``OSError`` for the writer to report."""
+    docstring), a failed write raises its ``OSError`` for the fan-out to report."""
 
     def __init__(self, rank_dir: Path, resume_at: int | None = None) -> None:
         rank_dir.mkdir(parents=True, exist_ok=True)
@@ -131,20 +147,30 @@ class DumpOutput:
         flags = os.O_WRONLY | os.O_CREAT | truncate | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         self._fd: int | None = os.open(self.path, flags, 0o644)
 
-    def write(self, step: int, samples: int | None, metrics: Sequence[Metric]) -> None:
-        row: dict[str, object] = {m.tag: m.value for m in metrics if m.dump}
+    def write(self, batch: ScalarBatch) -> None:
+        row: dict[str, object] = {m.tag: m.value for m in batch.scalars if m.dump}
         if not row or self._fd is None:
             return
-        row = {"step": step, "samples": samples, **row}
+        row = {"step": batch.step, "samples": batch.samples, **row}
         append_whole(self._fd, (json.dumps(row, allow_nan=True) + "\n").encode("utf-8"))
 
-    def text(self, entries: Sequence[tuple[str, str]]) -> None:
-        """Configuration text is for TensorBoard only."""
-
-    def close(self) -> None:
+    def close(self, reached: int | None = None) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def tensorboard_sink(log_dir: Path, queue_size: int, resume_at: int | None) -> TensorBoardSink:
+    """The metrics' event files (``purge_step`` = ``resume_at``); a missing tensorboard package is
+    a ConfigError naming ``tensorboard.tensorboard_dir``."""
+    return TensorBoardSink(log_dir, max_queue=queue_size, purge_step=resume_at, missing=_missing_tensorboard)
+
+
+def _missing_tensorboard(exc: ImportError) -> ConfigError:
+    return ConfigError(
+        f"tensorboard.tensorboard_dir: writing event files needs the tensorboard package ({exc}); "
+        "install it with `pip install trainprobe[tensorboard]` or remove the tensorboard section"
+    )
 
 
 def _keep_lines_before(path: Path, step: int) -> None:

@@ -5,9 +5,8 @@
   tensor, ``input_ids`` preferred) and tokens (elements of that tensor when it holds integer
   ids) of every forward call, and keeps the loss the model returns (``output.loss`` or
   ``output["loss"]``, detached). Hooks never change inputs or outputs.
-* :func:`norms`: per-tensor L2 norms with ``torch._foreach_norm``, one kernel per
-  (device, dtype) group, accumulated in float32 at least, stacked into one vector that stays
-  on the device.
+* :func:`norms`: per-tensor L2 norms by the engine's statistics kernel (float64 across rows,
+  as every monitor's ``norm``), kept on the device on accelerators.
 """
 
 from __future__ import annotations
@@ -18,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainprobe.guard import guarded
 from trainprobe.log import error_once
-from trainprobe.stats.torch_stats import as_statistic_input
+from trainprobe.stats.torch_stats import TensorStats
 
 
 def first_tensor(args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
@@ -83,41 +83,43 @@ class InputTap:
         self.losses: list[torch.Tensor] = []
         self.shares = False
         self.disabled = False
+        before = guarded(self._before, off=lambda: self.disabled, fail=lambda exc: self._fail("samples"))
+        after = guarded(self._after, off=lambda: self.disabled, fail=lambda exc: self._fail("loss"))
         self._handles = [
-            module.register_forward_pre_hook(self._before, with_kwargs=True),
-            module.register_forward_hook(self._after),
+            module.register_forward_pre_hook(before, with_kwargs=True),
+            module.register_forward_hook(after),
         ]
 
     @staticmethod
     def _active(module: nn.Module) -> bool:
         return module.training and torch.is_grad_enabled()
 
-    def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.disabled or not self._active(module):
-            return
-        try:
-            if kwargs.get("num_items_in_batch") is not None:
-                self.shares = True
-            t = first_tensor(args, kwargs)
-            if t is None or t.dim() == 0:
-                return
-            self.samples += int(t.shape[0])
-            if self.tokens is not None:
-                self.tokens = None if (t.is_floating_point() or t.is_complex()) else self.tokens + t.numel()
-        except Exception:  # noqa: BLE001 - metrics never break training
-            self.disabled = True
+    def _fail(self, what: str) -> None:
+        """A fault in either hook (the shared guard, :mod:`trainprobe.guard`): both stop, one line."""
+        self.disabled = True
+        if what == "samples":
             error_once("metrics-input-tap", "trainprobe: counting samples failed; batch-size is no longer gathered")
+        else:
+            error_once("metrics-loss-tap", "trainprobe: reading the model's loss failed; it is no longer gathered")
+
+    def _before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._active(module):
+            return
+        if kwargs.get("num_items_in_batch") is not None:
+            self.shares = True
+        t = first_tensor(args, kwargs)
+        if t is None or t.dim() == 0:
+            return
+        self.samples += int(t.shape[0])
+        if self.tokens is not None:
+            self.tokens = None if (t.is_floating_point() or t.is_complex()) else self.tokens + t.numel()
 
     def _after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if self.disabled or not self._active(module):
+        if not self._active(module):
             return
-        try:
-            loss = output_loss(output)
-            if loss is not None:
-                self.losses.append(loss)
-        except Exception:  # noqa: BLE001 - metrics never break training
-            self.disabled = True
-            error_once("metrics-loss-tap", "trainprobe: reading the model's loss failed; it is no longer gathered")
+        loss = output_loss(output)
+        if loss is not None:
+            self.losses.append(loss)
 
     def take(self) -> tuple[int, int | None, list[torch.Tensor], bool]:
         """``(samples, tokens, losses, shares)`` since the last call, and reset."""
@@ -132,30 +134,23 @@ class InputTap:
         self._handles = []
 
 
-_PLAIN = (torch.Tensor, nn.Parameter)
-
-
-def _plain(t: torch.Tensor) -> bool:
-    """A dense floating-point tensor that ``_foreach_norm`` takes as it is."""
-    return type(t) in _PLAIN and t.layout == torch.strided and t.dtype.is_floating_point
+_NORMS = TensorStats(("norm",))
 
 
 @torch.no_grad()
-def norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of each tensor as one float32-or-wider vector, in order, on the tensors' device
-    (moved to the CPU when they live on several devices)."""
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    prepared = [t if _plain(t) else as_statistic_input(t) for t in tensors]
-    for i, t in enumerate(prepared):
-        groups.setdefault((t.device, t.dtype), []).append(i)
-    result: list[torch.Tensor | None] = [None] * len(prepared)
-    for (_, dtype), idx in groups.items():
-        wide = None if dtype == torch.float64 else torch.float32
-        for i, n in zip(idx, torch._foreach_norm([prepared[i] for i in idx], 2, dtype=wide)):
-            result[i] = n
-    out = [n for n in result if n is not None]
-    if len({n.device for n in out}) > 1:
-        out = [n.to("cpu") for n in out]
-    if len({n.dtype for n in out}) > 1:
-        out = [n.to(torch.float64) for n in out]
-    return torch.stack(out)
+def norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor | list[float]:
+    """L2 norm of each tensor, in order, computed by the engine's statistics kernel
+    (:class:`~trainprobe.stats.torch_stats.TensorStats`): float64 accumulation across rows of
+    256 elements, as the monitors' ``norm``. CPU tensors give host floats; accelerator tensors
+    one float64 vector that stays on their device (moved to the CPU when they live on several
+    devices)."""
+    rows = _NORMS.rows(tensors)
+    if all(isinstance(row, list) for row in rows):
+        return [float(row[0]) for row in rows]
+    parts = [
+        row.reshape(-1)[:1] if isinstance(row, torch.Tensor) else torch.tensor(row[:1], dtype=torch.float64)
+        for row in rows
+    ]
+    if len({p.device for p in parts}) > 1:
+        parts = [p.to("cpu") for p in parts]
+    return torch.cat(parts)

@@ -2,18 +2,18 @@
 
 A probe attaches to the framework through public hook APIs and keeps the handles, so
 :meth:`Probe.detach` leaves the model, the optimizer and torch as they were. Any exception in a
-probe's own code is caught by :meth:`Probe.guard`: it is logged once with the monitor's name, the
+probe's own code is caught by :meth:`Probe.guard` (the shared :mod:`trainprobe.guard`): it is logged once with the monitor's name, the
 probe stops producing rows, and training goes on. Handles are removed at the end of the step,
 never from inside a hook (PyTorch iterates its hook dicts while calling them).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from trainprobe.guard import guarded
 from trainprobe.log import error_once
 from trainprobe.records import RowBuffer
 from trainprobe.sinks.csv_sink import TableLayout
@@ -118,16 +118,6 @@ class Probe:
         )
 
     def guard(self, fn: F) -> F:
-        """Wrap a hook so that it never raises into training and returns None on failure."""
-
-        @functools.wraps(fn)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            if self.disabled:
-                return None
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - a monitor must never break training
-                self.fail(exc)
-                return None
-
-        return guarded  # type: ignore[return-value]
+        """Wrap a hook so that it never raises into training and returns None on failure (the
+        shared :func:`trainprobe.guard.guarded`: a fault disables this probe)."""
+        return guarded(fn, off=lambda: self.disabled, fail=self.fail)

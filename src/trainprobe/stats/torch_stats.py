@@ -25,6 +25,7 @@ import functools
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from trainprobe.stats.fused import FusedStats, Reductions
@@ -168,6 +169,66 @@ def norm64(x: torch.Tensor) -> torch.Tensor:
     return total
 
 
+_CHUNKED_FROM = 1 << 12
+_CHUNK = 1 << 18
+"""Elements per chunk of :func:`_chunked_float32` (1 MiB of float32: a chunk read for its minimum
+and maximum is still in the core's cache for the row sums and row norms that follow)."""
+
+
+def _chunked_float32(
+    x: torch.Tensor, want_sum: bool, want_norm: bool
+) -> tuple[float, float, float | None, float | None] | None:
+    """Min, max, float64-accumulated sum and L2 norm of a contiguous CPU float32 tensor of 4,096
+    elements or more, bit for bit what ``aminmax``, :func:`sum64` and :func:`norm64` give, or
+    None when ``x`` does not qualify (then the caller takes those functions).
+
+    Why it is faster: ``aminmax`` is replaced by NumPy's minimum and maximum (SIMD, about twice as
+    fast on data in cache; a minimum or maximum is one of the elements, so any order of
+    comparison finds the same value), and a tensor of more than :data:`_CHUNK` elements is
+    processed chunk by chunk, each chunk's minimum, maximum, row sums and row norms computed while
+    it is in cache (one pass over memory instead of three). The row sums and row norms are the
+    very kernels of :func:`sum64` / :func:`norm64` on the same rows of 256 elements; the
+    concatenated per-row results are combined by the same float64 reductions, so the values are
+    identical. A minimum or maximum of zero is redone with ``aminmax`` (NumPy and torch may pick
+    a different one of ``0.0`` and ``-0.0``); NaN propagates through both.
+    """
+    n = x.numel()
+    if (
+        x.dtype != torch.float32
+        or n < _CHUNKED_FROM
+        or x.device.type != "cpu"
+        or type(x) not in _PLAIN_TYPES
+        or not x.is_contiguous()
+        or (n > _CHUNK and n % _ROW)
+    ):
+        return None
+    flat = x.detach().view(-1)
+    values = flat.numpy()
+    f64 = torch.float64
+    if n <= _CHUNK:
+        lo, hi = float(values.min()), float(values.max())
+        total = sum64(flat).item() if want_sum else None
+        norm = norm64(flat).item() if want_norm else None
+    else:  # more than 65,536 elements, a multiple of 256: sum64/norm64 take their row paths
+        los, his, sums, norms = [], [], [], []
+        for start in range(0, n, _CHUNK):
+            part = values[start : start + _CHUNK]
+            los.append(part.min())
+            his.append(part.max())
+            rows = flat[start : start + _CHUNK].view(-1, _ROW)
+            if want_sum:
+                sums.append(rows.sum(1))
+            if want_norm:
+                norms.append(torch.linalg.vector_norm(rows, dim=1))
+        lo, hi = float(np.minimum.reduce(los)), float(np.maximum.reduce(his))  # NaN propagates
+        total = torch.cat(sums).sum(dtype=f64).item() if want_sum else None
+        norm = torch.linalg.vector_norm(torch.cat(norms), dtype=f64).item() if want_norm else None
+    if lo == 0.0 or hi == 0.0:
+        a, b = torch.aminmax(flat)
+        lo, hi = a.item(), b.item()
+    return lo, hi, total, norm
+
+
 def eager_reductions(x: torch.Tensor) -> Reductions:
     """min, max, sum and sum of squares of ``x`` by the eager kernels this module uses."""
     lo, hi = torch.aminmax(x)
@@ -244,7 +305,9 @@ class TensorStats:
     def _host_row(self, x: torch.Tensor) -> list[float]:
         """One CPU tensor on its own: the arithmetic of the batched paths (float64 below 4,096
         elements, rows of 256 combined in float64 above) in the fewest kernels, no batching,
-        and no per-op containers (the module monitor runs this once per tensor and call)."""
+        and no per-op containers (the module monitor runs this once per tensor and call).
+        Without a compiled single pass, contiguous float32 tensors take :func:`_chunked_float32`:
+        the eager kernels' values, fewer passes over memory."""
         n = x.numel()
         lo = hi = total = norm = zeros = 0.0
         one_pass = self._fused(x) if self._fused is not None else None
@@ -252,13 +315,21 @@ class TensorStats:
             lo, hi, total, squares = (v.item() for v in one_pass)
             norm = math.sqrt(squares)
         else:
-            if self._want_minmax:
-                a, b = torch.aminmax(x)
-                lo, hi = a.item(), b.item()
-            if self._want_mean:
-                total = sum64(x).item()
-            if self._want_norm:
-                norm = norm64(x).item()
+            chunked = _chunked_float32(x, self._want_mean, self._want_norm) if self._want_minmax else None
+            if chunked is not None:
+                lo, hi, chunk_total, chunk_norm = chunked
+                if chunk_total is not None:
+                    total = chunk_total
+                if chunk_norm is not None:
+                    norm = chunk_norm
+            else:
+                if self._want_minmax:
+                    a, b = torch.aminmax(x)
+                    lo, hi = a.item(), b.item()
+                if self._want_mean:
+                    total = sum64(x).item()
+                if self._want_norm:
+                    norm = norm64(x).item()
         if self._want_zeros:
             zeros = torch.count_nonzero(x.abs() < self.eps).item() / n
         if x.dtype != torch.float64:  # float32 partial results that overflowed or underflowed

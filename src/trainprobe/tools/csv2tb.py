@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -62,7 +61,7 @@ from typing import Any
 
 from trainprobe.errors import ConfigError
 from trainprobe.log import logger, warn_once
-from trainprobe.sinks.fast_crc import use_fast_crc
+from trainprobe.sinks.events import EventWriter, require_tensorboard
 from trainprobe.tools.monitor_output import CsvTable, MonitorCsv, Record, find_csv_files, read_table
 from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder
 
@@ -152,7 +151,7 @@ def convert(
     """
     workers = check_process_num(process_num)
     files = find_csv_files(monitor_path, time_start, time_end, data_type_list)
-    _event_modules()  # fail early when tensorboard is missing
+    require_tensorboard(_missing_tensorboard)  # fail early when tensorboard is missing
     out = output_folder(output_dirpath, OUTPUT_SUFFIX)
     groups = group_files(files)
     results = tuple(_convert_groups(groups, out, workers))
@@ -195,24 +194,20 @@ def scalars_by_step(table: CsvTable) -> dict[int, list[tuple[str, float]]]:
 
 
 def convert_group(group: Group, out: Path) -> GroupResult:
-    """Write the event file of one group (replacing earlier ones in its folder)."""
-    event_pb2, summary_pb2, writer_class = _event_modules()
+    """Write the event file of one group (replacing earlier ones in its folder): one event per
+    step, written by trainprobe's one event writer (:class:`~trainprobe.sinks.events.EventWriter`)."""
     folder = group.folder(out)
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob(f"{EVENT_FILE_PREFIX}*"):
         old.unlink()
-    writer = writer_class(str(folder), max_queue_size=1024)
-    use_fast_crc(writer)
+    writer = EventWriter(folder, max_queue=1024, missing=_missing_tensorboard)
     rows = scalars = torn = 0
     try:
         for file in group.files:
             table = read_table(file)
             rows, torn = rows + len(table.rows), torn + table.torn
             for step, pairs in scalars_by_step(table).items():
-                values = [summary_pb2.Summary.Value(tag=tag, simple_value=value) for tag, value in pairs]
-                event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
-                writer.add_event(event)
-                scalars += len(values)
+                scalars += writer.write(step, [writer.scalar(tag, value) for tag, value in pairs])
     finally:
         writer.close()
     (event_file,) = folder.glob(f"{EVENT_FILE_PREFIX}*")
@@ -259,21 +254,11 @@ def _convert_group_in_worker(group: Group, out: Path) -> GroupResult:
     return replace(result, warnings=tuple(collector.messages))
 
 
-def _event_modules() -> tuple[Any, Any, Any]:
-    """``(event_pb2, summary_pb2, EventFileWriter)`` of the tensorboard package.
-
-    Raises:
-        ConfigError: tensorboard is not installed.
-    """
-    try:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-    except ImportError as exc:
-        raise ConfigError(
-            f"csv2tensorboard: needs the tensorboard package ({exc}); install it with `pip install tensorboard` "
-            "(or trainprobe[tensorboard])"
-        ) from None
-    return event_pb2, summary_pb2, EventFileWriter
+def _missing_tensorboard(exc: ImportError) -> ConfigError:
+    return ConfigError(
+        f"csv2tensorboard: needs the tensorboard package ({exc}); install it with `pip install tensorboard` "
+        "(or trainprobe[tensorboard])"
+    )
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
