@@ -137,6 +137,38 @@ def test_fast_csv_text_is_what_the_csv_module_writes(layout):
         assert layout.text(rows, step) == expected.getvalue()
 
 
+@pytest.mark.parametrize("ndigits", [None, 3])
+def test_csv_sink_batches_are_what_the_csv_module_writes(tmp_path, ndigits):
+    """A batch with the keys of the table's last batch is written from one template of the whole
+    batch: the file still holds the csv module's bytes, for awkward names (``%``, quotes, NUL),
+    a step whose row has a NaN count (written row by row), and a batch whose keys change."""
+    import csv
+    import io
+
+    layout = TableLayout(True, ("min", "max", "nans"), ndigits=ndigits)
+    keys = [RowKey(0, "a,b%d", "s", 1), RowKey(1, 'q"t', "s%s", 0), RowKey(0, "plain", "s", 2)]
+    steps = [
+        (0, keys, [[1.0, 2.5, 0.0], [-0.0, float("inf"), 3.0], [1 / 3, 1e-300, 0.0]]),
+        (1, keys, [[0.1, 2.0, 0.0], [1e300, -1.5, 1.0], [2 / 3, 7.0, 0.0]]),
+        (2, keys, [[0.1, 2.0, float("nan")], [float("nan"), -1.5, 1.0], [2 / 3, 7.0, 0.0]]),
+        (3, keys[:2] + [RowKey(0, "nul\x00name", "s", 2)], [[0.5, 1.0, 0.0], [1.0, 2.0, 0.0], [3.0, 4.0, 2.0]]),
+        (4, keys, [[0.25, 0.5, 0.0], [1.0, 2.0, 0.0], [3.0, 4.0, 0.0]]),
+    ]
+    sink = CsvSink(tmp_path, Schedule(step_count_per_record=5), {"m": layout})
+    expected = io.StringIO()
+    writer = csv.writer(expected, lineterminator="\n")
+    writer.writerow(layout.header)
+    for step, step_keys, values in steps:
+        buffer = RowBuffer()
+        buffer.extend(step_keys, [list(v) for v in values])
+        sink.write(buffer.drain("m", step))
+        for key, row in zip(step_keys, values):
+            writer.writerow(layout.cells(key, step, row))
+    sink.close(reached=4)
+    (written,) = tmp_path.glob("m_step*.csv")
+    assert written.read_text(encoding="utf-8") == expected.getvalue()
+
+
 FILE_LIMIT_SCRIPT = r"""
 import resource, signal, sys
 from pathlib import Path

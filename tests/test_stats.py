@@ -496,11 +496,13 @@ def test_rows_one_per_tensor() -> None:
     assert s.rows([]) == []
 
 
+@pytest.mark.parametrize("copies", [1, 3])
 @pytest.mark.parametrize("ops", [DEFAULT_OPS, ALL_OPS, ("nans",), ("norm", "nans"), ("zeros", "min")])
-def test_rows_batches_small_tensors_with_row_values(ops: tuple[str, ...]) -> None:
-    """rows() stacks small same-size tensors: the values are row()'s and the float64 reference's."""
+def test_rows_batches_small_tensors_with_row_values(ops: tuple[str, ...], copies: int) -> None:
+    """rows() stacks small same-size tensors: the values are row()'s and the float64 reference's
+    (``copies``: groups of 16 rows or more are finished by kernels over all rows)."""
     g = gen()
-    tensors = [torch.randn(256, generator=g) * (i + 1) for i in range(6)]
+    tensors = [torch.randn(256, generator=g) * (i + 1) for i in range(6 * copies)]
     tensors[2][7] = math.nan
     tensors[3][:5] = 0.0
     tensors[4][0] = math.inf
@@ -515,11 +517,13 @@ def test_rows_batches_small_tensors_with_row_values(ops: tuple[str, ...]) -> Non
         assert_close(as_dict(ops, got), reference(t))
 
 
+@pytest.mark.parametrize("copies", [1, 2])
 @pytest.mark.parametrize("ops", [DEFAULT_OPS, ALL_OPS, ("mean",), ("norm", "nans"), ("nans",)])
-def test_rows_combines_large_tensors_like_the_float64_reference(ops: tuple[str, ...]) -> None:
+def test_rows_combines_large_tensors_like_the_float64_reference(ops: tuple[str, ...], copies: int) -> None:
     """Several large tensors in one call take the segmented path (row results of all of them
     combined in float64): every row matches the float64 reference and row()'s value, including
-    tails shorter than a row, half types, NaN/inf, float32 row overflow and underflow."""
+    tails shorter than a row, half types, NaN/inf, float32 row overflow and underflow, with
+    fewer or more than 16 tensors (finished row by row, or by kernels over all rows)."""
     g = gen()
     tensors = [
         torch.randn(4096, generator=g),
@@ -535,6 +539,7 @@ def test_rows_combines_large_tensors_like_the_float64_reference(ops: tuple[str, 
     ]
     tensors[0][17] = math.nan
     tensors[1][4999] = math.inf
+    tensors *= copies  # 20 tensors: finished by kernels over all rows rather than row by row
     s = TensorStats(ops)
     batched = s.rows(tensors)
     for t, got in zip(tensors, batched, strict=True):

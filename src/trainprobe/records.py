@@ -76,13 +76,22 @@ class StepBatch:
     _host: dict[int, list[Any]] = field(default_factory=dict)
     _copies: list[tuple[list[int], _DeviceCopy]] = field(default_factory=list)
 
-    def rows(self) -> list[tuple[RowKey, list[float]]]:
-        """Every row as host floats, in the order the probe produced them."""
+    _all_host: list[Any] | None = None
+    """Every row's values when none was on a device (``_host`` and ``_copies`` are then empty)."""
+
+    def values(self) -> list[list[float]]:
+        """Every row's values as host floats, in the order of :attr:`keys`."""
+        if self._all_host is not None:
+            return self._all_host
         values = dict(self._host)
         for indices, copy in self._copies:
             for index, row in zip(indices, copy.tolist()):
                 values[index] = row
-        return [(key, values[i]) for i, key in enumerate(self.keys)]
+        return [values[i] for i in range(len(self.keys))]
+
+    def rows(self) -> list[tuple[RowKey, list[float]]]:
+        """Every row as host floats, in the order the probe produced them."""
+        return list(zip(self.keys, self.values()))
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -125,6 +134,9 @@ class ScalarBatch:
 
     def __len__(self) -> int:
         return len(self.scalars) + len(self.texts)
+
+
+_HOST_ROWS = {list}
 
 
 class RowBuffer:
@@ -178,6 +190,9 @@ class RowBuffer:
             keys, values = self._keys, self._values
             self._keys, self._values = [], []
         batch = StepBatch(monitor, step, keys)
+        if set(map(type, values)) <= _HOST_ROWS:  # the CPU case: nothing to copy
+            batch._all_host = values
+            return batch
         on_device: dict[torch.device, list[int]] = {}
         for i, v in enumerate(values):
             if isinstance(v, torch.Tensor):

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 _SHOWN_NAMES = 8
 """How many module names a warning lists before it gives a count."""
 
+_MAX_KEYS = 1 << 16
+"""Row keys remembered by a module probe before it starts over (names that change every call)."""
+
 Picked = list[tuple[str, Any]]
 """``(row name, tensor)`` pairs chosen from a call's tensors."""
 
@@ -125,6 +128,7 @@ class ModuleProbe(Probe):
         self._micro = [0] * len(view.chunks)
         self._tensor_type = self.backend.tensor_type
         self._step_handles: list[Any] = []
+        self._keys: dict[tuple[int, str, str, int], RowKey] = {}
         self.traced_hooks = 0
         """Calls of this probe's hooks that ran while ``torch.compile`` traced them (skipped)."""
 
@@ -211,23 +215,40 @@ class ModuleProbe(Probe):
         micro = max(self._micro[vpp] - 1, 0)
         naming = self.naming
         picked = naming.forward(name, kind, tensors)
+        key_of = self._key
         if picked:
-            keys = [RowKey(vpp, row, naming.forward_scope, micro) for row, _ in picked]
+            scope = naming.forward_scope
+            keys = [key_of(vpp, row, scope, micro) for row, _ in picked]
             self.rows.extend(keys, self.stats.rows([t for _, t in picked]))
         backend = self.backend
         if not backend.grad_recording():
             return
+        scope = naming.backward_scope
         for row, t in naming.backward(name, kind, tensors):
             if backend.wants_grad(t):
-                key = RowKey(vpp, row, naming.backward_scope, micro)
-                handle = backend.hook_grad(t, self.guard(self._grad_hook(key)))
+                handle = backend.hook_grad(t, self._grad_hook(key_of(vpp, row, scope, micro)))
                 if handle is not None:
                     self._step_handles.append(handle)
 
+    def _key(self, vpp: int, row: str, scope: str, micro: int) -> RowKey:
+        """The row key (made once, reused every step: the writer recognises a step's keys)."""
+        found = self._keys.get((vpp, row, scope, micro))
+        if found is None:
+            if len(self._keys) >= _MAX_KEYS:
+                self._keys.clear()
+            found = self._keys[(vpp, row, scope, micro)] = RowKey(vpp, row, scope, micro)
+        return found
+
     def _grad_hook(self, key: RowKey) -> Any:
+        """A gradient hook recording ``key`` (guarded like :meth:`Probe.guard`, without its
+        per-call wrapper: one is made per tensor and forward call)."""
+
         def on_grad(grad: Any) -> None:
             if not self.disabled and grad is not None:
-                self.rows.add(key, self.stats.row(grad))
+                try:
+                    self.rows.add(key, self.stats.row(grad))
+                except Exception as exc:  # noqa: BLE001 - a monitor must never break training
+                    self.fail(exc)
 
         return on_grad
 

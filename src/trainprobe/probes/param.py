@@ -31,9 +31,10 @@ class ParamProbe(Probe):
         self.params = params
         self.disabled = not enabled
         self._keys: dict[str, list[RowKey]] = {}
+        self._tensors = [p.param for p in params]
 
     def _record(self, scope: str) -> None:
-        values = self.stats.rows([p.param for p in self.params])
+        values = self.stats.rows(self._tensors)
         keys = self._keys.get(scope)
         if keys is None:
             keys = self._keys[scope] = [RowKey(p.vpp_stage, p.name, scope) for p in self.params]

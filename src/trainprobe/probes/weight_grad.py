@@ -58,7 +58,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -102,6 +102,8 @@ class WeightGradProbe(Probe):
         self._seen = [0] * len(self.params)
         self._hooked_unsharded: set[int] = set()
         self._row_keys: dict[tuple[int, str, int], RowKey] = {}
+        self._all_keys: dict[tuple[str, int], list[RowKey]] = {}  # every parameter's keys of a scope
+        self._tensors = [p.param for p in self.params]
         self._backwards = 0  # backward passes finished in this step (backward-end capture)
         self._written: dict[int, RowKey] = {}  # this step's unreduced row key of each parameter
         self._counted = False  # this step's backward count was checked against micro_batches
@@ -146,11 +148,29 @@ class WeightGradProbe(Probe):
         if self._backwards < self.micro_batches:
             return
         self._captured = True
-        present = [(i, g) for i, named in enumerate(self.params) if (g := self.grad_of(named.param)) is not None]
+        indices, grads = self._present_grads()
         self._replace_written()
-        keys = [self._key(i, "unreduced", self._backwards) for i, _ in present]
-        self.rows.extend(keys, self.stats.rows([g for _, g in present]))
-        self._written = {i: key for (i, _), key in zip(present, keys)}
+        keys = self._keys_of(indices, "unreduced", self._backwards)
+        self.rows.extend(keys, self.stats.rows(grads))
+        self._written = dict(zip(indices, keys))
+
+    def _present_grads(self) -> tuple[range | list[int], list[torch.Tensor]]:
+        """The indices of the parameters that have a gradient now, and those gradients (every
+        parameter, checked with one pass of C calls, is the common case)."""
+        grads = list(map(self.grad_of, self._tensors))
+        if _NONE_TYPE not in set(map(type, grads)):
+            return range(len(grads)), cast(list[torch.Tensor], grads)  # no None among them
+        indices = [i for i, g in enumerate(grads) if g is not None]
+        return indices, [g for g in grads if g is not None]
+
+    def _keys_of(self, indices: range | list[int], scope: str, micro_step: int) -> list[RowKey]:
+        """Row keys of parameters ``indices``; for every parameter, one list made once."""
+        if type(indices) is not range:
+            return [self._key(i, scope, micro_step) for i in indices]
+        keys = self._all_keys.get((scope, micro_step))
+        if keys is None:
+            keys = self._all_keys[(scope, micro_step)] = [self._key(i, scope, micro_step) for i in indices]
+        return keys
 
     def _check_capture(self) -> None:
         """A collected step that reached the optimizer with gradients but no backward-end
@@ -260,14 +280,12 @@ class WeightGradProbe(Probe):
     def reduced_rows(self) -> tuple[list[RowKey], list[Any]]:
         """Reduced rows of the gradients as they are now (also read on demand by Monitor V1)."""
         keep = self.keep_reduced
-        present = [
-            (i, p, g)
-            for i, p in enumerate(self.params)
-            if (g := self.grad_of(p.param)) is not None and (keep is None or keep(p))
-        ]
-        micro_step = self._micro_step()
-        keys = [self._key(i, "reduced", micro_step) for i, _, _ in present]
-        return keys, self.stats.rows([g for _, _, g in present])
+        indices, grads = self._present_grads()
+        if keep is not None:
+            kept = [(i, g) for i, g in zip(indices, grads) if keep(self.params[i])]
+            indices, grads = [i for i, _ in kept], [g for _, g in kept]
+        keys = self._keys_of(indices, "reduced", self._micro_step())
+        return list(keys), self.stats.rows(grads)
 
     def _key(self, index: int, scope: str, micro_step: int) -> RowKey:
         """The row key of parameter ``index`` (made once, reused every step)."""
@@ -328,6 +346,9 @@ def _in_nested_backward() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+_NONE_TYPE = type(None)
 
 
 def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:

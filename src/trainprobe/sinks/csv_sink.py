@@ -18,6 +18,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import chain, repeat
 from pathlib import Path
 
 from trainprobe.layout import V2_KEY_COLUMNS, v2_file_name
@@ -103,11 +104,45 @@ class TableLayout:
             lines.append(line)
         return "".join(lines)
 
+    def batch_template(self, keys: list[RowKey]) -> tuple[list[str], int] | None:
+        """The line templates of ``keys`` joined and split where the step goes, with the number
+        of values per row; None when a key's text holds the split marker (NUL)."""
+        templates = _MARKED_TEMPLATES.setdefault(self, {})
+        if len(templates) > _MAX_TEMPLATES:
+            templates.clear()
+        lines = []
+        for key in keys:
+            template = templates.get(key)
+            if template is None:
+                template = templates[key] = self._line_template(key, _STEP_MARK)
+            lines.append(template)
+        text = "".join(lines)
+        if text.count(_STEP_MARK) != (len(keys) if "step" in self.key_columns else 0):
+            return None
+        return text.split(_STEP_MARK), len(self.ops)
+
+    def fill_batch(self, parts: tuple[list[str], int], values: list[list[float]], step: int) -> str | None:
+        """The text of a batch from :meth:`batch_template`'s ``parts``, or None when a row is not
+        ``len(ops)`` plain floats or a count is NaN (then :meth:`text` writes it row by row)."""
+        pieces, width = parts
+        if set(map(len, values)) != {width}:
+            return None
+        flat = list(chain.from_iterable(values))
+        if set(map(type, flat)) != _FLOAT_ONLY:
+            return None
+        if self.ndigits is not None:  # counts are whole numbers: rounding leaves them as they are
+            flat = list(map(round, flat, repeat(self.ndigits, len(flat))))
+        template = str(step).join(pieces) if len(pieces) > 1 else pieces[0]
+        try:
+            return template % tuple(flat)
+        except (ValueError, TypeError, OverflowError):  # a NaN or infinite count
+            return None
+
     def _key_order(self) -> tuple[str, ...]:
         return self.key_columns + (("micro_step",) if self.with_micro_step else ())
 
-    def _line_template(self, key: RowKey) -> str:
-        head = ["%d" if c == "step" else self._key_cell(c, key, 0).replace("%", "%%") for c in self._key_order()]
+    def _line_template(self, key: RowKey, step_cell: str = "%d") -> str:
+        head = [step_cell if c == "step" else self._key_cell(c, key, 0).replace("%", "%%") for c in self._key_order()]
         tail = "".join("," + _csv_text(t).replace("%", "%%") for t in self._trailing_cells(key))
         return ",".join(head) + "," + _value_template(self.ops) + tail + "\n"
 
@@ -132,8 +167,14 @@ class TableLayout:
         return _csv_text(value) if isinstance(value, str) else str(value)
 
 
+_STEP_MARK = "\x00"
+"""Where the step goes in a batch template (a line whose text holds it gets none)."""
+
+
 _LINE_TEMPLATES: dict[TableLayout, dict[RowKey, str]] = {}
 """Per layout, the line template of each key seen (see :meth:`TableLayout.text`)."""
+_MARKED_TEMPLATES: dict[TableLayout, dict[RowKey, str]] = {}
+"""Per layout, the line template of each key with :data:`_STEP_MARK` where the step goes."""
 _MAX_TEMPLATES = 1 << 17
 _FLOAT_ONLY = {float}
 
@@ -215,21 +256,58 @@ class CsvSink:
         self.name_file = name_file
         self.append = append
         self._open: dict[str, _OpenFile] = {}
+        self._routes: dict[str, tuple[list[RowKey], list[tuple[str, list[int] | None]]]] = {}
+        self._batch_templates: dict[str, tuple[list[RowKey], tuple[list[str], int] | None]] = {}
         self.rows_written: dict[str, int] = {}
 
     def write(self, batch: StepBatch) -> None:
         """Append the batch's rows to their tables' current window files (raises OSError)."""
         if not len(batch):
             return
-        by_table: dict[str, list[tuple[RowKey, list[float]]]] = {}
-        for key, values in batch.rows():
-            by_table.setdefault(self.table_of(batch.monitor, key), []).append((key, values))
-        for table, rows in by_table.items():
+        keys, values = batch.keys, batch.values()
+        for table, picked in self._tables_of(batch.monitor, keys):
             layout = self.layouts[table]
-            text = layout.text(rows, batch.step)
+            if picked is None:
+                text = self._batch_text(table, layout, keys, values, batch.step)
+            else:
+                sub_keys = [keys[i] for i in picked]
+                text = self._batch_text(table, layout, sub_keys, [values[i] for i in picked], batch.step)
             handle = self._file_for(table, batch.step, layout)
             append_whole(handle.fd, text.encode("utf-8", _UNENCODABLE))
         self.rows_written[batch.monitor] = self.rows_written.get(batch.monitor, 0) + len(batch)
+
+    def _tables_of(self, monitor: str, keys: list[RowKey]) -> list[tuple[str, list[int] | None]]:
+        """The tables of a batch's rows, each with the indices of its rows (None: every row), in
+        the order of their first rows; remembered for the monitor's last key list (a probe
+        produces the same keys, the same objects, step after step)."""
+        cached = self._routes.get(monitor)
+        if cached is not None and cached[0] == keys:
+            return cached[1]
+        table_of = self.table_of
+        by_table: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_table.setdefault(table_of(monitor, key), []).append(i)
+        routes: list[tuple[str, list[int] | None]] = [
+            (table, None if len(picked) == len(keys) else picked) for table, picked in by_table.items()
+        ]
+        self._routes[monitor] = (list(keys), routes)
+        return routes
+
+    def _batch_text(
+        self, table: str, layout: TableLayout, keys: list[RowKey], values: list[list[float]], step: int
+    ) -> str:
+        """:meth:`TableLayout.text` of the rows, with one ``%`` operation for the whole batch when
+        the table's keys are those of its last batch and every value is a plain float (the
+        template of the batch's lines is remembered per table; the step is joined in)."""
+        cached = self._batch_templates.get(table)
+        if cached is None or cached[0] != keys:
+            cached = self._batch_templates[table] = (list(keys), layout.batch_template(keys))
+        parts = cached[1]
+        if parts is not None:
+            text = layout.fill_batch(parts, values, step)
+            if text is not None:
+                return text
+        return layout.text(zip(keys, values), step)
 
     def _file_for(self, table: str, step: int, layout: TableLayout) -> _OpenFile:
         first, last = self.schedule.window(step)

@@ -63,6 +63,7 @@ def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_set_grad_enabled = torch._C._set_grad_enabled
 
 
 def _fast_input(t: torch.Tensor) -> torch.Tensor:
@@ -73,6 +74,10 @@ def _fast_input(t: torch.Tensor) -> torch.Tensor:
     return as_statistic_input(t)
 
 
+_VECTOR_FINISH_FROM = 16
+"""Rows from which a batch is finished (NaN counts, sizes, overflow checks) by kernels over all
+rows rather than by Python per row."""
+_HOST_ROW_ORDER = ("min", "max", "mean", "norm", "nans", "zeros")
 _ROW = 256
 _EXACT_BELOW = 1 << 16
 _NORM_ROWS_FROM = 1 << 12
@@ -103,10 +108,19 @@ def _segment_sums(values: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     return torch.segment_reduce(values, "sum", lengths=_lengths_tensor(tuple(lengths)))
 
 
-def _host_table(cols: dict[str, torch.Tensor], ops: Sequence[str], k: int) -> list[list[float]]:
-    """The columns of every op but ``nans``, in ``ops`` order, read back as k lists of floats."""
-    present = [cols[op].to(torch.float64) for op in ops if op != "nans"]
-    return torch.stack(present, 1).tolist() if present else [[] for _ in range(k)]
+@functools.lru_cache(maxsize=256)
+def _sizes_tensor(numels: tuple[int, ...]) -> torch.Tensor:
+    return torch.tensor(numels, dtype=torch.float64)
+
+
+def _true_rows(flags: list[torch.Tensor]) -> list[int]:
+    """Indices where any of the boolean columns ``flags`` is true (one read-back)."""
+    if not flags:
+        return []
+    any_flag = flags[0]
+    for more in flags[1:]:
+        any_flag = any_flag | more
+    return any_flag.nonzero().flatten().tolist()
 
 
 def sum64(x: torch.Tensor) -> torch.Tensor:
@@ -255,17 +269,31 @@ class TensorStats:
         wanted = ("min" in ops or "max" in ops) + ("mean" in ops) + ("norm" in ops)
         self._fused = (fused or shared_fused()) if wanted >= 2 else None
         self._empty = [_EMPTY[op] for op in self.ops]
-        # where each op sits in a host row before the NaN count is inserted (see _finish)
+        # where each op sits among the columns of every op but nans (see _nan_column)
         plain = [op for op in self.ops if op != "nans"]
         self._nan_at = self.ops.index("nans") if "nans" in self.ops else None
         self._mean_at = plain.index("mean") if "mean" in plain else None
         self._zeros_at = plain.index("zeros") if "zeros" in plain else None
         self._norm_at = plain.index("norm") if "norm" in plain else None
         self._nan_proof_at = [j for j, op in enumerate(plain) if op in ("max", "norm", "mean")]
+        self._plain = tuple(plain)
+        self._want_minmax = "min" in self.ops or "max" in self.ops
+        self._want_mean, self._want_norm, self._want_zeros = ("mean" in ops, "norm" in ops, "zeros" in ops)
+        self._order = tuple(_HOST_ROW_ORDER.index(op) for op in self.ops)
+        self._proof_ops = tuple(j for j, op in enumerate(("max", "mean", "norm")) if op in self.ops)
+        self._mean_pos = self.ops.index("mean") if "mean" in self.ops else None  # in a finished row
+        self._norm_pos = self.ops.index("norm") if "norm" in self.ops else None
 
     def row(self, t: torch.Tensor) -> RowValues:
         """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise."""
-        return self._row_of(as_statistic_input(t))
+        enabled = torch.is_grad_enabled()
+        if enabled:
+            _set_grad_enabled(False)
+        try:
+            return self._row_of(_fast_input(t))
+        finally:
+            if enabled:
+                _set_grad_enabled(True)
 
     def _row_of(self, x: torch.Tensor) -> RowValues:
         if x.numel() == 0:
@@ -276,34 +304,47 @@ class TensorStats:
 
     def _host_row(self, x: torch.Tensor) -> list[float]:
         """One CPU tensor on its own: the arithmetic of the batched paths (float64 below 4,096
-        elements, rows of 256 combined in float64 above) in the fewest kernels, no batching.
+        elements, rows of 256 combined in float64 above) in the fewest kernels, no batching,
+        and no per-op containers (the module monitor runs this once per tensor and call).
         Without a compiled single pass, contiguous float32 tensors take :func:`_chunked_float32`:
         the eager kernels' values, fewer passes over memory."""
-        ops = self.ops
-        found: dict[str, float] = {}
+        n = x.numel()
+        lo = hi = total = norm = zeros = 0.0
         one_pass = self._fused(x) if self._fused is not None else None
         if one_pass is not None:
             lo, hi, total, squares = (v.item() for v in one_pass)
-            found.update(min=lo, max=hi, mean=total, norm=math.sqrt(squares))
+            norm = math.sqrt(squares)
         else:
-            chunked = _chunked_float32(x, "mean" in ops, "norm" in ops) if "min" in ops or "max" in ops else None
+            chunked = _chunked_float32(x, self._want_mean, self._want_norm) if self._want_minmax else None
             if chunked is not None:
-                found["min"], found["max"], mean, norm = chunked
-                if mean is not None:
-                    found["mean"] = mean
-                if norm is not None:
-                    found["norm"] = norm
+                lo, hi, chunk_total, chunk_norm = chunked
+                if chunk_total is not None:
+                    total = chunk_total
+                if chunk_norm is not None:
+                    norm = chunk_norm
             else:
-                if "min" in ops or "max" in ops:
-                    low, high = torch.aminmax(x)
-                    found["min"], found["max"] = low.item(), high.item()
-                if "mean" in ops:
-                    found["mean"] = sum64(x).item()
-                if "norm" in ops:
-                    found["norm"] = norm64(x).item()
-        if "zeros" in ops:
-            found["zeros"] = float(torch.count_nonzero(x.abs() < self.eps).item())
-        return self._finish([[found[op] for op in ops if op != "nans"]], [x], numels=[x.numel()])[0]
+                if self._want_minmax:
+                    a, b = torch.aminmax(x)
+                    lo, hi = a.item(), b.item()
+                if self._want_mean:
+                    total = sum64(x).item()
+                if self._want_norm:
+                    norm = norm64(x).item()
+        if self._want_zeros:
+            zeros = torch.count_nonzero(x.abs() < self.eps).item() / n
+        if x.dtype != torch.float64:  # float32 partial results that overflowed or underflowed
+            if self._want_mean and not math.isfinite(total):
+                total = x.sum(dtype=torch.float64).item()
+            if self._want_norm and not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm:
+                norm = torch.linalg.vector_norm(x, dtype=torch.float64).item()
+        mean = total / n
+        nans = 0.0
+        if self._nan_at is not None:
+            proof = (hi, mean, norm)
+            if not self._proof_ops or any(proof[j] != proof[j] for j in self._proof_ops):
+                nans = float(torch.count_nonzero(torch.isnan(x)).item())
+        found = (lo, hi, mean, norm, nans, zeros)
+        return [found[j] for j in self._order]
 
     def rows(self, tensors: Sequence[torch.Tensor]) -> list[RowValues]:
         """Statistics of several tensors, one row each, in order.
@@ -313,8 +354,16 @@ class TensorStats:
         kernels, and the float64 combination of every large tensor's partial sums is one
         kernel per op (see the module docstring).
         """
-        with torch.no_grad():
+        enabled = torch.is_grad_enabled()  # no_grad without its Python context manager
+        if enabled:
+            _set_grad_enabled(False)
+        try:
+            if len(tensors) == 1:
+                return [self._row_of(_fast_input(tensors[0]))]
             return self._rows([_fast_input(t) for t in tensors])
+        finally:
+            if enabled:
+                _set_grad_enabled(True)
 
     def _rows(self, xs: list[torch.Tensor]) -> list[RowValues]:
         out: list[RowValues] = [[] for _ in xs]
@@ -324,7 +373,7 @@ class TensorStats:
             n = x.numel()
             if n == 0:
                 out[i] = list(self._empty)
-            elif x.device.type != "cpu":
+            elif not x.is_cpu:
                 out[i] = self._device_row(x)
             elif n < _NORM_ROWS_FROM:
                 small.setdefault((x.shape, x.dtype), []).append(i)
@@ -359,7 +408,13 @@ class TensorStats:
             cols["norm"] = torch.linalg.vector_norm(block, dim=1, dtype=torch.float64)
         if "zeros" in ops:
             cols["zeros"] = torch.count_nonzero(block.abs() < self.eps, dim=1).to(torch.float64) / n
-        return self._finish(_host_table(cols, ops, block.shape[0]), block)
+        present = [cols[op].to(torch.float64) for op in self._plain]
+        k = block.shape[0]
+        if k < _VECTOR_FINISH_FROM:
+            return self._few_rows(present, block, None)
+        if self._nan_at is not None:
+            present.insert(self._nan_at, self._nan_column(present, k, block))
+        return torch.stack(present, 1).tolist() if present else [[] for _ in range(k)]
 
     def _host_large(self, xs: list[torch.Tensor]) -> list[list[float]]:
         """Rows of CPU tensors of 4,096 elements or more: three kernels per tensor (``aminmax``
@@ -414,47 +469,81 @@ class TensorStats:
             cols["norm"] = _segment_sums(torch.cat(norms).to(f64).square(), lengths).sqrt()
         if want_zeros:
             cols["zeros"] = torch.stack(zeros)
-        return self._finish(_host_table(cols, ops, len(xs)), xs, numels=numels)
+        return self._large_table(cols, xs, numels)
 
-    def _finish(
-        self,
-        table: list[list[float]],
-        xs: Sequence[torch.Tensor] | torch.Tensor,
-        numels: list[int] | None = None,
+    def _large_table(
+        self, cols: dict[str, torch.Tensor], xs: list[torch.Tensor], numels: list[int]
     ) -> list[list[float]]:
-        """Complete host rows (``table``: one per tensor, every op but ``nans``): with ``numels``
-        (rows holding sums and counts), means and zero fractions divided by the tensor's size,
-        and float32 partial results that overflowed or underflowed redone in float64; then NaN
-        counts. ``xs[r]`` (the tensor of row r) is read only when a row needs it."""
-        for r, values in enumerate(table):
-            if numels is not None:
-                self._finish_sums(values, xs[r] if self._needs_redo(values) else None, numels[r])
-            if self._nan_at is not None:
-                clean = self._nan_proof_at and not any(values[j] != values[j] for j in self._nan_proof_at)
-                count = 0.0 if clean else float(torch.count_nonzero(torch.isnan(xs[r])).item())
-                values.insert(self._nan_at, count)
+        """Host rows from the columns of :meth:`_host_large` (sums and counts): means and zero
+        fractions divided by the sizes and NaN counts inserted with a few kernels for all rows;
+        then, for the rare rows whose float32 partial results may have overflowed or underflowed
+        (a non-finite sum, a norm outside (1e-15, 1e18)), their redo (:meth:`_redo_row`)."""
+        f64 = torch.float64
+        present = [cols[op].to(f64) for op in self._plain]
+        if len(xs) < _VECTOR_FINISH_FROM:
+            return self._few_rows(present, xs, numels)
+        mean_at, norm_at = self._mean_at, self._norm_at
+        suspects: list[torch.Tensor] = []
+        if mean_at is not None:
+            suspects.append(~torch.isfinite(present[mean_at]))
+        if norm_at is not None:
+            norm = present[norm_at]
+            suspects.append((norm <= _NORM_SAFE[0]) | (norm >= _NORM_SAFE[1]) | torch.isnan(norm))
+        redo = _true_rows(suspects)
+        sizes = _sizes_tensor(tuple(numels))
+        for at in (mean_at, self._zeros_at):
+            if at is not None:
+                present[at] = present[at] / sizes
+        if self._nan_at is not None:
+            present.insert(self._nan_at, self._nan_column(present, len(xs), xs))
+        table = torch.stack(present, 1).tolist() if present else [[] for _ in xs]
+        for r in redo:
+            self._redo_row(table[r], xs[r], numels[r])
         return table
 
-    def _needs_redo(self, values: list[float]) -> bool:
-        """Whether a row's mean or norm may hide a float32 overflow or underflow inside a row."""
-        mean_at, norm_at = self._mean_at, self._norm_at
-        if mean_at is not None and not math.isfinite(values[mean_at]):
-            return True
-        return norm_at is not None and not (_NORM_SAFE[0] < values[norm_at] < _NORM_SAFE[1])
+    def _few_rows(
+        self, present: list[torch.Tensor], xs: Sequence[torch.Tensor] | torch.Tensor, numels: list[int] | None
+    ) -> list[list[float]]:
+        """What :meth:`_large_table` (with ``numels``) and :meth:`_host_block` (without) do, row
+        by row in Python: cheaper than their fixed kernels for fewer than 16 rows."""
+        k = len(xs)
+        table = torch.stack(present, 1).tolist() if present else [[] for _ in range(k)]
+        nan_at, proof = self._nan_at, self._nan_proof_at
+        mean_at, zeros_at = self._mean_at, self._zeros_at
+        for r, values in enumerate(table):
+            if numels is not None:
+                if mean_at is not None:
+                    values[mean_at] /= numels[r]
+                if zeros_at is not None:
+                    values[zeros_at] /= numels[r]
+            if nan_at is not None:
+                clean = proof and not any(values[j] != values[j] for j in proof)
+                values.insert(nan_at, 0.0 if clean else float(torch.count_nonzero(torch.isnan(xs[r])).item()))
+            if numels is not None:
+                self._redo_row(values, xs[r], numels[r])
+        return table
 
-    def _finish_sums(self, values: list[float], x: torch.Tensor | None, n: int) -> None:
-        """Divide the mean and zeros of a row by ``n``; with ``x`` (see :meth:`_needs_redo`), redo
-        its non-finite mean and out-of-range norm as one float64 reduction (float32 inputs only)."""
-        redo = x is not None and x.dtype != torch.float64
-        if self._mean_at is not None:
-            total = values[self._mean_at]
-            if redo and x is not None and not math.isfinite(total):
-                total = x.sum(dtype=torch.float64).item()
-            values[self._mean_at] = total / n
-        if self._zeros_at is not None:
-            values[self._zeros_at] /= n
-        norm_at = self._norm_at
-        if redo and norm_at is not None:
+    def _nan_column(
+        self, present: list[torch.Tensor], k: int, xs: Sequence[torch.Tensor] | torch.Tensor
+    ) -> torch.Tensor:
+        """NaN counts of k rows (float64), counted only for rows whose min/max/mean/norm columns
+        (``present``, every op but ``nans``) hold a NaN: where none does, the tensor has none."""
+        proof = self._nan_proof_at
+        rows = _true_rows([torch.isnan(present[j]) for j in proof]) if proof else list(range(k))
+        column = torch.zeros(k, dtype=torch.float64)
+        if rows:
+            column[rows] = torch.stack([torch.count_nonzero(torch.isnan(xs[r])) for r in rows]).to(torch.float64)
+        return column
+
+    def _redo_row(self, values: list[float], x: torch.Tensor, n: int) -> None:
+        """A finished row's non-finite mean and out-of-range (not NaN) norm redone as one float64
+        reduction (float32 and half inputs only), as :meth:`_host_row` does."""
+        if x.dtype == torch.float64:
+            return
+        mean_at, norm_at = self._mean_pos, self._norm_pos
+        if mean_at is not None and not math.isfinite(values[mean_at]):
+            values[mean_at] = x.sum(dtype=torch.float64).item() / n
+        if norm_at is not None:
             norm = values[norm_at]
             if not (_NORM_SAFE[0] < norm < _NORM_SAFE[1]) and norm == norm:
                 values[norm_at] = torch.linalg.vector_norm(x, dtype=torch.float64).item()
