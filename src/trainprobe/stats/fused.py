@@ -28,10 +28,10 @@ is paid once per dtype.
 
 Mode, from the environment variable ``TRAINPROBE_FUSED_STATS``:
 
-* ``auto``: use the fused pass where it is exact and faster (the default on CUDA);
+* ``auto``: use the fused pass where it is exact and faster;
 * ``on``: use it where it compiles and is exact, whatever its speed (for tests and experiments);
-* ``off``: never compile (the default on the CPU, see docs/performance.md, "Fused single pass",
-  and on other accelerators, where it is untried).
+* ``off``: never compile (the default everywhere until the pass is measured on a GPU: on the CPU
+  it loses below about a million elements, see docs/performance.md, "Fused single pass").
 
 Statistics are never cached: only compiled code is. Every call reads the tensor as it is now.
 """
