@@ -1,14 +1,19 @@
 """What csv2tb, csv2db and report share: the selection arguments of their command lines, the
-checks of their Python parameters and the timestamped default output folder."""
+checks of their Python parameters, the timestamped default output folder and the warnings their
+worker processes send back."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+from trainprobe.log import logger
 
 OUTPUT_STAMP = "%Y%m%d%H%M%S"
 
@@ -60,3 +65,26 @@ def output_folder(output_dirpath: str | PathLike[str] | None, suffix: str) -> Pa
     except OSError as exc:
         raise ConfigError(f"output_dirpath: cannot create {str(folder)!r}: {exc.strerror or exc}") from None
     return folder
+
+
+class _Collector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def worker_warnings() -> Iterator[list[str]]:
+    """The warnings trainprobe's logger says inside the block, collected (and kept from its other
+    handlers) so a worker process sends them back for the caller to say once."""
+    collector = _Collector()
+    logger.addHandler(collector)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield collector.messages
+    finally:
+        logger.removeHandler(collector)
+        logger.propagate = propagate
