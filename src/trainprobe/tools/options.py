@@ -58,12 +58,22 @@ def output_folder(output_dirpath: str | PathLike[str] | None, suffix: str) -> Pa
         folder = Path(f"{datetime.now().strftime(OUTPUT_STAMP)}_{suffix}")
     else:
         folder = Path(output_dirpath).expanduser()
+    return make_folder(folder, "output_dirpath")
+
+
+def make_folder(folder: Path, field: str) -> Path:
+    """``folder``, created with its parents if missing.
+
+    Raises:
+        ConfigError: naming ``field``, when ``folder`` exists and is not a folder, or cannot be
+            created (a file on the way).
+    """
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"output_dirpath: {str(folder)!r} exists and is not a folder")
+        raise ConfigError(f"{field}: {str(folder)!r} exists and is not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"output_dirpath: cannot create {str(folder)!r}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{field}: cannot create {str(folder)!r}: {exc.strerror or exc}") from None
     return folder
 
 
