@@ -63,7 +63,7 @@ import torch  # noqa: E402
 
 from bench_monitor_v1 import OPS as V1_OPS  # noqa: E402
 from bench_monitor_v1 import V1Monitor  # noqa: E402
-from bench_monitor_v2 import OneReadHooks, kernel_floor, load_text, quartiles  # noqa: E402
+from bench_monitor_v2 import OneReadHooks, in_turn, kernel_floor, load_text, quartiles  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
 from trainprobe.demo.gpt import benchmark_setup  # noqa: E402
 from trainprobe.dump import PrecisionDebugger  # noqa: E402
@@ -232,12 +232,7 @@ def measure(row: Row, folder: Path, args: argparse.Namespace) -> Result:
             plain.step()
             monitored.step()
         for i in range(args.pairs):
-            if i % 2 == 0:
-                a = plain.step()
-                b = monitored.step()
-            else:
-                b = monitored.step()
-                a = plain.step()
+            a, b = in_turn(i, plain.step, monitored.step)
             res.ratios.append(b / a)
             res.wall_ratios.append(monitored.last_wall / plain.last_wall)
             res.plain_s.append(a)
