@@ -38,11 +38,8 @@ from bench_monitor_v2 import (
     BenchConfig,
     _on,
     fill_counts,
-    load_text,
-    measure,
     output_folder,
-    print_report,
-    profile_config,
+    run_selected,
 )
 from trainprobe.demo.gpt_mindspore import benchmark_setup
 
@@ -119,24 +116,17 @@ def main(argv: list[str] | None = None) -> int:
             f"RSS run {args.rss_steps} steps; output in {out}",
             flush=True,
         )
-        print(f"load average at start: {load_text()}", flush=True)
-        warm = [trainer.step() for _ in range(args.warmup)]
-        print(f"warm-up: {args.warmup} steps, last {1000 * warm[-1]:.1f} ms", flush=True)
-        results = []
-        for cfg in args.selected:
-            res = measure(cfg, trainer, out, args, framework="mindspore")  # type: ignore[arg-type]
-            results.append(res)
-            q1, q3 = res.iqr
-            print(
-                f"  {cfg.label}: median ratio {res.median_ratio:.3f}x (IQR {q1:.3f}-{q3:.3f}), "
-                f"RSS growth {res.rss_growth_pct:+.1f}% ({res.seconds:.0f} s)",
-                flush=True,
-            )
-        print(f"final loss {trainer.last_loss:.3f}; load average at end: {load_text()}")
-        print_report(results)
-        if args.profile:
-            for cfg in args.selected:
-                profile_config(cfg, trainer, out, steps=max(args.steps_per_block, 2), top=25, framework="mindspore")  # type: ignore[arg-type]
+        run_selected(
+            trainer,
+            out,
+            args,
+            lambda res: (
+                f"median ratio {res.median_ratio:.3f}x (IQR {res.iqr[0]:.3f}-{res.iqr[1]:.3f}), "
+                f"RSS growth {res.rss_growth_pct:+.1f}% ({res.seconds:.0f} s)"
+            ),
+            profile_steps=max(args.steps_per_block, 2),
+            framework="mindspore",
+        )
     return 0
 
 

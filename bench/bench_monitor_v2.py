@@ -594,6 +594,32 @@ def output_folder(out: Path | None, prefix: str) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_selected(
+    trainer: Any,
+    out: Path,
+    args: argparse.Namespace,
+    progress: Callable[[Result], str],
+    profile_steps: int,
+    framework: str = "pytorch",
+) -> None:
+    """The warm-up, then :func:`measure` of each configuration of ``args.selected`` (a line
+    ``<label>: <progress(result)>`` each), the report and, with ``--profile``, a cProfile of each
+    (``profile_steps`` steps). ``trainer`` and ``framework`` as :func:`measure` takes them."""
+    print(f"load average at start: {load_text()}", flush=True)
+    warm = [trainer.step() for _ in range(args.warmup)]
+    print(f"warm-up: {args.warmup} steps, last {1000 * warm[-1]:.1f} ms", flush=True)
+    results = []
+    for cfg in args.selected:
+        res = measure(cfg, trainer, out, args, framework=framework)
+        results.append(res)
+        print(f"  {cfg.label}: {progress(res)}", flush=True)
+    print(f"final loss {trainer.last_loss:.3f}; load average at end: {load_text()}")
+    print_report(results)
+    if args.profile:
+        for cfg in args.selected:
+            profile_config(cfg, trainer, out, steps=profile_steps, top=25, framework=framework)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with output_folder(args.out, "trainprobe-bench-") as out:
@@ -606,23 +632,16 @@ def main(argv: list[str] | None = None) -> int:
             f"output in {out}",
             flush=True,
         )
-        print(f"load average at start: {load_text()}", flush=True)
-        warm = [trainer.step() for _ in range(args.warmup)]
-        print(f"warm-up: {args.warmup} steps, last {1000 * warm[-1]:.1f} ms", flush=True)
-        results = []
-        for cfg in args.selected:
-            res = measure(cfg, trainer, out, args)
-            results.append(res)
-            print(
-                f"  {cfg.label}: median ratio {res.median_ratio:.3f}x, RSS growth {res.rss_growth_pct:+.1f}%, "
-                f"peak RSS {res.peak_rss_mib:.0f} MiB ({res.seconds:.0f} s)",
-                flush=True,
-            )
-        print(f"final loss {trainer.last_loss:.3f}; load average at end: {load_text()}")
-        print_report(results)
-        if args.profile:
-            for cfg in args.selected:
-                profile_config(cfg, trainer, out, steps=max(args.steps_per_block, 3), top=25)
+        run_selected(
+            trainer,
+            out,
+            args,
+            lambda res: (
+                f"median ratio {res.median_ratio:.3f}x, RSS growth {res.rss_growth_pct:+.1f}%, "
+                f"peak RSS {res.peak_rss_mib:.0f} MiB ({res.seconds:.0f} s)"
+            ),
+            profile_steps=max(args.steps_per_block, 3),
+        )
     return 0
 
 
