@@ -87,10 +87,11 @@ class Trainer:
 
     clock = staticmethod(time.perf_counter)
     last_wall = 0.0
+    last_loss = float("nan")
 
     def step(self, debugger: PrecisionDebugger | None) -> float:
         """One training step (with the debugger's calls around it); its seconds on :attr:`clock`
-        (its wall seconds go to :attr:`last_wall`)."""
+        (its wall seconds go to :attr:`last_wall`, its loss to :attr:`last_loss`)."""
         batch = next(self.batches)
         w0 = time.perf_counter()
         t0 = self.clock()
@@ -105,6 +106,7 @@ class Trainer:
             debugger.step()
         elapsed = self.clock() - t0
         self.last_wall = time.perf_counter() - w0
+        self.last_loss = loss.item()
         return elapsed
 
 
