@@ -43,13 +43,13 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from bench_monitor_v2 import output_folder
 from trainprobe.demo.gpt import benchmark_setup
 from trainprobe.dump import PrecisionDebugger
 
@@ -87,10 +87,11 @@ class Trainer:
 
     clock = staticmethod(time.perf_counter)
     last_wall = 0.0
+    last_loss = float("nan")
 
     def step(self, debugger: PrecisionDebugger | None) -> float:
         """One training step (with the debugger's calls around it); its seconds on :attr:`clock`
-        (its wall seconds go to :attr:`last_wall`)."""
+        (its wall seconds go to :attr:`last_wall`, its loss to :attr:`last_loss`)."""
         batch = next(self.batches)
         w0 = time.perf_counter()
         t0 = self.clock()
@@ -105,6 +106,7 @@ class Trainer:
             debugger.step()
         elapsed = self.clock() - t0
         self.last_wall = time.perf_counter() - w0
+        self.last_loss = loss.item()
         return elapsed
 
 
@@ -228,13 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in keys if k not in BY_KEY]
     if unknown:
         p.error(f"unknown config(s) {unknown}; choose from {', '.join(BY_KEY)}")
-    tmp = None
-    out = args.out
-    if out is None:
-        tmp = tempfile.mkdtemp(prefix="trainprobe-bench-dump-")
-        out = Path(tmp)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
+    with output_folder(args.out, "trainprobe-bench-dump-") as out:
         trainer = Trainer(seed=0)
         for _ in range(3):
             trainer.step(None)
@@ -246,9 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         total = max((r.bytes_written for r in results), default=0)
         disk = disk_write_mb_s(out, total) if any(r.bytes_written for r in results) else None
         print_report(results, disk, args)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

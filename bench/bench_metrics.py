@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from bench_monitor_v2 import in_turn
 from trainprobe.demo.gpt import benchmark_setup
 from trainprobe.metrics import TrainingMetricsMonitor
 
@@ -136,12 +137,7 @@ def measure(
     run_block(trainer, 1, config)  # warm-up pair, discarded
     run_block(trainer, 1, None)
     for i in range(blocks):
-        if i % 2 == 0:
-            a = run_block(trainer, steps, config)
-            b = run_block(trainer, steps, None)
-        else:
-            b = run_block(trainer, steps, None)
-            a = run_block(trainer, steps, config)
+        a, b = in_turn(i, lambda: run_block(trainer, steps, config), lambda: run_block(trainer, steps, None))
         ratios.append(a[0] / b[0])
         cpu_ratios.append(a[1] / b[1])
     return ratios, cpu_ratios

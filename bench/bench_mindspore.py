@@ -27,16 +27,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import mindspore as ms
 from mindspore.common.api import _pynative_executor
 
-from bench_monitor_v2 import BenchConfig, _on, load_text, measure, print_report, profile_config
+from bench_monitor_v2 import (
+    BenchConfig,
+    _on,
+    fill_counts,
+    output_folder,
+    run_selected,
+)
 from trainprobe.demo.gpt_mindspore import benchmark_setup
 
 BATCH_SIZE = 8
@@ -89,12 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print a cProfile of each monitored config")
     args = p.parse_args(argv)
-    defaults = {"steps_per_block": (1, 3), "blocks": (2, 6), "rss_steps": (2, 6), "warmup": (1, 3)}
-    for name, (small, full) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, small if args.quick else full)
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    fill_counts(p, args, {"steps_per_block": (1, 3), "blocks": (2, 6), "rss_steps": (2, 6), "warmup": (1, 3)})
     args.warmup_block_steps = 1
     wanted = [s.strip() for s in args.configs.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in CONFIG_KEYS]
@@ -107,14 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    tmp = None
-    if args.out is None:
-        tmp = tempfile.mkdtemp(prefix="trainprobe-bench-ms-")
-        out = Path(tmp)
-    else:
-        out = args.out
-        out.mkdir(parents=True, exist_ok=True)
-    try:
+    with output_folder(args.out, "trainprobe-bench-ms-") as out:
         trainer = MsTrainer(args.seed)
         n_params = sum(p.size for p in trainer.model.trainable_params())
         print(
@@ -124,27 +116,17 @@ def main(argv: list[str] | None = None) -> int:
             f"RSS run {args.rss_steps} steps; output in {out}",
             flush=True,
         )
-        print(f"load average at start: {load_text()}", flush=True)
-        warm = [trainer.step() for _ in range(args.warmup)]
-        print(f"warm-up: {args.warmup} steps, last {1000 * warm[-1]:.1f} ms", flush=True)
-        results = []
-        for cfg in args.selected:
-            res = measure(cfg, trainer, out, args, framework="mindspore")  # type: ignore[arg-type]
-            results.append(res)
-            q1, q3 = res.iqr
-            print(
-                f"  {cfg.label}: median ratio {res.median_ratio:.3f}x (IQR {q1:.3f}-{q3:.3f}), "
-                f"RSS growth {res.rss_growth_pct:+.1f}% ({res.seconds:.0f} s)",
-                flush=True,
-            )
-        print(f"final loss {trainer.last_loss:.3f}; load average at end: {load_text()}")
-        print_report(results)
-        if args.profile:
-            for cfg in args.selected:
-                profile_config(cfg, trainer, out, steps=max(args.steps_per_block, 2), top=25, framework="mindspore")  # type: ignore[arg-type]
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        run_selected(
+            trainer,
+            out,
+            args,
+            lambda res: (
+                f"median ratio {res.median_ratio:.3f}x (IQR {res.iqr[0]:.3f}-{res.iqr[1]:.3f}), "
+                f"RSS growth {res.rss_growth_pct:+.1f}% ({res.seconds:.0f} s)"
+            ),
+            profile_steps=max(args.steps_per_block, 2),
+            framework="mindspore",
+        )
     return 0
 
 

@@ -75,10 +75,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -86,6 +86,7 @@ from trainprobe import TrainerMonitorV2
 from trainprobe.demo.gpt import benchmark_setup
 
 BATCH_SIZE = 8
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,18 @@ class Result:
         return all(checks) if checks else None
 
 
+def in_turn(i: int, first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
+    """``(first(), second())`` of pair ``i``, called in that order for even ``i`` and the other
+    way round for odd ``i``, so that a slow drift of the machine favours neither side."""
+    if i % 2 == 0:
+        a = first()
+        b = second()
+    else:
+        b = second()
+        a = first()
+    return a, b
+
+
 def quartiles(values: list[float]) -> tuple[float, float]:
     """First and third quartiles of ``values`` (inclusive method; one value: that value twice)."""
     if len(values) < 2:
@@ -386,12 +399,11 @@ def _measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Names
     run_block(trainer, args.warmup_block_steps, monitor)
     run_block(trainer, args.warmup_block_steps, None)
     for i in range(args.blocks):
-        if i % 2 == 0:
-            a = run_block(trainer, args.steps_per_block, monitor)
-            b = run_block(trainer, args.steps_per_block, None)
-        else:
-            b = run_block(trainer, args.steps_per_block, None)
-            a = run_block(trainer, args.steps_per_block, monitor)
+        a, b = in_turn(
+            i,
+            lambda: run_block(trainer, args.steps_per_block, monitor),
+            lambda: run_block(trainer, args.steps_per_block, None),
+        )
         res.a_blocks.append(a)
         res.b_blocks.append(b)
         res.ratios.append(a.mean_s / b.mean_s)
@@ -432,15 +444,27 @@ def profile_config(
     )
     monitor.start(model=trainer.model, optimizer=trainer.optimizer)
     trainer.step()
+    prof = profiled_steps(trainer.step, steps)
+    monitor.stop()
+    print_profile(prof, f"{cfg.label}, {steps} steps, main thread only, sorted by own time", top)
+
+
+def profiled_steps(step: Callable[[], object], steps: int) -> cProfile.Profile:
+    """cProfile of ``steps`` calls of ``step``."""
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
-        trainer.step()
+        step()
     prof.disable()
-    monitor.stop()
+    return prof
+
+
+def print_profile(prof: cProfile.Profile, title: str, top: int) -> None:
+    """The ``top`` functions of ``prof`` (by own time, or ``$BENCH_PROFILE_SORT``) as a Markdown
+    section headed ``cProfile: <title>``."""
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime")).print_stats(top)
-    print(f"\n### cProfile: {cfg.label}, {steps} steps, main thread only, sorted by own time\n")
+    print(f"\n### cProfile: {title}\n")
     print("```")
     print(buf.getvalue().strip())
     print("```")
@@ -534,12 +558,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.clock == "cpu":
         Trainer.clock = staticmethod(time.process_time)
     quick = args.quick
-    defaults = {"steps_per_block": (2, 5), "blocks": (2, 8), "rss_steps": (6, 40), "warmup": (2, 10)}
-    for name, (small, full) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, small if quick else full)
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    fill_counts(p, args, {"steps_per_block": (2, 5), "blocks": (2, 8), "rss_steps": (6, 40), "warmup": (2, 10)})
     args.warmup_block_steps = 1 if quick else 2
     wanted = [s.strip() for s in args.configs.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in CONFIG_KEYS]
@@ -550,16 +569,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def fill_counts(p: argparse.ArgumentParser, args: argparse.Namespace, defaults: dict[str, tuple[int, int]]) -> None:
+    """Each count ``name`` of ``defaults`` (``name: (with --quick, without)``) left unset on the
+    command line set to its default; a count below 1 is a usage error (exits)."""
+    for name, (small, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, small if args.quick else full)
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
+@contextlib.contextmanager
+def output_folder(out: Path | None, prefix: str) -> Iterator[Path]:
+    """``out`` (created if missing), or a fresh temporary folder named ``<prefix>...``, removed at
+    the end."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_selected(
+    trainer: Any,
+    out: Path,
+    args: argparse.Namespace,
+    progress: Callable[[Result], str],
+    profile_steps: int,
+    framework: str = "pytorch",
+) -> None:
+    """The warm-up, then :func:`measure` of each configuration of ``args.selected`` (a line
+    ``<label>: <progress(result)>`` each), the report and, with ``--profile``, a cProfile of each
+    (``profile_steps`` steps). ``trainer`` and ``framework`` as :func:`measure` takes them."""
+    print(f"load average at start: {load_text()}", flush=True)
+    warm = [trainer.step() for _ in range(args.warmup)]
+    print(f"warm-up: {args.warmup} steps, last {1000 * warm[-1]:.1f} ms", flush=True)
+    results = []
+    for cfg in args.selected:
+        res = measure(cfg, trainer, out, args, framework=framework)
+        results.append(res)
+        print(f"  {cfg.label}: {progress(res)}", flush=True)
+    print(f"final loss {trainer.last_loss:.3f}; load average at end: {load_text()}")
+    print_report(results)
+    if args.profile:
+        for cfg in args.selected:
+            profile_config(cfg, trainer, out, steps=profile_steps, top=25, framework=framework)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tmp = None
-    if args.out is None:
-        tmp = tempfile.mkdtemp(prefix="trainprobe-bench-")
-        out = Path(tmp)
-    else:
-        out = args.out
-        out.mkdir(parents=True, exist_ok=True)
-    try:
+    with output_folder(args.out, "trainprobe-bench-") as out:
         trainer = Trainer(args.seed)
         n_params = sum(p.numel() for p in trainer.model.parameters())
         print(
@@ -569,26 +632,16 @@ def main(argv: list[str] | None = None) -> int:
             f"output in {out}",
             flush=True,
         )
-        print(f"load average at start: {load_text()}", flush=True)
-        warm = [trainer.step() for _ in range(args.warmup)]
-        print(f"warm-up: {args.warmup} steps, last {1000 * warm[-1]:.1f} ms", flush=True)
-        results = []
-        for cfg in args.selected:
-            res = measure(cfg, trainer, out, args)
-            results.append(res)
-            print(
-                f"  {cfg.label}: median ratio {res.median_ratio:.3f}x, RSS growth {res.rss_growth_pct:+.1f}%, "
-                f"peak RSS {res.peak_rss_mib:.0f} MiB ({res.seconds:.0f} s)",
-                flush=True,
-            )
-        print(f"final loss {trainer.last_loss:.3f}; load average at end: {load_text()}")
-        print_report(results)
-        if args.profile:
-            for cfg in args.selected:
-                profile_config(cfg, trainer, out, steps=max(args.steps_per_block, 3), top=25)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        run_selected(
+            trainer,
+            out,
+            args,
+            lambda res: (
+                f"median ratio {res.median_ratio:.3f}x, RSS growth {res.rss_growth_pct:+.1f}%, "
+                f"peak RSS {res.peak_rss_mib:.0f} MiB ({res.seconds:.0f} s)"
+            ),
+            profile_steps=max(args.steps_per_block, 3),
+        )
     return 0
 
 

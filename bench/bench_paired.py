@@ -61,15 +61,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 
+from bench_dump import BATCH_SIZE, Trainer  # noqa: E402
 from bench_monitor_v1 import OPS as V1_OPS  # noqa: E402
 from bench_monitor_v1 import V1Monitor  # noqa: E402
-from bench_monitor_v2 import OneReadHooks, kernel_floor, load_text, quartiles  # noqa: E402
+from bench_monitor_v2 import OneReadHooks, in_turn, kernel_floor, load_text, quartiles  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
-from trainprobe.demo.gpt import benchmark_setup  # noqa: E402
 from trainprobe.dump import PrecisionDebugger  # noqa: E402
 from trainprobe.dump.api_hooks import uninstall_api_wrappers  # noqa: E402
 
-BATCH_SIZE = 8
 WG_OPT_PARAM = ("weight_grad", "optimizer", "param")
 
 
@@ -120,39 +119,21 @@ BY_KEY = {r.key: r for r in ROWS}
 
 
 # -- the twins ----------------------------------------------------------------------------------
-class Twin:
-    """One model with its own optimizer and batch stream (the same weights and batches as its twin)."""
+class Twin(Trainer):
+    """One model with its own optimizer and batch stream (the same weights and batches as its twin),
+    stepped as ``bench_dump.py`` steps it."""
 
     clock: Callable[[], float] = staticmethod(time.perf_counter)
     """What a step's time is: wall clock, or the process's CPU time with ``--clock cpu``."""
 
     def __init__(self, seed: int) -> None:
-        run = benchmark_setup(seed, BATCH_SIZE)
-        self.cfg, self.model, self.optimizer, self.batches = run.cfg, run.model, run.optimizer, run.batches
+        super().__init__(seed)
         self.debugger: PrecisionDebugger | None = None  # set on the dumped twin: its steps are dumped
-        self.last_loss = float("nan")
-        self.last_wall = 0.0  # the last step's wall seconds, whatever the clock
 
-    def step(self) -> float:
+    def step(self) -> float:  # type: ignore[override]
         """One training step (the dump's documented calls around it on a dumped twin); its seconds
-        on :attr:`clock` (its wall seconds go to :attr:`last_wall`)."""
-        batch = next(self.batches)
-        dbg = self.debugger
-        w0 = time.perf_counter()
-        t0 = self.clock()
-        if dbg is not None:
-            dbg.start(self.model)
-        loss = self.model.loss(batch)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if dbg is not None:
-            dbg.stop()
-            dbg.step()
-        elapsed = self.clock() - t0
-        self.last_wall = time.perf_counter() - w0
-        self.last_loss = loss.item()
-        return elapsed
+        on :attr:`clock` (its wall seconds go to :attr:`last_wall`, its loss to :attr:`last_loss`)."""
+        return super().step(self.debugger)
 
 
 @contextlib.contextmanager
@@ -232,12 +213,7 @@ def measure(row: Row, folder: Path, args: argparse.Namespace) -> Result:
             plain.step()
             monitored.step()
         for i in range(args.pairs):
-            if i % 2 == 0:
-                a = plain.step()
-                b = monitored.step()
-            else:
-                b = monitored.step()
-                a = plain.step()
+            a, b = in_turn(i, plain.step, monitored.step)
             res.ratios.append(b / a)
             res.wall_ratios.append(monitored.last_wall / plain.last_wall)
             res.plain_s.append(a)

@@ -36,11 +36,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
-import io
 import json
 import os
-import pstats
 import shutil
 import statistics
 import sys
@@ -54,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench_monitor_v2 import in_turn, print_profile, profiled_steps
 from trainprobe import TrainerMonitorV2
 from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
 from trainprobe.sinks import background
@@ -253,12 +251,7 @@ def measure(trainer: Trainer, model_name: str, cfg: RowConfig, out: Path, pairs:
     run_block(trainer, steps, None)
     deltas, bases = [], []
     for i in range(pairs):
-        if i % 2 == 0:
-            a = run_block(trainer, steps, monitor)
-            b = run_block(trainer, steps, None)
-        else:
-            b = run_block(trainer, steps, None)
-            a = run_block(trainer, steps, monitor)
+        a, b = in_turn(i, lambda: run_block(trainer, steps, monitor), lambda: run_block(trainer, steps, None))
         deltas.append(1e6 * (a - b))
         bases.append(1e6 * b)
     return Cost(
@@ -277,17 +270,9 @@ def profile(trainer: Trainer, model_name: str, cfg: RowConfig, out: Path, steps:
         monitor = Monitor(cfg, out / f"profile_{model_name}_{cfg.key}")
         monitor.start(trainer)
         trainer.step()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(steps):
-            trainer.step()
-        prof.disable()
+        prof = profiled_steps(trainer.step, steps)
         monitor.stop()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime")).print_stats(top)
-    print(f"\n### cProfile: {model_name} {cfg.key}, {steps} steps, writer inline\n\n```")
-    print(buf.getvalue().strip())
-    print("```")
+    print_profile(prof, f"{model_name} {cfg.key}, {steps} steps, writer inline", top)
 
 
 def main(argv: list[str] | None = None) -> int:

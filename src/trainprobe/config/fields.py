@@ -79,6 +79,22 @@ def load_json_object(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def config_object(source: object, expected: str) -> dict[str, Any]:
+    """The configuration object ``source`` gives: itself when it is a dict, else the JSON file at
+    the path ``source`` (see :func:`load_json_object`).
+
+    Raises:
+        ConfigError: ``source`` is neither a dict nor a path (the message starts with
+            ``expected``, such as ``"config_path: expected a path to a JSON file"``), or the file
+            cannot serve (see :func:`load_json_object`).
+    """
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, (str, Path)):
+        return load_json_object(source)
+    raise ConfigError(f"{expected}, got {type(source).__name__}")
+
+
 def config_file(path: Any, what: str = "config file") -> Path:
     """``path`` as an existing regular file, or a ConfigError saying what is wrong with it.
 

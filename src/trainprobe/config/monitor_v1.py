@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainprobe.config.fields import Section, join_path, load_json_object, type_name
+from trainprobe.config.fields import Section, config_object, join_path, type_name
 from trainprobe.errors import ConfigError
 from trainprobe.schedule import Schedule
 from trainprobe.stats.ops import ALL_OPS, DEFAULT_EPS, parse_ops
@@ -191,13 +191,7 @@ def load_monitor_v1_config(source: str | Path | dict[str, Any]) -> MonitorV1Conf
     Raises:
         ConfigError: the file is missing or not JSON, or any field is invalid (named by path).
     """
-    if isinstance(source, dict):
-        data = source
-    elif isinstance(source, (str, Path)):
-        data = load_json_object(source)
-    else:
-        raise ConfigError(f"config_file_path: expected a path to a JSON file, got {type(source).__name__}")
-    top = Section(data)
+    top = Section(config_object(source, "config_file_path: expected a path to a JSON file"))
     top.check_keys(TOP_LEVEL_KEYS, IGNORED)
     fmt = top.choice("format", "csv", FORMATS)
     ops = parse_ops(top.raw("ops"), "ops", ALL_OPS, DEFAULT_V1_OPS) if top.has("ops") else DEFAULT_V1_OPS

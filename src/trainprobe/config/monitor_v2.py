@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainprobe.config.fields import Section, check_choice, load_json_object
+from trainprobe.config.fields import Section, check_choice, config_object
 from trainprobe.errors import ConfigError
 from trainprobe.layout import V2_MONITORS
 from trainprobe.log import logger
@@ -125,13 +125,7 @@ def load_monitor_v2_config(source: str | Path | dict[str, Any], framework: str |
     Raises:
         ConfigError: any invalid field, named by its JSON path.
     """
-    if isinstance(source, dict):
-        data = source
-    elif isinstance(source, (str, Path)):
-        data = load_json_object(source)
-    else:
-        raise ConfigError(f"config_path: expected a path to a JSON file or a dict, got {type(source).__name__}")
-    top = Section(data)
+    top = Section(config_object(source, "config_path: expected a path to a JSON file or a dict"))
     top.check_keys(TOP_LEVEL_KEYS)
     fr = _framework(top, framework)
     fmt = top.choice("format", "csv", ("csv",))

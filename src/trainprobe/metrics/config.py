@@ -30,21 +30,6 @@ DESTINATIONS = (LOG, TENSORBOARD)
 Formats = frozenset[str]
 """Where a metric goes: a subset of ``{"log", "tensorboard"}``; empty means off."""
 
-MONITOR_KEYS = (
-    "monitor_on",
-    "dump_path",
-    "target",
-    "invert",
-    "step_interval",
-    "local_loss_format",
-    "device_local_loss_format",
-    "local_norm_format",
-    "device_local_norm_format",
-    "optimizer_state_format",
-    "weight_state_format",
-    "throughput_baseline",
-    "print_struct",
-)
 FORMAT_KEYS = (
     "local_loss_format",
     "device_local_loss_format",
@@ -52,6 +37,16 @@ FORMAT_KEYS = (
     "device_local_norm_format",
     "optimizer_state_format",
     "weight_state_format",
+)
+MONITOR_KEYS = (
+    "monitor_on",
+    "dump_path",
+    "target",
+    "invert",
+    "step_interval",
+    *FORMAT_KEYS,
+    "throughput_baseline",
+    "print_struct",
 )
 TENSORBOARD_KEYS = (
     "tensorboard_dir",

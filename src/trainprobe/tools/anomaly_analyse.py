@@ -59,6 +59,7 @@ from trainprobe.log import warn_once
 from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
 from trainprobe.safe_json import load_json_file
 from trainprobe.sinks.files import write_json_atomically
+from trainprobe.tools.options import make_folder
 
 COMMAND = "anomaly-analyse"
 OUTPUT_NAME = "anomaly_analyse.json"
@@ -404,13 +405,7 @@ def output_file(out_path: str | Path | None, default_folder: Path) -> Path:
         ConfigError: ``out_path`` exists and is not a folder, or cannot be created.
     """
     folder = default_folder if out_path is None else Path(out_path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"out_path: {str(folder)!r} exists and is not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"out_path: cannot create {str(folder)!r}: {exc.strerror or exc}") from None
-    return folder / OUTPUT_NAME
+    return make_folder(folder, "out_path") / OUTPUT_NAME
 
 
 def write_result(events: Sequence[AnomalyEvent], path: Path) -> None:

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import math
 import multiprocessing
 import sqlite3
@@ -75,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.errors import ConfigError
-from trainprobe.log import logger, warn_once
+from trainprobe.log import warn_once
 from trainprobe.safe_files import INT_MAX
 from trainprobe.tools.monitor_output import (
     MonitorCsv,
@@ -84,7 +83,7 @@ from trainprobe.tools.monitor_output import (
     parse_time,
     read_table,
 )
-from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder
+from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder, worker_warnings
 
 COMMAND = "csv2db"
 DB_NAME = "monitor_metrics.db"
@@ -782,15 +781,6 @@ def _mp_context() -> Any:
     return multiprocessing.get_context("fork" if sys.platform == "linux" and "fork" in methods else "spawn")
 
 
-class _Collector(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def _parse_in_worker(files: list[MonitorCsv]) -> list[ParsedFile]:
     """:func:`parse_file` of each file in a worker: the warnings travel back with each file so
     the caller says them (once) where its logging is configured."""
@@ -798,16 +788,10 @@ def _parse_in_worker(files: list[MonitorCsv]) -> list[ParsedFile]:
     out = []
     shared: dict[_TargetKey, _TargetKey] = {}  # one object per key: pickled once per batch
     for file in files:
-        collector = _Collector()
-        logger.addHandler(collector)
-        propagate, logger.propagate = logger.propagate, False
-        try:
+        with worker_warnings() as warnings:
             parsed = parse_file(file)
-        finally:
-            logger.removeHandler(collector)
-            logger.propagate = propagate
         targets = [shared.setdefault(key, key) for key in parsed.targets]
-        out.append(replace(parsed, targets=targets, warnings=tuple(collector.messages)))
+        out.append(replace(parsed, targets=targets, warnings=tuple(warnings)))
     return out
 
 

@@ -49,7 +49,6 @@ range, bad ``process_num``, a missing ``tensorboard`` package) raises
 from __future__ import annotations
 
 import argparse
-import logging
 import multiprocessing
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -60,10 +59,10 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.errors import ConfigError
-from trainprobe.log import logger, warn_once
+from trainprobe.log import warn_once
 from trainprobe.sinks.events import EventWriter, require_tensorboard
 from trainprobe.tools.monitor_output import CsvTable, MonitorCsv, Record, find_csv_files, read_table
-from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder
+from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder, worker_warnings
 
 COMMAND = "csv2tb"
 OUTPUT_SUFFIX = "csv2tensorboard_by_step"
@@ -231,27 +230,12 @@ def _convert_groups(groups: list[Group], out: Path, workers: int) -> Iterator[Gr
             raise
 
 
-class _Collector(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def _convert_group_in_worker(group: Group, out: Path) -> GroupResult:
     """:func:`convert_group` in a worker process: its warnings travel back with the result, so
     the calling process says them (once) where its logging is configured."""
-    collector = _Collector()
-    logger.addHandler(collector)
-    propagate, logger.propagate = logger.propagate, False
-    try:
+    with worker_warnings() as warnings:
         result = convert_group(group, out)
-    finally:
-        logger.removeHandler(collector)
-        logger.propagate = propagate
-    return replace(result, warnings=tuple(collector.messages))
+    return replace(result, warnings=tuple(warnings))
 
 
 def _missing_tensorboard(exc: ImportError) -> ConfigError:

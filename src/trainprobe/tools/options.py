@@ -1,14 +1,19 @@
 """What csv2tb, csv2db and report share: the selection arguments of their command lines, the
-checks of their Python parameters and the timestamped default output folder."""
+checks of their Python parameters, the timestamped default output folder and the warnings their
+worker processes send back."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+from trainprobe.log import logger
 
 OUTPUT_STAMP = "%Y%m%d%H%M%S"
 
@@ -53,10 +58,43 @@ def output_folder(output_dirpath: str | PathLike[str] | None, suffix: str) -> Pa
         folder = Path(f"{datetime.now().strftime(OUTPUT_STAMP)}_{suffix}")
     else:
         folder = Path(output_dirpath).expanduser()
+    return make_folder(folder, "output_dirpath")
+
+
+def make_folder(folder: Path, field: str) -> Path:
+    """``folder``, created with its parents if missing.
+
+    Raises:
+        ConfigError: naming ``field``, when ``folder`` exists and is not a folder, or cannot be
+            created (a file on the way).
+    """
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"output_dirpath: {str(folder)!r} exists and is not a folder")
+        raise ConfigError(f"{field}: {str(folder)!r} exists and is not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"output_dirpath: cannot create {str(folder)!r}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{field}: cannot create {str(folder)!r}: {exc.strerror or exc}") from None
     return folder
+
+
+class _Collector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def worker_warnings() -> Iterator[list[str]]:
+    """The warnings trainprobe's logger says inside the block, collected (and kept from its other
+    handlers) so a worker process sends them back for the caller to say once."""
+    collector = _Collector()
+    logger.addHandler(collector)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield collector.messages
+    finally:
+        logger.removeHandler(collector)
+        logger.propagate = propagate
