@@ -17,7 +17,7 @@ from trainprobe.adapters import Backend, backend_for
 from trainprobe.config.folders import make_output_folder
 from trainprobe.config.monitor_v2 import MonitorV2Config, load_monitor_v2_config
 from trainprobe.errors import ConfigError
-from trainprobe.layout import v2_rank_folder
+from trainprobe.layout import V2_MONITORS, v2_file_name, v2_rank_folder
 from trainprobe.log import logger, warn_once
 from trainprobe.optimizer_view import OptimizerView
 from trainprobe.probes.base import Probe, ProbeSpec, StepClock
@@ -28,12 +28,10 @@ from trainprobe.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.probes.param import ParamProbe
 from trainprobe.session import Session
 from trainprobe.sinks.background import Writer
-from trainprobe.sinks.csv_sink import CsvSink, file_name
+from trainprobe.sinks.csv_sink import CsvSink
 from trainprobe.sinks.earlier_runs import keep_rows_before, overwrite_requested, refuse_earlier_run, window_files
 
 _NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
-V2_TABLES = ("module", "weight_grad", "optimizer", "param", "cc")
-"""The tables of Monitor V2's window files (``<table>_step<first>-<last>.csv``)."""
 
 
 class TrainerMonitorV2:
@@ -171,7 +169,7 @@ class TrainerMonitorV2:
 
     def _make_room(self, rank_dir: Path, context: dict[str, Any]) -> None:
         """Deal with an earlier run's CSV files in ``rank_dir``, as ``start()`` documents."""
-        files = window_files(rank_dir, V2_TABLES)
+        files = window_files(rank_dir, V2_MONITORS)
         overwrite = context.get("overwrite", False)
         if not isinstance(overwrite, bool):
             raise ConfigError(f"start(overwrite=...): must be True or False, got {overwrite!r}")
@@ -187,7 +185,7 @@ class TrainerMonitorV2:
         else:
             raise refuse_earlier_run(rank_dir, files)
         try:
-            dropped = keep_rows_before(files, keep_before, file_name)
+            dropped = keep_rows_before(files, keep_before, v2_file_name)
         except OSError as exc:
             raise ConfigError(f"output_dir: cannot make room in {str(rank_dir)!r}: {exc}") from None
         logger.info("trainprobe: %s: %d rows of an earlier run from step %d on removed", rank_dir, dropped, keep_before)
@@ -276,7 +274,9 @@ class TrainerMonitorV2:
         if "param" in enabled:
             pc = cfg.param
             # the parameters as the optimizer steps them (a mixed-precision wrapper's float32 copies)
-            stepped = [NamedParam(n.vpp_stage, n.name, opt.copy_of(n.param)) for n in params] if opt is not None else params
+            stepped = (
+                [NamedParam(n.vpp_stage, n.name, opt.copy_of(n.param)) for n in params] if opt is not None else params
+            )
             probes.append(
                 ParamProbe(clock, ProbeSpec(pc.ops, pc.eps), stepped, enabled=pc.param_distribution, backend=backend)
             )

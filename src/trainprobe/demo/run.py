@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
+from trainprobe.layout import V2_MONITORS
 from trainprobe.sinks.earlier_runs import window_files
-from trainprobe.trainer_v2 import V2_TABLES, TrainerMonitorV2
+from trainprobe.trainer_v2 import TrainerMonitorV2
 
 DEMO_CONFIG = {
     "framework": "pytorch",
@@ -41,7 +42,7 @@ class FileSummary:
 
 def earlier_demo_files(out: Path) -> bool:
     """Whether ``out`` already holds Monitor V2 CSV files of an earlier run."""
-    return any(window_files(rank_dir, V2_TABLES) for rank_dir in sorted(out.glob("rank_*")))
+    return any(window_files(rank_dir, V2_MONITORS) for rank_dir in sorted(out.glob("rank_*")))
 
 
 def run_demo(out: Path, steps: int = 50, seed: int = 0, overwrite: bool = False) -> list[FileSummary]:

@@ -1,7 +1,7 @@
 """What an earlier run left in a Monitor V2 rank folder, and making room for this run.
 
 A rank folder ``<output_dir>/rank_<r>/`` holds window files ``<table>_step<first>-<last>.csv``
-(see :func:`trainprobe.sinks.csv_sink.file_name`). A new run writing into a folder that already
+(:data:`trainprobe.layout.V2_FILE`). A new run writing into a folder that already
 holds such files would mix two runs (a file renamed at the end of a short window replaces an
 earlier run's file of the same name; readers then see one run made of two). Monitor V2 therefore
 asks, at ``start()``, what the user wants (``docs/monitor_v2.md``, "Re-using an output folder"):
@@ -22,16 +22,15 @@ from __future__ import annotations
 import csv
 import io
 import os
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainprobe.errors import ConfigError
+from trainprobe.layout import V2_FILE
 from trainprobe.sinks.files import write_atomically
 
 OVERWRITE_ENV = "TRAINPROBE_OVERWRITE"
-_WINDOW_NAME = re.compile(r"^(?P<table>.+)_step(?P<first>\d{1,18})-(?P<last>\d{1,18})\.csv$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +52,9 @@ def window_files(rank_dir: Path, tables: Iterable[str]) -> list[WindowFile]:
     except OSError:
         return []
     for path in entries:
-        match = _WINDOW_NAME.match(path.name)
-        if match and match["table"] in wanted and path.is_file() and not path.is_symlink():
-            found.append(WindowFile(path, match["table"], int(match["first"]), int(match["last"])))
+        match = V2_FILE.fullmatch(path.name)
+        if match and match["type"] in wanted and path.is_file() and not path.is_symlink():
+            found.append(WindowFile(path, match["type"], int(match["first"]), int(match["last"])))
     return found
 
 
