@@ -3,8 +3,8 @@
 What is converted: one V1 run folder (``Dec03_21-34-40-rank0-bench000``) holding ``--steps``
 steps (default 1,000) × ``--params`` parameters (default 500) × 3 data types (``grad_reduced``,
 ``exp_avg``, ``exp_avg_sq``) = 1.5 M rows with the ops ``min, max, mean, norm, nans``, written in
-the real V1 CSV format (the V1 header from ``trainprobe.monitor_v1.output.layouts``, every value
-formatted by ``trainprobe.stats.ops.format_value`` rounded to 6 digits, the V1 default
+the real V1 CSV format (the V1 header from ``trainprobe.frontdoors.monitor_v1.output.layouts``, every value
+formatted by ``trainprobe.engine.stats.ops.format_value`` rounded to 6 digits, the V1 default
 ``ndigits``), ``--steps-per-file`` steps per file (default 1, the V1 default
 ``step_count_per_record``: 3,000 files of 500 rows). Parameter names look like Megatron's
 (``0:model.layers.7.self_attn.q_proj.weight``); values are seeded Gaussian noise.
@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 from trainprobe.core.monitor.csv2db import CSV2DBConfig, csv2db
-from trainprobe.monitor_v1.output import file_name, layouts
-from trainprobe.stats.ops import format_value
+from trainprobe.engine.stats.ops import format_value
+from trainprobe.frontdoors.monitor_v1.output import file_name, layouts
 
 DATA_TYPES = ("grad_reduced", "exp_avg", "exp_avg_sq")
 OPS = ("min", "max", "mean", "norm", "nans")

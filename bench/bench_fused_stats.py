@@ -1,4 +1,4 @@
-"""Per-tensor statistics time with and without the fused single pass (``trainprobe.stats.fused``).
+"""Per-tensor statistics time with and without the fused single pass (``trainprobe.backends.torch.fused_stats``).
 
 What is timed: ``TensorStats(["min", "max", "mean", "norm", "nans"]).rows([x])`` for one float32
 tensor of each ``--sizes`` (default 4k, 64k, 1M, 16M elements), with the fused pass forced on
@@ -27,9 +27,9 @@ import time
 
 import torch
 
-from trainprobe.stats.fused import FusedStats
-from trainprobe.stats.ops import DEFAULT_OPS
-from trainprobe.stats.torch_stats import TensorStats, eager_reductions
+from trainprobe.backends.torch.fused_stats import FusedStats
+from trainprobe.backends.torch.stats import TensorStats, eager_reductions
+from trainprobe.engine.stats.ops import DEFAULT_OPS
 
 _POOL_BYTES = 64 << 20
 
@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"first use (compile + exactness check): {time.perf_counter() - started:.1f} s wall", flush=True)
 
     logging.basicConfig(level=logging.WARNING, format="  %(message)s")
-    logging.getLogger("trainprobe.stats.fused").setLevel(logging.DEBUG)
+    logging.getLogger("trainprobe.backends.torch.fused_stats").setLevel(logging.DEBUG)
     auto = FusedStats(eager_reductions, mode="auto")
     print("auto's choices:", flush=True)
     for n in args.sizes:
         auto(torch.randn(n))
-    logging.getLogger("trainprobe.stats.fused").setLevel(logging.WARNING)
+    logging.getLogger("trainprobe.backends.torch.fused_stats").setLevel(logging.WARNING)
 
     print(f"{'elements':>10} {'eager µs':>10} {'fused µs':>10} {'speed-up':>9}")
     for n in args.sizes:
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:>10} {t_eager * 1e6:>10.1f} {t_fused * 1e6:>10.1f} {t_eager / t_fused:>8.2f}x", flush=True)
     sets = _gpt_sets()
     auto_stats = TensorStats(DEFAULT_OPS, fused=auto)
-    logging.getLogger("trainprobe.stats.fused").setLevel(logging.DEBUG)
+    logging.getLogger("trainprobe.backends.torch.fused_stats").setLevel(logging.DEBUG)
     _time_sets(auto_stats, sets, 1)  # auto's choices for the GPT's size classes
-    logging.getLogger("trainprobe.stats.fused").setLevel(logging.WARNING)
+    logging.getLogger("trainprobe.backends.torch.fused_stats").setLevel(logging.WARNING)
     times = {"eager": float("inf"), "fused": float("inf"), "auto": float("inf")}
     for _ in range(3):
         for name, stats in (("eager", eager), ("fused", fused), ("auto", auto_stats)):

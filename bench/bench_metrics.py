@@ -5,7 +5,7 @@ What is trained: ``TinyGPT`` with its default size (4 layers, d_model 256, 4 hea
 with torch's default thread count.
 
 What is monitored: every metric, every step (``step_interval: 1``): the loss family with
-timers, loss scale and expert load to TensorBoard and the log (the ``trainprobe.metrics``
+timers, loss scale and expert load to TensorBoard and the log (the ``trainprobe.frontdoors.metrics``
 logger at INFO, into a file), and ``local_norm`` (all parameters), ``device_local_norm``,
 ``local_loss``, ``device_accum_local_loss``, ``adam_m_norm``/``adam_v_norm`` (all
 parameters), ``weight_norm`` and ``throughput_linearity``, each to TensorBoard and the log,
@@ -43,7 +43,7 @@ import torch
 
 from bench_monitor_v2 import in_turn
 from trainprobe.demo.gpt import benchmark_setup
-from trainprobe.metrics import TrainingMetricsMonitor
+from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
 
 BATCH_SIZE = 8
 TARGET = 1.05
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps_per_block or (2 if args.quick else 5)
     blocks = args.blocks or (2 if args.quick else 8)
     out = Path(tempfile.mkdtemp(prefix="trainprobe-bench-metrics-"))
-    log = logging.getLogger("trainprobe.metrics")
+    log = logging.getLogger("trainprobe.frontdoors.metrics")
     handler = logging.FileHandler(out / "metrics.log")
     log.addHandler(handler)
     log.setLevel(logging.INFO)

@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import bench_monitor_v2 as harness  # noqa: E402
-from trainprobe.monitor_v1 import TrainerMon  # noqa: E402
+from trainprobe.frontdoors.monitor_v1 import TrainerMon  # noqa: E402
 
 OPS = ["min", "max", "norm", "mean", "nans"]
 CONFIGS: tuple[harness.BenchConfig, ...] = (

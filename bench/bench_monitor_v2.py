@@ -311,7 +311,7 @@ def kernel_floor(active: bool) -> Iterator[None]:
     if not active:
         yield
         return
-    from trainprobe.stats import torch_stats
+    from trainprobe.backends.torch import stats as torch_stats
 
     real = torch_stats.TensorStats.rows
 

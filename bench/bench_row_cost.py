@@ -54,7 +54,7 @@ from torch import nn
 from bench_monitor_v2 import in_turn, print_profile, profiled_steps
 from trainprobe import TrainerMonitorV2
 from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
-from trainprobe.sinks import background
+from trainprobe.engine.sinks import background
 
 V1_OPS = ["min", "max", "norm", "mean", "nans"]
 
@@ -144,7 +144,7 @@ class Monitor:
             self._mon = TrainerMonitorV2(spec)
             self._mon.start(model=trainer.model, optimizer=trainer.optimizer, overwrite=True)
             return
-        from trainprobe.monitor_v1 import TrainerMon
+        from trainprobe.frontdoors.monitor_v1 import TrainerMon
 
         os.environ["MONITOR_OUTPUT_DIR"] = str(self.out)
         path = self.out / "monitor_config.json"

@@ -84,7 +84,7 @@ class SelfTimer:
 
 def _worker(level: str, triples: int) -> dict[str, Any]:
     torch.set_num_threads(1)
-    import trainprobe.stats.torch_stats as torch_stats
+    import trainprobe.backends.torch.stats as torch_stats
     from trainprobe.demo.gpt import benchmark_setup
     from trainprobe.dump import PrecisionDebugger, entries
     from trainprobe.dump.collector import Collector

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from models import MLP
 from test_distributed_v2 import launch
 from trainprobe import TrainerMonitorV2
-from trainprobe.monitor_v1 import TrainerMon
+from trainprobe.frontdoors.monitor_v1 import TrainerMon
 
 STEPS = 6
 NAN_STEP = 4

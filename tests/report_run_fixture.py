@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from trainprobe import TrainerMonitorV2
-from trainprobe.metrics import TrainingMetricsMonitor
+from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
 
 STEPS = 8
 OPS = ["min", "max", "mean", "norm"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainprobe.sinks.files import write_atomically, write_json_atomically
+from trainprobe.engine.sinks.files import write_atomically, write_json_atomically
 from trainprobe.tools.report import write_report
 
 

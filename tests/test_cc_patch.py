@@ -25,7 +25,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from conftest import rows_of
 from test_distributed_v2 import OPS, WORLD, _assert_no_probe_errors, _assert_stats, _monitor, _session, launch
-from trainprobe.probes.collectives import FUNCTIONS, codeline_matches
+from trainprobe.engine.probes.collectives import FUNCTIONS, codeline_matches
 
 THIS_FILE = os.path.basename(__file__)
 N = 3

@@ -15,11 +15,11 @@ import pytest
 
 from test_dump_config import REFERENCE_SHIPPED
 from test_v1_config import FULL as V1_FULL
-from trainprobe.config.monitor_v1 import load_monitor_v1_config
-from trainprobe.config.monitor_v2 import load_monitor_v2_config
 from trainprobe.dump.config import parse_dump_config
-from trainprobe.errors import ConfigError
-from trainprobe.metrics.config import load_training_metrics_config
+from trainprobe.engine.errors import ConfigError
+from trainprobe.frontdoors.metrics.config import load_training_metrics_config
+from trainprobe.frontdoors.monitor_v1.config import load_monitor_v1_config
+from trainprobe.frontdoors.monitor_v2.config import load_monitor_v2_config
 
 V2_FULL: dict[str, Any] = {
     "framework": "pytorch",

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from trainprobe import ConfigError, TrainerMonitorV2
-from trainprobe.config.monitor_v2 import (
+from trainprobe.engine.schedule import Schedule
+from trainprobe.engine.stats.ops import DEFAULT_EPS, DEFAULT_OPS
+from trainprobe.frontdoors.monitor_v2.config import (
     CcConfig,
     ModuleMonitorConfig,
     MonitorV2Config,
     load_monitor_v2_config,
 )
-from trainprobe.schedule import Schedule
-from trainprobe.stats.ops import DEFAULT_EPS, DEFAULT_OPS
 
 TOP_KEYS = (
     "framework, output_dir, format, async_write, rank, start_step, stop_step, step_interval, "

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from conftest import read_csv, rows_of, stats64, write_config
 from models import MLP
 from trainprobe import TrainerMonitorV2
-from trainprobe.probes.collectives import FUNCTIONS
+from trainprobe.engine.probes.collectives import FUNCTIONS
 
 WORLD = 2
 OPS = ["min", "max", "mean", "norm", "nans"]

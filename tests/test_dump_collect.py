@@ -18,7 +18,7 @@ from conftest import write_config
 from dump_models import ConvNet, ModuleOP, TinyGPT, TwoLinear
 from trainprobe.dump import PrecisionDebugger, module_dump, module_dump_end
 from trainprobe.dump.compare_load import stacks_by_name
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 
 def rank_dir(root: Path, step: int = 0) -> Path:

@@ -9,7 +9,7 @@ import pytest
 
 from trainprobe.dump.api_catalog import ApiCatalog, read_api_yaml
 from trainprobe.dump.config import DumpConfig, load_dump_config, parse_dump_config
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 
 def test_defaults_are_l1_statistics_of_everything() -> None:
@@ -115,9 +115,9 @@ REFERENCE_SHIPPED = {
 
 @pytest.fixture
 def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainprobe.log
+    import trainprobe.engine.log
 
-    monkeypatch.setattr(trainprobe.log, "_seen", set())
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())
 
 
 def test_reference_shipped_config_loads_with_one_warning(
@@ -132,7 +132,9 @@ def test_reference_shipped_config_loads_with_one_warning(
         load_dump_config(path)
     assert (cfg.task, cfg.level, cfg.data_mode) == ("statistics", "L1", ("all",))
     warned = [r.getMessage() for r in caplog.records if "acc_check" in r.getMessage()]
-    assert warned == ["config field acc_check: belongs to another msProbe tool that trainprobe does not implement; ignored"]
+    assert warned == [
+        "config field acc_check: belongs to another msProbe tool that trainprobe does not implement; ignored"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from conftest import write_config
 from trainprobe.dump import PrecisionDebugger
 from trainprobe.dump.api_catalog import ApiCatalog
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 ADAMW = [
     "Tensor.__iadd__",

@@ -16,7 +16,7 @@ import torch
 from conftest import write_config
 from dump_models import ModuleOP
 from trainprobe.dump import PrecisionDebugger
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 INF = float("inf")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainprobe.dump import seed_all
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 
 def run_script(code: str, cwd: Path) -> str:

@@ -14,11 +14,11 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader  # noqa: E402
 from tensorboard.compat.proto.event_pb2 import Event  # noqa: E402
 
-from trainprobe.errors import ConfigError  # noqa: E402
-from trainprobe.guard import Switches, guarded  # noqa: E402
-from trainprobe.records import NamedScalar, RowBuffer, RowKey, ScalarBatch, StepBatch  # noqa: E402
-from trainprobe.sinks.events import EventWriter  # noqa: E402
-from trainprobe.sinks.tensorboard import TensorBoardSink  # noqa: E402
+from trainprobe.engine.errors import ConfigError  # noqa: E402
+from trainprobe.engine.guard import Switches, guarded  # noqa: E402
+from trainprobe.engine.records import NamedScalar, RowBuffer, RowKey, ScalarBatch, StepBatch  # noqa: E402
+from trainprobe.engine.sinks.events import EventWriter  # noqa: E402
+from trainprobe.engine.sinks.tensorboard import TensorBoardSink  # noqa: E402
 
 
 def events(folder: Path) -> list[Event]:

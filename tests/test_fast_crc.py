@@ -16,9 +16,9 @@ from tensorboard.summary.writer import record_writer  # noqa: E402
 from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
 
 from test_metrics_helpers import read_events, scalars  # noqa: E402
-from trainprobe.records import RowKey, StepBatch  # noqa: E402
-from trainprobe.sinks.fast_crc import FastCrcRecordWriter, event_file_writer, masked_crc32c, use_fast_crc  # noqa: E402
-from trainprobe.sinks.tensorboard import TensorBoardSink  # noqa: E402
+from trainprobe.engine.records import RowKey, StepBatch  # noqa: E402
+from trainprobe.engine.sinks.fast_crc import FastCrcRecordWriter, event_file_writer, masked_crc32c, use_fast_crc  # noqa: E402
+from trainprobe.engine.sinks.tensorboard import TensorBoardSink  # noqa: E402
 
 TENSORBOARDS_CRC = record_writer.masked_crc32c
 

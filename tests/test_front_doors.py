@@ -13,9 +13,9 @@ import torch
 from models import MLP
 from test_metrics_helpers import tiny_gpt
 from trainprobe import TrainerMonitorV2
-from trainprobe.errors import ConfigError
-from trainprobe.metrics import TrainingMetricsMonitor
-from trainprobe.monitor_v1 import TrainerMon
+from trainprobe.engine.errors import ConfigError
+from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
+from trainprobe.frontdoors.monitor_v1 import TrainerMon
 
 V2_MONITORS = {"param": {"enabled": True}}
 
@@ -117,7 +117,9 @@ def _hide_mindspore(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_mindspore_missing_v2_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     _hide_mindspore(monkeypatch)
-    with pytest.raises(ConfigError, match=r"^fr: 'mindspore' cannot be used: .*pip install \"trainprobe\[mindspore\]\""):
+    with pytest.raises(
+        ConfigError, match=r"^fr: 'mindspore' cannot be used: .*pip install \"trainprobe\[mindspore\]\""
+    ):
         TrainerMonitorV2({"monitors": V2_MONITORS}, fr="mindspore")
 
 

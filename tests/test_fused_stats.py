@@ -1,4 +1,4 @@
-"""The fused single pass (trainprobe.stats.fused): exact against float64 references, selected only
+"""The fused single pass (trainprobe.backends.torch.fused_stats): exact against float64 references, selected only
 when it compiles, is exact and (in ``auto``) faster, and silently replaced by the eager kernels
 otherwise. Tests marked by a real ``torch.compile`` share one compilation per dtype (the process's
 selector, ``TRAINPROBE_FUSED_STATS=on``)."""
@@ -14,13 +14,13 @@ from torch import nn
 
 from conftest import read_csv, write_config
 from trainprobe import TrainerMonitorV2
-from trainprobe.adapters.pytorch import TorchBackend
-from trainprobe.errors import ConfigError
-from trainprobe.stats.fused import FUSED_ENV, FusedStats, min_max_sum_sumsq, mode_from_env
-from trainprobe.stats.ops import DEFAULT_OPS
-from trainprobe.stats.torch_stats import TensorStats, eager_reductions, shared_fused
+from trainprobe.backends.torch.backend import TorchBackend
+from trainprobe.backends.torch.fused_stats import FUSED_ENV, FusedStats, min_max_sum_sumsq, mode_from_env
+from trainprobe.backends.torch.stats import TensorStats, eager_reductions, shared_fused
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.stats.ops import DEFAULT_OPS
 
-LOGGER = "trainprobe.stats.fused"
+LOGGER = "trainprobe.backends.torch.fused_stats"
 
 
 def no_compiler(fn, **kwargs):

@@ -21,7 +21,7 @@ PASSES, STEPS = 4, 2
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr("trainprobe.log._seen", set())
+    monkeypatch.setattr("trainprobe.engine.log._seen", set())
     caplog.set_level(logging.WARNING, logger="trainprobe")
 
 

@@ -21,12 +21,12 @@ import pytest
 import torch
 from torch import nn
 
-import trainprobe.log
+import trainprobe.engine.log
 from conftest import write_config
 from dump_models import TwoLinear
 from trainprobe.dump import PrecisionDebugger
 from trainprobe.dump.store import StepStore, TensorFileWriter, disk_full, save_pt, write_json_atomically
-from trainprobe.file_names import MAX_NAME_BYTES, path_under, safe_file_name
+from trainprobe.engine.file_names import MAX_NAME_BYTES, path_under, safe_file_name
 
 ESCAPE = "../../../../escaped/ESC"
 """Four levels up from ``dump_tensor_data`` is the folder holding ``dump_path``."""
@@ -34,7 +34,7 @@ ESCAPE = "../../../../escaped/ESC"
 
 @pytest.fixture(autouse=True)
 def _fresh_once_messages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trainprobe.log, "_seen", set())  # once-per-process messages, per test
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())  # once-per-process messages, per test
 
 
 def the_rank_dir(dump: Path, step: int = 0) -> Path:

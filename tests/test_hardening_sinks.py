@@ -24,15 +24,15 @@ import pytest
 import torch
 from torch import nn
 
-import trainprobe.log
+import trainprobe.engine.log
 from conftest import write_config
 from test_metrics_helpers import TINY, tiny_gpt
 from trainprobe import TrainerMonitorV2
 from trainprobe.demo.gpt import synthetic_batches
-from trainprobe.metrics import TrainingMetricsMonitor
-from trainprobe.records import RowKey, StepBatch
-from trainprobe.schedule import Schedule
-from trainprobe.sinks.csv_sink import CsvSink, TableLayout
+from trainprobe.engine.records import RowKey, StepBatch
+from trainprobe.engine.schedule import Schedule
+from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
+from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
 
 HOSTILE = ["a,b", 'q"q', "a\nb", "a\rb", "a\r\nb", "a\u2028b", "a\u2029b", "a\x85b", "a\x0cb", "a\x0bb",
            "a\x1cb", "nul\x00x", "%d%s%%", " lead", "trail ", "tab\tx", "é😀", '"', ",", "x\r", "\ny"]  # fmt: skip
@@ -41,7 +41,7 @@ HOSTILE = ["a,b", 'q"q', "a\nb", "a\rb", "a\r\nb", "a\u2028b", "a\u2029b", "a\x8
 
 @pytest.fixture(autouse=True)
 def _fresh_once_messages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trainprobe.log, "_seen", set())
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())
 
 
 def csv_writer_line(cells: list[object]) -> str:
@@ -170,11 +170,11 @@ _TB_SCRIPT = textwrap.dedent(
     import logging, os, sys, time
     from pathlib import Path
     import torch
-    from trainprobe.metrics import TrainingMetricsMonitor
-    from trainprobe.records import RowKey, StepBatch
-    from trainprobe.sinks.background import Writer
-    from trainprobe.sinks.fanout import FanOut
-    from trainprobe.sinks.tensorboard import TensorBoardSink
+    from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
+    from trainprobe.engine.records import RowKey, StepBatch
+    from trainprobe.engine.sinks.background import Writer
+    from trainprobe.engine.sinks.fanout import FanOut
+    from trainprobe.engine.sinks.tensorboard import TensorBoardSink
     sys.path.insert(0, sys.argv[2])
     from test_metrics_helpers import TINY, tiny_gpt
     from trainprobe.demo.gpt import synthetic_batches
@@ -223,7 +223,7 @@ _TB_SCRIPT = textwrap.dedent(
 def test_tensorboard_disk_fault_is_one_trainprobe_line_and_no_thread_traceback(tmp_path: Path) -> None:
     script = tmp_path / "tb_fault.py"
     script.write_text(_TB_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(trainprobe.log.__file__).parents[1]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(trainprobe.engine.log.__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     done = subprocess.run([sys.executable, str(script), str(tmp_path), str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
@@ -246,7 +246,7 @@ _FSIZE_SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     from test_metrics_helpers import TINY, tiny_gpt
     from trainprobe.demo.gpt import synthetic_batches
-    from trainprobe.metrics import TrainingMetricsMonitor
+    from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     model, opt = tiny_gpt()
@@ -275,7 +275,7 @@ def test_a_real_partial_write_is_cut_back_to_whole_lines(tmp_path: Path) -> None
     script = tmp_path / "fsize.py"
     script.write_text(_FSIZE_SCRIPT)
     dump = tmp_path / "dump"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(trainprobe.log.__file__).parents[1]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(trainprobe.engine.log.__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     done = subprocess.run([sys.executable, str(script), str(dump), str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip

@@ -39,6 +39,8 @@ def _mindspore_usable() -> bool:
         return False
     done = subprocess.run([sys.executable, "-c", "import trainprobe.mindspore"], capture_output=True, timeout=300)
     return done.returncode == 0
+
+
 TOOLS = (
     "trainprobe.tools",
     "trainprobe.tools.anomaly_analyse",
@@ -51,7 +53,7 @@ TOOLS = (
     "trainprobe.tools.report_figures",
     "trainprobe.tools.report_html",
 )
-TORCH_FREE = ("trainprobe", "trainprobe.cli", "trainprobe.layout", "trainprobe.dump.cli", *TOOLS)
+TORCH_FREE = ("trainprobe", "trainprobe.cli", "trainprobe.engine.layout", "trainprobe.dump.cli", *TOOLS)
 
 
 def _modules() -> dict[str, Path]:
@@ -231,10 +233,10 @@ def test_find_cycle_finds_one() -> None:
 
 def test_the_graph_sees_imports_and_parent_packages() -> None:
     graph = import_graph(deferred=False)
-    assert "trainprobe.layout" in graph["trainprobe.tools.monitor_output"]
-    assert "trainprobe.sinks" in graph["trainprobe.tools.anomaly_analyse"]  # via trainprobe.sinks.files
-    assert "trainprobe.adapters" not in graph["trainprobe.probes.base"]  # TYPE_CHECKING only
-    assert "trainprobe.mindspore.backend" in import_graph(deferred=True)["trainprobe.adapters"]
+    assert "trainprobe.engine.layout" in graph["trainprobe.tools.monitor_output"]
+    assert "trainprobe.engine.sinks" in graph["trainprobe.tools.anomaly_analyse"]  # via trainprobe.engine.sinks.files
+    assert "trainprobe.engine.backend" not in graph["trainprobe.engine.probes.base"]  # TYPE_CHECKING only
+    assert "trainprobe.backends.mindspore.backend" in import_graph(deferred=True)["trainprobe.engine.backend"]
 
 
 def test_no_import_cycles_at_module_level() -> None:
@@ -273,8 +275,8 @@ def test_help_loads_no_torch() -> None:
 
 def test_top_level_names_are_the_modules_objects() -> None:
     from trainprobe.dump.debugger import PrecisionDebugger
-    from trainprobe.monitor_v1.trainer import TrainerMon
-    from trainprobe.trainer_v2 import TrainerMonitorV2
+    from trainprobe.frontdoors.monitor_v1.trainer import TrainerMon
+    from trainprobe.frontdoors.monitor_v2.trainer import TrainerMonitorV2
 
     assert trainprobe.TrainerMonitorV2 is TrainerMonitorV2
     assert trainprobe.TrainerMon is TrainerMon
@@ -297,12 +299,14 @@ def test_compatibility_paths_still_import() -> None:
         from trainprobe.pytorch.monitor.module_hook import TrainerMon as V1b
         from trainprobe.pytorch.monitor.csv2tb import csv2tensorboard_by_step
         from trainprobe.pytorch.precision_debugger import PrecisionDebugger as PD2
-        from trainprobe.config import MonitorV2Config, load_monitor_v2_config
-        from trainprobe.metrics import TrainingMetricsConfig, load_training_metrics_config
-        from trainprobe.sinks import CsvSink, TableLayout, Writer
-        from trainprobe.stats import ALL_OPS, parse_ops
+        from trainprobe.frontdoors.monitor_v2 import MonitorV2Config, load_monitor_v2_config
+        from trainprobe.metrics import TrainingMetricsMonitor as M2
+        from trainprobe.monitor_v1 import TrainerMon as V1c
+        from trainprobe.frontdoors.metrics import TrainingMetricsConfig, load_training_metrics_config
+        from trainprobe.engine.sinks import CsvSink, TableLayout, Writer
+        from trainprobe.engine.stats import ALL_OPS, parse_ops
         from trainprobe.tools import analyse as a2, csv2tensorboard_by_step as c2, write_report
-        assert V2 is TrainerMonitorV2 and V1 is TrainerMon is V1b and PD is PrecisionDebugger is PD2
+        assert V2 is TrainerMonitorV2 and V1 is TrainerMon is V1b is V1c and M2 is TrainingMetricsMonitor and PD is PrecisionDebugger is PD2
         print("ok")
         """)
     assert out.strip() == "ok"

@@ -13,7 +13,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from conftest import rows_of  # noqa: E402
 from test_metrics_helpers import read_events, scalars, texts  # noqa: E402
-from trainprobe.errors import ConfigError  # noqa: E402
+from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.integrations.lightning import TrainProbeCallback  # noqa: E402
 
 BATCH, ACCUM, STEPS = 4, 2, 3

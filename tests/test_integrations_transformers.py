@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import rows_of  # noqa: E402
 from test_metrics_helpers import read_events, scalars, texts  # noqa: E402
-from trainprobe.errors import ConfigError  # noqa: E402
+from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.integrations.transformers import TrainProbeCallback  # noqa: E402
 
 SEQ, BATCH, STEPS = 12, 4, 3

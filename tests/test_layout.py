@@ -1,4 +1,4 @@
-"""``trainprobe.layout``: the names the monitors write are the names the tools read back."""
+"""``trainprobe.engine.layout``: the names the monitors write are the names the tools read back."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from datetime import datetime
 
 import pytest
 
-import trainprobe.layout as layout
-from trainprobe.config.monitor_v2 import MONITOR_NAMES
-from trainprobe.monitor_v1 import output
-from trainprobe.sinks import csv_sink
+import trainprobe.engine.layout as layout
+from trainprobe.engine.sinks import csv_sink
+from trainprobe.frontdoors.monitor_v1 import output
+from trainprobe.frontdoors.monitor_v2.config import MONITOR_NAMES
 
 
 def test_written_names_read_back() -> None:

@@ -12,7 +12,7 @@ SCRIPT = """
 import logging, sys
 if sys.argv[1] != "none":
     logging.basicConfig(level=getattr(logging, sys.argv[1]), format="USER %(levelname)s %(message)s")
-from trainprobe.log import logger
+from trainprobe.engine.log import logger
 logger.info("the-info-line")
 logger.warning("the-warning-line")
 logging.getLogger("trainprobe.metrics").info("the-metrics-line")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from trainprobe.errors import ConfigError
-from trainprobe.metrics.config import LOG, TENSORBOARD, load_training_metrics_config
+from trainprobe.engine.errors import ConfigError
+from trainprobe.frontdoors.metrics.config import LOG, TENSORBOARD, load_training_metrics_config
 
 SPEC_YAML = """\
 seed: 0

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from test_distributed_v2 import launch
 from test_metrics_helpers import TINY, read_events, scalars, tiny_gpt
 from trainprobe.demo.gpt import synthetic_batches
-from trainprobe.metrics import TrainingMetricsMonitor
+from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
 
 BATCH, STEPS = 4, 3
 

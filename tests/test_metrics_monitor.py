@@ -14,8 +14,8 @@ import torch
 
 from test_metrics_helpers import TINY, read_events, scalars, texts, tiny_gpt
 from trainprobe.demo.gpt import synthetic_batches
-from trainprobe.errors import ConfigError
-from trainprobe.metrics import TrainingMetricsMonitor
+from trainprobe.engine.errors import ConfigError
+from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
 
 BATCH = 4
 F32 = 1.2e-7  # a float64 value stored as a float32 event: its rounding only (2**-24 = 6e-8, and the reference's)

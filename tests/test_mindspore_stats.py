@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mindspore_support import ms, stats64
-from trainprobe.mindspore.stats import MindSporeStats
-from trainprobe.stats.numpy_stats import NumpyStats
+from trainprobe.backends.mindspore.stats import MindSporeStats
+from trainprobe.engine.stats.numpy_stats import NumpyStats
 
 OPS = ["min", "max", "mean", "norm", "nans", "zeros"]
 SIZES = [1, 96, 4095, 4096, 65537, 200003]

@@ -12,7 +12,7 @@ import pytest
 from conftest import read_csv
 from mindspore_support import MsMLP, Tensor, assert_row_matches, cell_hooks_left, ms, nn
 from test_v1_support import by_name, full_name, run_dir, table
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.mindspore import TrainerMon
 
 ALL_OPS = ["min", "max", "norm", "mean", "zeros", "nans"]
@@ -71,7 +71,15 @@ def test_csv_files_headers_and_values(tmp_path, monkeypatch):
     names = {p.name for p in folder.iterdir()}
     for kind in ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq", "param_origin"):
         assert {f"{kind}_0-0.csv", f"{kind}_1-1.csv"} <= names, kind
-    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", *ALL_OPS, "shape", "dtype"]
+    assert read_csv(folder / "actv_0-0.csv")[0] == [
+        "vpp_stage",
+        "name",
+        "step",
+        "micro_step",
+        *ALL_OPS,
+        "shape",
+        "dtype",
+    ]
     assert read_csv(folder / "grad_reduced_0-0.csv")[0] == ["vpp_stage", "name", "step", *ALL_OPS, "shape", "dtype"]
     for step, snap in enumerate(snaps):
         for kind, source in (("grad_reduced", "grads"), ("grad_unreduced", "grads"), ("exp_avg", "exp_avg")):
@@ -124,7 +132,16 @@ def test_targets_specs_ops_and_ndigits(tmp_path, monkeypatch):
     folder = run_dir(tmp_path)
     actv = table(folder, "actv")
     assert {full_name(r) for r in actv} == {"0:pair.input", "0:pair.output"}
-    assert read_csv(folder / "actv_0-0.csv")[0] == ["vpp_stage", "name", "step", "micro_step", "norm", "max", "shape", "dtype"]
+    assert read_csv(folder / "actv_0-0.csv")[0] == [
+        "vpp_stage",
+        "name",
+        "step",
+        "micro_step",
+        "norm",
+        "max",
+        "shape",
+        "dtype",
+    ]
     norm = float(by_name(actv, "0:pair.output")[0]["norm"])
     assert norm == pytest.approx(np.linalg.norm(seen["b"].astype(np.float64)), abs=5e-4)
     assert all(len(r["norm"].split(".")[-1]) <= 3 for r in actv)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-import trainprobe.log
+import trainprobe.engine.log
 from conftest import assert_row_matches, read_csv, rows_of, write_config
 from models import MLP, TinyTransformer, no_hooks_left
 from trainprobe import TrainerMonitorV2
@@ -335,7 +335,7 @@ def test_manual_step_mode_and_ignored_manual_step(tmp_path, caplog):
 def test_non_adam_optimizer_skips_optimizer_monitor_with_warning(tmp_path, caplog, monkeypatch, momentum):
     """SGD keeps a momentum buffer, or no state at all without momentum: either way one warning
     names the class and no optimizer CSV is written."""
-    monkeypatch.setattr(trainprobe.log, "_seen", set())  # the warning is once per process
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())  # the warning is once per process
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum)
     mon, out = make_monitor(tmp_path, {"optimizer": {"enabled": True}, "weight_grad": {"enabled": True}})
@@ -650,9 +650,9 @@ def test_loop_calling_submodules_directly_is_captured(tmp_path, caplog):
 def test_backward_missing_every_sentinel_falls_back_to_parameter_hooks(tmp_path, caplog, monkeypatch):
     """A backward that reaches none of the sentinels (here only fc2.weight, parameter 2 of 4, gets a
     gradient) has no unreduced rows (said once); later steps use per-parameter hooks."""
-    import trainprobe.log
+    import trainprobe.engine.log
 
-    monkeypatch.setattr(trainprobe.log, "_seen", set())
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon, out = make_monitor(tmp_path, {"weight_grad": {"enabled": True, "ops": OPS}})

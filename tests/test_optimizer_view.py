@@ -10,9 +10,9 @@ import torch
 from conftest import assert_row_matches, rows_of, write_config
 from models import MLP
 from trainprobe import TrainerMonitorV2
-from trainprobe.adapters.pytorch import TORCH
-from trainprobe.adapters.pytorch_optimizer import TorchOptimizerView, torch_optimizer_view
-from trainprobe.errors import ConfigError
+from trainprobe.backends.torch.backend import TORCH
+from trainprobe.backends.torch.optimizer import TorchOptimizerView, torch_optimizer_view
+from trainprobe.engine.errors import ConfigError
 
 
 class Wrapper:

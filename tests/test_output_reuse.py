@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainprobe import TrainerMonitorV2
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 
 def _config(out: Path, per_record: int = 1) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import types
 
-from trainprobe.patching import AttrPatch
+from trainprobe.engine.patching import AttrPatch
 
 
 class Base:

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conftest import read_csv
-from trainprobe.records import RowBuffer, RowKey
-from trainprobe.schedule import Schedule
-from trainprobe.sinks.background import Writer
-from trainprobe.sinks.csv_sink import CsvSink, TableLayout
-from trainprobe.stats.torch_stats import TensorStats
+from trainprobe.backends.torch.stats import TensorStats
+from trainprobe.engine.records import RowBuffer, RowKey
+from trainprobe.engine.schedule import Schedule
+from trainprobe.engine.sinks.background import Writer
+from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
 
 OPS = ("min", "max", "mean", "norm", "nans", "zeros")
 
@@ -172,10 +172,10 @@ def test_csv_sink_batches_are_what_the_csv_module_writes(tmp_path, ndigits):
 FILE_LIMIT_SCRIPT = r"""
 import resource, signal, sys
 from pathlib import Path
-from trainprobe.records import RowBuffer, RowKey
-from trainprobe.schedule import Schedule
-from trainprobe.sinks.background import Writer
-from trainprobe.sinks.csv_sink import CsvSink, TableLayout
+from trainprobe.engine.records import RowBuffer, RowKey
+from trainprobe.engine.schedule import Schedule
+from trainprobe.engine.sinks.background import Writer
+from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
 out = Path(sys.argv[1])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reference_layouts import V1_HEADER, v1_text, v1_weight_rows, write_reference_v1
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.report import write_report
 from trainprobe.tools.report_data import event_group, event_target, load_report_data
 

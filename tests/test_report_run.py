@@ -22,7 +22,7 @@ import pytest
 
 from report_run_fixture import STEPS, RunReference, make_run
 from test_tool_report import assert_page_ok, needs_chromium, render
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.report import write_report
 from trainprobe.tools.report_data import load_report_data
 from trainprobe.tools.report_figures import (

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from trainprobe.schedule import Schedule
+from trainprobe.engine.schedule import Schedule
 
 HORIZON = 80  # every bounded schedule below ends well before this step
 

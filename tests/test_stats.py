@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainprobe.errors import ConfigError
-from trainprobe.stats.ops import ALL_OPS, COUNT_OPS, DEFAULT_EPS, DEFAULT_OPS, format_value, parse_ops
-from trainprobe.stats.torch_stats import TensorStats, as_statistic_input, sum64
+from trainprobe.backends.torch.stats import TensorStats, as_statistic_input, sum64
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.stats.ops import ALL_OPS, COUNT_OPS, DEFAULT_EPS, DEFAULT_OPS, format_value, parse_ops
 
 ALL = list(ALL_OPS)
 RTOL = 1e-6
@@ -680,7 +680,7 @@ def test_norm_of_large_float32_tensors_matches_float64(n: int, kind: str) -> Non
 
 def _unfused_row(x: torch.Tensor) -> list[float]:
     """min, max, sum and norm by the kernels the fused path replaces (aminmax, sum64, norm64)."""
-    from trainprobe.stats.torch_stats import norm64
+    from trainprobe.backends.torch.stats import norm64
 
     lo, hi = torch.aminmax(x)
     return [lo.item(), hi.item(), sum64(x).item(), norm64(x).item()]
@@ -694,7 +694,7 @@ def _same_bits(a: list[float], b: list[float]) -> bool:
     "n", [4096, 5000, 65535, 65536, 70000 - 70000 % 256, (1 << 18), (1 << 18) + 256, 3 * (1 << 18) + 512, 2_048_000]
 )
 def test_chunked_float32_row_is_bit_identical_to_the_unfused_kernels(n: int) -> None:
-    from trainprobe.stats.torch_stats import _chunked_float32
+    from trainprobe.backends.torch.stats import _chunked_float32
 
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=gen) * 3 + 0.25
@@ -705,7 +705,7 @@ def test_chunked_float32_row_is_bit_identical_to_the_unfused_kernels(n: int) -> 
 
 @pytest.mark.parametrize("where", [0, 1 << 18, -1])
 def test_chunked_float32_propagates_nan_and_keeps_signed_zero(where: int) -> None:
-    from trainprobe.stats.torch_stats import _chunked_float32
+    from trainprobe.backends.torch.stats import _chunked_float32
 
     x = torch.randn(3 * (1 << 18))
     x[where] = float("nan")
@@ -719,7 +719,7 @@ def test_chunked_float32_propagates_nan_and_keeps_signed_zero(where: int) -> Non
 
 
 def test_chunked_float32_declines_what_it_does_not_handle() -> None:
-    from trainprobe.stats.torch_stats import _chunked_float32
+    from trainprobe.backends.torch.stats import _chunked_float32
 
     assert _chunked_float32(torch.randn(100), True, True) is None  # small: batched / direct path
     assert _chunked_float32(torch.randn(8192, dtype=torch.float64), True, True) is None

@@ -20,7 +20,7 @@ import torch
 from models import MLP
 from monitor_runs import NAN_RANK, NAN_STEP
 from test_v1_support import make_v1
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.anomaly_analyse import (
     BACKWARD,
     FORWARD,

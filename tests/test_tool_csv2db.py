@@ -21,7 +21,7 @@ from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
 from reference_layouts import V1_OPS, write_reference_v1, write_reference_v2
 from trainprobe.cli import main as cli_main
 from trainprobe.core.monitor.csv2db import CSV2DBConfig, CSV2DBResult, csv2db
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 Key = tuple[int, str, str, int, "int | None", "str | None", int]
 NAN = "nan"  # NaN stand-in: NaN != NaN would fail equal dicts

@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import SCALARS, Even
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP
 from reference_layouts import write_reference_v1
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.csv2tb import csv2tensorboard_by_step
 
 Scalars = dict[str, list[tuple[int, float | str]]]

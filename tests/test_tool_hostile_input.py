@@ -16,9 +16,9 @@ import pytest
 
 from reference_layouts import V1_RUN, write_reference_v1, write_reference_v2
 from trainprobe.cli import main as cli_main
-from trainprobe.errors import ConfigError
-from trainprobe.safe_files import bounded_int, one_line, read_bytes, read_text
-from trainprobe.safe_json import depth_of, loads_checked
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.safe_files import bounded_int, one_line, read_bytes, read_text
+from trainprobe.engine.safe_json import depth_of, loads_checked
 from trainprobe.tools.anomaly_analyse import load_anomalies, parse_step_list
 from trainprobe.tools.csv2db import CSV2DBConfig, csv2db
 from trainprobe.tools.monitor_output import find_csv_files, read_table

@@ -12,7 +12,7 @@ import pytest
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
 from reference_layouts import V1_HEADER, V1_OPS, V1_RUN, V2_OPS, write_reference_v1, write_reference_v2
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.monitor_output import find_csv_files, read_table
 
 

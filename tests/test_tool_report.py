@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from monitor_runs import NAN_RANK, NAN_STEP
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.report import write_report
 from trainprobe.tools.report_data import downsample, event_group, event_target, load_report_data
 

@@ -86,7 +86,7 @@ def _assert_bitwise(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("trainprobe.log._seen", set())
+    monkeypatch.setattr("trainprobe.engine.log._seen", set())
     torch._dynamo.reset()
 
 

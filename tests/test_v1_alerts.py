@@ -12,9 +12,9 @@ import torch
 
 from models import MLP
 from test_v1_support import by_name, forget_warnings, make_v1, run_dir, table
-from trainprobe.config.monitor_v1 import AlertRule
-from trainprobe.monitor_v1.alerts import AlertDetector, PipelineContext
-from trainprobe.records import RowKey, StepBatch
+from trainprobe.engine.records import RowKey, StepBatch
+from trainprobe.frontdoors.monitor_v1.alerts import AlertDetector, PipelineContext
+from trainprobe.frontdoors.monitor_v1.config import AlertRule
 
 
 def train(tmp_path, monkeypatch, capsys, rules, *, nan_at=None, spike_at=None, steps=8, ops=("norm",)):
@@ -272,7 +272,7 @@ def test_detector_warns_once_when_ops_cannot_tell_empty_from_nan(monkeypatch, ca
 def test_console_lines_carry_value_and_baseline_and_a_flood_is_summed_up():
     """One line per anomalous row with its value and baseline; the same row of later micro-batches
     folds into it; beyond MAX_LINES_PER_STEP rows of a step one summary line; the dump keeps all."""
-    from trainprobe.monitor_v1.alerts import MAX_LINES_PER_STEP
+    from trainprobe.frontdoors.monitor_v1.alerts import MAX_LINES_PER_STEP
 
     rules = (AlertRule(rule_name="AnomalyTurbulence", threshold=0.5),)
     ctx = PipelineContext(rank=0, pp_stage=0, group_mates=(0,))
@@ -292,7 +292,10 @@ def test_console_lines_carry_value_and_baseline_and_a_flood_is_summed_up():
     det.write(batch(3, 100.0, micro=1))  # the same rows, next micro-batch
     lines = stream.getvalue().splitlines()
     assert len(lines) == MAX_LINES_PER_STEP + 2
-    assert lines[0] == "trainprobe alert: Rule AnomalyTurbulence at step 3: 0:layer0.output:0/rank0/actv norm = 100 (baseline 1)"
+    assert (
+        lines[0]
+        == "trainprobe alert: Rule AnomalyTurbulence at step 3: 0:layer0.output:0/rank0/actv norm = 100 (baseline 1)"
+    )
     assert lines[MAX_LINES_PER_STEP] == "trainprobe alert: step 3: 5 more anomalies (anomaly.json has all)"
     assert lines[-1] == f"trainprobe alert: step 3: {len(names)} more anomalies (anomaly.json has all)"
     assert det.count == 2 * len(names)

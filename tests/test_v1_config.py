@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from trainprobe.config.monitor_v1 import load_monitor_v1_config
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
+from trainprobe.frontdoors.monitor_v1.config import load_monitor_v1_config
 
 FULL = {
     "targets": {
@@ -174,9 +174,9 @@ def test_reference_logged_default_collect_times_1e8_is_an_integer() -> None:
 
 
 def test_mg_distribution_is_accepted_with_one_warning(monkeypatch, caplog) -> None:
-    import trainprobe.log
+    import trainprobe.engine.log
 
-    monkeypatch.setattr(trainprobe.log, "_seen", set())
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())
     with caplog.at_level("WARNING", logger="trainprobe"):
         load_monitor_v1_config({"mg_distribution": True})
         load_monitor_v1_config({"mg_distribution": True})

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from models import MLP
 from test_distributed_v2 import launch
 from test_v1_support import by_name, full_name, table
-from trainprobe.monitor_v1 import TrainerMon
+from trainprobe.frontdoors.monitor_v1 import TrainerMon
 
 
 def _line_of(text: str) -> int:

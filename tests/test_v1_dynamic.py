@@ -9,8 +9,8 @@ import torch
 
 from models import MLP
 from test_v1_support import make_v1, run_dir, table
-from trainprobe.monitor_v1 import dynamic
-from trainprobe.monitor_v1.dynamic import ConfigWatcher
+from trainprobe.frontdoors.monitor_v1 import dynamic
+from trainprobe.frontdoors.monitor_v1.dynamic import ConfigWatcher
 
 _bump = [0]
 

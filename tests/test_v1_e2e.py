@@ -12,7 +12,7 @@ from torch import nn
 from conftest import read_csv, stats64
 from models import MLP, TinyTransformer, no_hooks_left
 from test_v1_support import by_name, forget_warnings, full_name, make_v1, run_dir, table
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 ALL_OPS = ["min", "max", "norm", "mean", "zeros", "nans"]
 FULL = {
@@ -560,7 +560,7 @@ def test_params_have_main_grad_plain_pytorch_and_fault_isolation(tmp_path, monke
 
 
 def test_compat_import_path():
-    from trainprobe.monitor_v1 import TrainerMon
+    from trainprobe.frontdoors.monitor_v1 import TrainerMon
     from trainprobe.pytorch.monitor.module_hook import TrainerMon as Compat
 
     assert Compat is TrainerMon
@@ -569,7 +569,7 @@ def test_compat_import_path():
 def test_public_import_paths():
     import trainprobe
     import trainprobe.pytorch
-    from trainprobe.monitor_v1 import TrainerMon
+    from trainprobe.frontdoors.monitor_v1 import TrainerMon
 
     assert trainprobe.TrainerMon is TrainerMon and trainprobe.pytorch.TrainerMon is TrainerMon
 
@@ -608,7 +608,7 @@ def test_default_output_dir_is_monitor_output(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MONITOR_OUTPUT_DIR", raising=False)
     (tmp_path / "c.json").write_text('{"wg_distribution": true}')
-    from trainprobe.monitor_v1 import TrainerMon
+    from trainprobe.frontdoors.monitor_v1 import TrainerMon
 
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -750,8 +750,8 @@ def test_squash_name_keeps_different_objects_apart(tmp_path, monkeypatch, caplog
 def test_display_names_resolve_chained_clashes():
     """A name given back its full name may clash with another squashed name: that one keeps its
     full name too; names that clash with nothing stay squashed."""
-    from trainprobe.config.monitor_v1 import load_monitor_v1_config
-    from trainprobe.monitor_v1.naming import display_names
+    from trainprobe.frontdoors.monitor_v1.config import load_monitor_v1_config
+    from trainprobe.frontdoors.monitor_v1.naming import display_names
 
     names = ["0:norm.weight", "0:layers.0.norm.weight", "0:model.layers.0.norm.weight", "0:model.layers.1.mlp"]
     shown = display_names(load_monitor_v1_config({}), names)

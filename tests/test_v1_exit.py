@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
     import json, os, sys, torch, torch.distributed as dist
     sys.path.insert(0, {tests!r})
     from models import MLP
-    from trainprobe.monitor_v1 import TrainerMon
+    from trainprobe.frontdoors.monitor_v1 import TrainerMon
     if {dist!r}:
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
     model = MLP()

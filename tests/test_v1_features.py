@@ -8,7 +8,7 @@ from torch import nn
 
 from conftest import read_csv
 from test_v1_support import by_name, forget_warnings, full_name, make_v1, run_dir, table
-from trainprobe.monitor_v1.histogram import histogram_row
+from trainprobe.frontdoors.monitor_v1.histogram import histogram_row
 
 
 class Core(nn.Module):

@@ -15,12 +15,12 @@ from torch import nn
 from conftest import read_csv
 from models import MLP
 from test_v1_support import by_name, make_v1, run_dir, table
-from trainprobe.monitor_v1 import output
-from trainprobe.monitor_v1.naming import bare
-from trainprobe.monitor_v1.shapes import ShapeBook
-from trainprobe.probes.model_view import NamedParam
-from trainprobe.records import RowKey
-from trainprobe.sinks.csv_sink import TableLayout
+from trainprobe.engine.probes.model_view import NamedParam
+from trainprobe.engine.records import RowKey
+from trainprobe.engine.sinks.csv_sink import TableLayout
+from trainprobe.frontdoors.monitor_v1 import output
+from trainprobe.frontdoors.monitor_v1.naming import bare
+from trainprobe.frontdoors.monitor_v1.shapes import ShapeBook
 
 
 class Trio(nn.Module):

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-import trainprobe.log
+import trainprobe.engine.log
 from conftest import read_csv
-from trainprobe.monitor_v1 import TrainerMon
+from trainprobe.frontdoors.monitor_v1 import TrainerMon
 
 
 def forget_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make once-per-process warnings fire again in this test (another test may have fired them)."""
-    monkeypatch.setattr(trainprobe.log, "_seen", set())
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())
 
 
 def make_v1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any], **kwargs: Any) -> TrainerMon:

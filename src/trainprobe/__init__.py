@@ -22,19 +22,19 @@ from trainprobe._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from trainprobe.dump import PrecisionDebugger, module_dump, module_dump_end, random_save, seed_all
-    from trainprobe.errors import ConfigError
-    from trainprobe.metrics import TrainingMetricsMonitor
-    from trainprobe.monitor_v1 import TrainerMon
-    from trainprobe.trainer_v2 import TrainerMonitorV2
+    from trainprobe.engine.errors import ConfigError
+    from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
+    from trainprobe.frontdoors.monitor_v1 import TrainerMon
+    from trainprobe.frontdoors.monitor_v2.trainer import TrainerMonitorV2
 
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "ConfigError": "trainprobe.errors",
+    "ConfigError": "trainprobe.engine.errors",
     "PrecisionDebugger": "trainprobe.dump",
-    "TrainerMon": "trainprobe.monitor_v1",
-    "TrainerMonitorV2": "trainprobe.trainer_v2",
-    "TrainingMetricsMonitor": "trainprobe.metrics",
+    "TrainerMon": "trainprobe.frontdoors.monitor_v1",
+    "TrainerMonitorV2": "trainprobe.frontdoors.monitor_v2.trainer",
+    "TrainingMetricsMonitor": "trainprobe.frontdoors.metrics",
     "module_dump": "trainprobe.dump",
     "module_dump_end": "trainprobe.dump",
     "random_save": "trainprobe.dump",

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainprobe.errors import ConfigError
-from trainprobe.safe_files import one_line
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.safe_files import one_line
 
 # Each entry adds one sub-command: (module, function taking the sub-parsers object).
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
-from trainprobe.layout import V2_MONITORS
-from trainprobe.sinks.earlier_runs import window_files
-from trainprobe.trainer_v2 import TrainerMonitorV2
+from trainprobe.engine.layout import V2_MONITORS
+from trainprobe.engine.sinks.earlier_runs import window_files
+from trainprobe.frontdoors.monitor_v2.trainer import TrainerMonitorV2
 
 DEMO_CONFIG = {
     "framework": "pytorch",
@@ -48,7 +48,7 @@ def earlier_demo_files(out: Path) -> bool:
 def run_demo(out: Path, steps: int = 50, seed: int = 0, overwrite: bool = False) -> list[FileSummary]:
     """Train for ``steps`` steps with Monitor V2 writing to ``out``; return what was written.
     ``overwrite``: replace an earlier run's CSV files in ``out`` (otherwise they are a
-    :class:`~trainprobe.errors.ConfigError`, see :meth:`TrainerMonitorV2.start`)."""
+    :class:`~trainprobe.engine.errors.ConfigError`, see :meth:`TrainerMonitorV2.start`)."""
     out.mkdir(parents=True, exist_ok=True)
     config = dict(DEMO_CONFIG, output_dir=str(out))
     config_path = out / "monitor_v2_config.json"

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 DEFAULT_YAML = Path(__file__).with_name("support_wrap_ops.yaml")
 

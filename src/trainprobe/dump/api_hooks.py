@@ -10,7 +10,7 @@ name it was called by (``Functional.relu``, ``Tensor.__add__``) and with its arg
 outermost API is recorded: the ``torch.relu`` inside ``F.relu`` is not dumped again. Outside
 ``start()``/``stop()`` a wrapper only calls the original. ``torch.distributed`` functions and custom
 APIs (``register_custom_api``) are replaced between ``start()`` and ``stop()`` through
-:class:`~trainprobe.patching.AttrPatch`, which puts back exactly the original objects.
+:class:`~trainprobe.engine.patching.AttrPatch`, which puts back exactly the original objects.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from trainprobe.dump.api_catalog import DISTRIBUTED_PREFIX, ApiCatalog, ApiTarget
 from trainprobe.dump.collector import Collector
-from trainprobe.patching import AttrPatch
+from trainprobe.engine.patching import AttrPatch
 
 
 class ApiHub:

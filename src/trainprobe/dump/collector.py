@@ -39,7 +39,7 @@ from trainprobe.dump.config import DumpConfig
 from trainprobe.dump.entries import EntryOptions, as_list, tensors_in, value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows, data_names, forward_overflows, writes_inputs
 from trainprobe.dump.store import StepStore
-from trainprobe.log import error_once
+from trainprobe.engine.log import error_once
 
 SMALL_POOL = 4
 """With at most this many intra-op threads, the dump's own kernels (statistics, copies) run on one

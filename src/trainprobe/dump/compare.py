@@ -29,8 +29,8 @@ import torch
 
 from trainprobe.dump.compare_load import Item, RankDump, is_tensor, load_rank, order_key, pair_dirs, tensor_path
 from trainprobe.dump.compare_metrics import STAT_KEYS, Verdict, check_structure, statistics_values, tensor_values
-from trainprobe.errors import ConfigError
-from trainprobe.sinks.files import write_atomically
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.sinks.files import write_atomically
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
         "NPU Requires_grad", "Bench Requires_grad"]  # fmt: skip

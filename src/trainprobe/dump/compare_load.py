@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainprobe.errors import ConfigError
-from trainprobe.file_names import path_under
-from trainprobe.safe_files import read_text
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.file_names import path_under
+from trainprobe.engine.safe_files import read_text
 
 _STEP = re.compile(r"^step(\d+)$")
 _RANK = re.compile(r"^(rank\d+|proc\d+)$")
@@ -181,7 +181,8 @@ def stacks_by_name(stack: Any) -> dict[str, Any]:
     if not isinstance(stack, dict):
         return {}
     grouped = stack and all(
-        isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and isinstance(v[1], list) for v in stack.values()
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and isinstance(v[1], list)
+        for v in stack.values()
     )
     if grouped:
         return {str(n): v[1] for v in stack.values() for n in v[0]}

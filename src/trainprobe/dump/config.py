@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trainprobe.config.fields import Section, check_int, load_json_object
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.fields import Section, check_int, load_json_object
 
 TASKS = ("statistics", "tensor", "structure", "overflow_check")
 LEVELS = ("L0", "L1", "mix", "debug")
@@ -104,6 +104,8 @@ class IntRanges:
 
     def __hash__(self) -> int:
         return hash(self.spans)
+
+
 DEFAULT_OVERFLOW_NUMS = 1
 
 

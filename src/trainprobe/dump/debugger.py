@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainprobe.config.fields import config_file, load_json_object
 from trainprobe.dump.api_catalog import ApiCatalog
 from trainprobe.dump.api_hooks import api_wrapper, install_api_wrappers, patch_distributed, watch_phases
 from trainprobe.dump.collector import Collector
@@ -37,9 +36,10 @@ from trainprobe.dump.config import DumpConfig, load_dump_config
 from trainprobe.dump.entries import EntryOptions, tensors_in, value_entry
 from trainprobe.dump.module_hooks import ModuleHooks, named_submodules
 from trainprobe.dump.store import StepStore, TensorFileWriter, disk_full, report_write_error
-from trainprobe.errors import ConfigError
-from trainprobe.log import info_once, warn_once
-from trainprobe.patching import AttrPatch
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.fields import config_file, load_json_object
+from trainprobe.engine.log import info_once, warn_once
+from trainprobe.engine.patching import AttrPatch
 
 Model = nn.Module | Sequence[nn.Module]
 

@@ -3,7 +3,7 @@
 A tensor becomes ``{"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Mean", "Norm",
 "requires_grad"}`` plus ``"md5"`` (summary_mode md5: CRC-32 of the bytes, 8 hex digits; xor: XOR
 of the bytes as 64-bit words, 16 hex digits) and ``"data_name"`` when its ``.pt`` file is saved
-(the record name made a safe file name by :func:`~trainprobe.file_names.safe_file_name`).
+(the record name made a safe file name by :func:`~trainprobe.engine.file_names.safe_file_name`).
 Task ``structure`` keeps type, dtype, shape and requires_grad only. Other values:
 ``{"type": "int", "value": 3}``, ``torch.dtype``/``torch.Size``/``slice`` likewise, ``None`` →
 ``null``, lists/tuples → lists, dicts → objects, anything else ``{"type": <class name>}``.
@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainprobe.file_names import safe_file_name
-from trainprobe.stats.torch_stats import TensorStats
+from trainprobe.backends.torch.stats import TensorStats
+from trainprobe.engine.file_names import safe_file_name
+from trainprobe.engine.tensor_walk import named_tensors_in
 
 STAT_KEYS = ("Max", "Min", "Mean", "Norm")
 _STATS = TensorStats(("max", "min", "mean", "norm"))
@@ -176,15 +177,9 @@ def as_list(value: Any) -> list[Any]:
 
 
 def tensors_in(value: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """``(path, tensor)`` for every tensor nested in ``value`` (paths like ``0.1``, ``key``)."""
-    if isinstance(value, torch.Tensor):
-        yield prefix, value
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from tensors_in(v, f"{prefix}.{i}" if prefix else str(i))
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from tensors_in(v, f"{prefix}.{k}" if prefix else str(k))
+    """``(path, tensor)`` for every tensor nested in ``value`` (paths like ``0.1``, ``key``): the
+    engine's walk (:func:`trainprobe.engine.tensor_walk.named_tensors_in`) over torch tensors."""
+    return named_tensors_in(value, torch.Tensor, prefix)
 
 
 def has_overflow(entry: Any) -> bool:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainprobe.dump.collector import call_stack
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 
 _DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d")
 _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)

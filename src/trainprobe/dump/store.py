@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from trainprobe.dump.entries import resolve_pending
-from trainprobe.file_names import path_under
-from trainprobe.log import error_once
-from trainprobe.sinks.files import append_whole
-from trainprobe.sinks.files import write_json_atomically as write_json_file
+from trainprobe.engine.file_names import path_under
+from trainprobe.engine.log import error_once
+from trainprobe.engine.sinks.files import append_whole
+from trainprobe.engine.sinks.files import write_json_atomically as write_json_file
 
 PENDING_BYTES = {False: 64 << 20, True: 1 << 30}
 """How many bytes of snapshots may wait for the disk (``async_dump`` false / true) before the
@@ -46,7 +46,7 @@ IDLE_EXIT_S = 5.0
 
 def write_json_atomically(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` via a temporary file and ``os.replace``
-    (:func:`trainprobe.sinks.files.write_json_atomically`, no indent: the C encoder, ~10x faster)."""
+    (:func:`trainprobe.engine.sinks.files.write_json_atomically`, no indent: the C encoder, ~10x faster)."""
     write_json_file(path, data, indent=None, default=_no_tensor)
 
 
@@ -461,7 +461,7 @@ class StepStore:
     def save_tensor(self, file_name: str, tensor: torch.Tensor) -> None:
         """Queue ``dump_tensor_data/<file_name>`` (written by the writer thread; errors go to
         ``dump_error_info.log``). ``file_name`` must be a plain file name (as
-        :func:`trainprobe.file_names.safe_file_name` makes them): any other is refused, logged
+        :func:`trainprobe.engine.file_names.safe_file_name` makes them): any other is refused, logged
         and not written, so no file is ever written outside ``dump_tensor_data``."""
         try:
             path = path_under(self.tensor_dir, file_name)

@@ -6,6 +6,6 @@
   (``pip install trainprobe[lightning]``).
 
 Both take ``metrics_config=`` (training metrics: ``monitor_config`` / ``tensorboard``, see
-:mod:`trainprobe.metrics`) and/or ``monitor_v2_config=`` (a Monitor V2 config). Configurations
+:mod:`trainprobe.frontdoors.metrics`) and/or ``monitor_v2_config=`` (a Monitor V2 config). Configurations
 are validated when the callback is created; the callbacks only use the trainers' own hooks.
 """

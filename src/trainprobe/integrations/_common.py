@@ -8,10 +8,10 @@ from typing import Any
 
 from torch import nn
 
-from trainprobe.errors import ConfigError
-from trainprobe.metrics.config import TrainingMetricsConfig, load_training_metrics_config
-from trainprobe.metrics.monitor import TrainingMetricsMonitor, innermost_optimizer
-from trainprobe.trainer_v2 import TrainerMonitorV2
+from trainprobe.engine.errors import ConfigError
+from trainprobe.frontdoors.metrics.config import TrainingMetricsConfig, load_training_metrics_config
+from trainprobe.frontdoors.metrics.monitor import TrainingMetricsMonitor, innermost_optimizer
+from trainprobe.frontdoors.monitor_v2.trainer import TrainerMonitorV2
 
 ConfigSource = str | Path | Mapping[str, Any] | None
 

@@ -4,7 +4,7 @@ Example:
     >>> from trainprobe.integrations.lightning import TrainProbeCallback  # doctest: +SKIP
     >>> trainer = L.Trainer(callbacks=[TrainProbeCallback(metrics_config="train.yaml")])  # doctest: +SKIP
 
-What is logged: the metrics of :mod:`trainprobe.metrics.compose` (tags and units listed
+What is logged: the metrics of :mod:`trainprobe.frontdoors.metrics.compose` (tags and units listed
 there), one step per optimizer step (``trainer.global_step``):
 
 * ``loss`` / ``local_loss`` / ``device_accum_local_loss``: from the ``loss`` each
@@ -49,11 +49,11 @@ except ImportError as exc:  # pragma: no cover - optional extra
 
 import torch
 
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.patching import AttrPatch
+from trainprobe.frontdoors.metrics.monitor import innermost_optimizer
+from trainprobe.frontdoors.metrics.sources import batch_counts
 from trainprobe.integrations._common import MonitorPairCallback
-from trainprobe.log import warn_once
-from trainprobe.metrics.monitor import innermost_optimizer
-from trainprobe.metrics.sources import batch_counts
-from trainprobe.patching import AttrPatch
 
 
 class TrainProbeCallback(MonitorPairCallback, pl.Callback):

@@ -5,7 +5,7 @@ Example:
     >>> trainer = Trainer(model, args, train_dataset=ds,                        # doctest: +SKIP
     ...                   callbacks=[TrainProbeCallback(metrics_config="train.yaml")])
 
-What is logged: the metrics of :mod:`trainprobe.metrics.compose` (tags and units listed
+What is logged: the metrics of :mod:`trainprobe.frontdoors.metrics.compose` (tags and units listed
 there), one step per optimizer step (``state.global_step``):
 
 * ``loss``, ``local_loss``, ``device_accum_local_loss``: the step's loss as the Trainer logs it.
@@ -53,8 +53,8 @@ except ImportError as exc:  # pragma: no cover - optional extra
         f"trainprobe.integrations.transformers needs transformers ({exc}); pip install trainprobe[hf]"
     ) from exc
 
+from trainprobe.engine.patching import AttrPatch
 from trainprobe.integrations._common import MonitorPairCallback
-from trainprobe.patching import AttrPatch
 
 
 class TrainProbeCallback(MonitorPairCallback, TrainerCallback):

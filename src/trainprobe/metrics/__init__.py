@@ -1,26 +1,3 @@
-"""Training metrics (MindSpore Transformers' monitor, for PyTorch): loss, learning rate,
-gradient norms, throughput, per-parameter norms, Adam moments, expert load, to TensorBoard,
-the log and a per-rank dump folder.
+"""Documented import path of the training metrics: re-exports :mod:`trainprobe.frontdoors.metrics`."""
 
-* :class:`TrainingMetricsMonitor`: the front door (``step()`` once per optimizer step).
-* :func:`load_training_metrics_config`: the ``monitor_config`` / ``tensorboard`` dialect.
-"""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from trainprobe._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from trainprobe.metrics.config import TrainingMetricsConfig, load_training_metrics_config
-    from trainprobe.metrics.monitor import TrainingMetricsMonitor
-
-_EXPORTS = {
-    "TrainingMetricsConfig": "trainprobe.metrics.config",
-    "TrainingMetricsMonitor": "trainprobe.metrics.monitor",
-    "load_training_metrics_config": "trainprobe.metrics.config",
-}
-__all__ = ["TrainingMetricsConfig", "TrainingMetricsMonitor", "load_training_metrics_config"]
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+from trainprobe.frontdoors.metrics import __all__, __dir__, __getattr__  # noqa: F401

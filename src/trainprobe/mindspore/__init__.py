@@ -15,16 +15,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainprobe._lazy import lazy_exports
-from trainprobe.mindspore.runtime import require_mindspore
+from trainprobe.backends.mindspore.runtime import require_mindspore
 
 if TYPE_CHECKING:
-    from trainprobe.mindspore.monitor_v1 import TrainerMon
+    from trainprobe.frontdoors.monitor_v1.mindspore import TrainerMon
 
 require_mindspore()
 
-_EXPORTS = {"TrainerMon": "trainprobe.mindspore.monitor_v1"}
-"""``TrainerMon`` is imported on first use: the backend (``trainprobe.mindspore.backend``, which
-Monitor V2 loads through :func:`trainprobe.adapters.backend_for`) does not need Monitor V1."""
+_EXPORTS = {"TrainerMon": "trainprobe.frontdoors.monitor_v1.mindspore"}
+"""``TrainerMon`` is imported on first use: the backend (``trainprobe.backends.mindspore.backend``, which
+Monitor V2 loads through :func:`trainprobe.engine.backend.backend_for`) does not need Monitor V1."""
 __all__ = ["TrainerMon", "require_mindspore"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -1,17 +1,3 @@
-"""Monitor V1 (``TrainerMon``): the reference's first monitor API as a front door of the engine."""
+"""Documented import path of Monitor V1: re-exports :mod:`trainprobe.frontdoors.monitor_v1`."""
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from trainprobe._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from trainprobe.monitor_v1.trainer import TrainerMon
-
-_EXPORTS = {
-    "TrainerMon": "trainprobe.monitor_v1.trainer",
-}
-__all__ = ["TrainerMon"]
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+from trainprobe.frontdoors.monitor_v1 import __all__, __dir__, __getattr__  # noqa: F401

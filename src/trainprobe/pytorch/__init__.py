@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from trainprobe._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from trainprobe.monitor_v1 import TrainerMon
+    from trainprobe.frontdoors.monitor_v1 import TrainerMon
     from trainprobe.pytorch.precision_debugger import (
         PrecisionDebugger,
         module_dump,
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "PrecisionDebugger": "trainprobe.pytorch.precision_debugger",
-    "TrainerMon": "trainprobe.monitor_v1",
+    "TrainerMon": "trainprobe.frontdoors.monitor_v1",
     "module_dump": "trainprobe.pytorch.precision_debugger",
     "module_dump_end": "trainprobe.pytorch.precision_debugger",
     "random_save": "trainprobe.pytorch.precision_debugger",

@@ -9,7 +9,7 @@ Command line (both forms are the same tool)::
 Input: every ``rank<r>/anomaly.json`` under ``data_path`` (the ``anomaly_detected`` folder; the
 monitor output folder that contains ``anomaly_detected`` is accepted too). Each file maps a key
 (``<tag_name>_step_<s>_call_<id>``) to one event with exactly the fields :data:`EVENT_FIELDS`.
-Files are read with :func:`trainprobe.safe_json.load_json_file` (regular files only, size and
+Files are read with :func:`trainprobe.engine.safe_json.load_json_file` (regular files only, size and
 nesting bounded, byte-order mark accepted); integer fields must fit in 64 bits.
 
 Execution order (the sort key, smallest first; see :func:`execution_key`):
@@ -39,7 +39,7 @@ Python API::
 
 Every bad input (missing or empty folder, malformed or too deeply nested JSON, a file that is
 not a regular file or not UTF-8, a missing, unknown or mistyped field, an integer beyond 64
-bits) raises :class:`~trainprobe.errors.ConfigError` with a one-line
+bits) raises :class:`~trainprobe.engine.errors.ConfigError` with a one-line
 message naming the file and the event; the command line prints it and exits with code 2.
 """
 
@@ -53,12 +53,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainprobe.errors import ConfigError
-from trainprobe.layout import ANOMALY_FILE, ANOMALY_FOLDER, ANOMALY_RANK
-from trainprobe.log import warn_once
-from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
-from trainprobe.safe_json import load_json_file
-from trainprobe.sinks.files import write_json_atomically
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.layout import ANOMALY_FILE, ANOMALY_FOLDER, ANOMALY_RANK
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
+from trainprobe.engine.safe_json import load_json_file
+from trainprobe.engine.sinks.files import write_json_atomically
 from trainprobe.tools.options import make_folder
 
 COMMAND = "anomaly-analyse"

@@ -49,7 +49,7 @@ need the ``if __name__ == "__main__":`` guard) while this process, the only writ
 The bulk load runs with ``journal_mode=OFF`` and ``synchronous=OFF``: a conversion killed
 midway may leave a damaged database; delete it and convert again.
 
-Every bad input raises :class:`~trainprobe.errors.ConfigError`; the command line prints it on one
+Every bad input raises :class:`~trainprobe.engine.errors.ConfigError`; the command line prints it on one
 line and exits with 2.
 """
 
@@ -73,9 +73,9 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from trainprobe.errors import ConfigError
-from trainprobe.log import warn_once
-from trainprobe.safe_files import INT_MAX
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.safe_files import INT_MAX
 from trainprobe.tools.monitor_output import (
     MonitorCsv,
     check_data_types,

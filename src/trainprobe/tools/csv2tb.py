@@ -43,7 +43,7 @@ need the usual ``if __name__ == "__main__":`` guard (the workers are spawned).
 
 Every bad input (missing path, no monitor output, unknown data type, malformed or reversed time
 range, bad ``process_num``, a missing ``tensorboard`` package) raises
-:class:`~trainprobe.errors.ConfigError`; the command line prints it on one line and exits with 2.
+:class:`~trainprobe.engine.errors.ConfigError`; the command line prints it on one line and exits with 2.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from trainprobe.errors import ConfigError
-from trainprobe.log import warn_once
-from trainprobe.sinks.events import EventWriter, require_tensorboard
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.sinks.events import EventWriter, require_tensorboard
 from trainprobe.tools.monitor_output import CsvTable, MonitorCsv, Record, find_csv_files, read_table
 from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder, worker_warnings
 
@@ -194,7 +194,7 @@ def scalars_by_step(table: CsvTable) -> dict[int, list[tuple[str, float]]]:
 
 def convert_group(group: Group, out: Path) -> GroupResult:
     """Write the event file of one group (replacing earlier ones in its folder): one event per
-    step, written by trainprobe's one event writer (:class:`~trainprobe.sinks.events.EventWriter`)."""
+    step, written by trainprobe's one event writer (:class:`~trainprobe.engine.sinks.events.EventWriter`)."""
     folder = group.folder(out)
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob(f"{EVENT_FILE_PREFIX}*"):

@@ -22,7 +22,7 @@ empty cell reads as NaN). A header naming a column twice is an error.
 
 Reading (:func:`read_table`):
 
-* files are read through :func:`trainprobe.safe_files.read_text`: regular files only (a folder,
+* files are read through :func:`trainprobe.engine.safe_files.read_text`: regular files only (a folder,
   FIFO or device named ``*.csv`` is skipped when found and refused when read), at most
   :data:`MAX_CSV_BYTES`, UTF-8 with an optional byte-order mark;
 * records are split by the csv module's rules, so a quoted name holding a line break, U+2028,
@@ -33,7 +33,7 @@ Reading (:func:`read_table`):
   a step above 2**63) is an error naming the file, the row and the column: such a file was not
   written by a monitor.
 
-Every problem is a :class:`~trainprobe.errors.ConfigError` whose one-line message names the file.
+Every problem is a :class:`~trainprobe.engine.errors.ConfigError` whose one-line message names the file.
 
 Example::
 
@@ -54,8 +54,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from trainprobe.errors import ConfigError
-from trainprobe.layout import (
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.layout import (
     MICRO_COLUMN,
     V1_FILE,
     V1_KEY_COLUMNS,
@@ -67,8 +67,8 @@ from trainprobe.layout import (
     V2_RANK,
     parse_stamp,
 )
-from trainprobe.log import warn_once
-from trainprobe.safe_files import INT_MAX, INT_MIN, bounded_int, is_regular_file, read_text
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, is_regular_file, read_text
 
 Layout = Literal["v1", "v2"]
 #: V1 tables only the reference tool writes (its MoE router features, forward hooks).

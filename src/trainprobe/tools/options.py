@@ -12,8 +12,8 @@ from datetime import datetime
 from os import PathLike
 from pathlib import Path
 
-from trainprobe.errors import ConfigError
-from trainprobe.log import logger
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import logger
 
 OUTPUT_STAMP = "%Y%m%d%H%M%S"
 

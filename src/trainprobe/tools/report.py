@@ -29,8 +29,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from trainprobe.errors import ConfigError
-from trainprobe.sinks.files import write_atomically
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.sinks.files import write_atomically
 
 COMMAND = "report"
 DEFAULT_NAME = "report.html"

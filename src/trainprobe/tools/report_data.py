@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainprobe.errors import ConfigError
+from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.anomaly_analyse import (
     ANOMALY_FILE,
     ANOMALY_FOLDER,

@@ -4,7 +4,7 @@ over steps, and the parameters that dominate the global gradient norm ("top offe
 Sources:
 
 * ``training_state.jsonl`` of the training metrics (``monitor_config.dump_path/rank_<id>/``;
-  see :mod:`trainprobe.metrics.outputs`): per line ``step``, ``local_loss``,
+  see :mod:`trainprobe.frontdoors.metrics.outputs`): per line ``step``, ``local_loss``,
   ``device_accum_local_loss``, ``device_local_norm`` and ``local_norm/<param>``. A line that is
   not a JSON object with an integer ``step`` (a run killed while writing) is skipped and
   counted. The file carries no learning rate; a ``learning-rate`` (or ``lr``) key is drawn when
@@ -35,11 +35,11 @@ from typing import cast
 
 import numpy as np
 
-from trainprobe.errors import ConfigError
-from trainprobe.log import warn_once
-from trainprobe.safe_files import is_regular_file
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.safe_files import is_regular_file
 
-#: The file the training metrics write per rank (``trainprobe.metrics.outputs.DUMP_FILE``).
+#: The file the training metrics write per rank (``trainprobe.frontdoors.metrics.outputs.DUMP_FILE``).
 TRAINING_STATE = "training_state.jsonl"
 #: Parameters kept per step for the top offenders.
 TOP_K = 5

@@ -1,0 +1,3 @@
+"""The MindSpore (PyNative) backend (see :mod:`.backend`). Importing a module here imports
+MindSpore; :func:`trainprobe.backends.mindspore.runtime.require_mindspore` says what to install
+when it is missing or unusable."""

@@ -1,0 +1,103 @@
+"""The PyTorch adapter: :class:`~trainprobe.engine.backend.Backend` over ``torch``.
+
+Statistics are :class:`~trainprobe.backends.torch.stats.TensorStats`; gradients of module tensors
+come from ``Tensor.register_hook`` (the hook lives and dies with the tensor); the optimizer is seen
+through :class:`~trainprobe.backends.torch.optimizer.TorchOptimizerView` (its torch
+optimizers' own step hooks); ``weight_grad`` is
+:class:`~trainprobe.backends.torch.weight_grad.WeightGradProbe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainprobe.backends.torch.amp_skips import watch_skipped_steps
+from trainprobe.backends.torch.collectives import TORCH_COLLECTIVES, TorchCollectives
+from trainprobe.backends.torch.device_copy import DeviceCopy
+from trainprobe.backends.torch.dist_info import current_rank, distributed_ready
+from trainprobe.backends.torch.fused_stats import mode_from_env
+from trainprobe.backends.torch.model_view import TorchModelView
+from trainprobe.backends.torch.optimizer import TorchOptimizerView, torch_optimizer_view
+from trainprobe.backends.torch.stats import TensorStats
+from trainprobe.backends.torch.weight_grad import WeightGradProbe
+from trainprobe.engine.optimizer_view import OptimizerView
+from trainprobe.engine.probes.model_view import ModelView, NamedParam
+
+if TYPE_CHECKING:
+    from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+
+
+class TorchBackend:
+    """PyTorch, eager mode, any device."""
+
+    name = "pytorch"
+    tensor_type: type = torch.Tensor
+
+    def collective_api(self) -> TorchCollectives:
+        return TORCH_COLLECTIVES
+
+    device_copy = DeviceCopy
+    is_compiling = staticmethod(torch.compiler.is_compiling)
+    watch_skipped_steps = staticmethod(watch_skipped_steps)
+
+    def stats(self, ops: Sequence[str], eps: float) -> TensorStats:
+        mode_from_env()  # a bad TRAINPROBE_FUSED_STATS fails at start, naming the variable
+        return TensorStats(ops, eps)
+
+    def records_forward(self, module: Any, record_eval_mode: bool) -> bool:
+        return module.training or record_eval_mode
+
+    def grad_recording(self) -> bool:
+        return torch.is_grad_enabled()
+
+    def wants_grad(self, t: torch.Tensor) -> bool:
+        return t.requires_grad
+
+    def hook_grad(self, t: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> None:
+        t.register_hook(fn)  # returns None: the gradient is unchanged
+        return None
+
+    def rank(self) -> int:
+        return current_rank()
+
+    def distributed(self) -> bool:
+        return distributed_ready()
+
+    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
+        return TorchModelView(model, where)
+
+    def optimizer_view(self, optimizer: Any, where: str = "start(optimizer=...)") -> TorchOptimizerView:
+        return torch_optimizer_view(optimizer, where)
+
+    def weight_grad_probe(
+        self,
+        clock: StepClock,
+        spec: ProbeSpec,
+        params: list[NamedParam],
+        micro_batches: int,
+        view: ModelView,
+        *,
+        per_micro_batch: bool = False,
+        optimizer: OptimizerView | None = None,
+        grad_of: Callable[[Any], Any] | None = None,
+        keep_reduced: Callable[[NamedParam], bool] | None = None,
+    ) -> Probe:
+        modules = [(name, module) for _, name, module in view.modules()]
+        return WeightGradProbe(
+            clock,
+            spec,
+            params,
+            micro_batches,
+            modules,
+            per_micro_batch=per_micro_batch,
+            grad_of=grad_of,
+            keep_reduced=keep_reduced,
+            backend=self,
+        )
+
+
+TORCH = TorchBackend()
+"""The PyTorch adapter (stateless; shared)."""

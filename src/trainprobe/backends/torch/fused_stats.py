@@ -1,0 +1,337 @@
+"""One read per tensor: min, max, sum and sum of squares in a single fused pass, where available.
+
+PyTorch has no eager kernel that computes several reductions in one pass over memory, so the
+eager statistics of a large tensor read it three times (``aminmax``, row sums, row norms; see
+:mod:`trainprobe.backends.torch.stats`). ``torch.compile`` fuses the four reductions of
+:func:`min_max_sum_sumsq` into one loop (inductor's C++ on the CPU, Triton on CUDA), which reads
+each element once and accumulates the sum and the sum of squares in float64.
+
+Selection happens at run time, once per process and key, and falls back silently (a DEBUG log
+line) on any failure:
+
+* per (device type, dtype): compile, then check the compiled pass against the eager kernels on
+  test inputs (odd sizes, unaligned views, NaN, infinities, huge and tiny values, values that
+  cancel): min and max must equal the eager ones exactly, the sum and the sum of squares must be
+  at least as close to a float64 reference as the eager ones are (or within 1e-12 of their
+  scale). Any exception (no C++ compiler, no Triton, an inductor error) means "not available".
+* per (device type, dtype, size class: a power of 4 of elements), ``auto`` only: time both on
+  tensors of that class, spread over at least 32 MB so that they come from memory as in a
+  training step (best of 3, CPU time on the CPU, synchronised wall time on accelerators); the
+  fused pass is used if it is at least 1.2x faster (the fixed cost of a
+  compiled call, ~40 µs on a CPU, loses to the eager kernels on small tensors; ``auto`` does not
+  even try below 262,144 elements).
+
+Compilation never happens inside a compiled region (``torch.compiler.is_compiling()``: the eager
+kernels run), and after the checks the compiled pass runs under the ``fail_on_recompile`` stance:
+a tensor that would need another compilation takes the eager kernels instead, so the compile cost
+is paid once per dtype.
+
+Mode, from the environment variable ``TRAINPROBE_FUSED_STATS``:
+
+* ``auto``: use the fused pass where it is exact and faster;
+* ``on``: use it where it compiles and is exact, whatever its speed (for tests and experiments);
+* ``off``: never compile (the default everywhere until the pass is measured on a GPU: on the CPU
+  it loses below about a million elements, see docs/performance.md, "Fused single pass").
+
+Statistics are never cached: only compiled code is. Every call reads the tensor as it is now.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from trainprobe.engine.errors import ConfigError
+
+FUSED_ENV = "TRAINPROBE_FUSED_STATS"
+MODES = ("auto", "on", "off")
+DEFAULT_MODE: dict[str, str] = {}
+"""The mode when the environment variable is unset, per device type; others get ``off``. Empty:
+off everywhere until the pass is measured on a GPU (the CPU measurements say it loses on
+tensors below about a million elements; its first use stalls a step for the compile)."""
+
+MIN_SPEEDUP = 1.2
+_SMALLEST = 1 << 12
+_AUTO_SMALLEST = 1 << 18
+"""``auto`` neither compiles nor times for smaller tensors: the fixed cost of a compiled call
+(~40-60 µs on the CPU) is more than their eager statistics cost (see docs/performance.md)."""
+_TIMING_BYTES = 32 << 20
+_TIMING_REPEATS = 3
+_TIMING_MAX_TENSORS = 64
+_TIMING_MAX_ELEMENTS = 1 << 22
+
+log = logging.getLogger("trainprobe.backends.torch.fused_stats")
+
+Reductions = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""min and max (0-d, the tensor's dtype), sum and sum of squares (0-d float64), on its device."""
+
+
+def min_max_sum_sumsq(x: torch.Tensor) -> Reductions:
+    """The four reductions of a flat tensor; compiled, one pass over ``x``."""
+    xd = x.to(torch.float64)
+    return torch.amin(x), torch.amax(x), xd.sum(), (xd * xd).sum()
+
+
+def mode_from_env(device_type: str = "cpu") -> str:
+    """The mode for ``device_type``: ``TRAINPROBE_FUSED_STATS`` if set, else the default.
+
+    Raises:
+        ConfigError: the variable holds something other than auto, on or off.
+    """
+    raw = os.environ.get(FUSED_ENV, "").strip().lower()
+    if not raw:
+        return DEFAULT_MODE.get(device_type, "off")
+    if raw not in MODES:
+        raise ConfigError(f"{FUSED_ENV}={raw!r}: must be one of {', '.join(MODES)} (or unset for the default)")
+    return raw
+
+
+def size_class(n: int) -> int:
+    """The size class of a tensor of ``n`` elements: ``floor(log4(n))``."""
+    return (n.bit_length() - 1) // 2
+
+
+class FusedStats:
+    """Chooses, per device type, dtype and size class, between the fused pass and the eager kernels.
+
+    Args:
+        eager: the eager kernels, returning the same four values (the reference for exactness
+            and speed).
+        mode: ``auto``, ``on`` or ``off``; None reads :data:`FUSED_ENV` per device type.
+        kernel: the function to compile (tests pass one that fails).
+        compile_fn: the compiler (``torch.compile``; tests pass one that raises).
+        min_speedup: how much faster than ``eager`` the fused pass must be in ``auto`` mode.
+    """
+
+    def __init__(
+        self,
+        eager: Callable[[torch.Tensor], Reductions],
+        mode: str | None = None,
+        kernel: Callable[[torch.Tensor], Reductions] = min_max_sum_sumsq,
+        compile_fn: Callable[..., Callable[[torch.Tensor], Reductions]] | None = None,
+        min_speedup: float = MIN_SPEEDUP,
+    ) -> None:
+        assert mode is None or mode in MODES, mode
+        self._eager = eager
+        self._mode = mode
+        self._kernel = kernel
+        self._compile_fn = compile_fn
+        self._min_speedup = min_speedup
+        self._passes: dict[tuple[str, torch.dtype], Callable[[torch.Tensor], Reductions] | None] = {}
+        self._chosen: dict[tuple[str, str, torch.dtype, int], bool] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, x: torch.Tensor) -> Reductions | None:
+        """The four reductions of ``x`` in one pass, or None: use the eager kernels.
+
+        ``x`` is a dense floating-point tensor; empty, small (< 4,096 elements; < 262,144 in
+        ``auto`` mode), non-contiguous tensors and calls inside a compiled region get None.
+        """
+        n = x.numel()
+        if n < _SMALLEST or not x.is_contiguous() or torch.compiler.is_compiling():
+            return None
+        mode = self.mode(x.device.type)
+        if mode == "off" or (mode == "auto" and n < _AUTO_SMALLEST):
+            return None
+        key = (mode, x.device.type, x.dtype, size_class(n))
+        chosen = self._chosen.get(key)
+        if chosen is None:
+            with self._lock:
+                chosen = self._choose(key, x)
+        if not chosen:
+            return None
+        fused = self._passes[key[1:3]]
+        assert fused is not None
+        try:
+            with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
+                return fused(x)
+        except Exception as e:  # noqa: BLE001 - a recompile refused, or a fault: the eager kernels
+            self._chosen[key] = False  # for this size class from now on, without another try
+            log.debug("fused statistics: eager kernels for %s tensors of ~4^%d elements (%s)", x.dtype, key[3], e)
+            return None
+
+    def mode(self, device_type: str) -> str:
+        """The mode that applies to tensors on ``device_type``."""
+        if self._mode is not None:
+            return self._mode
+        try:
+            return mode_from_env(device_type)
+        except ConfigError:
+            return "off"  # reported at start by the backend (mode_from_env); off until fixed
+
+    def _choose(self, key: tuple[str, str, torch.dtype, int], x: torch.Tensor) -> bool:
+        if key in self._chosen:
+            return self._chosen[key]
+        mode, device_type, dtype, _ = key
+        chosen = False
+        if self._pass(device_type, dtype, x.device) is not None:
+            chosen = mode == "on" or self._faster(key, x.device)
+        self._chosen[key] = chosen
+        return chosen
+
+    def _pass(
+        self, device_type: str, dtype: torch.dtype, device: torch.device
+    ) -> Callable[[torch.Tensor], Reductions] | None:
+        """The compiled and checked pass for ``(device_type, dtype)``, or None (compiled once)."""
+        if (device_type, dtype) not in self._passes:
+            self._passes[device_type, dtype] = self._compile_and_check(dtype, device)
+        return self._passes[device_type, dtype]
+
+    def _compile_and_check(
+        self, dtype: torch.dtype, device: torch.device
+    ) -> Callable[[torch.Tensor], Reductions] | None:
+        started = time.perf_counter()
+        try:
+            compile_fn = self._compile_fn or torch.compile
+            compiled = compile_fn(self._kernel, dynamic=True)
+
+            def fused(x: torch.Tensor) -> Reductions:
+                return compiled(_flat_alias(x))
+
+            with torch.no_grad():
+                bad = _first_mismatch(fused, self._eager, dtype, device)
+        except Exception as e:  # noqa: BLE001 - no compiler, no Triton, an inductor error: eager kernels
+            log.debug("fused statistics unavailable for %s on %s: %s: %s", dtype, device.type, type(e).__name__, e)
+            return None
+        if bad is not None:
+            log.debug("fused statistics for %s on %s not exact (%s): eager kernels", dtype, device.type, bad)
+            return None
+        log.debug(
+            "fused statistics for %s on %s compiled and checked in %.1f s",
+            dtype,
+            device.type,
+            time.perf_counter() - started,
+        )
+        return fused
+
+    def _faster(self, key: tuple[str, str, torch.dtype, int], device: torch.device) -> bool:
+        """Whether the fused pass beats the eager kernels by ``min_speedup`` on the size class."""
+        _, device_type, dtype, cls = key
+        fused = self._passes[device_type, dtype]
+        assert fused is not None
+        try:
+            with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
+                eager_s, fused_s = _time_both(self._eager, fused, dtype, cls, device)
+        except Exception as e:  # noqa: BLE001 - never raised into training
+            log.debug("fused statistics not timed for %s: %s", key, e)
+            return False
+        faster = eager_s >= self._min_speedup * fused_s
+        log.debug(
+            "fused statistics for %s on %s, ~4^%d elements: %.0f µs against %.0f µs eager: %s",
+            dtype,
+            device_type,
+            cls,
+            fused_s * 1e6,
+            eager_s * 1e6,
+            "fused" if faster else "eager",
+        )
+        return faster
+
+
+def _flat_alias(x: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor over the elements of the contiguous ``x`` that is not a view (no copy).
+
+    The compiled pass sees one kind of input whatever ``x`` is (a parameter, a gradient, a slice
+    of a flat buffer, of any shape): dynamo guards a view on its base's size, so views of
+    different tensors would each need a compilation; this alias needs two per dtype (storage
+    offset 0, and 2 or more).
+    """
+    flat = torch.empty(0, dtype=x.dtype, device=x.device)
+    return flat.set_(x.untyped_storage(), x.storage_offset(), (x.numel(),), (1,))
+
+
+def _check_inputs(dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Flat views (odd sizes and offsets included) that exercise the cases the check must cover."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(3 * 65_536 + 1_001, generator=gen, dtype=torch.float64)
+    big = 1e30 if dtype == torch.float64 else float(torch.finfo(dtype).max) / 4
+    tiny = float(torch.finfo(dtype).tiny) * 8
+    cases = [
+        base,
+        base * 1e-3 + 1e3,  # a large offset: sums that carry many digits
+        base - base.mean(),  # sums that cancel
+        base * big,  # squares beyond float32's range
+        base * tiny,  # squares below float32's range
+    ]
+    with_nan = base.clone()
+    with_nan[12_345] = math.nan
+    with_inf = base.clone()
+    with_inf[777] = math.inf
+    both_inf = with_inf.clone()
+    both_inf[4_000] = -math.inf
+    cases += [with_nan, with_inf, both_inf]
+    out = [c.to(dtype=dtype, device=device) for c in cases]
+    return [t[off : off + size] for t in out for off, size in ((0, t.numel()), (3, 4_099), (17, 65_536))]
+
+
+def _mismatch(fused: Reductions, eager: Reductions, x: torch.Tensor) -> str | None:
+    """Why ``fused`` is worse than ``eager`` for ``x`` (see the module docstring), or None."""
+    f = [v.item() for v in fused]
+    e = [v.item() for v in eager]
+    for name, a, b in (("min", f[0], e[0]), ("max", f[1], e[1])):
+        if not (a == b or (a != a and b != b)):
+            return f"{name} {a!r} != {b!r}"
+    xd = x.to(torch.float64)
+    finite = xd.nan_to_num(0.0, 0.0, 0.0)
+    refs = (xd.sum().item(), xd.square().sum().item())
+    scales = (finite.abs().sum().item(), finite.square().sum().item())
+    for name, a, b, ref, scale in zip(("sum", "sum of squares"), f[2:], e[2:], refs, scales, strict=True):
+        if not math.isfinite(ref):
+            if not (a == ref or (a != a and ref != ref)):
+                return f"{name} {a!r} != {ref!r}"
+            continue
+        if not abs(a - ref) <= max(abs(b - ref) if math.isfinite(b) else math.inf, 1e-12 * scale):
+            return f"{name} {a!r}, eager {b!r}, float64 {ref!r}"
+    return None
+
+
+def _first_mismatch(
+    fused: Callable[[torch.Tensor], Reductions],
+    eager: Callable[[torch.Tensor], Reductions],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> str | None:
+    for x in _check_inputs(dtype, device):
+        why = _mismatch(fused(x), eager(x), x)
+        if why is not None:
+            return f"{x.numel()} elements: {why}"
+    return None
+
+
+def _clock(device: torch.device) -> float:
+    """Seconds: the process's CPU time for CPU tensors (what the statistics take from training,
+    and robust to other processes on a shared machine), wall time after a sync on accelerators."""
+    if device.type == "cpu":
+        return time.process_time()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _time_both(
+    eager: Callable[[torch.Tensor], Reductions],
+    fused: Callable[[torch.Tensor], Reductions],
+    dtype: torch.dtype,
+    size_class_: int,
+    device: torch.device,
+) -> tuple[float, float]:
+    """Best-of-3 seconds (:func:`_clock`) per tensor of the eager kernels and the fused pass, on tensors of about
+    ``1.5 * 4**size_class_`` elements (at most 4M) spread over 32 MB (from memory, not from cache)."""
+    n = min(max(_SMALLEST, 3 << (2 * size_class_ - 1)), _TIMING_MAX_ELEMENTS)
+    count = max(2, min(_TIMING_MAX_TENSORS, _TIMING_BYTES // (n * torch.finfo(dtype).bits // 8)))
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n, generator=gen).to(dtype=dtype, device=device).view(-1) for _ in range(count)]
+    best = [math.inf, math.inf]
+    for _ in range(_TIMING_REPEATS):
+        for which, fn in enumerate((eager, fused)):
+            started = _clock(device)
+            for x in xs:
+                fn(x)
+            best[which] = min(best[which], (_clock(device) - started) / count)
+    return best[0], best[1]

@@ -1,0 +1,235 @@
+"""The PyTorch :class:`~trainprobe.engine.optimizer_view.OptimizerView`, and the one place that finds
+the torch optimizers inside what users pass.
+
+:func:`torch_optimizer_view` accepts:
+
+* a ``torch.optim.Optimizer``;
+* a wrapper holding one in ``.optimizer`` (DeepSpeed, accelerate, Megatron, Lightning's
+  ``LightningOptimizer``), followed down to the innermost optimizer, also through wrappers that
+  subclass ``Optimizer`` themselves (accelerate's ``AcceleratedOptimizer``);
+* a chain of them in ``.chained_optimizers`` (Megatron's ``ChainedOptimizer``): seen as one
+  optimizer whose groups and state are those of its members, in step order;
+* mixed-precision wrappers that step float32 master copies of the model's parameters
+  (Megatron's ``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``): the view
+  lists the model parameters and reads their state through the copies (:func:`master_pairs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.optimizer_view import MOMENTS, Removable, StepHook, chain_verdict, holds
+
+_TORCH_STATE_KEYS: dict[str, frozenset[str]] = {
+    "Adam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
+    "AdamW": frozenset({"step", "exp_avg", "exp_avg_sq"}),
+    "NAdam": frozenset({"step", "exp_avg", "exp_avg_sq", "mu_product"}),
+    "RAdam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
+    "SparseAdam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
+    "Adamax": frozenset({"step", "exp_avg", "exp_inf"}),
+    "SGD": frozenset({"momentum_buffer"}),
+    "Adagrad": frozenset({"step", "sum"}),
+    "Adadelta": frozenset({"step", "square_avg", "acc_delta"}),
+    "ASGD": frozenset({"step", "eta", "mu", "ax"}),
+    "RMSprop": frozenset({"step", "square_avg", "momentum_buffer", "grad_avg"}),
+    "Rprop": frozenset({"step", "prev", "step_size"}),
+    "LBFGS": frozenset({"func_evals", "n_iter", "d", "t", "old_dirs", "old_stps", "ro", "H_diag"}),
+    "Adafactor": frozenset({"step", "row_var", "col_var", "variance"}),
+}
+"""Per-parameter state keys that ``torch.optim``'s own optimizers can keep, by class name."""
+
+TORCH_STATE_KEYS: dict[type, frozenset[str]] = {
+    cls: keys for name, keys in _TORCH_STATE_KEYS.items() if isinstance(cls := getattr(torch.optim, name, None), type)
+}
+"""The state keys of ``torch.optim`` classes present in this PyTorch (for optimizers that have
+taken no step yet; subclasses are matched through their base classes)."""
+
+_MASTER_LAYOUTS: tuple[tuple[str, str], ...] = (
+    ("float16_groups", "fp32_from_float16_groups"),  # Megatron Float16OptimizerWithFloat16Params
+    ("model_float16_groups", "shard_fp32_from_float16_groups"),  # Megatron DistributedOptimizer
+    ("model_fp32_groups", "shard_fp32_groups"),  # its fp32 parameters' shards
+)
+"""Attribute pairs by which mixed-precision wrappers hold (model parameters, the optimizer's
+copies of them), group by group."""
+
+_DEPTH = 8
+"""How many ``.optimizer`` attributes are followed at most."""
+
+
+def innermost_optimizer(optimizer: object, where: str = "start(optimizer=...)") -> torch.optim.Optimizer:
+    """The torch optimizer that really steps inside ``optimizer``: following ``.optimizer``
+    attributes of wrappers (DeepSpeed, accelerate, Megatron, Lightning style), also of wrappers
+    that subclass ``Optimizer`` themselves, down to the innermost ``torch.optim.Optimizer``.
+
+    Raises:
+        ConfigError: naming ``where``, when no ``torch.optim.Optimizer`` is found.
+    """
+    current, found = optimizer, None
+    for _ in range(_DEPTH):
+        if isinstance(current, torch.optim.Optimizer):
+            found = current
+        inner = getattr(current, "optimizer", None)
+        if inner is None or inner is current:
+            break
+        current = inner
+    if found is not None:
+        return found
+    raise ConfigError(
+        f"{where}: expected a torch.optim.Optimizer, a wrapper holding one in .optimizer, or a chain "
+        f"(.chained_optimizers), got {type(optimizer).__name__}"
+    )
+
+
+def _chain(optimizer: object) -> list[Any] | None:
+    """The members of a chain of optimizers (``.chained_optimizers``), or None."""
+    chain = getattr(optimizer, "chained_optimizers", None)
+    return list(chain) if isinstance(chain, (list, tuple)) and chain else None
+
+
+def unwrap_all(optimizer: object, where: str = "start(optimizer=...)") -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside ``optimizer`` (a chain's members in step order; one otherwise).
+
+    Raises:
+        ConfigError: naming ``where``, when none is found.
+    """
+    chain = _chain(optimizer)
+    if chain is not None:
+        return [o for inner in chain for o in unwrap_all(inner, where)]
+    return [innermost_optimizer(optimizer, where)]
+
+
+def master_pairs(optimizer: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(model parameter, the copy the inner optimizer steps)`` for every parameter a
+    mixed-precision wrapper (Megatron's ``Float16OptimizerWithFloat16Params`` and
+    ``DistributedOptimizer``, chains of them) keeps a float32 master copy or shard of; empty for
+    anything else. DeepSpeed ZeRO keeps flat partitions with no per-parameter copy: not mapped."""
+    chain = _chain(optimizer)
+    if chain is not None:
+        return [pair for inner in chain for pair in master_pairs(inner)]
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for model_attr, master_attr in _MASTER_LAYOUTS:
+        models, masters = getattr(optimizer, model_attr, None), getattr(optimizer, master_attr, None)
+        if not isinstance(models, (list, tuple)) or not isinstance(masters, (list, tuple)):
+            continue
+        for model_group, master_group in zip(models, masters):
+            pairs += [(m, c) for m, c in zip(model_group, master_group) if m is not c]
+    return pairs
+
+
+def torch_optimizer_view(optimizer: object, where: str = "start(optimizer=...)") -> TorchOptimizerView:
+    """The view of what the user steps (see the module docstring); a view is returned as is.
+
+    Raises:
+        ConfigError: naming ``where``, when no torch optimizer is found in ``optimizer``.
+    """
+    if isinstance(optimizer, TorchOptimizerView):
+        return optimizer
+    return TorchOptimizerView(unwrap_all(optimizer, where), master_pairs(optimizer))
+
+
+class TorchOptimizerView:
+    """:class:`~trainprobe.engine.optimizer_view.OptimizerView` over torch optimizers (a chain's
+    members, in step order), seen through the model's parameters where ``pairs`` maps them to
+    the master copies the optimizers step.
+
+    Attributes:
+        optimizers: the torch optimizers, in step order (the first one's step pre-hook and the
+            last one's post-hook are the view's).
+    """
+
+    def __init__(
+        self, optimizers: Sequence[torch.optim.Optimizer], pairs: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()
+    ) -> None:
+        if not optimizers:
+            raise ValueError("TorchOptimizerView needs at least one optimizer")
+        self.optimizers = list(optimizers)
+        self._model_of = {id(copy): model for model, copy in pairs}
+        self._copy_of = {id(model): copy for model, copy in pairs}
+
+    @property
+    def class_name(self) -> str:
+        return "/".join(dict.fromkeys(type(o).__name__ for o in self.optimizers))
+
+    def groups(self) -> list[Mapping[str, Any]]:
+        groups: list[Mapping[str, Any]] = [g for o in self.optimizers for g in o.param_groups]
+        if not self._model_of:
+            return groups
+        return [_ModelGroup(g, self._model_of) for g in groups]
+
+    def state_of(self, param: Any) -> Mapping[str, Any] | None:
+        copy = self._copy_of.get(id(param), param)
+        for o in self.optimizers:
+            if copy in o.state:  # never insert into the state's defaultdict
+                entry: Mapping[str, Any] = o.state[copy]
+                return entry
+        return None
+
+    def moments_of(self, param: Any) -> dict[str, Any]:
+        entry = self.state_of(param)
+        if not entry:
+            return {}
+        return {m: value for m in MOMENTS if isinstance(value := entry.get(m), torch.Tensor)}
+
+    def keeps_state(self, needs: Collection[str], *, every: bool = True, stepped: bool = False) -> bool | None:
+        """See :meth:`~trainprobe.engine.optimizer_view.OptimizerView.keeps_state`. Each optimizer's
+        non-empty state entries, for any of its parameters, are authoritative: True when one
+        holds the keys, False when none does (state of another kind, such as SGD's
+        ``momentum_buffer``). With no state yet: the keys its ``torch.optim`` class (or base
+        class) keeps; for other classes False once it has ``stepped`` while one of its
+        parameters had a gradient (it keeps no per-parameter state at all), else None. A chain
+        keeps the state when one of its optimizers does."""
+        return chain_verdict(_keeps_state(o, needs, every=every, stepped=stepped) for o in self.optimizers)
+
+    def copy_of(self, param: Any) -> Any:
+        return self._copy_of.get(id(param), param)
+
+    def register_step_pre_hook(self, hook: StepHook) -> Removable:
+        return self.optimizers[0].register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: StepHook) -> Removable:
+        return self.optimizers[-1].register_step_post_hook(hook)
+
+
+def _keeps_state(
+    optimizer: torch.optim.Optimizer, needs: Collection[str], *, every: bool, stepped: bool
+) -> bool | None:
+    """:meth:`TorchOptimizerView.keeps_state` of one torch optimizer."""
+    seen = False
+    for entry in optimizer.state.values():
+        if isinstance(entry, Mapping) and entry:
+            seen = True
+            if holds([k for k, v in entry.items() if v is not None], needs, every=every):
+                return True
+    if seen:
+        return False
+    for cls in type(optimizer).__mro__:
+        keys = TORCH_STATE_KEYS.get(cls)
+        if keys is not None:
+            return holds(keys, needs, every=every)
+    if stepped and any(p.grad is not None for g in optimizer.param_groups for p in g["params"]):
+        return False
+    return None
+
+
+class _ModelGroup(Mapping[str, Any]):
+    """A live view of a parameter group whose ``params`` name model parameters."""
+
+    def __init__(self, group: Mapping[str, Any], model_of: dict[int, torch.Tensor]) -> None:
+        self._group = group
+        self._model_of = model_of
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._group[key]
+        if key == "params":
+            return [self._model_of.get(id(p), p) for p in value]
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._group)
+
+    def __len__(self) -> int:
+        return len(self._group)

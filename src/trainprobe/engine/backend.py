@@ -1,0 +1,173 @@
+"""The adapter interface: what the engine needs from a training framework.
+
+The engine (config dialects, :class:`~trainprobe.engine.schedule.Schedule`, probes' bookkeeping,
+records, sinks, the session, alerts, tools) is written once. Everything that touches a
+framework's tensors, modules, autograd or optimizers goes through one :class:`Backend`:
+
+* statistics: ``stats(ops, eps)`` returns a :class:`StatsKernel` (tensor → one row of values
+  in the order of ``ops``); ``device_copy`` brings a step's device rows to the host;
+* module hooks: ``is_compiling`` (hooks stand aside while a graph compiler traces),
+  ``tensor_type`` (what :func:`~trainprobe.engine.tensor_walk.tensors_in` looks
+  for), ``records_forward`` (training mode), ``grad_recording``/``wants_grad``/``hook_grad``
+  (gradient hooks on the tensors of a call);
+* models and optimizers: ``model_view`` (names of modules and parameters), ``optimizer_view``
+  (the one :class:`~trainprobe.engine.optimizer_view.OptimizerView` of what the user steps: its
+  parameters, state, Adam-family moments and step hooks, which the session hooks;
+  ``watch_skipped_steps``: a loss scaler's skipped steps),
+  ``weight_grad_probe`` (gradients are where the frameworks differ most);
+* process: ``rank``, ``distributed``;
+* collectives: ``collective_api`` (a :class:`~trainprobe.engine.probes.collectives.CollectiveApi`: the
+  namespaces and primitive classes the ``cc`` probe wraps, how asynchronous calls complete).
+
+Two adapters exist: :mod:`trainprobe.backends.torch.backend` (the default) and
+:mod:`trainprobe.backends.mindspore.backend`. :func:`backend_for` resolves a framework name without
+importing a framework that was not asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.optimizer_view import OptimizerView, Removable, StepHooks
+
+__all__ = ["Backend", "OptimizerView", "Removable", "StatsKernel", "StepHooks", "backend_for"]
+
+if TYPE_CHECKING:
+    from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+    from trainprobe.engine.probes.collectives import CollectiveApi
+    from trainprobe.engine.probes.model_view import ModelView, NamedParam
+    from trainprobe.engine.records import HostCopy
+
+
+class StatsKernel(Protocol):
+    """Turns tensors into rows of statistics, in the order of ``ops``.
+
+    A row is a ``list[float]`` (values already on the host) or, for the PyTorch adapter on an
+    accelerator, a float64 device tensor that :mod:`trainprobe.engine.records` copies to the host once
+    per monitor per step.
+    """
+
+    ops: tuple[str, ...]
+
+    def row(self, t: Any) -> Any:
+        """Statistics of one tensor."""
+        ...
+
+    def rows(self, tensors: Sequence[Any]) -> list[Any]:
+        """Statistics of several tensors, one row each, in order."""
+        ...
+
+
+class Backend(Protocol):
+    """One training framework, as the engine uses it."""
+
+    name: str
+    """Framework name as the config dialects spell it (``pytorch``, ``mindspore``)."""
+
+    @property
+    def tensor_type(self) -> type | tuple[type, ...]:
+        """The framework's tensor class(es)."""
+        ...
+
+    def collective_api(self) -> CollectiveApi | None:
+        """The framework's collectives for the ``cc`` monitor, or None where it cannot run."""
+        ...
+
+    def stats(self, ops: Sequence[str], eps: float) -> StatsKernel:
+        """A statistics kernel for ``ops`` (names from :data:`trainprobe.engine.stats.ops.ALL_OPS`)."""
+        ...
+
+    def device_copy(self, rows: list[Any]) -> HostCopy:
+        """Start copying rows of one device to the host (a
+        :data:`~trainprobe.engine.records.DeviceCopier`: one copy per device per step)."""
+        ...
+
+    def is_compiling(self) -> bool:
+        """Whether a graph compiler is tracing the code running now (hooks then do nothing)."""
+        ...
+
+    def watch_skipped_steps(self, optimizer: StepHooks, on_skip: Callable[[], None]) -> Removable | None:
+        """Call ``on_skip()`` whenever a loss scaler skips a step of ``optimizer`` (inf/NaN
+        gradients); returns the handle to remove, or None where the framework has no such skip."""
+        ...
+
+    def records_forward(self, module: Any, record_eval_mode: bool) -> bool:
+        """Whether a forward call of ``module`` is recorded (training, or ``record_eval_mode``)."""
+        ...
+
+    def grad_recording(self) -> bool:
+        """Whether autograd records the operations running now (gradients will flow)."""
+        ...
+
+    def wants_grad(self, t: Any) -> bool:
+        """Whether a gradient will be computed for ``t`` (only asked while recording)."""
+        ...
+
+    def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Removable | None:
+        """Call ``fn(grad)`` when the gradient of ``t`` is computed, without changing it.
+        Returns a handle the caller removes at the end of the step, or None when the hook lives
+        and dies with the tensor."""
+        ...
+
+    def rank(self) -> int:
+        """This process's rank (0 without a distributed setup)."""
+        ...
+
+    def distributed(self) -> bool:
+        """Whether the framework's distributed communication is initialised."""
+        ...
+
+    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
+        """Names of the modules and parameters of ``model`` (a module or a list of chunks).
+
+        Raises:
+            ConfigError: naming ``where``, when ``model`` is not a module or a list of them.
+        """
+        ...
+
+    def optimizer_view(self, optimizer: Any, where: str = "start(optimizer=...)") -> OptimizerView:
+        """The one view of the optimizer inside ``optimizer`` (the optimizer itself, wrappers
+        holding it, chains of them) that the probes read and the session hooks.
+
+        Raises:
+            ConfigError: naming ``where``, when no optimizer of this framework is found.
+        """
+        ...
+
+    def weight_grad_probe(
+        self,
+        clock: StepClock,
+        spec: ProbeSpec,
+        params: list[NamedParam],
+        micro_batches: int,
+        view: ModelView,
+        *,
+        per_micro_batch: bool = False,
+        optimizer: OptimizerView | None = None,
+        grad_of: Callable[[Any], Any] | None = None,
+        keep_reduced: Callable[[NamedParam], bool] | None = None,
+    ) -> Probe:
+        """The ``weight_grad`` probe of this framework (``unreduced`` and ``reduced`` rows)."""
+        ...
+
+
+def backend_for(framework: str, where: str = "framework") -> Backend:
+    """The adapter of ``framework`` (``pytorch`` or ``mindspore``), imported on first use.
+
+    Raises:
+        ConfigError: naming ``where``, when the framework is unknown, not installed, or
+            installed but unusable.
+    """
+    if framework == "pytorch":
+        from trainprobe.backends.torch.backend import TORCH
+
+        return TORCH
+    if framework == "mindspore":
+        try:
+            from trainprobe.backends.mindspore.backend import MINDSPORE
+        except ImportError as exc:
+            raise ConfigError(f"{where}: 'mindspore' cannot be used: {exc}") from exc
+        return MINDSPORE
+    raise ConfigError(f"{where}: {framework!r} is not one of pytorch, mindspore")

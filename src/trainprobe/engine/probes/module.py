@@ -1,0 +1,267 @@
+"""``module`` monitor: statistics of module inputs/outputs and of their gradients.
+
+Rows (``module_<a>-<b>.csv``): ``module_name`` is ``<module>.<input|output>.<i>`` with scope
+``forward`` and ``<module>.<grad_input|grad_output>.<i>`` with scope ``backward``; ``i`` counts
+the tensors of the call (positional arguments, then keyword arguments, nested tuples/lists
+flattened). ``micro_step`` is the index of the forward pass of the model chunk within the step.
+
+Gradients are read with tensor hooks (``Tensor.register_hook``), never with module full backward
+hooks, so the autograd graph is left exactly as it was and training stays bitwise identical.
+``grad_output.i`` is the gradient of output ``i``; ``grad_input.i`` is the gradient of input ``i``
+as autograd accumulates it for that tensor (it includes other uses of the same tensor, such as
+a residual connection). Modules in eval mode are skipped unless ``record_eval_mode`` is true.
+
+``torch.compile``: hooks on the modules a compiled graph calls would be traced into that graph
+(changing what the compiler builds, and so the training's last bits) or break it. They are not
+registered; the monitor warns once naming those modules, and the compiled module's boundary
+(the ``OptimizedModule``, named like the module it compiles) is recorded as usual. A hook that
+finds itself traced anyway (the model passed to ``start()`` is called through a compiled
+wrapper it does not know about) does nothing, and the monitor warns once at the end of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+from trainprobe.engine.probes.model_view import ModelView
+from trainprobe.engine.records import RowKey
+from trainprobe.engine.tensor_walk import call_tensors, tensors_in
+
+if TYPE_CHECKING:
+    from trainprobe.engine.backend import Backend
+
+_SHOWN_NAMES = 8
+"""How many module names a warning lists before it gives a count."""
+
+_MAX_KEYS = 1 << 16
+"""Row keys remembered by a module probe before it starts over (names that change every call)."""
+
+Picked = list[tuple[str, Any]]
+"""``(row name, tensor)`` pairs chosen from a call's tensors."""
+
+
+class ModuleNaming(Protocol):
+    """Which modules are hooked and how their tensors are chosen and named (one per dialect)."""
+
+    @property
+    def forward_scope(self) -> str:
+        """Scope of the forward rows."""
+        ...
+
+    @property
+    def backward_scope(self) -> str:
+        """Scope of the backward rows."""
+        ...
+
+    def wants(self, vpp_stage: int, name: str, module: Any) -> bool:
+        """Whether module ``name`` is hooked."""
+        ...
+
+    def forward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
+        """Forward rows of ``kind`` (``input``/``output``) of module ``name``."""
+        ...
+
+    def backward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
+        """Tensors whose gradient is recorded, with the gradient rows' names."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class V2Naming:
+    """Monitor V2: modules whose name contains a target; ``<module>.<kind>.<i>`` forward rows and
+    ``<module>.grad_<kind>.<i>`` backward rows for every tensor of the call."""
+
+    targets: tuple[str, ...]
+    forward_scope: str = "forward"
+    backward_scope: str = "backward"
+
+    def wants(self, vpp_stage: int, name: str, module: Any) -> bool:
+        return not self.targets or any(t in name for t in self.targets)
+
+    def forward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
+        return [(f"{name}.{kind}.{i}", t) for i, t in enumerate(tensors)]
+
+    def backward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
+        return [(f"{name}.grad_{kind}.{i}", t) for i, t in enumerate(tensors)]
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSpec(ProbeSpec):
+    """The module probe's settings: statistics, the default naming's ``targets`` (module names;
+    empty: every module) and whether forwards in eval mode are recorded too."""
+
+    targets: tuple[str, ...] = ()
+    record_eval_mode: bool = False
+
+
+class ModuleProbe(Probe):
+    """Forward/backward statistics of the target modules.
+
+    ``naming`` (default :class:`V2Naming` over ``config.targets``) picks the modules, the tensors
+    and the row names and scopes. ``backend`` is the framework adapter (PyTorch by default):
+    modules need PyTorch's ``register_forward_pre_hook(hook, prepend=, with_kwargs=)`` and
+    ``register_forward_hook(hook, with_kwargs=)``, which MindSpore's ``Cell`` has too; gradient
+    hooks the backend returns a handle for are removed at the end of the step.
+    """
+
+    name = "module"
+    with_micro_step = True
+
+    def __init__(
+        self,
+        clock: StepClock,
+        config: ModuleSpec,
+        view: ModelView,
+        naming: ModuleNaming | None = None,
+        *,
+        backend: Backend,
+    ) -> None:
+        super().__init__(clock, config.ops, config.eps, backend=backend)
+        self.config = config
+        self.view = view
+        self.naming: ModuleNaming = naming if naming is not None else V2Naming(config.targets)
+        self._micro = [0] * len(view.chunks)
+        self._tensor_type = self.backend.tensor_type
+        self._step_handles: list[Any] = []
+        self._keys: dict[tuple[int, str, str, int], RowKey] = {}
+        self.traced_hooks = 0
+        """Calls of this probe's hooks that ran while ``torch.compile`` traced them (skipped)."""
+
+    def targets(self) -> list[tuple[int, str, Any]]:
+        """The hooked modules, in model order (modules inside a compiled graph are left out)."""
+        wanted = [(v, n, m) for v, n, m in self.view.modules() if self.naming.wants(v, n, m)]
+        compiled = self.view.compiled()
+        if not compiled:
+            return wanted
+        _warn_compiled([n for _, n, m in wanted if id(m) in compiled])
+        return [(v, n, m) for v, n, m in wanted if id(m) not in compiled]
+
+    def attach(self) -> None:
+        compiled = self.view.compiled()
+        for vpp, chunk in enumerate(self.view.chunks):
+            if id(chunk) in compiled:
+                continue  # compiled in place: its hooks would run inside the graph
+            self.keep(chunk.register_forward_pre_hook(self._eager(self._counter(vpp)), prepend=True))
+        for vpp, name, module in self.targets():
+            self.keep(module.register_forward_pre_hook(self._eager(self._pre_hook(vpp, name)), with_kwargs=True))
+            self.keep(module.register_forward_hook(self._eager(self._post_hook(vpp, name)), with_kwargs=True))
+
+    def _eager(self, hook: Any) -> Any:
+        """``hook`` guarded, doing nothing (but counting) while a graph compiler (``torch.compile``)
+        traces it."""
+        guarded = self.guard(hook)
+        is_compiling = self.backend.is_compiling
+
+        def eager_only(*args: Any) -> None:
+            if is_compiling():
+                self.traced_hooks += 1
+                return
+            guarded(*args)  # a forward hook's result would replace the output: none is returned
+
+        return eager_only
+
+    def end_step(self) -> None:
+        self._micro = [0] * len(self._micro)
+        self._drop_step_handles()
+        if self.traced_hooks:
+            warn_once(
+                "module-traced-hooks",
+                "trainprobe module: the model passed to start() runs inside torch.compile (a compiled "
+                "wrapper or function calls it), where its module hooks cannot record; those modules have "
+                "no rows. Pass the compiled model (the torch.compile(...) result) to start() to record "
+                "its boundary, or train without torch.compile to record every module",
+            )
+
+    def detach(self) -> None:
+        super().detach()
+        self._drop_step_handles()
+
+    def _drop_step_handles(self) -> None:
+        handles, self._step_handles = self._step_handles, []
+        for handle in handles:
+            handle.remove()
+
+    def _records(self, module: Any) -> bool:
+        return self.active and self.backend.records_forward(module, self.config.record_eval_mode)
+
+    def _counter(self, vpp: int) -> Any:
+        def count(module: Any, args: tuple[Any, ...]) -> None:
+            if self._records(module):
+                self._micro[vpp] += 1
+
+        return count
+
+    def _pre_hook(self, vpp: int, name: str) -> Any:
+        def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if self._records(module):
+                self._record(vpp, name, "input", call_tensors(args, kwargs, self._tensor_type))
+            return None
+
+        return pre
+
+    def _post_hook(self, vpp: int, name: str) -> Any:
+        def post(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if self._records(module):
+                self._record(vpp, name, "output", list(tensors_in(output, 0, self._tensor_type)))
+            return None
+
+        return post
+
+    def _record(self, vpp: int, name: str, kind: str, tensors: list[Any]) -> None:
+        micro = max(self._micro[vpp] - 1, 0)
+        naming = self.naming
+        picked = naming.forward(name, kind, tensors)
+        key_of = self._key
+        if picked:
+            scope = naming.forward_scope
+            keys = [key_of(vpp, row, scope, micro) for row, _ in picked]
+            self.rows.extend(keys, self.stats.rows([t for _, t in picked]))
+        backend = self.backend
+        if not backend.grad_recording():
+            return
+        scope = naming.backward_scope
+        for row, t in naming.backward(name, kind, tensors):
+            if backend.wants_grad(t):
+                handle = backend.hook_grad(t, self._grad_hook(key_of(vpp, row, scope, micro)))
+                if handle is not None:
+                    self._step_handles.append(handle)
+
+    def _key(self, vpp: int, row: str, scope: str, micro: int) -> RowKey:
+        """The row key (made once, reused every step: the writer recognises a step's keys)."""
+        found = self._keys.get((vpp, row, scope, micro))
+        if found is None:
+            if len(self._keys) >= _MAX_KEYS:
+                self._keys.clear()
+            found = self._keys[(vpp, row, scope, micro)] = RowKey(vpp, row, scope, micro)
+        return found
+
+    def _grad_hook(self, key: RowKey) -> Any:
+        """A gradient hook recording ``key`` (guarded like :meth:`Probe.guard`, without its
+        per-call wrapper: one is made per tensor and forward call)."""
+
+        def on_grad(grad: Any) -> None:
+            if not self.disabled and grad is not None:
+                try:
+                    self.rows.add(key, self.stats.row(grad))
+                except Exception as exc:  # noqa: BLE001 - a monitor must never break training
+                    self.fail(exc)
+
+        return on_grad
+
+
+def _warn_compiled(names: list[str]) -> None:
+    """Warn once that the modules ``names`` run inside a compiled graph and have no rows."""
+    if not names:
+        return
+    shown = ", ".join(names[:_SHOWN_NAMES])
+    more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
+    warn_once(
+        "module-compiled",
+        f"trainprobe module: {len(names)} module(s) run inside a torch.compile graph and are not "
+        f"recorded ({shown}{more}): hooks there would be compiled into the graph and change "
+        "training. The compiled module's own inputs and outputs are recorded; compile the blocks "
+        "separately (torch.compile on each block) to record each block's boundary",
+    )

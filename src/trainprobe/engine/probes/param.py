@@ -1,0 +1,47 @@
+"""``param`` monitor: parameters just before (``param_origin``) and just after
+(``param_updated``) ``optimizer.step()``. ``module_name`` is the parameter's name.
+``param_distribution: false`` switches it off.
+
+Both scopes are computed from the parameters as they are at that moment: ``param_origin`` is
+never taken from the previous step's ``param_updated``, because writes through ``.data`` (weight
+clipping, loading weights) change a parameter without bumping autograd's version counter."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+from trainprobe.engine.probes.model_view import NamedParam
+from trainprobe.engine.records import RowKey
+
+if TYPE_CHECKING:
+    from trainprobe.engine.backend import Backend
+
+
+class ParamProbe(Probe):
+    """Parameter statistics around the optimizer step."""
+
+    name = "param"
+
+    def __init__(
+        self, clock: StepClock, spec: ProbeSpec, params: list[NamedParam], *, enabled: bool = True, backend: Backend
+    ) -> None:
+        """``enabled=False`` (``param_distribution: false``): built switched off."""
+        super().__init__(clock, spec.ops, spec.eps, backend=backend)
+        self.params = params
+        self.disabled = not enabled
+        self._keys: dict[str, list[RowKey]] = {}
+        self._tensors = [p.param for p in params]
+
+    def _record(self, scope: str) -> None:
+        values = self.stats.rows(self._tensors)
+        keys = self._keys.get(scope)
+        if keys is None:
+            keys = self._keys[scope] = [RowKey(p.vpp_stage, p.name, scope) for p in self.params]
+        self.rows.extend(keys, values)
+
+    def before_optimizer_step(self) -> None:
+        self._record("param_origin")
+
+    def after_optimizer_step(self) -> None:
+        self._record("param_updated")

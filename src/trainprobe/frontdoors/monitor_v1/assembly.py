@@ -1,0 +1,96 @@
+"""Assembling one Monitor V1 session from a configuration: probes, sinks, alerts, writer.
+
+Every session writes to the ``api`` memory (so ``generate_*_metrics`` always work) and, unless
+``format`` is ``api``, to CSV files or TensorBoard event files in the rank's run folder (one
+folder for the whole run, whatever restarts). With ``alert.rules`` the alert detector reads the
+same records behind the fan-out; it is kept across sessions (its running averages and its dump)
+while the alert settings stay the same. File output runs on a background writer thread; with
+``format: api`` the writer is synchronous, so the memory is current when ``optimizer.step()``
+returns.
+"""
+
+from __future__ import annotations
+
+from trainprobe.engine.layout import ANOMALY_FOLDER, anomaly_rank_folder
+from trainprobe.engine.schedule import Schedule
+from trainprobe.engine.session import Session
+from trainprobe.engine.sinks.background import Sink, Writer
+from trainprobe.engine.sinks.csv_sink import CsvSink
+from trainprobe.engine.sinks.fanout import FanOut
+from trainprobe.engine.sinks.memory import MemorySink
+from trainprobe.engine.sinks.tensorboard import TensorBoardSink
+from trainprobe.frontdoors.monitor_v1 import output
+from trainprobe.frontdoors.monitor_v1.alerts import AlertDetector
+from trainprobe.frontdoors.monitor_v1.attachment import Attachment
+from trainprobe.frontdoors.monitor_v1.config import MonitorV1Config
+from trainprobe.frontdoors.monitor_v1.probe_set import build_probes
+from trainprobe.frontdoors.monitor_v1.shapes import ShapeBook
+
+
+class SessionFactory:
+    """Builds the sessions of one attached run.
+
+    Args:
+        att: what ``set_monitor`` attached to.
+    """
+
+    def __init__(self, att: Attachment) -> None:
+        self.att = att
+        self.memory = MemorySink({}, output.table_of, output.api_key)
+        self._alerts: AlertDetector | None = None
+
+    def start(self, cfg: MonitorV1Config, start_step: int | None) -> Session | None:
+        """A running session for ``cfg`` (collecting from ``start_step``, else the config's
+        ``start_step``), or None when it collects nothing (``collect_times`` 0, no field on)."""
+        schedule = cfg.schedule(start_step)
+        if schedule is None:
+            return None
+        shapes = ShapeBook(self.att.grad_of)
+        probes = build_probes(cfg, self.att, shapes)
+        if not probes:
+            return None
+        sinks = self._sinks(cfg, schedule, shapes)
+        writer = Writer(FanOut(sinks), background=cfg.format != "api", on_error=_ignore)
+        session = Session(probes=probes, schedule=schedule, writer=writer, clock=self.att.clock)
+        session.attach()
+        return session
+
+    def _sinks(self, cfg: MonitorV1Config, schedule: Schedule, shapes: ShapeBook) -> list[Sink]:
+        ops_of = output.columns(cfg.ops)
+        self.memory.ops = ops_of
+        sinks: list[Sink] = [self.memory]
+        if cfg.format == "csv":
+            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
+            folder = self.att.run_folder(cfg)
+            csv = CsvSink(
+                folder,
+                schedule,
+                layouts,
+                table_of=output.table_of,
+                name_file=output.file_name,
+                append=bool(cfg.append_output),
+                first_step=self.att.clock.step,
+            )
+            sinks.append(csv)
+        elif cfg.format == "tensorboard":
+            folder = self.att.run_folder(cfg)
+            tag_of = output.tag_of(self.att.rank, cfg.monitor_mbs_grad)
+            histograms = output.HISTOGRAM_TABLES.values()
+            sinks.append(TensorBoardSink(folder, ops_of, output.table_of, tag_of, histogram_tables=histograms))
+        if cfg.alert.rules:
+            sinks.append(self._alert_detector(cfg, ops_of))
+        return sinks
+
+    def _alert_detector(self, cfg: MonitorV1Config, ops_of: dict[str, tuple[str, ...]]) -> AlertDetector:
+        dump = output.output_root() / ANOMALY_FOLDER / anomaly_rank_folder(self.att.rank) if cfg.alert.dump else None
+        det = self._alerts
+        if det is None or det.rules != cfg.alert.rules or det.dump_dir != dump:
+            det = AlertDetector(cfg.alert.rules, ops_of, output.table_of, self.att.pipeline, dump)
+            self._alerts = det
+        det.ops = ops_of
+        det.tag_of = output.task_tagger(self.att.rank, cfg.monitor_mbs_grad)
+        return det
+
+
+def _ignore(monitor: str, exc: BaseException) -> None:
+    """Placeholder error callback; the session installs its own."""

@@ -1,0 +1,37 @@
+"""Runs that end by design after their first step: ``print_struct`` and ``cc_log_only``.
+
+Both end the training process cleanly: the front door stops the monitor (every file written and
+closed), prints one message saying where the output is and how to train normally, and raises
+``SystemExit(0)`` from ``optimizer.step()``, so the exit code is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainprobe.engine.probes.base import Probe
+from trainprobe.engine.probes.collectives import CollectiveProbe
+from trainprobe.frontdoors.monitor_v1.struct import StructProbe
+
+
+def run_end_message(extras: Sequence[Probe], probes: Sequence[Probe]) -> str | None:
+    """The message ending the run after this step, or None to go on.
+
+    Args:
+        extras: the monitor's own probes (the structure probe of ``print_struct``).
+        probes: the running session's probes (the collective probe of ``cc_log_only``).
+    """
+    for probe in extras:
+        if isinstance(probe, StructProbe) and probe.done():
+            return (
+                f"trainprobe: print_struct is set: the model structure is in {probe.path}; the run ends here "
+                '(exit code 0). Set "print_struct": false to train.'
+            )
+    for probe in probes:
+        if isinstance(probe, CollectiveProbe) and probe.config.cc_log_only:
+            return (
+                f"trainprobe: cc_log_only is set: the collective call sites were printed (and kept in "
+                f'{probe.log_path}); the run ends here (exit code 0). Set "cc_codeline" from them and '
+                '"cc_log_only": false to monitor.'
+            )
+    return None

@@ -1,0 +1,216 @@
+"""Which engine probes a Monitor V1 configuration runs, and over which parameters.
+
+One probe per enabled field: ``xy_distribution`` → module probe (with :class:`V1Naming`),
+``wg_distribution`` → weight-gradient probe, ``mv_distribution`` → optimizer-state probe,
+``param_distribution`` → parameter probe, ``ur_distribution`` → update/ratio probe (plus its
+histogram rows with ``format: tensorboard``), ``recording_l2_features`` → l2 probe,
+``mg_direction`` → sign-agreement probe, ``cc_distribution`` → collective probe,
+``stack_info`` → stack probe. Module-level monitoring (xy, l2, stack_info) runs only on the
+``module_ranks``. Parameters are those of the optimizer that ``targets`` selects, named with
+their ``<vpp_stage>:`` prefix (squashed with ``squash_name``, distinct names kept distinct: see
+:func:`~trainprobe.frontdoors.monitor_v1.naming.display_names`). A ``targets`` entry that names no module
+or parameter of the model is reported once, with the closest names.
+"""
+
+from __future__ import annotations
+
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.probes.base import Probe, ProbeSpec
+from trainprobe.engine.probes.collectives import CcSpec
+from trainprobe.engine.probes.model_view import NamedParam
+from trainprobe.engine.probes.module import ModuleProbe, ModuleSpec
+from trainprobe.engine.probes.optimizer_state import OptimizerStateProbe
+from trainprobe.engine.probes.param import ParamProbe
+from trainprobe.frontdoors.monitor_v1 import output
+from trainprobe.frontdoors.monitor_v1.attachment import Attachment
+from trainprobe.frontdoors.monitor_v1.collectives import V1CollectiveProbe
+from trainprobe.frontdoors.monitor_v1.config import MonitorV1Config
+from trainprobe.frontdoors.monitor_v1.features import HistogramRows, MgDirectionProbe, UpdateRatioProbe
+from trainprobe.frontdoors.monitor_v1.l2 import L2Probe
+from trainprobe.frontdoors.monitor_v1.naming import (
+    DisplayNames,
+    V1Naming,
+    display_names,
+    param_targeted,
+    unmatched_targets,
+    with_roots,
+)
+from trainprobe.frontdoors.monitor_v1.shapes import ShapeBook
+from trainprobe.frontdoors.monitor_v1.struct import StackProbe
+
+
+def parameter_names(cfg: MonitorV1Config, att: Attachment) -> tuple[list[NamedParam], DisplayNames]:
+    """The optimizer's parameters (model order, full names) and their written names."""
+    every = att.view.optimizer_parameters(att.optimizer)
+    return every, display_names(cfg, [named.name for named in every])
+
+
+def module_names(cfg: MonitorV1Config, att: Attachment) -> DisplayNames:
+    """The written names of the model's modules (each chunk's root: ``<vpp>:``)."""
+    roots, names, seen = [], [], set()
+    for vpp, name, _ in att.view.modules():
+        names.append(name)
+        if vpp not in seen:  # root first in each chunk
+            seen.add(vpp)
+            roots.append(name)
+    return with_roots(display_names(cfg, names), roots)
+
+
+def monitored_params(cfg: MonitorV1Config, every: list[NamedParam], names: DisplayNames) -> list[NamedParam]:
+    """The parameters of ``every`` that ``targets`` selects (by full, written or squashed name),
+    in model order, with their written names (no two alike)."""
+    return [
+        NamedParam(named.vpp_stage, names(named.name), named.param)
+        for named in every
+        if any(param_targeted(cfg, form) for form in names.forms(named.name))
+    ]
+
+
+def build_probes(cfg: MonitorV1Config, att: Attachment, shapes: ShapeBook | None = None) -> list[Probe]:
+    """The probes ``cfg`` enables, unattached (may create the run folder for stack_info).
+
+    Warns once when squashing would merge names (those keep their full names) and when a
+    ``targets`` entry names nothing in the model. ``shapes`` learns the shape and dtype of the
+    rows (monitored parameters now, activations as they are picked).
+    """
+    every, param_names = parameter_names(cfg, att)
+    params = monitored_params(cfg, every, param_names)
+    if shapes is not None:
+        shapes.add_params(params)
+    probes: list[Probe] = []
+    spec = ProbeSpec(cfg.ops, cfg.eps)
+    module_rank = cfg.monitors_rank(att.rank)
+    xy = cfg.xy_distribution and module_rank
+    per_param = (
+        cfg.wg_distribution,
+        cfg.mv_distribution,
+        cfg.param_distribution,
+        cfg.ur_distribution,
+        cfg.mg_direction,
+    )
+    modules = module_names(cfg, att) if xy or cfg.targets or cfg.stack_info else None
+    if cfg.targets and (cfg.xy_distribution or any(per_param)):
+        _warn_unmatched(cfg, param_names, modules)
+    if any(per_param) and params:
+        param_names.warn_clashes("parameters")
+    if xy and modules is not None:
+        probes += _activations(cfg, att, modules, shapes)
+    if cfg.wg_distribution:
+        probes.append(_weight_grad(cfg, att, params))
+    if cfg.mv_distribution:
+        probes.append(
+            OptimizerStateProbe(att.clock, spec, att.optimizer, params, suffix_names=False, backend=att.backend)
+        )
+    if cfg.param_distribution:
+        copy_of = att.optimizer.copy_of  # the float32 masters a wrapper steps (the parameter itself if none)
+        stepped = [NamedParam(n.vpp_stage, n.name, copy_of(n.param)) for n in params]
+        probes.append(ParamProbe(att.clock, spec, stepped, backend=att.backend))
+    if cfg.ur_distribution and torch_only("ur_distribution", att):
+        probes += _update_ratio(cfg, att, params)
+    if cfg.l2.enabled and module_rank and torch_only("recording_l2_features", att):
+        probes += _l2(cfg, att)
+    if cfg.mg_direction and torch_only("mg_direction", att):
+        probes.append(MgDirectionProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, att.grad_of))
+    if cfg.cc.enable:
+        probes += _collectives(cfg, att)
+    if cfg.stack_info and module_rank:
+        probes.append(StackProbe(att.clock, att.view, att.run_folder(cfg), modules))
+    return probes
+
+
+def torch_only(field: str, att: Attachment) -> bool:
+    """Whether the PyTorch-only feature ``field`` can run (else it is skipped with a warning;
+    MindSpore's front door refuses it up front, this covers dynamic-mode edits)."""
+    if att.backend.name == "pytorch":
+        return True
+    warn_once(f"v1-torch-only-{field}", f"trainprobe: {field} is not supported on {att.backend.name}; it is skipped")
+    return False
+
+
+def _warn_unmatched(cfg: MonitorV1Config, params: DisplayNames, modules: DisplayNames | None) -> None:
+    """One warning naming the ``targets`` entries that match no parameter or module."""
+    unmatched = unmatched_targets(cfg, params, *([modules] if modules is not None else []))
+    if not unmatched:
+        return
+    parts = []
+    for target, close in unmatched.items():
+        hint = f" (closest: {', '.join(repr(c) for c in close)})" if close else ""
+        parts.append(f"{target!r}{hint}")
+    warn_once(
+        f"v1-unmatched-targets-{'|'.join(unmatched)}",
+        f"trainprobe: targets name no module or parameter of the model, so nothing is collected for them: "
+        f"{'; '.join(parts)}. print_struct lists the module names",
+    )
+
+
+def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames, shapes: ShapeBook | None) -> list[Probe]:
+    if cfg.forward_only and cfg.backward_only:
+        warn_once(
+            "v1-fwd-bwd-only", "trainprobe: forward_only and backward_only are both true, so no activation is collected"
+        )
+        return []
+    naming = V1Naming(cfg, names, shapes=shapes)
+    if not any(naming.wants(v, n, m) for v, n, m in att.view.modules()):
+        warn_once(
+            "v1-xy-no-module",
+            'trainprobe: xy_distribution is true but no module is selected: set "all_xy": true, or name '
+            "modules in targets (print_struct lists their names)",
+        )
+        return []
+    names.warn_clashes("modules")
+    module_spec = ModuleSpec(cfg.ops, cfg.eps)
+    return [ModuleProbe(att.clock, module_spec, att.view, naming=naming, backend=att.backend)]
+
+
+def _weight_grad(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> Probe:
+    return att.backend.weight_grad_probe(
+        att.clock,
+        ProbeSpec(cfg.ops, cfg.eps),
+        params,
+        att.clock.micro_batches,
+        att.view,
+        per_micro_batch=cfg.monitor_mbs_grad,
+        optimizer=att.optimizer,
+        grad_of=att.grad_of,
+        keep_reduced=att.keep_reduced,
+    )
+
+
+def _update_ratio(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> list[Probe]:
+    histograms = (
+        HistogramRows(att.clock, cfg.ops, cfg.eps, backend=att.backend) if cfg.format == "tensorboard" else None
+    )
+    if histograms is None:
+        warn_once(
+            "v1-ur-no-histograms",
+            f"trainprobe: ur_distribution writes its update/ratio histograms only with format 'tensorboard'; "
+            f"with format {cfg.format!r} only their statistics (adam_update, adam_ratio) are written",
+        )
+    probe = UpdateRatioProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, histograms)
+    return [probe] if histograms is None else [probe, histograms]
+
+
+def _l2(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+    if cfg.l2.attention_hook or cfg.l2.linear_hook is not None:
+        return [L2Probe(att.clock, cfg.l2, att.view)]
+    warn_once("v1-l2-empty", "trainprobe: recording_l2_features is true but l2_targets lists no hook")
+    return []
+
+
+def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+    if not att.backend.distributed():
+        warn_once(
+            "v1-cc-no-dist",
+            f"trainprobe: cc_distribution needs {att.backend.name}'s distributed communication; it is skipped",
+        )
+        return []
+    cc = CcSpec(
+        ops=cfg.ops,
+        eps=cfg.eps,
+        cc_codeline=cfg.cc.cc_codeline,
+        cc_log_only=cfg.cc.cc_log_only,
+        cc_pre_hook=cfg.cc.cc_pre_hook,
+    )
+    # cc_log.json goes to the run folder, or with format api (no run folder) next to it
+    folder = att.run_folder(cfg) if cfg.format != "api" else output.output_root() / f"cc_log-rank{att.rank}"
+    return [V1CollectiveProbe(att.clock, cc, att.rank, folder, backend=att.backend)]

@@ -1,0 +1,307 @@
+"""``TrainerMonitorV2``: the Monitor V2 front door.
+
+Example:
+    >>> mon = TrainerMonitorV2("monitor_v2_config.json")          # doctest: +SKIP
+    >>> mon.start(model=model, optimizer=optimizer, grad_acc_steps=4)  # doctest: +SKIP
+    >>> for batch in loader:                                       # doctest: +SKIP
+    ...     train_step(batch)   # optimizer.step() ends the monitored step
+    >>> mon.stop()                                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainprobe.engine.backend import Backend, backend_for
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folders import make_output_folder
+from trainprobe.engine.layout import V2_MONITORS, v2_file_name, v2_rank_folder
+from trainprobe.engine.log import logger, warn_once
+from trainprobe.engine.optimizer_view import OptimizerView
+from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+from trainprobe.engine.probes.collectives import CcSpec, CollectiveProbe
+from trainprobe.engine.probes.model_view import ModelView, NamedParam
+from trainprobe.engine.probes.module import ModuleProbe, ModuleSpec
+from trainprobe.engine.probes.optimizer_state import OptimizerStateProbe
+from trainprobe.engine.probes.param import ParamProbe
+from trainprobe.engine.session import Session
+from trainprobe.engine.sinks.background import Writer
+from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
+from trainprobe.engine.sinks.earlier_runs import keep_rows_before, overwrite_requested, refuse_earlier_run, window_files
+from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
+
+_NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
+
+
+class TrainerMonitorV2:
+    """Monitor V2: per-rank CSV statistics of modules, gradients, optimizer state, parameters
+    and collectives.
+
+    Args:
+        config_path: path of a ``monitor_v2_config.json`` (a dict is accepted too).
+        fr: framework, overriding the file's ``framework`` (pytorch, pt, torch, mindspore, ms).
+            MindSpore (PyNative) needs the ``trainprobe[mindspore]`` extra; see
+            ``docs/mindspore.md``.
+
+    Raises:
+        ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path);
+            the framework is not installed; ``monitors.cc`` on a framework whose adapter has no
+            collectives (both built-in adapters have them).
+    """
+
+    def __init__(self, config_path: str | Path | dict[str, Any], fr: str | None = None) -> None:
+        self.config: MonitorV2Config = load_monitor_v2_config(config_path, framework=fr)
+        self._backend: Backend = backend_for(self.config.framework, "fr" if fr is not None else "framework")
+        if self.config.cc.enabled and self._backend.collective_api() is None:
+            raise ConfigError(
+                f"monitors.cc: not supported on the {self.config.framework} backend of trainprobe "
+                '(see docs/mindspore.md); remove it or set "enabled": false'
+            )
+        self._session: Session | None = None
+        self._clock = StepClock(step=0)
+        self._started = False
+        self._wrote_here = False  # a session of this monitor has written to the rank folder
+
+    @property
+    def current_step(self) -> int:
+        """The step being trained (starts at 0, advanced by ``step()`` or ``optimizer.step()``)."""
+        return self._clock.step
+
+    @property
+    def steps_with_optimizer(self) -> bool:
+        """Whether ``optimizer.step()`` ends each step of the running session
+        (``patch_optimizer_step`` in force); False when stopped or when :meth:`step` ends them."""
+        session = self._session
+        return session is not None and session.patch_step and not session.closed
+
+    @property
+    def output_dir(self) -> Path:
+        """This rank's output folder, ``<output_dir>/rank_<rank>``."""
+        return self.config.output_dir / v2_rank_folder(self._backend.rank())
+
+    def start(self, model: Any = None, optimizer: Any = None, **context: Any) -> None:
+        """Create the enabled monitors and attach them.
+
+        Args:
+            model: an ``nn.Module`` (MindSpore: an ``nn.Cell``) or a list of model chunks
+                (``vpp_stage`` = list index).
+            optimizer: a ``torch.optim.Optimizer`` or a wrapper with ``.optimizer`` (MindSpore:
+                an ``nn.Optimizer`` or ``mint.optim`` optimizer); required by weight_grad,
+                optimizer and param.
+            context: ``grad_acc_steps`` / ``micro_batch_number`` (number of micro-batches per
+                optimizer step; the config's values win); ``optimizer_pre_step_hook`` (default
+                True): pass False when the loop runs forward and backward inside
+                ``optimizer.step(closure)`` (Lightning), where the optimizer's pre-step hook
+                fires before the gradients exist, and call :meth:`before_optimizer_step` once
+                they are ready; ``initial_step`` (int >= 0): the step the run is at, for a
+                resumed run or a trainer's global step (default: 0 for the first ``start()``,
+                the step reached for a later one). A first ``start()`` whose ``rank_<r>``
+                folder already holds an earlier run's CSV files keeps that run's rows of steps
+                below ``initial_step`` and drops the rest (a resumed run continues its files);
+                ``overwrite`` (default False; or ``TRAINPROBE_OVERWRITE=1``): remove an earlier
+                run's CSV files first; ``resumed`` (default: ``initial_step`` > 0): whether this
+                run continues an earlier one, for callers whose first step is not 0 (the trainer
+                callbacks number steps from 1). Other keys are accepted and ignored.
+
+        Raises:
+            ConfigError: a monitor needs a model or an optimizer that was not passed; the
+                rank folder holds an earlier run's CSV files and neither ``initial_step`` > 0
+                nor ``overwrite`` says what to do with them (the message names the folder).
+            RuntimeError: already started.
+        """
+        if self._started:
+            raise RuntimeError("TrainerMonitorV2.start(): already started; call stop() first")
+        rank = self._backend.rank()
+        if not self.config.monitors_rank(rank):
+            logger.info(
+                "trainprobe: rank %d is not in rank=%s, nothing is monitored here", rank, list(self.config.ranks)
+            )
+            self._started = True
+            return
+        self._set_initial_step(context.get("initial_step"))
+        self._session = self._build_session(model, optimizer, context, rank)
+        self._session.attach()
+        self._wrote_here = True
+        self._started = True
+
+    def step(self) -> None:
+        """End the current training step: write its rows and move to the next step.
+
+        Ignored (with one warning) when ``optimizer.step()`` already advances the step
+        (``patch_optimizer_step``).
+        """
+        session = self._session
+        if session is not None and session.patch_step and not session.closed:
+            warn_once(
+                "v2-manual-step",
+                "trainprobe: TrainerMonitorV2.step() is ignored because optimizer.step() advances "
+                'the step (patch_optimizer_step); set "patch_optimizer_step": false to call step() yourself',
+            )
+            return
+        if session is None:
+            self._clock.step += 1
+        else:
+            session.end_step()
+
+    def before_optimizer_step(self) -> None:
+        """The gradients of this step are final: take the pre-step statistics (weight_grad
+        ``reduced``, optimizer state). Only needed with ``start(optimizer_pre_step_hook=False)``
+        (the integrations call it); otherwise the optimizer's pre-step hook does this."""
+        if self._session is not None:
+            self._session.optimizer_pre_step()
+
+    def stop(self) -> None:
+        """Write what is pending, remove every hook and patch, close the files. Idempotent;
+        ``start()`` may be called again afterwards (the step count continues)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        self._started = False
+
+    def _set_initial_step(self, step: Any) -> None:
+        """Move the clock to ``start(initial_step=...)`` when given."""
+        if step is None:
+            return
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"start(initial_step=...): must be an integer >= 0, got {step!r}")
+        self._clock.step = step
+
+    def _make_room(self, rank_dir: Path, context: dict[str, Any]) -> None:
+        """Deal with an earlier run's CSV files in ``rank_dir``, as ``start()`` documents."""
+        files = window_files(rank_dir, V2_MONITORS)
+        overwrite = context.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            raise ConfigError(f"start(overwrite=...): must be True or False, got {overwrite!r}")
+        if not files:
+            return
+        resumed = context.get("resumed", self._clock.step > 0 and context.get("initial_step") is not None)
+        if not isinstance(resumed, bool):
+            raise ConfigError(f"start(resumed=...): must be True or False, got {resumed!r}")
+        if overwrite or overwrite_requested():
+            keep_before = 0
+        elif resumed:
+            keep_before = self._clock.step
+        else:
+            raise refuse_earlier_run(rank_dir, files)
+        try:
+            dropped = keep_rows_before(files, keep_before, v2_file_name)
+        except OSError as exc:
+            raise ConfigError(f"output_dir: cannot make room in {str(rank_dir)!r}: {exc}") from None
+        logger.info("trainprobe: %s: %d rows of an earlier run from step %d on removed", rank_dir, dropped, keep_before)
+
+    # -- assembly ------------------------------------------------------------------------
+    def _build_session(self, model: Any, optimizer: Any, context: dict[str, Any], rank: int) -> Session:
+        cfg, backend = self.config, self._backend
+        enabled = cfg.enabled_monitors()
+        view = backend.model_view(model)
+        if "module" in enabled and not view.chunks:
+            raise ConfigError("start(): monitors.module is enabled but no model was passed; call start(model=...)")
+        missing = [name for name in enabled if name in _NEEDS_OPTIMIZER]
+        if missing and optimizer is None:
+            raise ConfigError(
+                f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
+            )
+        opt = backend.optimizer_view(optimizer) if optimizer is not None else None
+        rank_dir = make_output_folder(cfg.output_dir / v2_rank_folder(rank), "output_dir")
+        if not self._wrote_here:
+            self._make_room(rank_dir, context)
+        clock = self._clock
+        clock.micro_batches = self._micro_batches(context)
+        probes = self._probes(enabled, view, opt, rank, rank_dir)
+        pre_step_hook = context.get("optimizer_pre_step_hook", True)
+        if not isinstance(pre_step_hook, bool):
+            raise ConfigError(f"start(optimizer_pre_step_hook=...): must be True or False, got {pre_step_hook!r}")
+        patch = cfg.patch_optimizer_step if cfg.patch_optimizer_step is not None else opt is not None
+        if patch and opt is None:
+            warn_once(
+                "v2-patch-no-optimizer", "trainprobe: patch_optimizer_step needs an optimizer; call step() yourself"
+            )
+            patch = False
+        layouts = {p.name: TableLayout(p.with_micro_step, p.stats.ops) for p in probes}
+        sink = CsvSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
+        writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
+        return Session(
+            probes=probes,
+            schedule=cfg.schedule,
+            writer=writer,
+            clock=clock,
+            optimizer=opt,
+            patch_step=patch,
+            pre_step_hook=pre_step_hook,
+            skip_watch=self._backend.watch_skipped_steps,
+        )
+
+    def _micro_batches(self, context: dict[str, Any]) -> int:
+        wg = self.config.weight_grad
+        for where, value in (
+            ("monitors.weight_grad.micro_batch_number", wg.micro_batch_number),
+            ("monitors.weight_grad.grad_acc_steps", wg.grad_acc_steps),
+            ("start(micro_batch_number=...)", context.get("micro_batch_number")),
+            ("start(grad_acc_steps=...)", context.get("grad_acc_steps")),
+        ):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigError(f"{where}: must be an integer >= 1, got {value!r}")
+                return value
+        return 1
+
+    def _probes(
+        self, enabled: list[str], view: ModelView, opt: OptimizerView | None, rank: int, rank_dir: Path
+    ) -> list[Probe]:
+        cfg, clock, backend = self.config, self._clock, self._backend
+        params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
+        probes: list[Probe] = []
+        if "module" in enabled:
+            m = cfg.module
+            spec = ModuleSpec(m.ops, m.eps, targets=m.targets, record_eval_mode=m.record_eval_mode)
+            probes.append(ModuleProbe(clock, spec, view, backend=backend))
+        if "weight_grad" in enabled:
+            wg = cfg.weight_grad
+            probes.append(
+                backend.weight_grad_probe(
+                    clock,
+                    ProbeSpec(wg.ops, wg.eps),
+                    params,
+                    clock.micro_batches,
+                    view,
+                    per_micro_batch=wg.monitor_mbs_grad,
+                    optimizer=opt,
+                )
+            )
+        if "optimizer" in enabled and opt is not None:
+            mv = cfg.optimizer
+            mv_spec = ProbeSpec(mv.ops, mv.eps)
+            probes.append(OptimizerStateProbe(clock, mv_spec, opt, params, enabled=mv.mv_distribution, backend=backend))
+        if "param" in enabled:
+            pc = cfg.param
+            # the parameters as the optimizer steps them (a mixed-precision wrapper's float32 copies)
+            stepped = (
+                [NamedParam(n.vpp_stage, n.name, opt.copy_of(n.param)) for n in params] if opt is not None else params
+            )
+            probes.append(
+                ParamProbe(clock, ProbeSpec(pc.ops, pc.eps), stepped, enabled=pc.param_distribution, backend=backend)
+            )
+        if "cc" in enabled:
+            cc = cfg.cc
+            if not backend.distributed():
+                warn_once(
+                    "v2-cc-no-dist",
+                    f"trainprobe: monitors.cc is enabled but {backend.name}'s distributed communication is not "
+                    "initialised; cc is skipped",
+                )
+            elif cc.module_ranks and rank not in cc.module_ranks:
+                logger.info("trainprobe: cc skipped on rank %d (module_ranks=%s)", rank, list(cc.module_ranks))
+            else:
+                cc_spec = CcSpec(
+                    cc.ops,
+                    cc.eps,
+                    cc_codeline=cc.cc_codeline,
+                    cc_log_only=cc.cc_log_only,
+                    cc_pre_hook=cc.cc_pre_hook,
+                    ddp_comm_hook=cc.ddp_comm_hook,
+                )
+                probe = CollectiveProbe(clock, cc_spec, rank, rank_dir, backend=backend)
+                probe.models = list(view.chunks)  # for ddp_comm_hook
+                probes.append(probe)
+        return probes
