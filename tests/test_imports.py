@@ -258,6 +258,34 @@ def test_module_loads_no_torch(module: str) -> None:
     assert _run(f"import sys, {module}; print('torch' in sys.modules)").strip() == "False"
 
 
+ENGINE = tuple(n for n in MODULES if n == "trainprobe.engine" or n.startswith("trainprobe.engine."))
+
+
+def test_the_engine_loads_no_framework() -> None:
+    """Every module of ``trainprobe.engine`` together loads neither torch nor MindSpore."""
+    assert len(ENGINE) > 25
+    loaded = _run(
+        "import importlib, json, sys\n"
+        "for name in json.loads(sys.argv[1]): importlib.import_module(name)\n"
+        "print(sorted(m for m in ('torch', 'mindspore') if m in sys.modules))",
+        json.dumps(ENGINE),
+    )
+    assert loaded.strip() == "[]"
+
+
+def test_the_engine_imports_only_the_engine() -> None:
+    """At module level the engine imports nothing of the backends, the front doors, the dump or
+    the tools (only :func:`~trainprobe.engine.backend.backend_for` loads a backend, on demand)."""
+    graph = import_graph(deferred=False)
+    outside = {
+        (name, dep)
+        for name in ENGINE
+        for dep in graph[name]
+        if dep.startswith("trainprobe.") and not dep.startswith("trainprobe.engine") and dep != "trainprobe._lazy"
+    }
+    assert outside == set()
+
+
 _CLI = """
 import runpy, sys
 sys.argv = ["trainprobe", *sys.argv[1:]]
