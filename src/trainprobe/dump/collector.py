@@ -39,6 +39,7 @@ from trainprobe.dump.config import DumpConfig
 from trainprobe.dump.entries import EntryOptions, as_list, tensors_in, value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows, data_names, forward_overflows, writes_inputs
 from trainprobe.dump.store import StepStore
+from trainprobe.engine.guard import guarded
 from trainprobe.engine.log import error_once
 
 SMALL_POOL = 4
@@ -158,13 +159,13 @@ class Collector:
                 pass
 
     def guarded(self, where: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` that never raises: a fault disables dumping; our own torch calls are not dumped.
-        (No ``functools.wraps``: one is made per gradient hook, and copying the metadata would
-        cost more than the rest of the wrapper.)"""
+        """``fn`` under the engine's guard (:func:`trainprobe.engine.guard.guarded`: it never
+        raises, a fault disables dumping), marked busy so that our own torch calls are not
+        dumped, on one thread where a small pool would only add hand-overs. (No
+        ``functools.wraps``: one is made per gradient hook, and copying the metadata would cost
+        more than the rest of the wrapper.)"""
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            if self.disabled:
-                return None
             tls = self._tls
             previous = self._busy()
             tls.busy = True
@@ -174,15 +175,12 @@ class Collector:
                 torch.set_num_threads(1)
             try:
                 return fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - dumping must never break training
-                self.fail(exc, where)
-                return None
             finally:
                 if narrow:
                     torch.set_num_threads(threads)
                 tls.busy = previous
 
-        return run
+        return guarded(run, off=lambda: self.disabled, fail=lambda exc: self.fail(exc, where), wraps=False)
 
     def call_quietly(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call the user's ``func`` with dumping paused on this thread (nested calls not dumped)."""

@@ -21,7 +21,6 @@ import stat
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 from trainprobe.dump.entries import resolve_pending
 from trainprobe.engine.file_names import path_under
 from trainprobe.engine.log import error_once
+from trainprobe.engine.sinks.background import Writer
 from trainprobe.engine.sinks.files import append_whole
 from trainprobe.engine.sinks.files import write_json_atomically as write_json_file
 
@@ -191,24 +191,33 @@ def snapshot(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass(slots=True)
 class _Job:
+    """One ``.pt`` file for the engine's writer thread (a batch of one)."""
+
     path: Path
     tensor: torch.Tensor | None  # None: hard-link ``source``
     source: Path | None
     nbytes: int
     on_error: Callable[[str], None] | None
+    monitor: str = "dump"
+
+    def __len__(self) -> int:
+        return 1
 
 
 class TensorFileWriter:
-    """Writes the ``.pt`` files of a dump on one background thread, in the order given.
+    """Writes the ``.pt`` files of a dump on the engine's writer thread
+    (:class:`~trainprobe.engine.sinks.background.Writer`), in the order given.
 
     :meth:`save` takes a snapshot of the tensor at once (later in-place changes never reach the
     file) and returns; the writer thread serialises it. At most ``PENDING_BYTES[async_write]``
     bytes of snapshots wait at any time (then :meth:`save` waits for the disk). :meth:`wait`
     blocks until every file given so far is complete; files still queued when the interpreter
-    exits normally (even through an exception) are written before it ends. A tensor saved again
+    exits normally (even through an exception) are written before it ends. The thread ends after
+    ``IDLE_EXIT_S`` idle seconds (the next file starts another). A tensor saved again
     in the same step and directory (the same tensor object, not modified in place since) becomes
     a hard link to its first file (a copy where links are not supported): same name, same bytes,
-    no second serialisation.
+    no second serialisation. A file that cannot be written is reported through the ``on_error``
+    given with it and the next files are still written.
 
     ``bytes_written`` counts the tensor bytes of every file produced (links included),
     ``bytes_serialised`` those actually serialised.
@@ -216,20 +225,26 @@ class TensorFileWriter:
 
     def __init__(self, async_write: bool) -> None:
         self.async_write = async_write
-        self.max_pending = PENDING_BYTES[bool(async_write)]
         self.bytes_written = 0
         self.bytes_serialised = 0
-        self._jobs: deque[_Job] = deque()
-        self._cond = threading.Condition()
-        self._pending_bytes = 0
-        self._outstanding = 0
-        self._thread: threading.Thread | None = None
-        self._exit_hook = False
-        self._writer_idle = False
-        self._waiting = 0  # threads in wait() or waiting for room
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, Path]] = {}
         self._dirs: set[Path] = set()
         self._failed: set[Path] = set()  # files that could not be written (this step)
+        self._writer: Writer[_Job] = Writer(
+            self,
+            background=True,
+            on_error=_unreported,
+            max_pending=PENDING_BYTES[bool(async_write)],
+            cost=_job_bytes,
+            idle_exit_s=IDLE_EXIT_S,
+        )
+        ref = weakref.ref(self)
+        atexit.register(_wait_at_exit, ref)
+
+    @property
+    def max_pending(self) -> int:
+        """The bytes of snapshots that may wait for the disk."""
+        return self._writer.max_pending
 
     # -- caller side ----------------------------------------------------------------------
     def save(self, path: Path, tensor: torch.Tensor, on_error: Callable[[str], None] | None = None) -> None:
@@ -238,10 +253,10 @@ class TensorFileWriter:
         self.bytes_written += nbytes
         source = self._already_saved(path, tensor)
         if source is not None:
-            self._enqueue(_Job(path, None, source, 0, on_error))
+            self._writer.submit(_Job(path, None, source, 0, on_error))
             return
         self.bytes_serialised += nbytes
-        self._enqueue(_Job(path, snapshot(tensor), None, nbytes, on_error))
+        self._writer.submit(_Job(path, snapshot(tensor), None, nbytes, on_error))
 
     def _already_saved(self, path: Path, tensor: torch.Tensor) -> Path | None:
         """The file this very tensor (unchanged) went to earlier in this step, in ``path``'s folder."""
@@ -263,71 +278,28 @@ class TensorFileWriter:
         self._seen.clear()
         self._failed.clear()
 
-    def _enqueue(self, job: _Job) -> None:
-        with self._cond:
-            while self._pending_bytes and self._pending_bytes + job.nbytes > self.max_pending:
-                self._waiting += 1
-                self._cond.wait()
-                self._waiting -= 1
-            self._pending_bytes += job.nbytes
-            self._outstanding += 1
-            self._jobs.append(job)
-            if self._thread is None:
-                self._start()
-            elif self._writer_idle:  # wake the writer only when it sleeps (each wake-up costs a GIL hand-over)
-                self._cond.notify_all()
-
-    def _start(self) -> None:
-        self._thread = threading.Thread(target=self._drain, name="trainprobe-dump-writer", daemon=True)
-        self._thread.start()
-        if not self._exit_hook:
-            self._exit_hook = True
-            ref = weakref.ref(self)
-
-            def at_exit() -> None:
-                writer = ref()
-                if writer is not None:
-                    writer.wait()
-
-            atexit.register(at_exit)
-
     def wait(self) -> None:
         """Block until every file given so far is written."""
-        with self._cond:
-            while self._outstanding:
-                self._waiting += 1
-                self._cond.wait()
-                self._waiting -= 1
+        self._writer.flush()
 
-    # -- writer thread -------------------------------------------------------------------
-    def _drain(self) -> None:
-        while True:
-            with self._cond:
-                if not self._jobs:
-                    self._writer_idle = True
-                    self._cond.wait(IDLE_EXIT_S)
-                    self._writer_idle = False
-                if not self._jobs:  # idle: end; the next save() starts a new thread
-                    self._thread = None
-                    return
-                job = self._jobs.popleft()
+    # -- the sink (writer thread) ----------------------------------------------------------
+    def write(self, job: _Job) -> None:
+        """Write one file; a failure goes to the job's ``on_error`` (never raised)."""
+        try:
+            self._write(job)
+        except Exception as exc:  # noqa: BLE001 - a dump error never reaches training
             try:
-                self._write(job)
-            except Exception as exc:  # noqa: BLE001 - a dump error never reaches training
-                try:
-                    message = self._failure(job, exc)
-                except Exception:  # noqa: BLE001 - reporting must not end the writer thread
-                    message = f"writing {job.path.name} failed"
-                if job.on_error is not None:
-                    with contextlib.suppress(Exception):
-                        job.on_error(message)
-            finally:
-                job.tensor = None
-                with self._cond:
-                    self._pending_bytes -= job.nbytes
-                    self._outstanding -= 1
-                    if self._waiting:
-                        self._cond.notify_all()
+                message = self._failure(job, exc)
+            except Exception:  # noqa: BLE001 - reporting must not end the writer thread
+                message = f"writing {job.path.name} failed"
+            if job.on_error is not None:
+                with contextlib.suppress(Exception):
+                    job.on_error(message)
+        finally:
+            job.tensor = None
+
+    def close(self, reached: int | None = None) -> None:
+        """Nothing to close: every file is complete when written."""
 
     def _failure(self, job: _Job, exc: BaseException) -> str:
         """The one-line description of a failed job (a link to a file that failed is not a
@@ -359,6 +331,20 @@ class TensorFileWriter:
         else:
             assert job.tensor is not None
             save_pt(job.tensor, str(job.path))
+
+
+def _job_bytes(job: _Job) -> int:
+    return job.nbytes
+
+
+def _unreported(monitor: str, exc: BaseException) -> None:
+    """The dump's sink reports its own faults (``TensorFileWriter.write`` never raises)."""
+
+
+def _wait_at_exit(ref: weakref.ref[TensorFileWriter]) -> None:
+    writer = ref()
+    if writer is not None:
+        writer.wait()
 
 
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})

@@ -3,8 +3,9 @@
 :func:`guarded` wraps a hook or a gatherer: while ``off()`` is true it does nothing; an exception
 it raises is handed to ``fail`` (which logs it once and switches the part off) and the call
 returns None, so training goes on unchanged. The probes of Monitor V1/V2
-(:meth:`trainprobe.engine.probes.base.Probe.guard`: the whole probe is disabled) and the training
-metrics (:class:`Switches`: one gatherer is turned off, the others go on) both use it.
+(:meth:`trainprobe.engine.probes.base.Probe.guard`: the whole probe is disabled), the training
+metrics (:class:`Switches`: one gatherer is turned off, the others go on) and the precision dump
+(``Collector.guarded``: dumping stops) all use it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from trainprobe.engine.log import error_once
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def guarded(fn: F, *, off: Callable[[], bool], fail: Callable[[Exception], None]) -> F:
+def guarded(fn: F, *, off: Callable[[], bool], fail: Callable[[Exception], None], wraps: bool = True) -> F:
     """``fn`` that never raises: skipped (returns None) while ``off()``; an exception goes to
-    ``fail`` and the call returns None."""
+    ``fail`` and the call returns None. ``wraps=False`` skips copying ``fn``'s name and docstring
+    (for wrappers made by the thousand, such as the dump's gradient hooks)."""
 
-    @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if off():
             return None
@@ -32,6 +33,8 @@ def guarded(fn: F, *, off: Callable[[], bool], fail: Callable[[Exception], None]
             fail(exc)
             return None
 
+    if wraps:
+        functools.update_wrapper(call, fn)
     return call  # type: ignore[return-value]
 
 
