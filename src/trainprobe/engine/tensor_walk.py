@@ -15,6 +15,10 @@ _MAX_DEPTH = 4
 
 TensorType = type | tuple[type, ...]
 
+_LEAVES = (int, float, bool, str, bytes, type(None))
+"""Values that are never containers: skipped without the slower ``Mapping`` check (the dump
+walks every argument of every API call)."""
+
 
 def tensors_in(value: Any, depth: int, tensor_type: TensorType) -> Iterator[Any]:
     """Tensors in ``value`` in order: a tensor itself, then container elements recursively,
@@ -46,6 +50,6 @@ def named_tensors_in(value: Any, tensor_type: TensorType, prefix: str = "") -> I
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from named_tensors_in(item, tensor_type, f"{prefix}.{i}" if prefix else str(i))
-    elif isinstance(value, Mapping):
+    elif isinstance(value, dict) or (not isinstance(value, _LEAVES) and isinstance(value, Mapping)):
         for key, item in value.items():
             yield from named_tensors_in(item, tensor_type, f"{prefix}.{key}" if prefix else str(key))
