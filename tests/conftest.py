@@ -15,6 +15,13 @@ import torch
 # them (with TRAINPROBE_REF_PYTHON set); a plain `pytest` run leaves them out instead of failing.
 collect_ignore = [] if os.environ.get("TRAINPROBE_REF_PYTHON") else ["interop"]
 
+# The statistics' fused single pass is on by default on the CPU and compiled on a background
+# thread (a few seconds per process): the suite runs without it, so that every process (the
+# subprocess and multi-process tests included) computes its values with the same kernels from
+# its first step and pays no compilation. tests/test_fused_stats.py covers the pass and the
+# default (it removes this variable where it tests the default).
+os.environ.setdefault("TRAINPROBE_FUSED_STATS", "off")
+
 
 def write_config(tmp_path: Path, config: dict[str, Any], name: str = "config.json") -> Path:
     """Write ``config`` as JSON under ``tmp_path`` and return its path."""

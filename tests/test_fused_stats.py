@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,11 +110,12 @@ def test_compiled_pass_compiles_once_per_dtype_whatever_the_tensor(fused_on):
 
 
 def test_a_refused_recompilation_means_the_eager_kernels(fused_on):
-    """A call that would need another compilation (here: under inference mode, which the compiled
-    pass is guarded on) gets None, and so do later calls of its size class, without compiling."""
+    """Through dynamo (``compile_fn`` given, as on accelerators): a call that would need another
+    compilation (here: under inference mode, which the compiled pass is guarded on) gets None,
+    and so do later calls of its size class, without compiling."""
     from torch._dynamo.utils import counters
 
-    fs = FusedStats(eager_reductions, mode="on")
+    fs = FusedStats(eager_reductions, mode="on", compile_fn=torch.compile)
     x = torch.randn(5_000, dtype=torch.float32)
     assert fs(x) is not None
     graphs = counters["stats"]["unique_graphs"]
@@ -123,6 +125,25 @@ def test_a_refused_recompilation_means_the_eager_kernels(fused_on):
     assert fs(y) is None and fs(torch.randn(7_000)) is None
     assert fs(torch.randn(300_000)) is not None  # another size class is unaffected
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_on_the_cpu_the_compiled_pass_is_called_without_dynamo(fused_on):
+    """The CPU pass calls inductor's code directly: no guard to evaluate, so inference mode,
+    other shapes and offsets run the one compiled graph, exactly, without compiling again."""
+    from torch._dynamo.utils import counters
+
+    x = torch.randn(5_000)
+    assert fused_on(x) is not None
+    assert fused_on._passes["cpu", torch.float32].direct
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.inference_mode():
+        y = torch.randn(6_001)
+        got = fused_on(y)
+    assert got is not None and counters["stats"]["unique_graphs"] == graphs
+    ref = y.to(torch.float64)
+    assert got[0].item() == ref.min().item() and got[1].item() == ref.max().item()
+    assert got[2].item() == pytest.approx(ref.sum().item(), rel=1e-12, abs=1e-9)
+    assert got[3].item() == pytest.approx(ref.square().sum().item(), rel=1e-12)
 
 
 def test_a_changed_tensor_gives_new_statistics(fused_on):
@@ -271,12 +292,64 @@ def test_ops_without_two_reductions_never_use_the_pass():
     assert len(calls) == 1
 
 
+def test_by_default_the_pass_is_compiled_aside_while_the_eager_kernels_serve(monkeypatch):
+    """Variable unset: the first call starts the compilation on a background thread and returns
+    None (the eager kernels), so no step waits; once it is ready the pass is used, exactly."""
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    fs = FusedStats(eager_reductions)
+    x = torch.randn(9_000)
+    assert fs(x) is None
+    assert [t.name for t in fs._compiling.values()] == ["trainprobe-compile-stats"]
+    fs.wait_compiled(timeout=300)
+    got = fs(x)
+    assert got is not None and fs._passes["cpu", torch.float32].direct
+    ref = x.to(torch.float64)
+    assert (got[0].item(), got[1].item()) == (ref.min().item(), ref.max().item())
+    assert got[3].item() == pytest.approx(ref.square().sum().item(), rel=1e-12)
+    assert len(fs._compiling) == 1  # compiled once
+
+
+def test_a_default_run_trains_unchanged_and_switches_to_the_pass(tmp_path, monkeypatch):
+    """A V2 run with the variable unset: its first steps use the eager kernels, later ones the
+    fused pass; every row is close to the float64 statistics either way, and training is bitwise
+    the unmonitored training."""
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+
+    def train(monitored: bool) -> tuple[torch.Tensor, Path]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 64))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        out = tmp_path / ("on" if monitored else "off")
+        mon = None
+        if monitored:
+            cfg = {"output_dir": str(out), "monitors": {"param": {"enabled": True, "ops": ["min", "max", "norm"]}}}
+            mon = TrainerMonitorV2(write_config(tmp_path / "cfg", cfg))
+            mon.start(model=model, optimizer=opt)
+        for step in range(4):
+            model(torch.randn(8, 64)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 1:
+                shared_fused().wait_compiled(timeout=300)
+        if mon is not None:
+            mon.stop()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), out
+
+    plain, _ = train(False)
+    watched, out = train(True)
+    assert torch.equal(plain, watched)
+    assert shared_fused()(torch.randn(64 * 128)) is not None
+    rows = [row for f in sorted((out / "rank_0").glob("param_*.csv")) for row in read_csv(f)[1]]
+    assert {row["step"] for row in rows} == {"0", "1", "2", "3"}
+    assert all(float(row["norm"]) > 0 and float(row["min"]) < float(row["max"]) for row in rows)
+
+
 # ---- the environment variable -------------------------------------------------------------------
 
 
-def test_mode_defaults_off_until_asked(monkeypatch):
+def test_mode_defaults_on_on_the_cpu_only(monkeypatch):
     monkeypatch.delenv(FUSED_ENV, raising=False)
-    assert mode_from_env("cpu") == "off"
+    assert mode_from_env("cpu") == "on"
     assert mode_from_env("cuda") == "off"
     assert mode_from_env("npu") == "off"
     monkeypatch.setenv(FUSED_ENV, " AUTO ")

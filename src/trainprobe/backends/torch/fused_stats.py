@@ -17,21 +17,26 @@ line) on any failure:
 * per (device type, dtype, size class: a power of 4 of elements), ``auto`` only: time both on
   tensors of that class, spread over at least 32 MB so that they come from memory as in a
   training step (best of 3, CPU time on the CPU, synchronised wall time on accelerators); the
-  fused pass is used if it is at least 1.2x faster (the fixed cost of a
-  compiled call, ~40 µs on a CPU, loses to the eager kernels on small tensors; ``auto`` does not
-  even try below 262,144 elements).
+  fused pass is used if it is at least 1.2x faster (``auto`` does not even try below 262,144
+  elements).
 
-Compilation never happens inside a compiled region (``torch.compiler.is_compiling()``: the eager
-kernels run), and after the checks the compiled pass runs under the ``fail_on_recompile`` stance:
-a tensor that would need another compilation takes the eager kernels instead, so the compile cost
-is paid once per dtype.
+How it is called: on the CPU, inductor's compiled code directly, without dynamo's guards (about
+10 µs a call instead of 40-100 µs; :func:`_direct_pass`), which makes it faster than the eager
+kernels from 4,096 elements up. Elsewhere, through ``torch.compile``: compilation never happens
+inside a compiled region (``torch.compiler.is_compiling()``: the eager kernels run), and after the
+checks the compiled pass runs under the ``fail_on_recompile`` stance: a tensor that would need
+another compilation takes the eager kernels instead, so the compile cost is paid once per dtype.
 
 Mode, from the environment variable ``TRAINPROBE_FUSED_STATS``:
 
-* ``auto``: use the fused pass where it is exact and faster;
-* ``on``: use it where it compiles and is exact, whatever its speed (for tests and experiments);
-* ``off``: never compile (the default everywhere until the pass is measured on a GPU: on the CPU
-  it loses below about a million elements, see docs/performance.md, "Fused single pass").
+* unset: ``on`` on the CPU, compiled on a background thread at first use (a few seconds; the
+  eager kernels serve until it is ready, so no step waits for it), ``off`` on accelerators
+  until the pass is measured on one;
+* ``auto``: use the fused pass where it is exact and faster (compiled and timed in the first
+  call that needs it);
+* ``on``: use it where it compiles and is exact, whatever its speed (compiled in the first call
+  that needs it: every value of the run comes from the same kernels);
+* ``off``: never compile.
 
 Statistics are never cached: only compiled code is. Every call reads the tensor as it is now.
 """
@@ -44,6 +49,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -51,10 +57,12 @@ from trainprobe.engine.errors import ConfigError
 
 FUSED_ENV = "TRAINPROBE_FUSED_STATS"
 MODES = ("auto", "on", "off")
-DEFAULT_MODE: dict[str, str] = {}
-"""The mode when the environment variable is unset, per device type; others get ``off``. Empty:
-off everywhere until the pass is measured on a GPU (the CPU measurements say it loses on
-tensors below about a million elements; its first use stalls a step for the compile)."""
+DEFAULT_MODE: dict[str, str] = {"cpu": "on"}
+"""The mode when the environment variable is unset, per device type; others get ``off``. On the
+CPU the pass is called without dynamo (:func:`_direct_pass`) and is faster than the eager
+statistics from 4,096 elements up (docs/performance.md, "Fused single pass"); it is compiled on
+a background thread, the eager kernels serving until it is ready. Accelerators stay ``off``
+until the pass is measured on one."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12
@@ -105,8 +113,11 @@ class FusedStats:
             and speed).
         mode: ``auto``, ``on`` or ``off``; None reads :data:`FUSED_ENV` per device type.
         kernel: the function to compile (tests pass one that fails).
-        compile_fn: the compiler (``torch.compile``; tests pass one that raises).
-        min_speedup: how much faster than ``eager`` the fused pass must be in ``auto`` mode.
+        compile_fn: the compiler (``torch.compile``; tests pass one that raises). When None, on
+            the CPU the pass is called directly (:func:`_direct_pass`), else through dynamo.
+        min_speedup: how much faster than ``baseline`` the fused pass must be in ``auto`` mode.
+        baseline: what the fused pass replaces, timed against it in ``auto`` mode (default
+            ``eager``; the statistics pass their fastest eager path).
     """
 
     def __init__(
@@ -116,15 +127,18 @@ class FusedStats:
         kernel: Callable[[torch.Tensor], Reductions] = min_max_sum_sumsq,
         compile_fn: Callable[..., Callable[[torch.Tensor], Reductions]] | None = None,
         min_speedup: float = MIN_SPEEDUP,
+        baseline: Callable[[torch.Tensor], object] | None = None,
     ) -> None:
         assert mode is None or mode in MODES, mode
         self._eager = eager
+        self._baseline = baseline or eager
         self._mode = mode
         self._kernel = kernel
         self._compile_fn = compile_fn
         self._min_speedup = min_speedup
-        self._passes: dict[tuple[str, torch.dtype], Callable[[torch.Tensor], Reductions] | None] = {}
+        self._passes: dict[tuple[str, torch.dtype], _Pass | None] = {}
         self._chosen: dict[tuple[str, str, torch.dtype, int], bool] = {}
+        self._compiling: dict[tuple[str, torch.dtype], threading.Thread] = {}
         self._lock = threading.Lock()
 
     def __call__(self, x: torch.Tensor) -> Reductions | None:
@@ -142,6 +156,8 @@ class FusedStats:
         key = (mode, x.device.type, x.dtype, size_class(n))
         chosen = self._chosen.get(key)
         if chosen is None:
+            if self._compiling_aside(mode, x):
+                return None  # the eager kernels until the pass is compiled and checked
             with self._lock:
                 chosen = self._choose(key, x)
         if not chosen:
@@ -149,8 +165,10 @@ class FusedStats:
         fused = self._passes[key[1:3]]
         assert fused is not None
         try:
+            if fused.direct:  # no dynamo, so no recompilation to refuse
+                return fused.run(x)
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
-                return fused(x)
+                return fused.run(x)
         except Exception as e:  # noqa: BLE001 - a recompile refused, or a fault: the eager kernels
             self._chosen[key] = False  # for this size class from now on, without another try
             log.debug("fused statistics: eager kernels for %s tensors of ~4^%d elements (%s)", x.dtype, key[3], e)
@@ -165,6 +183,30 @@ class FusedStats:
         except ConfigError:
             return "off"  # reported at start by the backend (mode_from_env); off until fixed
 
+    def _compiling_aside(self, mode: str, x: torch.Tensor) -> bool:
+        """Whether the pass for ``x``'s device type and dtype is being compiled on a background
+        thread (started here on first use): the default mode (no mode given, the environment
+        variable unset) compiles aside, so that no training step waits the seconds a compilation
+        takes; a mode chosen explicitly compiles in the first call that needs it."""
+        if mode != "on" or self._mode is not None or os.environ.get(FUSED_ENV, "").strip():
+            return False
+        which = (x.device.type, x.dtype)
+        if which in self._passes:
+            return False
+        with self._lock:
+            if which not in self._compiling:
+                thread = threading.Thread(
+                    target=self._pass, args=(*which, x.device), name="trainprobe-compile-stats", daemon=True
+                )
+                self._compiling[which] = thread
+                thread.start()
+        return which not in self._passes
+
+    def wait_compiled(self, timeout: float | None = None) -> None:
+        """Block until every pass being compiled aside is ready or given up (benchmarks, tests)."""
+        for thread in list(self._compiling.values()):
+            thread.join(timeout)
+
     def _choose(self, key: tuple[str, str, torch.dtype, int], x: torch.Tensor) -> bool:
         if key in self._chosen:
             return self._chosen[key]
@@ -175,27 +217,22 @@ class FusedStats:
         self._chosen[key] = chosen
         return chosen
 
-    def _pass(
-        self, device_type: str, dtype: torch.dtype, device: torch.device
-    ) -> Callable[[torch.Tensor], Reductions] | None:
-        """The compiled and checked pass for ``(device_type, dtype)``, or None (compiled once)."""
+    def _pass(self, device_type: str, dtype: torch.dtype, device: torch.device) -> _Pass | None:
+        """The compiled and checked pass for ``(device_type, dtype)``, or None (compiled once;
+        the entry appears only when complete, as the background compilation relies on)."""
         if (device_type, dtype) not in self._passes:
             self._passes[device_type, dtype] = self._compile_and_check(dtype, device)
         return self._passes[device_type, dtype]
 
-    def _compile_and_check(
-        self, dtype: torch.dtype, device: torch.device
-    ) -> Callable[[torch.Tensor], Reductions] | None:
+    def _compile_and_check(self, dtype: torch.dtype, device: torch.device) -> _Pass | None:
         started = time.perf_counter()
         try:
-            compile_fn = self._compile_fn or torch.compile
-            compiled = compile_fn(self._kernel, dynamic=True)
-
-            def fused(x: torch.Tensor) -> Reductions:
-                return compiled(_flat_alias(x))
-
+            fused = _direct_pass(self._kernel, dtype, device) if self._compile_fn is None else None
+            if fused is None:
+                compiled = (self._compile_fn or torch.compile)(self._kernel, dynamic=True)
+                fused = _Pass(lambda x: compiled(_flat_alias(x)), direct=False)
             with torch.no_grad():
-                bad = _first_mismatch(fused, self._eager, dtype, device)
+                bad = _first_mismatch(fused.run, self._eager, dtype, device)
         except Exception as e:  # noqa: BLE001 - no compiler, no Triton, an inductor error: eager kernels
             log.debug("fused statistics unavailable for %s on %s: %s: %s", dtype, device.type, type(e).__name__, e)
             return None
@@ -203,9 +240,10 @@ class FusedStats:
             log.debug("fused statistics for %s on %s not exact (%s): eager kernels", dtype, device.type, bad)
             return None
         log.debug(
-            "fused statistics for %s on %s compiled and checked in %.1f s",
+            "fused statistics for %s on %s compiled (%s) and checked in %.1f s",
             dtype,
             device.type,
+            "called directly" if fused.direct else "through dynamo",
             time.perf_counter() - started,
         )
         return fused
@@ -217,7 +255,7 @@ class FusedStats:
         assert fused is not None
         try:
             with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
-                eager_s, fused_s = _time_both(self._eager, fused, dtype, cls, device)
+                eager_s, fused_s = _time_both(self._baseline, fused.run, dtype, cls, device)
         except Exception as e:  # noqa: BLE001 - never raised into training
             log.debug("fused statistics not timed for %s: %s", key, e)
             return False
@@ -232,6 +270,57 @@ class FusedStats:
             "fused" if faster else "eager",
         )
         return faster
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """A compiled and checked pass: ``run(x)`` gives the four reductions of a contiguous ``x``;
+    ``direct``: it calls inductor's compiled code without dynamo (see :func:`_direct_pass`)."""
+
+    run: Callable[[torch.Tensor], Reductions]
+    direct: bool
+
+
+def _direct_pass(
+    kernel: Callable[[torch.Tensor], Reductions], dtype: torch.dtype, device: torch.device
+) -> _Pass | None:
+    """The pass compiled by inductor and called without dynamo: CPU only, or None.
+
+    A call through ``torch.compile`` first evaluates dynamo's guards, about 40-100 µs on the CPU,
+    more than the eager kernels take on a 64K-element tensor. The kernel is one graph over one
+    flat tensor whose only symbol is its length, so the guards can only ever say "this graph":
+    the graph is captured with a backend that keeps inductor's compiled callable, and each call
+    passes ``(length, flat alias)`` straight to it (about 10 µs). Inductor's code checks the
+    sizes and strides it is given; contiguity, dtype and device are checked by the caller
+    (:meth:`FusedStats.__call__` takes contiguous tensors; a pass is per device type and dtype),
+    and the exactness checks that follow run through this very callable, on odd lengths and
+    unaligned offsets. Inductor's internals move between releases: anything unexpected (another
+    graph signature, an import or compile error) gives None, and the dynamo path is used.
+    """
+    if device.type != "cpu":
+        return None
+    try:
+        from torch._inductor.compile_fx import compile_fx
+    except ImportError:
+        return None
+    graphs: list[tuple[Callable[..., Reductions], list[object]]] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list[object]) -> Callable[..., Reductions]:
+        compiled: Callable[..., Reductions] = compile_fx(gm, example_inputs)  # type: ignore[arg-type, assignment]
+        graphs.append((compiled, list(example_inputs)))
+        return compiled
+
+    sample = torch.zeros(2 * _SMALLEST + 3, dtype=dtype, device=device)
+    torch.compile(kernel, dynamic=True, fullgraph=True, backend=capture)(_flat_alias(sample))
+    if len(graphs) != 1:
+        return None
+    compiled, inputs = graphs[0]
+    symbols = [isinstance(v, torch.SymInt) for v in inputs]
+    if symbols == [True, False]:
+        return _Pass(lambda x: compiled(x.numel(), _flat_alias(x)), direct=True)
+    if symbols == [False]:
+        return _Pass(lambda x: compiled(_flat_alias(x)), direct=True)
+    return None
 
 
 def _flat_alias(x: torch.Tensor) -> torch.Tensor:
@@ -315,7 +404,7 @@ def _clock(device: torch.device) -> float:
 
 
 def _time_both(
-    eager: Callable[[torch.Tensor], Reductions],
+    eager: Callable[[torch.Tensor], object],
     fused: Callable[[torch.Tensor], Reductions],
     dtype: torch.dtype,
     size_class_: int,

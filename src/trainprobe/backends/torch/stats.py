@@ -237,13 +237,19 @@ def eager_reductions(x: torch.Tensor) -> Reductions:
     return lo, hi, sum64(x), torch.linalg.vector_norm(x, dtype=torch.float64).square()
 
 
+def _fastest_eager(x: torch.Tensor) -> object:
+    """What a CPU float32 tensor's statistics cost without the fused pass (the chunked path where
+    it applies): the baseline ``auto`` times the fused pass against."""
+    return _chunked_float32(x, True, True) or eager_reductions(x)
+
+
 _SHARED_FUSED: list[FusedStats] = []
 
 
 def shared_fused() -> FusedStats:
     """The process's fused-pass selector (mode from ``TRAINPROBE_FUSED_STATS``), made on first use."""
     if not _SHARED_FUSED:
-        _SHARED_FUSED.append(FusedStats(eager_reductions))
+        _SHARED_FUSED.append(FusedStats(eager_reductions, baseline=_fastest_eager))
     return _SHARED_FUSED[0]
 
 
