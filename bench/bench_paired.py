@@ -29,10 +29,9 @@ Method (issue #18's side-by-side method, one process):
   ``bench_monitor_v2.py``). ``one-read``: no trainprobe at all, a minimal hook set reading each
   tensor that configuration reads, at the same points, with one ``torch.sum``
   (``OneReadHooks`` of ``bench_monitor_v2.py``): the lower bound of any single-pass design.
-* The statistics' fused single pass (``TRAINPROBE_FUSED_STATS`` unset: on, on the CPU) is
-  compiled on a background thread at its first use; the timed pairs start once it is ready, so
-  a row measures the steady state, not the few seconds of a run's start that use the eager
-  kernels. ``TRAINPROBE_FUSED_STATS=off python bench/bench_paired.py`` measures without it.
+* The statistics' fused single pass (``TRAINPROBE_FUSED_STATS`` unset: on, on the CPU, for
+  float32) is compiled when the tool is attached, before the untimed pairs.
+  ``TRAINPROBE_FUSED_STATS=off python bench/bench_paired.py`` measures without it.
 * ``--clock wall`` (default) times a step with ``perf_counter``; ``--clock cpu`` with
   ``process_time`` (the process's CPU time, every thread: a background writer's work counts in
   whichever step it runs during). With ``--threads 1 --clock cpu`` a step's time hardly moves
@@ -70,7 +69,6 @@ from bench_monitor_v1 import OPS as V1_OPS  # noqa: E402
 from bench_monitor_v1 import V1Monitor  # noqa: E402
 from bench_monitor_v2 import OneReadHooks, in_turn, kernel_floor, load_text, quartiles  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
-from trainprobe.backends.torch.stats import shared_fused  # noqa: E402
 from trainprobe.dump import PrecisionDebugger  # noqa: E402
 from trainprobe.dump.api_hooks import uninstall_api_wrappers  # noqa: E402
 
@@ -217,7 +215,6 @@ def measure(row: Row, folder: Path, args: argparse.Namespace) -> Result:
         for _ in range(args.warmup):
             plain.step()
             monitored.step()
-        shared_fused().wait_compiled()  # a run's first seconds use the eager kernels (see below)
         for i in range(args.pairs):
             a, b = in_turn(i, plain.step, monitored.step)
             res.ratios.append(b / a)

@@ -292,27 +292,35 @@ def test_ops_without_two_reductions_never_use_the_pass():
     assert len(calls) == 1
 
 
-def test_by_default_the_pass_is_compiled_aside_while_the_eager_kernels_serve(monkeypatch):
-    """Variable unset: the first call starts the compilation on a background thread and returns
-    None (the eager kernels), so no step waits; once it is ready the pass is used, exactly."""
+def test_by_default_the_pass_is_compiled_at_start_never_in_a_step(monkeypatch):
+    """Variable unset: a call never compiles (the eager kernels serve); ``prepare()``, which the
+    front doors call at start, compiles float32 on the CPU, and from then on the pass is used."""
     monkeypatch.delenv(FUSED_ENV, raising=False)
     fs = FusedStats(eager_reductions)
     x = torch.randn(9_000)
-    assert fs(x) is None
-    assert [t.name for t in fs._compiling.values()] == ["trainprobe-compile-stats"]
-    fs.wait_compiled(timeout=300)
+    assert fs(x) is None and fs._passes == {}
+    fs.prepare()
     got = fs(x)
     assert got is not None and fs._passes["cpu", torch.float32].direct
     ref = x.to(torch.float64)
     assert (got[0].item(), got[1].item()) == (ref.min().item(), ref.max().item())
     assert got[3].item() == pytest.approx(ref.square().sum().item(), rel=1e-12)
-    assert len(fs._compiling) == 1  # compiled once
+    assert fs(x.to(torch.bfloat16)) is None  # other dtypes: eager, and nothing compiled in the call
+    assert list(fs._passes) == [("cpu", torch.float32)]
 
 
-def test_a_default_run_trains_unchanged_and_switches_to_the_pass(tmp_path, monkeypatch):
-    """A V2 run with the variable unset: its first steps use the eager kernels, later ones the
-    fused pass; every row is close to the float64 statistics either way, and training is bitwise
-    the unmonitored training."""
+def test_an_explicit_mode_prepares_nothing(monkeypatch):
+    monkeypatch.setenv(FUSED_ENV, "off")
+    fs = FusedStats(eager_reductions)
+    fs.prepare()
+    assert fs._passes == {} and fs(torch.randn(9_000)) is None
+
+
+def test_a_default_run_compiles_at_start_and_records_every_module_of_every_step(tmp_path, monkeypatch):
+    """A V2 run with the variable unset: the pass is compiled in ``start()``, training is bitwise
+    the unmonitored training, and the module monitor records every module at every step (a
+    compilation during training would raise ``torch.compiler.is_compiling()`` for the whole
+    process, and module hooks, as user code, would take the run for a compiled one)."""
     monkeypatch.delenv(FUSED_ENV, raising=False)
 
     def train(monitored: bool) -> tuple[torch.Tensor, Path]:
@@ -322,15 +330,15 @@ def test_a_default_run_trains_unchanged_and_switches_to_the_pass(tmp_path, monke
         out = tmp_path / ("on" if monitored else "off")
         mon = None
         if monitored:
-            cfg = {"output_dir": str(out), "monitors": {"param": {"enabled": True, "ops": ["min", "max", "norm"]}}}
-            mon = TrainerMonitorV2(write_config(tmp_path / "cfg", cfg))
+            ops = ["min", "max", "norm"]
+            monitors = {"param": {"enabled": True, "ops": ops}, "module": {"enabled": True, "ops": ops}}
+            mon = TrainerMonitorV2(write_config(tmp_path / "cfg", {"output_dir": str(out), "monitors": monitors}))
             mon.start(model=model, optimizer=opt)
-        for step in range(4):
-            model(torch.randn(8, 64)).pow(2).mean().backward()
+            assert ("cpu", torch.float32) in shared_fused()._passes  # compiled in start()
+        for _ in range(4):
+            model(torch.randn(64, 64)).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
-            if step == 1:
-                shared_fused().wait_compiled(timeout=300)
         if mon is not None:
             mon.stop()
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), out
@@ -338,10 +346,13 @@ def test_a_default_run_trains_unchanged_and_switches_to_the_pass(tmp_path, monke
     plain, _ = train(False)
     watched, out = train(True)
     assert torch.equal(plain, watched)
-    assert shared_fused()(torch.randn(64 * 128)) is not None
-    rows = [row for f in sorted((out / "rank_0").glob("param_*.csv")) for row in read_csv(f)[1]]
-    assert {row["step"] for row in rows} == {"0", "1", "2", "3"}
-    assert all(float(row["norm"]) > 0 and float(row["min"]) < float(row["max"]) for row in rows)
+    params = [row for f in sorted((out / "rank_0").glob("param_*.csv")) for row in read_csv(f)[1]]
+    modules = [row for f in sorted((out / "rank_0").glob("module_*.csv")) for row in read_csv(f)[1]]
+    assert {row["step"] for row in params} == {row["step"] for row in modules} == {"0", "1", "2", "3"}
+    names = {row["module_name"] for row in modules}
+    assert {"0", "1", "2"} <= {n.split(".")[0] for n in names}
+    for step in "0123":
+        assert {row["module_name"] for row in modules if row["step"] == step} == names
 
 
 # ---- the environment variable -------------------------------------------------------------------

@@ -39,6 +39,9 @@ def _demo(args: argparse.Namespace) -> int:
             f"--out: {str(out)!r} already holds an earlier run's CSV files; pass --overwrite to replace them, "
             "or choose another --out"
         )
+    # a demo of seconds does not amortise the statistics pass's compilation (seconds too): eager
+    # kernels unless the user asked for the pass (see docs/monitor_v2.md, "Fused single pass")
+    os.environ.setdefault("TRAINPROBE_FUSED_STATS", "off")
     files = run_demo(out, steps=args.steps, overwrite=args.overwrite)
     print_summary(out, files)
     return 0

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainprobe.backends.torch.stats import shared_fused
 from trainprobe.dump.api_catalog import ApiCatalog
 from trainprobe.dump.api_hooks import api_wrapper, install_api_wrappers, patch_distributed, watch_phases
 from trainprobe.dump.collector import Collector
@@ -109,6 +110,7 @@ class PrecisionDebugger:
             install_api_wrappers(self.collector, self.catalog)
         self.current_step = 0
         self.files = TensorFileWriter(self.config.async_dump)
+        shared_fused().prepare()  # the statistics' one-read pass, compiled now rather than in a step
         self.store: StepStore | None = None
         self._started = False
         self._patch = AttrPatch()

@@ -45,7 +45,10 @@ class TorchBackend:
 
     def stats(self, ops: Sequence[str], eps: float) -> TensorStats:
         mode_from_env()  # a bad TRAINPROBE_FUSED_STATS fails at start, naming the variable
-        return TensorStats(ops, eps)
+        stats = TensorStats(ops, eps)
+        if stats.fused is not None:
+            stats.fused.prepare()  # the default's compilation happens here, at start, not in a step
+        return stats
 
     def records_forward(self, module: Any, record_eval_mode: bool) -> bool:
         return module.training or record_eval_mode

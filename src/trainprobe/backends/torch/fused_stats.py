@@ -29,9 +29,9 @@ another compilation takes the eager kernels instead, so the compile cost is paid
 
 Mode, from the environment variable ``TRAINPROBE_FUSED_STATS``:
 
-* unset: ``on`` on the CPU, compiled on a background thread at first use (a few seconds; the
-  eager kernels serve until it is ready, so no step waits for it), ``off`` on accelerators
-  until the pass is measured on one;
+* unset: ``on`` on the CPU for float32, compiled when a monitor starts (a few seconds, once per
+  process, before training; other dtypes keep the eager kernels), ``off`` on accelerators until
+  the pass is measured on one;
 * ``auto``: use the fused pass where it is exact and faster (compiled and timed in the first
   call that needs it);
 * ``on``: use it where it compiles and is exact, whatever its speed (compiled in the first call
@@ -60,9 +60,11 @@ MODES = ("auto", "on", "off")
 DEFAULT_MODE: dict[str, str] = {"cpu": "on"}
 """The mode when the environment variable is unset, per device type; others get ``off``. On the
 CPU the pass is called without dynamo (:func:`_direct_pass`) and is faster than the eager
-statistics from 4,096 elements up (docs/performance.md, "Fused single pass"); it is compiled on
-a background thread, the eager kernels serving until it is ready. Accelerators stay ``off``
-until the pass is measured on one."""
+statistics from 4,096 elements up (docs/performance.md, "Fused single pass"); by default it is
+compiled for float32 when a monitor starts (:meth:`FusedStats.prepare`), never inside a training
+step, and other dtypes keep the eager kernels. Not on a background thread: dynamo raises
+``torch.compiler.is_compiling()`` for the whole process while it traces, which user code and the
+module monitor read. Accelerators stay ``off`` until the pass is measured on one."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12
@@ -138,7 +140,6 @@ class FusedStats:
         self._min_speedup = min_speedup
         self._passes: dict[tuple[str, torch.dtype], _Pass | None] = {}
         self._chosen: dict[tuple[str, str, torch.dtype, int], bool] = {}
-        self._compiling: dict[tuple[str, torch.dtype], threading.Thread] = {}
         self._lock = threading.Lock()
 
     def __call__(self, x: torch.Tensor) -> Reductions | None:
@@ -156,8 +157,8 @@ class FusedStats:
         key = (mode, x.device.type, x.dtype, size_class(n))
         chosen = self._chosen.get(key)
         if chosen is None:
-            if self._compiling_aside(mode, x):
-                return None  # the eager kernels until the pass is compiled and checked
+            if self._default_mode() and key[1:3] not in self._passes:
+                return None  # the default compiles only in prepare(), never inside a step
             with self._lock:
                 chosen = self._choose(key, x)
         if not chosen:
@@ -183,29 +184,29 @@ class FusedStats:
         except ConfigError:
             return "off"  # reported at start by the backend (mode_from_env); off until fixed
 
-    def _compiling_aside(self, mode: str, x: torch.Tensor) -> bool:
-        """Whether the pass for ``x``'s device type and dtype is being compiled on a background
-        thread (started here on first use): the default mode (no mode given, the environment
-        variable unset) compiles aside, so that no training step waits the seconds a compilation
-        takes; a mode chosen explicitly compiles in the first call that needs it."""
-        if mode != "on" or self._mode is not None or os.environ.get(FUSED_ENV, "").strip():
-            return False
-        which = (x.device.type, x.dtype)
-        if which in self._passes:
-            return False
-        with self._lock:
-            if which not in self._compiling:
-                thread = threading.Thread(
-                    target=self._pass, args=(*which, x.device), name="trainprobe-compile-stats", daemon=True
-                )
-                self._compiling[which] = thread
-                thread.start()
-        return which not in self._passes
+    def _default_mode(self) -> bool:
+        """Whether the mode is the default one (none given, the environment variable unset)."""
+        return self._mode is None and not os.environ.get(FUSED_ENV, "").strip()
 
-    def wait_compiled(self, timeout: float | None = None) -> None:
-        """Block until every pass being compiled aside is ready or given up (benchmarks, tests)."""
-        for thread in list(self._compiling.values()):
-            thread.join(timeout)
+    def prepare(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        """Compile and check the pass for ``dtype`` on ``device`` now, if the default mode uses
+        it there (the front doors call this at ``start()``: the compilation, a few seconds once
+        per process, happens before training, never inside a step). Does nothing in another
+        mode (``on``/``auto`` compile at first use, ``off`` never) or when already prepared."""
+        device = torch.device(device)
+        if not self._default_mode() or self.mode(device.type) != "on" or (device.type, dtype) in self._passes:
+            return
+        started = time.perf_counter()
+        with self._lock:
+            fused = self._pass(device.type, dtype, device)
+        if fused is not None:
+            log.info(
+                "trainprobe: statistics: one-read pass for %s on %s compiled in %.1f s (once per process; "
+                "TRAINPROBE_FUSED_STATS=off skips it)",
+                str(dtype).removeprefix("torch."),
+                device.type,
+                time.perf_counter() - started,
+            )
 
     def _choose(self, key: tuple[str, str, torch.dtype, int], x: torch.Tensor) -> bool:
         if key in self._chosen:
@@ -218,8 +219,7 @@ class FusedStats:
         return chosen
 
     def _pass(self, device_type: str, dtype: torch.dtype, device: torch.device) -> _Pass | None:
-        """The compiled and checked pass for ``(device_type, dtype)``, or None (compiled once;
-        the entry appears only when complete, as the background compilation relies on)."""
+        """The compiled and checked pass for ``(device_type, dtype)``, or None (compiled once)."""
         if (device_type, dtype) not in self._passes:
             self._passes[device_type, dtype] = self._compile_and_check(dtype, device)
         return self._passes[device_type, dtype]

@@ -290,6 +290,11 @@ class TensorStats:
         self._mean_pos = self.ops.index("mean") if "mean" in self.ops else None  # in a finished row
         self._norm_pos = self.ops.index("norm") if "norm" in self.ops else None
 
+    @property
+    def fused(self) -> FusedStats | None:
+        """The fused-pass selector these statistics ask first (None: the ops need no two reductions)."""
+        return self._fused
+
     def row(self, t: torch.Tensor) -> RowValues:
         """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise."""
         enabled = torch.is_grad_enabled()
