@@ -1,7 +1,8 @@
-"""The adapter interface: what the engine needs from a training framework.
+"""The backend interface: what the engine needs from a training framework.
 
-The engine (config dialects, :class:`~trainprobe.engine.schedule.Schedule`, probes' bookkeeping,
-records, sinks, the session, alerts, tools) is written once. Everything that touches a
+What the monitors share (:class:`~trainprobe.engine.schedule.Schedule`, the probes' bookkeeping,
+records, sinks, the session; above them the front doors' dialects and alerts, and the tools) is
+written once. Everything that touches a
 framework's tensors, modules, autograd or optimizers goes through one :class:`Backend`:
 
 * statistics: ``stats(ops, eps)`` returns a :class:`StatsKernel` (tensor → one row of values
@@ -19,7 +20,7 @@ framework's tensors, modules, autograd or optimizers goes through one :class:`Ba
 * collectives: ``collective_api`` (a :class:`~trainprobe.engine.probes.collectives.CollectiveApi`: the
   namespaces and primitive classes the ``cc`` probe wraps, how asynchronous calls complete).
 
-Two adapters exist: :mod:`trainprobe.backends.torch.backend` (the default) and
+Two backends exist: :mod:`trainprobe.backends.torch.backend` (the default) and
 :mod:`trainprobe.backends.mindspore.backend`. :func:`backend_for` resolves a framework name without
 importing a framework that was not asked for.
 """
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 class StatsKernel(Protocol):
     """Turns tensors into rows of statistics, in the order of ``ops``.
 
-    A row is a ``list[float]`` (values already on the host) or, for the PyTorch adapter on an
+    A row is a ``list[float]`` (values already on the host) or, for the PyTorch backend on an
     accelerator, a float64 device tensor that :mod:`trainprobe.engine.records` copies to the host once
     per monitor per step.
     """
@@ -154,7 +155,7 @@ class Backend(Protocol):
 
 
 def backend_for(framework: str, where: str = "framework") -> Backend:
-    """The adapter of ``framework`` (``pytorch`` or ``mindspore``), imported on first use.
+    """The backend of ``framework`` (``pytorch`` or ``mindspore``), imported on first use.
 
     Raises:
         ConfigError: naming ``where``, when the framework is unknown, not installed, or

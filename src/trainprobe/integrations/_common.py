@@ -8,9 +8,10 @@ from typing import Any
 
 from torch import nn
 
+from trainprobe.backends.torch.optimizer import innermost_optimizer
 from trainprobe.engine.errors import ConfigError
 from trainprobe.frontdoors.metrics.config import TrainingMetricsConfig, load_training_metrics_config
-from trainprobe.frontdoors.metrics.monitor import TrainingMetricsMonitor, innermost_optimizer
+from trainprobe.frontdoors.metrics.monitor import TrainingMetricsMonitor
 from trainprobe.frontdoors.monitor_v2.trainer import TrainerMonitorV2
 
 ConfigSource = str | Path | Mapping[str, Any] | None

@@ -49,9 +49,9 @@ except ImportError as exc:  # pragma: no cover - optional extra
 
 import torch
 
+from trainprobe.backends.torch.optimizer import innermost_optimizer
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.patching import AttrPatch
-from trainprobe.frontdoors.metrics.monitor import innermost_optimizer
 from trainprobe.frontdoors.metrics.sources import batch_counts
 from trainprobe.integrations._common import MonitorPairCallback
 

@@ -46,6 +46,7 @@ from torch import nn
 from trainprobe.backends.torch import optimizer as torch_optimizer
 from trainprobe.backends.torch.dist_info import current_rank
 from trainprobe.backends.torch.model_view import TorchModelView
+from trainprobe.backends.torch.optimizer import innermost_optimizer
 from trainprobe.backends.torch.stats import shared_fused
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folders import make_output_folder
@@ -80,16 +81,6 @@ def world_size() -> int:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
         return 1
-
-
-def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer that really steps: wrappers that subclass ``Optimizer`` without its
-    state (accelerate's ``AcceleratedOptimizer``) are followed through ``.optimizer`` too.
-
-    Raises:
-        ConfigError: no ``torch.optim.Optimizer`` is found.
-    """
-    return torch_optimizer.innermost_optimizer(optimizer)
 
 
 class TrainingMetricsMonitor:
