@@ -10,7 +10,7 @@ import torch
 
 from conftest import read_csv
 from trainprobe.backends.torch.stats import TensorStats
-from trainprobe.engine.records import RowBuffer, RowKey
+from trainprobe.engine.records import RowBuffer, RowKey, StepBatch
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.background import Writer
 from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
@@ -210,3 +210,58 @@ def test_a_write_cut_short_by_a_full_disk_leaves_whole_rows(tmp_path):
     header, rows = read_csv(path)
     assert header == ["vpp_stage", "step", "module_name", "scope", "min", "max", "norm"]
     assert rows and all(len(r) == len(header) for r in rows)
+
+
+class _SlowSink:
+    """Records what it writes; each write waits until the test releases it."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        self.release = threading.Event()
+        self.closed = False
+
+    def write(self, batch: StepBatch) -> None:
+        self.release.wait(10)
+        self.written.append(batch.step)
+
+    def close(self, reached: int | None = None) -> None:
+        self.closed = True
+
+
+def test_writer_budget_by_cost_makes_the_caller_wait_for_room():
+    """``cost`` weighs each batch against ``max_pending``: a batch that does not fit waits until
+    the writer has room; one larger than the whole budget still goes when nothing else waits."""
+    sink = _SlowSink()
+    writer = Writer(sink, background=True, on_error=lambda m, e: None, max_pending=10, cost=lambda b: b.step)
+    writer.submit(batch_of("m", 6, [("x", [1.0])]))  # running (blocked in the sink)
+    submitted = threading.Event()
+
+    def second() -> None:
+        writer.submit(batch_of("m", 5, [("x", [1.0])]))  # 6 + 5 > 10: waits for room
+        submitted.set()
+
+    threading.Thread(target=second, daemon=True).start()
+    assert not submitted.wait(0.3)
+    sink.release.set()
+    assert submitted.wait(10)
+    writer.submit(batch_of("m", 50, [("x", [1.0])]))  # over the budget on its own: goes when alone
+    writer.flush()
+    assert sink.written == [6, 5, 50]
+    writer.close()
+    assert sink.closed
+
+
+def test_writer_thread_ends_when_idle_and_the_next_batch_starts_another():
+    sink = _SlowSink()
+    sink.release.set()
+    writer = Writer(sink, background=True, on_error=lambda m, e: None, idle_exit_s=0.05)
+    assert writer._thread is None  # started by the first batch, not before
+    writer.submit(batch_of("m", 0, [("x", [1.0])]))
+    first = writer._thread
+    assert first is not None
+    writer.flush()
+    first.join(5)
+    assert not first.is_alive() and writer._thread is None
+    writer.submit(batch_of("m", 1, [("x", [1.0])]))
+    writer.close()
+    assert sink.written == [0, 1] and sink.closed
