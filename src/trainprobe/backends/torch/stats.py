@@ -74,6 +74,10 @@ def _fast_input(t: torch.Tensor) -> torch.Tensor:
     return as_statistic_input(t)
 
 
+_NUMPY_BELOW = 1 << 12
+_NUMPY_FLOATS = frozenset({torch.float32, torch.float64})
+"""A tensor alone of fewer elements and of these dtypes is summarised by NumPy
+(:meth:`TensorStats._small_row`): the fixed cost of a row is then ~5 µs instead of ~20 µs."""
 _VECTOR_FINISH_FROM = 16
 """Rows from which a batch is finished (NaN counts, sizes, overflow checks) by kernels over all
 rows rather than by Python per row."""
@@ -320,6 +324,8 @@ class TensorStats:
         Without a compiled single pass, contiguous float32 tensors take :func:`_chunked_float32`:
         the eager kernels' values, fewer passes over memory."""
         n = x.numel()
+        if n < _NUMPY_BELOW and x.dtype in _NUMPY_FLOATS and type(x) in _PLAIN_TYPES and x.is_contiguous():
+            return self._small_row(x.detach().numpy().reshape(-1), n)
         lo = hi = total = norm = zeros = 0.0
         one_pass = self._fused(x) if self._fused is not None else None
         if one_pass is not None:
@@ -354,6 +360,31 @@ class TensorStats:
             proof = (hi, mean, norm)
             if not self._proof_ops or any(proof[j] != proof[j] for j in self._proof_ops):
                 nans = float(torch.count_nonzero(torch.isnan(x)).item())
+        found = (lo, hi, mean, norm, nans, zeros)
+        return [found[j] for j in self._order]
+
+    def _small_row(self, v: np.ndarray, n: int) -> list[float]:
+        """A contiguous CPU float32/float64 tensor of fewer than 4,096 elements, through NumPy: the
+        same values as the torch kernels (min and max are elements; the sum and sum of squares are
+        accumulated in float64, exact to float64 rounding) at about a third of their fixed cost
+        (torch pays several microseconds of dispatch per kernel and per ``.item()``)."""
+        lo = hi = total = norm = zeros = 0.0
+        if self._want_minmax:
+            lo, hi = float(v.min()), float(v.max())  # NaN propagates
+            if lo == 0.0 or hi == 0.0:  # NumPy and torch may pick a different one of 0.0 and -0.0
+                lo, hi = (t.item() for t in torch.aminmax(torch.from_numpy(v)))
+        if self._want_mean or self._want_norm:
+            d = v.astype(np.float64) if v.dtype != np.float64 else v
+            total = float(d.sum())
+            norm = math.sqrt(float(np.dot(d, d)))
+        if self._want_zeros:
+            zeros = float(np.count_nonzero(np.abs(v) < self.eps)) / n
+        mean = total / n
+        nans = 0.0
+        if self._nan_at is not None:
+            proof = (hi, mean, norm)
+            if not self._proof_ops or any(proof[j] != proof[j] for j in self._proof_ops):
+                nans = float(np.count_nonzero(np.isnan(v)))
         found = (lo, hi, mean, norm, nans, zeros)
         return [found[j] for j in self._order]
 
