@@ -15,6 +15,7 @@ from torch import nn
 
 from conftest import read_csv, write_config
 from trainprobe import TrainerMonitorV2
+from trainprobe.backends.torch import fused_stats
 from trainprobe.backends.torch.backend import TorchBackend
 from trainprobe.backends.torch.fused_stats import FUSED_ENV, FusedStats, min_max_sum_sumsq, mode_from_env
 from trainprobe.backends.torch.stats import TensorStats, eager_reductions, shared_fused
@@ -372,3 +373,38 @@ def test_a_bad_mode_fails_at_start_naming_the_variable(monkeypatch):
     with pytest.raises(ConfigError, match=r"TRAINPROBE_FUSED_STATS='yes': must be one of auto, on, off"):
         TorchBackend().stats(DEFAULT_OPS, 1e-8)
     assert shared_fused().mode("cpu") == "off"  # during training: the eager kernels, no exception
+
+
+def test_the_direct_pass_calls_inductors_generated_code(monkeypatch):
+    """On the CPU the pass calls the ``call`` inductor generated (no AOT wrappers), on flat views
+    at any storage offset; a compiled callable without one inside gives None (the wrapped
+    callable is then used)."""
+    found = []
+    real = fused_stats._generated_code
+
+    def spy(compiled, depth=8):
+        found.append(real(compiled, depth))
+        return found[-1]
+
+    monkeypatch.setattr(fused_stats, "_generated_code", spy)
+    fused = fused_stats._direct_pass(min_max_sum_sumsq, torch.float32, torch.device("cpu"))
+    assert fused is not None and fused.direct and found and found[0] is not None
+    base = torch.randn(3 * 4_096 + 9)
+    for x in (base, base[5 : 5 + 2 * 4_096 + 1], base[7:].view(-1)):
+        got = [v.item() for v in fused.run(x)]
+        xd = x.double()
+        assert got[:2] == [x.min().item(), x.max().item()]
+        assert got[2] == pytest.approx(xd.sum().item(), rel=1e-12, abs=1e-9)
+        assert got[3] == pytest.approx((xd * xd).sum().item(), rel=1e-12)
+    assert real(lambda x: x) is None and real(object()) is None
+
+
+def test_the_mode_is_read_when_statistics_are_made(monkeypatch):
+    """The environment variable is read by ``shared_fused()`` (when a monitor makes its
+    statistics), not at every tensor: a change takes effect at the next start."""
+    monkeypatch.setenv(FUSED_ENV, "off")
+    selector = shared_fused()
+    assert selector.mode("cpu") == "off"
+    monkeypatch.setenv(FUSED_ENV, "on")
+    assert selector.mode("cpu") == "off"  # not re-read per call
+    assert shared_fused().mode("cpu") == "on"

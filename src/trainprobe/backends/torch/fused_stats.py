@@ -27,7 +27,8 @@ inside a compiled region (``torch.compiler.is_compiling()``: the eager kernels r
 checks the compiled pass runs under the ``fail_on_recompile`` stance: a tensor that would need
 another compilation takes the eager kernels instead, so the compile cost is paid once per dtype.
 
-Mode, from the environment variable ``TRAINPROBE_FUSED_STATS``:
+Mode, from the environment variable ``TRAINPROBE_FUSED_STATS`` (read when a monitor, the dump or the
+metrics start, see :meth:`FusedStats.refresh`):
 
 * unset: ``on`` on the CPU for float32, compiled when a monitor starts (a few seconds, once per
   process, before training; other dtypes keep the eager kernels), ``off`` on accelerators until
@@ -89,13 +90,14 @@ def min_max_sum_sumsq(x: torch.Tensor) -> Reductions:
     return torch.amin(x), torch.amax(x), xd.sum(), (xd * xd).sum()
 
 
-def mode_from_env(device_type: str = "cpu") -> str:
-    """The mode for ``device_type``: ``TRAINPROBE_FUSED_STATS`` if set, else the default.
+def mode_from_env(device_type: str = "cpu", value: str | None = None) -> str:
+    """The mode for ``device_type``: ``TRAINPROBE_FUSED_STATS`` (or ``value``, a value of it) if
+    set, else the default.
 
     Raises:
         ConfigError: the variable holds something other than auto, on or off.
     """
-    raw = os.environ.get(FUSED_ENV, "").strip().lower()
+    raw = (os.environ.get(FUSED_ENV, "") if value is None else value).strip().lower()
     if not raw:
         return DEFAULT_MODE.get(device_type, "off")
     if raw not in MODES:
@@ -142,6 +144,8 @@ class FusedStats:
         self._passes: dict[tuple[str, torch.dtype], _Pass | None] = {}
         self._chosen: dict[tuple[str, str, torch.dtype, int], bool] = {}
         self._lock = threading.Lock()
+        self._env = os.environ.get(FUSED_ENV, "")
+        self._env_modes: dict[str, str] = {}
 
     def __call__(self, x: torch.Tensor) -> Reductions | None:
         """The four reductions of ``x`` in one pass, or None: use the eager kernels.
@@ -177,17 +181,31 @@ class FusedStats:
             return None
 
     def mode(self, device_type: str) -> str:
-        """The mode that applies to tensors on ``device_type``."""
+        """The mode that applies to tensors on ``device_type`` (from the environment variable as
+        it was when this selector was made or last refreshed, see :meth:`refresh`)."""
         if self._mode is not None:
             return self._mode
-        try:
-            return mode_from_env(device_type)
-        except ConfigError:
-            return "off"  # reported at start by the backend (mode_from_env); off until fixed
+        mode = self._env_modes.get(device_type)
+        if mode is None:
+            try:
+                mode = mode_from_env(device_type, self._env)
+            except ConfigError:
+                mode = "off"  # reported at start by the backend (mode_from_env); off until fixed
+            self._env_modes[device_type] = mode
+        return mode
+
+    def refresh(self) -> None:
+        """Read ``TRAINPROBE_FUSED_STATS`` again (a monitor starting calls this through
+        :func:`~trainprobe.backends.torch.stats.shared_fused`); reading it at every call would
+        cost ~2 µs a tensor."""
+        env = os.environ.get(FUSED_ENV, "")
+        if env != self._env:
+            self._env = env
+            self._env_modes = {}
 
     def _default_mode(self) -> bool:
         """Whether the mode is the default one (none given, the environment variable unset)."""
-        return self._mode is None and not os.environ.get(FUSED_ENV, "").strip()
+        return self._mode is None and not self._env.strip()
 
     def prepare(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
         """Compile and check the pass for ``dtype`` on ``device`` now, if the default mode uses
@@ -317,10 +335,46 @@ def _direct_pass(
         return None
     compiled, inputs = graphs[0]
     symbols = [isinstance(v, torch.SymInt) for v in inputs]
+    inner = _generated_code(compiled)
     if symbols == [True, False]:
+        if inner is not None:
+            return _Pass(lambda x: tuple(inner([x.numel(), x.view(-1)])), direct=True)  # type: ignore[arg-type, return-value]
         return _Pass(lambda x: compiled(x.numel(), _flat_alias(x)), direct=True)
     if symbols == [False]:
         return _Pass(lambda x: compiled(_flat_alias(x)), direct=True)
+    return None
+
+
+def _generated_code(compiled: object, depth: int = 8) -> Callable[[list[object]], list[torch.Tensor]] | None:
+    """The ``call(args)`` function inductor generated, found inside the callable ``compile_fx``
+    returned (its ``CompiledFxGraph.current_callable``), or None. Calling it skips the AOT
+    runtime wrappers around it (about 10 µs a call); it takes a list ``[length, flat tensor]``
+    and checks their sizes and strides itself. Inductor's internals move between releases: not
+    found means the wrapped callable is used, and the exactness checks run through whichever
+    is used."""
+    try:
+        from torch._inductor.output_code import CompiledFxGraph
+    except ImportError:
+        return None
+    seen: set[int] = set()
+    todo: list[tuple[object, int]] = [(compiled, 0)]
+    while todo:
+        obj, level = todo.pop()
+        if id(obj) in seen or level > depth:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, CompiledFxGraph):
+            call = getattr(obj, "current_callable", None)
+            return call if callable(call) else None
+        inside: list[object] = [getattr(obj, name, None) for name in ("__wrapped__", "__self__", "func")]
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                inside.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        if isinstance(obj, (list, tuple)):
+            inside.extend(obj)
+        todo.extend((item, level + 1) for item in inside if item is not None)
     return None
 
 

@@ -78,6 +78,10 @@ _NUMPY_BELOW = 1 << 12
 _NUMPY_FLOATS = frozenset({torch.float32, torch.float64})
 """A tensor alone of fewer elements and of these dtypes is summarised by NumPy
 (:meth:`TensorStats._small_row`): the fixed cost of a row is then ~5 µs instead of ~20 µs."""
+_STACK_FROM = 6
+"""Small tensors of one shape are stacked and reduced together from this many on; fewer are
+summarised one by one (:meth:`TensorStats._small_row`: a stack costs ~45 µs of kernels whatever
+its size, a tensor alone ~6-10 µs)."""
 _VECTOR_FINISH_FROM = 16
 """Rows from which a batch is finished (NaN counts, sizes, overflow checks) by kernels over all
 rows rather than by Python per row."""
@@ -251,9 +255,11 @@ _SHARED_FUSED: list[FusedStats] = []
 
 
 def shared_fused() -> FusedStats:
-    """The process's fused-pass selector (mode from ``TRAINPROBE_FUSED_STATS``), made on first use."""
+    """The process's fused-pass selector, made on first use; its mode is read from
+    ``TRAINPROBE_FUSED_STATS`` at each call of this function (statistics made afterwards see it)."""
     if not _SHARED_FUSED:
         _SHARED_FUSED.append(FusedStats(eager_reductions, baseline=_fastest_eager))
+    _SHARED_FUSED[0].refresh()
     return _SHARED_FUSED[0]
 
 
@@ -422,8 +428,9 @@ class TensorStats:
             else:
                 large.append(i)
         for members in small.values():
-            if len(members) == 1:
-                out[members[0]] = self._host_row(xs[members[0]])
+            if len(members) < _STACK_FROM:
+                for i in members:
+                    out[i] = self._host_row(xs[i])
                 continue
             block = torch.stack([xs[i] for i in members]).view(len(members), -1)
             for i, values in zip(members, self._host_block(block)):
