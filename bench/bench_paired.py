@@ -29,6 +29,10 @@ Method (issue #18's side-by-side method, one process):
   ``bench_monitor_v2.py``). ``one-read``: no trainprobe at all, a minimal hook set reading each
   tensor that configuration reads, at the same points, with one ``torch.sum``
   (``OneReadHooks`` of ``bench_monitor_v2.py``): the lower bound of any single-pass design.
+* The dump's two reference rows run the real dump at L0 with its statistics replaced
+  (``dump_statistics``): ``dump-L0-one-read``, one ``torch.sum`` per recorded tensor (the dump's
+  code plus one read of every tensor: the bound of a single pass as fast as a sum), and
+  ``dump-L0-no-stats``, constants (the dump's own code: hooks, names, entries, JSON files).
 * The statistics' fused single pass (``TRAINPROBE_FUSED_STATS`` unset: on, on the CPU, for
   float32) is compiled when the tool is attached, before the untimed pairs.
   ``TRAINPROBE_FUSED_STATS=off python bench/bench_paired.py`` measures without it.
@@ -86,6 +90,7 @@ class Row:
     target: float | None = None
     floor_slack: float | None = None  # also met within this many points of the floor row
     kernels_only: bool = False  # the floor row
+    dump_stats: str = "real"  # dump rows: "real", "one-read" (one sum per tensor) or "none" (constants)
 
 
 def _v2(*names: str) -> dict[str, Any]:
@@ -115,6 +120,20 @@ ROWS: tuple[Row, ...] = (
     ),
     Row("v1-xy", "V1 xy, all modules", "v1", {"xy_distribution": True, "all_xy": True, "ops": V1_OPS}, 1.35),
     Row("dump-L0", "dump statistics L0", "dump", {"task": "statistics", "level": "L0"}, 1.15),
+    Row(
+        "dump-L0-one-read",
+        "dump L0, statistics = one sum per tensor",
+        "dump",
+        {"task": "statistics", "level": "L0"},
+        dump_stats="one-read",
+    ),
+    Row(
+        "dump-L0-no-stats",
+        "dump L0, statistics = constants (the dump's own code)",
+        "dump",
+        {"task": "statistics", "level": "L0"},
+        dump_stats="none",
+    ),
     Row("dump-L1", "dump statistics L1", "dump", {"task": "statistics", "level": "L1"}, 1.60),
     Row("dump-mix", "dump statistics mix", "dump", {"task": "statistics", "level": "mix"}, 1.80),
 )
@@ -172,12 +191,39 @@ def attached(row: Row, twin: Twin, folder: Path) -> Iterator[None]:
         path = _write_config(folder / "config.json", row.config, dump_path=str(folder / "dump"))
         twin.debugger = PrecisionDebugger(path)
         try:
-            yield
+            with dump_statistics(row.dump_stats):
+                yield
         finally:
             twin.debugger = None
             uninstall_api_wrappers()  # L1/mix wrap torch's APIs process-wide: leave later rows clean
     else:
         raise ValueError(f"unknown tool {row.tool!r}")
+
+
+@contextlib.contextmanager
+def dump_statistics(kind: str) -> Iterator[None]:
+    """The dump's statistics as they are (``real``), or replaced for the two reference rows:
+    ``one-read``, one ``torch.sum`` per recorded tensor (what a single pass costs if it ran at the
+    speed of a sum: the lower bound of any exact statistics), or ``none``, constant values (what
+    the dump costs without reading any tensor: hooks, naming, entries, JSON files)."""
+    if kind == "real":
+        yield
+        return
+    from trainprobe.dump import entries
+
+    def one_read(t: torch.Tensor) -> list[float]:
+        value = t.detach().sum().item()
+        return [value, value, value, value]
+
+    def constants(t: torch.Tensor) -> list[float]:
+        return [1.0, -1.0, 0.0, 1.0]
+
+    real = entries.statistics_row
+    entries.statistics_row = one_read if kind == "one-read" else constants  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        entries.statistics_row = real  # type: ignore[assignment]
 
 
 def _write_config(path: Path, config: dict[str, Any] | None, **paths: str) -> Path:

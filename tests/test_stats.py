@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainprobe.backends.torch.stats import TensorStats, as_statistic_input, sum64
+from trainprobe.backends.torch.stats import TensorStats, as_statistic_input, eager_reductions, sum64
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.stats.ops import ALL_OPS, COUNT_OPS, DEFAULT_EPS, DEFAULT_OPS, format_value, parse_ops
 
@@ -780,3 +780,28 @@ def test_small_tensor_alone_takes_numpy_with_torch_values(case: str, dtype: torc
     torch_norm = torch.linalg.vector_norm(t.detach(), dtype=torch.float64).item()
     assert same_to_rounding(got["norm"], torch_norm) or got["norm"] == pytest.approx(torch_norm, rel=1e-15)
     assert_close(got, reference(t))
+
+
+@pytest.mark.parametrize("n", [300, 5_000, (1 << 18) + 256 * 3])
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_statistics_leave_the_storage_resizable(n: int, fused: str) -> None:
+    """Summarising a tensor never marks its storage non-resizable (``Tensor.numpy()`` does, for
+    good): FSDP resizes its unsharded flat parameter's storage to zero after each pass."""
+    from trainprobe.backends.torch.fused_stats import FusedStats
+
+    t = torch.randn(n)
+    stats = TensorStats(ALL_OPS, fused=FusedStats(eager_reductions, mode=fused))
+    stats.row(t)
+    stats.rows([t, torch.randn(n)])
+    t.untyped_storage().resize_(0)  # raises "Trying to resize storage that is not resizable" otherwise
+    assert t.untyped_storage().size() == 0
+
+
+@pytest.mark.parametrize("mode", ["md5", "xor"])
+def test_the_dump_checksum_leaves_the_storage_resizable(mode: str) -> None:
+    from trainprobe.dump.entries import checksum
+
+    t = torch.randn(1000)
+    expected = checksum(t.clone(), mode)
+    assert checksum(t, mode) == expected
+    t.untyped_storage().resize_(0)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainprobe.backends.torch.numpy_view import numpy_view
 from trainprobe.backends.torch.stats import TensorStats
 from trainprobe.engine.file_names import safe_file_name
 from trainprobe.engine.tensor_walk import named_tensors_in
@@ -59,7 +60,7 @@ def checksum(t: torch.Tensor, mode: str) -> str:
     x = t.detach()
     if x.device.type != "cpu":
         x = x.cpu()
-    raw = x.contiguous().reshape(-1).view(torch.uint8).numpy()
+    raw = numpy_view(x.contiguous().reshape(-1).view(torch.uint8))
     if mode == "xor":
         pad = (-raw.size) % 8
         words = np.concatenate([raw, np.zeros(pad, np.uint8)]).view(np.uint64) if pad else raw.view(np.uint64)

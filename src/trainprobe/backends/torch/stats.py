@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from trainprobe.backends.torch.fused_stats import FusedStats, Reductions
+from trainprobe.backends.torch.numpy_view import numpy_view
 from trainprobe.engine.stats.ops import ALL_OPS
 
 RowValues = list | torch.Tensor
@@ -211,7 +212,7 @@ def _chunked_float32(
     ):
         return None
     flat = x.detach().view(-1)
-    values = flat.numpy()
+    values = numpy_view(flat)
     f64 = torch.float64
     if n <= _CHUNK:
         lo, hi = float(values.min()), float(values.max())
@@ -331,7 +332,7 @@ class TensorStats:
         the eager kernels' values, fewer passes over memory."""
         n = x.numel()
         if n < _NUMPY_BELOW and x.dtype in _NUMPY_FLOATS and type(x) in _PLAIN_TYPES and x.is_contiguous():
-            return self._small_row(x.detach().numpy().reshape(-1), n)
+            return self._small_row(numpy_view(x), n)
         lo = hi = total = norm = zeros = 0.0
         one_pass = self._fused(x) if self._fused is not None else None
         if one_pass is not None:
