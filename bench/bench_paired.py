@@ -109,6 +109,7 @@ ROWS: tuple[Row, ...] = (
         floor_slack=0.01,
     ),
     Row("floor", "floor: the same, reductions only", "v2", _v2(*WG_OPT_PARAM), kernels_only=True),
+    Row("floor-wg", "floor of V2 weight_grad: reductions only", "v2", _v2("weight_grad"), kernels_only=True),
     Row("one-read", "one-read: one sum per tensor and point", "one-read"),
     Row("v2-module", "V2 module, all modules", "v2", _v2("module"), 1.35),
     Row(
@@ -117,6 +118,13 @@ ROWS: tuple[Row, ...] = (
         "v1",
         {"wg_distribution": True, "mv_distribution": True, "param_distribution": True, "ops": V1_OPS},
         1.05,
+    ),
+    Row(
+        "floor-v1",
+        "floor of V1 wg + mv + param: reductions only",
+        "v1",
+        {"wg_distribution": True, "mv_distribution": True, "param_distribution": True, "ops": V1_OPS},
+        kernels_only=True,
     ),
     Row("v1-xy", "V1 xy, all modules", "v1", {"xy_distribution": True, "all_xy": True, "ops": V1_OPS}, 1.35),
     Row("dump-L0", "dump statistics L0", "dump", {"task": "statistics", "level": "L0"}, 1.15),
@@ -182,11 +190,12 @@ def attached(row: Row, twin: Twin, folder: Path) -> Iterator[None]:
                 monitor.stop()
     elif row.tool == "v1":
         v1 = V1Monitor({"output_dir": str(folder / "out"), "monitors": row.config})  # writes the config file
-        v1.start(model=twin.model, optimizer=twin.optimizer)
-        try:
-            yield
-        finally:
-            v1.stop()
+        with kernel_floor(row.kernels_only):
+            v1.start(model=twin.model, optimizer=twin.optimizer)
+            try:
+                yield
+            finally:
+                v1.stop()
     elif row.tool == "dump":
         path = _write_config(folder / "config.json", row.config, dump_path=str(folder / "dump"))
         twin.debugger = PrecisionDebugger(path)

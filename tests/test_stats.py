@@ -805,3 +805,29 @@ def test_the_dump_checksum_leaves_the_storage_resizable(mode: str) -> None:
     expected = checksum(t.clone(), mode)
     assert checksum(t, mode) == expected
     t.untyped_storage().resize_(0)
+
+
+@pytest.mark.parametrize(
+    ("make", "dense"),
+    [
+        (lambda t: t.view(8, 16, 4, 8).transpose(1, 2), True),  # attention's heads view
+        (lambda t: t.view(64, 64).t(), True),
+        (lambda t: t.view(4, 8, 128).permute(2, 0, 1), True),
+        (lambda t: t.view(64, 64)[:, :32], False),  # not dense: summarised as it is
+        (lambda t: t.view(64, 1, 64).expand(64, 3, 64), False),  # overlapping: every element counted
+    ],
+)
+def test_a_permuted_dense_tensor_is_summarised_in_memory_order(make, dense: bool) -> None:
+    """A transposed or permuted tensor whose elements fill one dense block is read as that block
+    (a view, no copy: the one-read pass applies); other strided tensors as they are; the values
+    are the float64 reference's of the logical tensor in every case."""
+    from trainprobe.backends.torch.stats import in_memory_order
+
+    x = make(torch.randn(4096, generator=gen()))
+    view = in_memory_order(x)
+    assert view.is_contiguous() == dense and (view is x) == (not dense)
+    assert view.data_ptr() == x.data_ptr() and view.numel() == x.numel()
+    s = TensorStats(ALL_OPS)
+    assert_close(as_dict(ALL_OPS, s.row(x)), reference(x))
+    assert_close(as_dict(ALL_OPS, s.rows([x, torch.randn(300)])[0]), reference(x))
+    assert_close(as_dict(ALL_OPS, s.rows([x, x * 2])[0]), reference(x))
