@@ -30,6 +30,7 @@ import torch
 
 from trainprobe.backends.torch.fused_stats import FusedStats, Reductions
 from trainprobe.backends.torch.numpy_view import numpy_view
+from trainprobe.engine.stats.numpy_stats import NumpyStats
 from trainprobe.engine.stats.ops import ALL_OPS
 
 RowValues = list | torch.Tensor
@@ -314,6 +315,8 @@ class TensorStats:
         self._proof_ops = tuple(j for j, op in enumerate(("max", "mean", "norm")) if op in self.ops)
         self._mean_pos = self.ops.index("mean") if "mean" in self.ops else None  # in a finished row
         self._norm_pos = self.ops.index("norm") if "norm" in self.ops else None
+        self._numpy = NumpyStats(self.ops, self.eps)
+        self._minmax_at = tuple(j for j, op in enumerate(self.ops) if op in ("min", "max"))
 
     @property
     def fused(self) -> FusedStats | None:
@@ -350,7 +353,7 @@ class TensorStats:
             x = x.contiguous()
         n = x.numel()
         if n < _NUMPY_BELOW and x.dtype in _NUMPY_FLOATS and type(x) in _PLAIN_TYPES and x.is_contiguous():
-            return self._small_row(x, numpy_view(x), n)
+            return self._small_row(x, numpy_view(x))
         lo = hi = total = norm = zeros = 0.0
         one_pass = self._fused(x) if self._fused is not None else None
         if one_pass is not None:
@@ -388,30 +391,19 @@ class TensorStats:
         found = (lo, hi, mean, norm, nans, zeros)
         return [found[j] for j in self._order]
 
-    def _small_row(self, x: torch.Tensor, v: np.ndarray, n: int) -> list[float]:
-        """A contiguous CPU float32/float64 tensor of fewer than 4,096 elements, through NumPy: the
-        same values as the torch kernels (min and max are elements; the sum and sum of squares are
-        accumulated in float64, exact to float64 rounding) at about a third of their fixed cost
-        (torch pays several microseconds of dispatch per kernel and per ``.item()``)."""
-        lo = hi = total = norm = zeros = 0.0
-        if self._want_minmax:
-            lo, hi = float(v.min()), float(v.max())  # NaN propagates
-            if lo == 0.0 or hi == 0.0:  # NumPy and torch may pick a different one of 0.0 and -0.0
-                lo, hi = (t.item() for t in torch.aminmax(x))
-        if self._want_mean or self._want_norm:
-            d = v.astype(np.float64) if v.dtype != np.float64 else v
-            total = float(d.sum())
-            norm = math.sqrt(float(np.dot(d, d)))
-        if self._want_zeros:
-            zeros = float(np.count_nonzero(np.abs(v) < self.eps)) / n
-        mean = total / n
-        nans = 0.0
-        if self._nan_at is not None:
-            proof = (hi, mean, norm)
-            if not self._proof_ops or any(proof[j] != proof[j] for j in self._proof_ops):
-                nans = float(np.count_nonzero(np.isnan(v)))
-        found = (lo, hi, mean, norm, nans, zeros)
-        return [found[j] for j in self._order]
+    def _small_row(self, x: torch.Tensor, v: np.ndarray) -> list[float]:
+        """A contiguous CPU float32/float64 tensor of fewer than 4,096 elements, through the
+        engine's NumPy kernels (:class:`~trainprobe.engine.stats.numpy_stats.NumpyStats`: min and
+        max exact, sum and sum of squares accumulated in float64) at about half the fixed cost of
+        torch's kernels and ``.item()`` calls; a minimum or maximum of zero is taken by torch
+        (NumPy and torch may pick a different one of 0.0 and -0.0)."""
+        row = self._numpy.row(v)
+        at = self._minmax_at
+        if at and any(row[j] == 0.0 for j in at):
+            lo, hi = (t.item() for t in torch.aminmax(x))
+            for j in at:
+                row[j] = lo if self.ops[j] == "min" else hi
+        return row
 
     def rows(self, tensors: Sequence[torch.Tensor]) -> list[RowValues]:
         """Statistics of several tensors, one row each, in order.

@@ -28,6 +28,8 @@ _ROW = 64
 _NORM_ROWS_FROM = 1 << 12
 _NORM_SAFE = (1e-15, 1e18)
 _NATIVE_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_FOUND = ("min", "max", "mean", "norm", "nans", "zeros")
+"""The order in which :meth:`NumpyStats.row` computes the ops (then put in the caller's order)."""
 
 
 def as_real_array(a: np.ndarray) -> np.ndarray:
@@ -96,28 +98,38 @@ class NumpyStats:
         self.ops = tuple(ops)
         self.eps = float(eps)
         self._empty = [EMPTY_TENSOR_VALUES[op] for op in self.ops]
+        self._minmax = "min" in self.ops or "max" in self.ops
+        self._mean, self._norm, self._zeros = ("mean" in self.ops, "norm" in self.ops, "zeros" in self.ops)
+        self._nans = "nans" in self.ops
+        self._proofs = tuple(i for i, op in enumerate(("max", "mean", "norm")) if op in self.ops)
+        self._order = tuple(_FOUND.index(op) for op in self.ops)
 
     def row(self, a: np.ndarray) -> list[float]:
-        """Statistics of one array, in the order of ``ops``."""
+        """Statistics of one array, in the order of ``ops`` (Python floats)."""
         x = as_real_array(np.asarray(a))
         n = x.size
         if n == 0:
             return list(self._empty)
-        ops = self.ops
-        found: dict[str, float] = {}
-        if "min" in ops or "max" in ops:
-            found["min"], found["max"] = float(x.min()), float(x.max())
-        if "mean" in ops:
-            found["mean"] = sum64(x) / n
-        if "norm" in ops:
-            found["norm"] = norm64(x)
-        if "nans" in ops:
-            probes = [found[k] for k in ("max", "norm", "mean") if k in found]
-            clean = probes and not any(math.isnan(v) for v in probes)
-            found["nans"] = 0.0 if clean else float(np.count_nonzero(np.isnan(x)))
-        if "zeros" in ops:
-            found["zeros"] = np.count_nonzero(np.abs(x) < self.eps) / n
-        return [found[op] for op in ops]
+        lo = hi = mean = norm = nans = zeros = 0.0
+        if self._minmax:
+            lo, hi = float(x.min()), float(x.max())
+        if n < _NORM_ROWS_FROM and (self._mean or self._norm):  # one float64 copy serves both
+            y = x.astype(np.float64, copy=False)
+            mean = float(y.sum()) / n
+            norm = math.sqrt(float(np.dot(y, y)))
+        else:
+            if self._mean:
+                mean = sum64(x) / n
+            if self._norm:
+                norm = norm64(x)
+        if self._nans:
+            proof = (hi, mean, norm)
+            if not self._proofs or any(math.isnan(proof[i]) for i in self._proofs):
+                nans = float(np.count_nonzero(np.isnan(x)))
+        if self._zeros:
+            zeros = float(np.count_nonzero(np.abs(x) < self.eps)) / n
+        found = (lo, hi, mean, norm, nans, zeros)
+        return [found[i] for i in self._order]
 
     def rows(self, arrays: Sequence[np.ndarray]) -> list[list[float]]:
         """Statistics of several arrays, one row each, in order."""
