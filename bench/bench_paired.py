@@ -179,23 +179,18 @@ def attached(row: Row, twin: Twin, folder: Path) -> Iterator[None]:
             yield
         finally:
             hooks.stop()
-    elif row.tool == "v2":
-        path = _write_config(folder / "monitor_v2_config.json", row.config, output_dir=str(folder / "out"))
-        monitor = TrainerMonitorV2(path)
+    elif row.tool in ("v2", "v1"):
+        if row.tool == "v2":
+            path = _write_config(folder / "monitor_v2_config.json", row.config, output_dir=str(folder / "out"))
+            monitor: Any = TrainerMonitorV2(path)
+        else:  # V1Monitor writes the config file
+            monitor = V1Monitor({"output_dir": str(folder / "out"), "monitors": row.config})
         with kernel_floor(row.kernels_only):
             monitor.start(model=twin.model, optimizer=twin.optimizer)
             try:
                 yield
             finally:
                 monitor.stop()
-    elif row.tool == "v1":
-        v1 = V1Monitor({"output_dir": str(folder / "out"), "monitors": row.config})  # writes the config file
-        with kernel_floor(row.kernels_only):
-            v1.start(model=twin.model, optimizer=twin.optimizer)
-            try:
-                yield
-            finally:
-                v1.stop()
     elif row.tool == "dump":
         path = _write_config(folder / "config.json", row.config, dump_path=str(folder / "dump"))
         twin.debugger = PrecisionDebugger(path)
