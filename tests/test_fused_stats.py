@@ -408,3 +408,24 @@ def test_the_mode_is_read_when_statistics_are_made(monkeypatch):
     monkeypatch.setenv(FUSED_ENV, "on")
     assert selector.mode("cpu") == "off"  # not re-read per call
     assert shared_fused().mode("cpu") == "on"
+
+
+def test_the_generated_code_is_used_only_when_it_agrees_with_the_wrapped_callable(monkeypatch):
+    """A generated ``call`` that takes its arguments otherwise than expected (here: it raises,
+    or returns other values) is not used: the wrapped callable serves, still without dynamo."""
+    for broken in (lambda args: (_ for _ in ()).throw(TypeError("args")), lambda args: [torch.zeros(())] * 4):
+        monkeypatch.setattr(fused_stats, "_generated_code", lambda compiled, depth=8, broken=broken: broken)
+        fused = fused_stats._direct_pass(min_max_sum_sumsq, torch.float32, torch.device("cpu"))
+        assert fused is not None and fused.direct
+        x = torch.randn(3 * 4_096 + 5)
+        got = [v.item() for v in fused.run(x)]
+        assert got[:2] == [x.min().item(), x.max().item()]
+        assert got[2] == pytest.approx(x.double().sum().item(), rel=1e-12, abs=1e-9)
+
+
+def test_capturing_the_pass_again_and_again_never_hits_dynamos_recompile_limit():
+    """Each capture compiles a fresh copy of the kernel: dynamo's per-code-object cache (8
+    entries) never fills, however many dtypes, devices or tests capture it."""
+    for _ in range(10):
+        fused = fused_stats._direct_pass(min_max_sum_sumsq, torch.float32, torch.device("cpu"))
+        assert fused is not None and fused.direct

@@ -93,7 +93,8 @@ def in_memory_order(x: torch.Tensor) -> torch.Tensor:
 _NUMPY_BELOW = 1 << 12
 _NUMPY_FLOATS = frozenset({torch.float32, torch.float64})
 """A tensor alone of fewer elements and of these dtypes is summarised by NumPy
-(:meth:`TensorStats._small_row`): the fixed cost of a row is then ~5 µs instead of ~20 µs."""
+(:meth:`TensorStats._small_row`): the fixed cost of a row is then 10-14 µs instead of 20-28 µs
+(measured on the 2-core machine of docs/performance.md)."""
 _STACK_FROM = 6
 """Small tensors of one shape are stacked and reduced together from this many on; fewer are
 summarised one by one (:meth:`TensorStats._small_row`: a stack costs ~45 µs of kernels whatever
@@ -352,7 +353,7 @@ class TensorStats:
         if not x.is_contiguous():
             x = x.contiguous()
         n = x.numel()
-        if n < _NUMPY_BELOW and x.dtype in _NUMPY_FLOATS and type(x) in _PLAIN_TYPES and x.is_contiguous():
+        if n < _NUMPY_BELOW and x.dtype in _NUMPY_FLOATS and type(x) in _PLAIN_TYPES:
             return self._small_row(x, numpy_view(x))
         lo = hi = total = norm = zeros = 0.0
         one_pass = self._fused(x) if self._fused is not None else None

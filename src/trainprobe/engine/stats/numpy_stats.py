@@ -115,8 +115,11 @@ class NumpyStats:
             lo, hi = float(x.min()), float(x.max())
         if n < _NORM_ROWS_FROM and (self._mean or self._norm):  # one float64 copy serves both
             y = x.astype(np.float64, copy=False)
-            mean = float(y.sum()) / n
-            norm = math.sqrt(float(np.dot(y, y)))
+            if self._minmax and x.dtype != np.float64 and math.isfinite(lo) and math.isfinite(hi):
+                mean, norm = float(y.sum()) / n, math.sqrt(float(np.dot(y, y)))  # cannot overflow
+            else:  # infinities, NaN or huge float64 values: inf/NaN results, without NumPy's warnings
+                with np.errstate(over="ignore", invalid="ignore"):
+                    mean, norm = float(y.sum()) / n, math.sqrt(float(np.dot(y, y)))
         else:
             if self._mean:
                 mean = sum64(x) / n
