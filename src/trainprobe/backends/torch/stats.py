@@ -4,16 +4,19 @@ Two strategies, picked per tensor by its device, both returning values in the or
 
 * CPU tensors: a call of :meth:`TensorStats.rows` summarises all its CPU tensors together and
   reads the values back at once (on the CPU a read-back is not a device sync). Tensors of fewer
-  than 4,096 elements are stacked by shape and dtype and reduced one kernel per op for the whole
-  group; larger ones get three kernels each (``aminmax``, row sums, row norms over rows of 256
-  elements) and the per-row partial results of all of them are combined in float64 by one
-  segmented reduction per op. A tensor alone in its group, or the only large one, takes the
-  direct path (:meth:`TensorStats.row`'s), which has fewer kernels. NaN counting is lazy: min, max, mean and norm propagate NaN, so
-  when one of them is not NaN the tensor has no NaN and the counting pass is skipped. Result: a
+  than 4,096 elements are stacked by shape and dtype when 6 or more share one, and reduced one
+  kernel per op for the whole group; larger ones get three kernels each (``aminmax``, row sums,
+  row norms over rows of 256 elements) and the per-row partial results of all of them are
+  combined in float64 by one segmented reduction per op. A tensor in a smaller group, or the
+  only large one, takes the direct path (:meth:`TensorStats.row`'s): below 4,096 elements the
+  engine's NumPy kernels on a view of its memory, above that fewer kernels. NaN counting is
+  lazy: min, max, mean and norm propagate NaN, so when one of them is not NaN the tensor has no
+  NaN and the counting pass is skipped. A transposed or permuted tensor that fills one dense
+  block is read in memory order; other strided tensors are copied once. Result: a
   ``list[float]`` per tensor.
-  Where a compiled single pass is selected (:mod:`trainprobe.backends.torch.fused_stats`, off by default on the
-  CPU), a large tensor's min, max, sum and sum of squares come from it instead: one read, the
-  sums accumulated in float64.
+  Where a compiled single pass is selected (:mod:`trainprobe.backends.torch.fused_stats`: on by
+  default on the CPU for float32), a tensor's min, max, sum and sum of squares from 4,096
+  elements on come from it instead: one read, the sums accumulated in float64.
 * Accelerator tensors: every value stays on the device, with no host synchronisation; rows are
   stacked and copied to the host once per monitor per step by :mod:`trainprobe.engine.records`.
   Result: a float64 tensor of shape ``[len(ops)]``.
