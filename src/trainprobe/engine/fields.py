@@ -13,6 +13,16 @@ The one rule every dialect follows (see ``docs/security.md`` "Config files"):
 * an integer field accepts an integral float (``1e8``, ``2.0``), as JSON writers produce them.
 * files are read with a bounded nesting depth: a pathologically deep file is a ConfigError
   naming the file, not a ``RecursionError``.
+
+Reading a config file (:func:`read_config_text`, :func:`parse_json_config`; the training-metrics
+YAML reader uses the first and :func:`find_long_int` too) follows these rules, each refusal a
+one-line ConfigError naming the file (``docs/security.md`` "Config files"):
+
+* a file larger than :data:`MAX_CONFIG_BYTES` (16 MiB) is refused before it is parsed;
+* a key repeated in one JSON object is refused, naming the key (Python's ``json`` silently keeps
+  the last one, so the value a reader of the file sees first would be ignored);
+* an integer literal of more than :data:`MAX_INT_DIGITS` digits is refused, naming the key that
+  holds it (Python refuses to convert it with a bare ``ValueError``).
 """
 
 from __future__ import annotations
@@ -26,6 +36,12 @@ from typing import Any, TypeVar, overload
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
+from trainprobe.engine.safe_files import describe_size, read_bytes
+
+#: Largest config file read (bytes); a configuration is a few kilobytes.
+MAX_CONFIG_BYTES = 16 << 20
+#: Most digits an integer literal of a config file may have (Python's own limit for ``int(str)``).
+MAX_INT_DIGITS = 4300
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -58,25 +74,128 @@ def type_name(value: Any) -> str:
 
 
 def load_json_object(path: str | Path) -> dict[str, Any]:
-    """Read a JSON file whose top level is an object.
+    """Read a JSON config file whose top level is an object (see the module docstring).
 
     Raises:
-        ConfigError: the file is missing, unreadable, not JSON, or not an object.
+        ConfigError: the file is missing, unreadable, too large, not JSON, not an object, or holds
+            a repeated key or an over-long integer.
     """
-    file = config_file(path)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except RecursionError:
-        raise ConfigError(f"config file {str(file)!r} is nested too deeply to be a configuration") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"config file {str(file)!r} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {str(file)!r} cannot be read: {exc}") from None
+    file, text = read_config_text(path)
+    data = parse_json_config(text, str(file))
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(file)!r}: the top level must be a JSON object, not {type_name(data)}")
     return data
+
+
+def read_config_text(path: Any, what: str = "config file") -> tuple[Path, str]:
+    """``(file, text)`` of the config file ``path``: an existing regular file of at most
+    :data:`MAX_CONFIG_BYTES`, read as UTF-8.
+
+    Raises:
+        ConfigError: see :func:`config_file`; or the file is too large, unreadable or not UTF-8.
+    """
+    file = config_file(path, what)
+    name = str(file)
+    try:
+        size = file.stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"{what} {name!r} cannot be read: {exc.strerror or exc}") from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{what} {name!r} holds {size} bytes, more than the {describe_size(MAX_CONFIG_BYTES)} a "
+            "configuration may hold; refused (is it the right file?)"
+        )
+    try:
+        raw = read_bytes(file, max_bytes=MAX_CONFIG_BYTES)
+    except ConfigError as exc:
+        raise ConfigError(f"{what} {name!r} cannot be read: {exc}") from None
+    try:
+        return file, raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {name!r} cannot be read: {exc}") from None
+
+
+def parse_json_config(text: str, name: str) -> Any:
+    """``text`` (the content of config file ``name``) parsed as JSON, with the module docstring's
+    rules: nesting bounded, keys unique, integers of at most :data:`MAX_INT_DIGITS` digits.
+
+    Raises:
+        ConfigError: ``config file '<name>' is not valid JSON: ...``, ``... key 'x' appears twice
+            in one object ...``, ``... <json.path>: an integer of 5000 digits ...``.
+    """
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_bounded_int)
+    except RecursionError:
+        raise ConfigError(f"config file {name!r} is nested too deeply to be a configuration") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"config file {name!r} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except _RepeatedKey as exc:
+        raise ConfigError(
+            f"config file {name!r}: key {exc.args[0]!r} appears twice in one object; keep one "
+            "(JSON readers differ on which one counts, so trainprobe refuses to guess)"
+        ) from None
+    check_long_ints(data, name)
+    return data
+
+
+class LongInt:
+    """Stands for an integer literal too long to convert (see :data:`MAX_INT_DIGITS`) until
+    :func:`check_long_ints` reports where it is; ``line`` is its 1-based line when known."""
+
+    __slots__ = ("digits", "line")
+
+    def __init__(self, digits: int, line: int | None = None) -> None:
+        self.digits = digits
+        self.line = line
+
+
+def check_long_ints(data: Any, name: str) -> None:
+    """Raise a ConfigError naming the key path of the first :class:`LongInt` in ``data``.
+
+    The walk is iterative (a deep document cannot overflow the stack) and visits each shared
+    object (a YAML alias) once.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, LongInt):
+            line = f" (line {value.line})" if value.line is not None else ""
+            raise ConfigError(
+                f"config file {name!r}: {where or '<top level>'}{line}: an integer of {value.digits} digits is "
+                f"longer than the {MAX_INT_DIGITS} digits a configuration may hold; refused"
+            )
+        if not isinstance(value, (dict, list)) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, LongInt):
+                    stack.append((key, join_path(where, "<integer key>")))
+                else:
+                    stack.append((item, join_path(where, str(key))))
+        else:
+            stack.extend((item, join_path(where, i)) for i, item in enumerate(value))
+
+
+def _bounded_int(text: str) -> int | LongInt:
+    digits = len(text) - (text[:1] in "+-")
+    return int(text) if digits <= MAX_INT_DIGITS else LongInt(digits)
+
+
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
 
 
 def config_object(source: object, expected: str) -> dict[str, Any]:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.fields import Section, config_file, join_path, type_name
+from trainprobe.engine.fields import Section, join_path, parse_json_config, read_config_text, type_name
 from trainprobe.engine.log import warn_once
+from trainprobe.frontdoors.metrics.yaml_config import parse_yaml_config
 
 LOG = "log"
 TENSORBOARD = "tensorboard"
@@ -141,7 +142,7 @@ def load_training_metrics_config(source: str | Path | Mapping[str, Any]) -> Trai
         data = dict(source)
         check_expanded_size(data, "config")
     else:
-        data = _read_file(config_file(source))
+        data = _read_file(source)
     top = Section(data, "")
     tb_section = top.section("tensorboard")
     tensorboard = _tensorboard(tb_section) if tb_section.present else None
@@ -176,37 +177,23 @@ def check_expanded_size(data: Any, where: str) -> None:
             stack.extend((item, inner) for item in items)
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(raw)
-        except RecursionError:
-            raise ConfigError(f"config file {str(path)!r} is nested too deeply to be a configuration") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+def _read_file(source: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML or JSON (by suffix) config file; an empty or ``null``
+    document is refused, as Monitor V2 refuses it (it would silently configure nothing)."""
+    file, raw = read_config_text(source)
+    name = str(file)
+    if file.suffix.lower() == ".json":
+        data = parse_json_config(raw, name)
     else:
-        try:
-            import yaml
-        except ImportError:  # pragma: no cover - pyyaml is an extra
-            raise ConfigError(
-                f"config file {str(path)!r}: reading YAML needs pyyaml (pip install trainprobe[yaml]); "
-                "or pass a .json file or a dict"
-            ) from None
-        try:
-            data = yaml.safe_load(raw)
-        except RecursionError:
-            raise ConfigError(f"config file {str(path)!r} is nested too deeply to be a configuration") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
-        check_expanded_size(data, f"config file {str(path)!r}")
+        data = parse_yaml_config(raw, name)
+        check_expanded_size(data, f"config file {name!r}")
     if data is None:
-        data = {}
+        raise ConfigError(
+            f"config file {name!r} is empty (or null); a training-metrics configuration needs a "
+            "monitor_config and/or a tensorboard section (see docs/training_metrics.md)"
+        )
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping, not {type_name(data)}")
+        raise ConfigError(f"config file {name!r}: the top level must be a mapping, not {type_name(data)}")
     return data
 
 
