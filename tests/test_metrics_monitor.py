@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +313,10 @@ def test_a_resumed_run_keeps_the_earlier_steps_and_purges_the_rest(tmp_path: Pat
 
 
 def test_a_new_run_from_step_0_replaces_training_state(tmp_path: Path) -> None:
+    """As the reference clears ``dump_path/rank_x``. (The earlier event files would make the second
+    run refused: tests/test_metrics_reruns.py.)"""
     _metric_steps(tmp_path, 3)
+    shutil.rmtree(tmp_path / "tb")
     _metric_steps(tmp_path, 2)
     rows = (tmp_path / "dump" / "rank_0" / "training_state.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in rows] == [1, 2]

@@ -55,6 +55,7 @@ TENSORBOARD_KEYS = (
     "log_loss_scale_to_tensorboard",
     "log_timers_to_tensorboard",
     "log_expert_load_to_tensorboard",
+    "overwrite",
 )
 
 
@@ -102,13 +103,19 @@ class MonitorSection:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TensorBoardSection:
-    """``tensorboard``: where event files go and which optional scalars are written."""
+    """``tensorboard``: where event files go and which optional scalars are written.
+
+    ``overwrite`` (a trainprobe extension, default false): a run from step 0 removes the event
+    files an earlier run left in its rank folder instead of being refused (see
+    :mod:`trainprobe.frontdoors.metrics.earlier_runs`).
+    """
 
     tensorboard_dir: Path
     tensorboard_queue_size: int = 10
     log_loss_scale_to_tensorboard: bool = False
     log_timers_to_tensorboard: bool = False
     log_expert_load_to_tensorboard: bool = False
+    overwrite: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,6 +269,7 @@ def _tensorboard(section: Section) -> TensorBoardSection:
         log_loss_scale_to_tensorboard=section.boolean("log_loss_scale_to_tensorboard", False),
         log_timers_to_tensorboard=section.boolean("log_timers_to_tensorboard", False),
         log_expert_load_to_tensorboard=section.boolean("log_expert_load_to_tensorboard", False),
+        overwrite=section.boolean("overwrite", False),
     )
 
 

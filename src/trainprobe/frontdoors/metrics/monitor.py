@@ -49,6 +49,7 @@ from trainprobe.backends.torch.model_view import TorchModelView
 from trainprobe.backends.torch.optimizer import innermost_optimizer
 from trainprobe.backends.torch.stats import shared_fused
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folder_lock import FolderLock
 from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.guard import Switches, guarded
 from trainprobe.engine.log import error_once, logger, warn_once
@@ -56,9 +57,11 @@ from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.records import ScalarBatch
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.background import Sink, Writer
+from trainprobe.engine.sinks.earlier_runs import overwrite_requested
 from trainprobe.engine.sinks.fanout import FanOut
 from trainprobe.frontdoors.metrics.compose import EXPERT_PREFIX, Composer
 from trainprobe.frontdoors.metrics.config import TrainingMetricsConfig, config_text, load_training_metrics_config
+from trainprobe.frontdoors.metrics.earlier_runs import make_room_for_events
 from trainprobe.frontdoors.metrics.flops import FlopsEstimate, transformer_estimate
 from trainprobe.frontdoors.metrics.outputs import (
     MONITOR,
@@ -97,7 +100,13 @@ class TrainingMetricsMonitor:
         flops_per_sample / flops_per_token: training FLOPs (forward + backward) per sample or
             per token for ``model-flops-throughput-per-device``; by default estimated for
             transformer models (see :mod:`trainprobe.frontdoors.metrics.flops`).
-        initial_step: the step count before the first :meth:`step` (when resuming).
+        initial_step: the step count before the first :meth:`step` (when resuming): an earlier
+            run's event files stay (TensorBoard hides their steps after ``initial_step``) and
+            ``training_state.jsonl`` keeps its lines up to that step.
+        overwrite: replace what an earlier run left (its event files; ``training_state.jsonl``
+            from its first line) even when resuming; also ``tensorboard.overwrite: true`` or
+            ``TRAINPROBE_OVERWRITE=1``. Without it, a run from step 0 into a ``tensorboard_dir``
+            holding an earlier run's event files is refused.
         hook_optimizer: read gradients in an optimizer step pre-hook (default); False when the
             caller calls :meth:`capture_gradients` itself.
         print_struct_exits: with ``print_struct``, raise ``SystemExit(0)`` after printing
@@ -105,7 +114,11 @@ class TrainingMetricsMonitor:
         extra_text: more ``{tag: value}`` entries for TensorBoard's TEXT page.
 
     Raises:
-        ConfigError: invalid configuration or arguments (the message names the field).
+        ConfigError: invalid configuration or arguments (the message names the field); an
+            earlier run's event files and neither ``initial_step`` nor ``overwrite`` (see
+            :mod:`~trainprobe.frontdoors.metrics.earlier_runs`); ``dump_path`` or
+            ``tensorboard_dir`` being written by another live run (see
+            :mod:`~trainprobe.engine.folder_lock`).
     """
 
     def __init__(
@@ -117,6 +130,7 @@ class TrainingMetricsMonitor:
         flops_per_sample: float | None = None,
         flops_per_token: float | None = None,
         initial_step: int = 0,
+        overwrite: bool = False,
         hook_optimizer: bool = True,
         print_struct_exits: bool = True,
         extra_text: Mapping[str, Any] | None = None,
@@ -129,6 +143,11 @@ class TrainingMetricsMonitor:
                 raise ConfigError(f"{name}: must be a positive number, got {value!r}")
         if isinstance(initial_step, bool) or not isinstance(initial_step, int) or initial_step < 0:
             raise ConfigError(f"initial_step: must be an integer >= 0, got {initial_step!r}")
+        if not isinstance(overwrite, bool):
+            raise ConfigError(f"overwrite: must be True or False, got {overwrite!r}")
+        tb_config = self.config.tensorboard
+        self._overwrite = overwrite or overwrite_requested() or (tb_config is not None and tb_config.overwrite)
+        self._locks: list[FolderLock] = []
         self.rank = current_rank()
         self.world = world_size()
         view = TorchModelView(model)
@@ -187,28 +206,45 @@ class TrainingMetricsMonitor:
         return None
 
     def _outputs(self) -> list[Sink]:
+        """The log, event-file and dump outputs; each folder is locked for this run and an earlier
+        run's event files dealt with first. On a ConfigError nothing stays open or locked."""
         outputs: list[Sink] = [LogSink()]
         resume_at = self._step + 1 if self._step else None  # the first step this run writes
-        tb = self.config.tensorboard
-        if tb is not None:
-            folder = tb.tensorboard_dir / f"rank_{self.rank}"
-            make_output_folder(folder, "tensorboard.tensorboard_dir")
-            try:
-                outputs.append(tensorboard_sink(folder, tb.tensorboard_queue_size, resume_at))
-            except OSError as exc:
-                raise ConfigError(f"tensorboard.tensorboard_dir: cannot write to {str(folder)!r}: {exc}") from None
-        if self.config.monitor.dumped:
-            folder = self.config.monitor.dump_path / f"rank_{self.rank}"
-            try:
-                make_output_folder(folder, "monitor_config.dump_path")
-                outputs.append(TrainingStateSink(folder, resume_at=resume_at))
-            except (OSError, ConfigError) as exc:
-                for out in outputs:
-                    out.close()
-                if isinstance(exc, ConfigError):
-                    raise
-                raise ConfigError(f"monitor_config.dump_path: cannot write to {str(folder)!r}: {exc}") from None
+        try:
+            tb = self.config.tensorboard
+            if tb is not None:
+                folder = self._locked_folder(tb.tensorboard_dir / f"rank_{self.rank}", "tensorboard.tensorboard_dir")
+                make_room_for_events(folder, resumed=resume_at is not None, overwrite=self._overwrite)
+                try:
+                    outputs.append(tensorboard_sink(folder, tb.tensorboard_queue_size, resume_at))
+                except OSError as exc:
+                    raise ConfigError(f"tensorboard.tensorboard_dir: cannot write to {str(folder)!r}: {exc}") from None
+            if self.config.monitor.dumped:
+                folder = self._locked_folder(
+                    self.config.monitor.dump_path / f"rank_{self.rank}", "monitor_config.dump_path"
+                )
+                try:
+                    outputs.append(TrainingStateSink(folder, resume_at=None if self._overwrite else resume_at))
+                except OSError as exc:
+                    raise ConfigError(f"monitor_config.dump_path: cannot write to {str(folder)!r}: {exc}") from None
+        except BaseException:
+            for out in outputs:
+                out.close()
+            self._release_locks()
+            raise
         return outputs
+
+    def _locked_folder(self, folder: Path, field: str) -> Path:
+        """``folder`` created and locked for this run (once, when both outputs share it)."""
+        make_output_folder(folder, field)
+        if all(not _same_folder(lock.folder, folder) for lock in self._locks):
+            self._locks.append(FolderLock(folder, field))
+        return folder
+
+    def _release_locks(self) -> None:
+        for lock in self._locks:
+            lock.release()
+        self._locks = []
 
     # -- properties ----------------------------------------------------------------------------
     @property
@@ -436,6 +472,7 @@ class TrainingMetricsMonitor:
         if self._tap is not None:
             self._tap.remove()
         self._writer.close(reached=self._step)
+        self._release_locks()
         atexit.unregister(self._atexit)
 
     def __enter__(self) -> TrainingMetricsMonitor:
@@ -462,6 +499,13 @@ def _write_failed(monitor: str, exc: BaseException) -> None:
         f"trainprobe: writing the training metrics failed ({type(exc).__name__}: {exc}); training continues",
         traceback=not isinstance(exc, OSError),
     )
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def _scalar(value: Any) -> float | torch.Tensor:

@@ -1,0 +1,77 @@
+"""One live run per output folder: an exclusive lock on the folder while a run writes into it.
+
+Two runs appending to one file at once interleave their lines (steps 8, 1, 9, 2, ...) and lose
+some of them, silently. :class:`FolderLock` takes an exclusive, non-blocking ``flock`` on the
+folder itself (no lock file is left behind): a second run, in another process or in the same
+one, is refused with a :class:`ConfigError` naming the config field. The kernel drops the lock
+when its holder ends, however it ends (a ``SIGKILL`` included), so a dead run never blocks the
+next one: there is no stale lock to take over.
+
+Where locks are not available (Windows; a file system that refuses ``flock`` on a folder, as some
+network file systems do) one warning says so and the run goes on unlocked.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import warn_once
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class FolderLock:
+    """An exclusive lock on ``folder``, held until :meth:`release` (or until the process ends).
+
+    Args:
+        folder: an existing folder the run writes into.
+        field: the config field that named it, for the message (``monitor_config.dump_path``).
+
+    Raises:
+        ConfigError: another live run holds the folder; the message names ``field`` and the folder.
+    """
+
+    def __init__(self, folder: Path, field: str) -> None:
+        self.folder = folder
+        self._fd: int | None = None
+        if fcntl is None:  # pragma: no cover - Windows
+            warn_once("folder-lock-none", "trainprobe: no file locks on this platform; output folders are not locked")
+            return
+        try:
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            warn_once(f"folder-lock-{folder}", f"trainprobe: {field}: cannot lock {str(folder)!r} ({exc}); not locked")
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(
+                f"{field}: {str(folder)!r} is being written by another run that is still going (in this or "
+                f"another process); two runs writing one folder interleave and lose lines. Give this run "
+                f"another {field.rsplit('.', 1)[-1]}, or close the other run first"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            warn_once(f"folder-lock-{folder}", f"trainprobe: {field}: cannot lock {str(folder)!r} ({exc}); not locked")
+            return
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock is held (False after :meth:`release`, or where locks are unavailable)."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+    def __del__(self) -> None:
+        self.release()
