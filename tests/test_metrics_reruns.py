@@ -160,3 +160,28 @@ def test_a_second_process_on_one_dump_path_is_refused_and_a_dead_ones_folder_is_
     run(config(tmp_path, tensorboard=False), 3)  # the dead run's lock went with it
     assert state_steps(tmp_path) == [1, 2, 3]
     assert lines == [] or json.loads(lines[0])["step"] == 1
+
+
+def test_a_forked_child_does_not_keep_the_folder_locked(tmp_path: Path) -> None:
+    """A DataLoader worker forked while the run holds its lock must not keep holding it after the
+    run closed (a second run in the same process would be refused while the worker lives)."""
+    cfg = config(tmp_path, tensorboard=False)
+    first = TrainingMetricsMonitor(cfg)
+    read, write = os.pipe()
+    ready_read, ready_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: says it is running, waits until the parent is done, exits without cleanup
+        os.close(write)
+        os.write(ready_write, b"r")
+        os.read(read, 1)
+        os._exit(0)
+    os.close(read)
+    try:
+        assert os.read(ready_read, 1) == b"r"  # the fork hooks have run in the child
+        first.close()
+        TrainingMetricsMonitor(cfg).close()  # the live child holds no copy of the lock
+    finally:
+        os.write(write, b"x")
+        for fd in (write, ready_read, ready_write):
+            os.close(fd)
+        os.waitpid(pid, 0)

@@ -7,6 +7,10 @@ one, is refused with a :class:`ConfigError` naming the config field. The kernel 
 when its holder ends, however it ends (a ``SIGKILL`` included), so a dead run never blocks the
 next one: there is no stale lock to take over.
 
+A forked child (a DataLoader worker) does not keep the lock: its copy of the descriptor is
+closed right after the fork, so the folder is free once the run that took it closes, whatever
+its workers do.
+
 Where locks are not available (Windows; a file system that refuses ``flock`` on a folder, as some
 network file systems do) one warning says so and the run goes on unlocked.
 """
@@ -14,6 +18,7 @@ network file systems do) one warning says so and the run goes on unlocked.
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 from trainprobe.engine.errors import ConfigError
@@ -23,6 +28,25 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+
+_HELD: weakref.WeakSet[FolderLock] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """After a fork, in the child: close the inherited descriptors (never ``LOCK_UN``, which would
+    release the parent's lock too)."""
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class FolderLock:
@@ -61,6 +85,7 @@ class FolderLock:
             warn_once(f"folder-lock-{folder}", f"trainprobe: {field}: cannot lock {str(folder)!r} ({exc}); not locked")
             return
         self._fd = fd
+        _HELD.add(self)
 
     @property
     def held(self) -> bool:
