@@ -142,7 +142,9 @@ def load_training_metrics_config(source: str | Path | Mapping[str, Any]) -> Trai
     """Read and validate a training configuration (YAML/JSON path or dict).
 
     Raises:
-        ConfigError: the file cannot be read or parsed, or a field of ``monitor_config`` /
+        ConfigError: the file cannot be read or parsed, is empty or ``null``, breaks a rule of
+            :mod:`trainprobe.engine.fields` (size, repeated keys, over-long integers; for YAML see
+            :mod:`~trainprobe.frontdoors.metrics.yaml_config`), or a field of ``monitor_config`` /
             ``tensorboard`` is unknown or invalid (the message names it).
     """
     if isinstance(source, Mapping):
