@@ -56,6 +56,11 @@ class RankDump:
         return self.path / "dump_tensor_data"
 
     @property
+    def main_file(self) -> Path:
+        """Its ``dump.json`` (``debug.json`` for a dump of ``save()`` calls)."""
+        return main_file(self.path)
+
+    @property
     def has_md5(self) -> bool:
         """Whether its entries carry checksums."""
         return any("md5" in item.entry for item in self.items)
@@ -159,13 +164,18 @@ def tensor_path(tensor_dir: Path, data_name: str) -> Path:
     return path
 
 
+def main_file(rank_dir: Path) -> Path:
+    """The rank directory's ``dump.json``, or its ``debug.json`` when it has no ``dump.json``."""
+    return rank_dir / "dump.json" if (rank_dir / "dump.json").is_file() else rank_dir / "debug.json"
+
+
 def load_rank(path: Path) -> RankDump:
     """Parse one rank directory.
 
     Raises:
         ConfigError: its dump.json is missing, unreadable or not a dump.
     """
-    main = path / "dump.json" if (path / "dump.json").is_file() else path / "debug.json"
+    main = main_file(path)
     data = _read_json(main)
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
         raise ConfigError(f"{main}: not a dump file (expected an object with a 'data' object)")
