@@ -222,7 +222,8 @@ def _progress(items: list[Any], total: int) -> Iterable[Any]:
     return tqdm(items, total=total, desc="compare", unit="tensor", file=sys.stderr)
 
 
-_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_FORMULA_STARTS = frozenset("=+-@\t\r")
+_KEPT_TYPES = frozenset({int, float, bool, type(None)})
 _NUMBER_TEXT = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf|infinity|nan)", re.IGNORECASE)
 
 
@@ -235,19 +236,24 @@ def as_text_cell(value: Any) -> Any:
     a number (``-1.5``, ``-inf``, ``nan``), which is kept. Anything else becomes its ``str``
     under the same rule.
     """
-    if value is None or isinstance(value, (bool, int, float)):
+    if type(value) is not str:
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        value = str(value)
+    if not value or value[0] not in _FORMULA_STARTS or _NUMBER_TEXT.fullmatch(value):
         return value
-    text = value if isinstance(value, str) else str(value)
-    if text.startswith(_FORMULA_STARTS) and not _NUMBER_TEXT.fullmatch(text):
-        return "'" + text
-    return text
+    return "'" + value
 
 
 def write_table(path: Path, columns: list[str], rows: list[list[Any]], xlsx: bool) -> None:
     """Write ``rows`` under ``columns`` to ``path`` (CSV, or xlsx with openpyxl); every cell
     goes through :func:`as_text_cell`, so no cell of either is a formula."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    cells = [[as_text_cell(v) for v in row] for row in [columns, *rows]]
+    keep, starts = _KEPT_TYPES, _FORMULA_STARTS  # the common cells without a call (tables of millions)
+    cells = [
+        [v if type(v) in keep or (type(v) is str and v[:1] not in starts) else as_text_cell(v) for v in row]
+        for row in [columns, *rows]
+    ]
     if xlsx:
         try:
             from openpyxl import Workbook
