@@ -111,3 +111,12 @@ def test_dumped_md5_of_an_expanded_backward_input_is_stable(tmp_path: Path) -> N
     expected = f"{zlib.crc32(torch.ones(10, 4).numpy().tobytes()) & 0xFFFFFFFF:08x}"
     assert expected == "10e45f38"
     assert seen == [expected] * 6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_checksums_of_strided_device_tensors_are_those_of_their_contiguous_bytes(layout: str) -> None:
+    t = LAYOUTS[layout]().cuda()
+    data = contiguous_bytes(t.cpu())
+    assert checksum(t, "md5") == f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+    assert checksum(t, "xor") == xor_reference(data)
