@@ -153,3 +153,11 @@ def test_a_golden_killed_in_its_first_step_or_an_unfinished_rank_dir_is_one_line
         compare_dumps(target, golden, tmp_path / "out")
     with pytest.raises(ConfigError, match=r"proc22: an unfinished rank directory \(no dump.json"):
         compare_dumps(target / "step0" / "proc11", golden / "step0" / "proc22", tmp_path / "out")
+
+
+def test_loading_a_rank_directory_without_its_json_names_the_folder(tmp_path: Path) -> None:
+    from trainprobe.dump.compare_load import load_rank
+
+    folder = unfinished_rank(tmp_path / "step0" / "rank0")
+    with pytest.raises(ConfigError, match=r"rank0: no dump.json or debug.json \(an unfinished step"):
+        load_rank(folder)

@@ -215,6 +215,8 @@ def load_rank(path: Path) -> RankDump:
         ConfigError: its dump.json is missing, unreadable or not a dump.
     """
     main = main_file(path)
+    if not is_finished(path):
+        raise ConfigError(f"{path}: no dump.json or debug.json (an unfinished step, or not a rank directory)")
     data = _read_json(main)
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
         raise ConfigError(f"{main}: not a dump file (expected an object with a 'data' object)")
