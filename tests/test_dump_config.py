@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import write_config
 from trainprobe.dump.api_catalog import ApiCatalog, read_api_yaml
 from trainprobe.dump.config import DumpConfig, load_dump_config, parse_dump_config
 from trainprobe.engine.errors import ConfigError
@@ -199,3 +201,41 @@ def test_very_deep_json_is_a_config_error_naming_the_file(tmp_path: Path) -> Non
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ConfigError, match=r"deep\.json' is nested too deeply"):
         load_dump_config(path)
+
+
+def _unusable(tmp_path: Path, kind: str) -> Path:
+    """A dump_path of the given kind that no dump can be written under."""
+    if kind == "file":
+        (tmp_path / "a_file").write_text("x")
+        return tmp_path / "a_file"
+    if kind == "under a file":
+        (tmp_path / "a_file").write_text("x")
+        return tmp_path / "a_file" / "dump"
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "a_fifo")
+        return tmp_path / "a_fifo"
+    if kind == "read-only file system":
+        return Path("/proc/self/trainprobe_dump")  # refused even to root
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder / "dump"
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file", "fifo", "read-only file system", "read-only folder"])
+def test_unusable_dump_path_is_a_config_error_at_construction(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #27.4: refused when the debugger is created, in one line naming dump_path, before
+    any hook or API wrapper is installed; nothing is logged."""
+    from trainprobe.dump import PrecisionDebugger
+
+    if kind == "read-only folder" and os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder")
+    path = _unusable(tmp_path, kind)
+    with pytest.raises(ConfigError, match=r"^dump_path: .*(cannot create|not writable)") as info:
+        PrecisionDebugger(dump_path=str(path))
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+    with pytest.raises(ConfigError, match=r"^dump_path: "):
+        PrecisionDebugger(config_path=write_config(tmp_path / "cfg", {"dump_path": str(path)}))
+    assert caplog.records == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -344,3 +345,49 @@ def test_disk_full_is_recognised_without_errno(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(os, "statvfs", lambda folder: Full)
     assert disk_full(torch_error, tmp_path)
+
+
+# -- distinct names, distinct files (issue #27.5) ---------------------------------------------
+def test_a_plain_name_never_equals_a_cleaned_one(tmp_path: Path) -> None:
+    """``save({"k": t1}, "a/b")`` and ``save({"k~<digest>": t2}, "a_b")``, the second named like
+    the first's cleaned file: two files, each holding its own tensor."""
+    cleaned = safe_file_name("a/b.0.debug.k", ".pt")
+    key = cleaned[len("a_b.0.debug.") : -len(".pt")]
+    assert f"a_b.0.debug.{key}.pt" == cleaned  # the second name, kept as it is, would be that file
+    dump = tmp_path / "dump"
+    debugger = PrecisionDebugger(task="tensor", level="debug", dump_path=str(dump))
+    t1, t2 = torch.ones(3), torch.full((3,), 2.0)
+    debugger.save({"k": t1}, "a/b", save_backward=False)
+    debugger.save({key: t2}, "a_b", save_backward=False)
+    debugger.step()
+    data = json.loads((the_rank_dir(dump) / "debug.json").read_text())["data"]
+    first, second = data["a/b.0.debug"]["k"]["data_name"], data["a_b.0.debug"][key]["data_name"]
+    assert first != second
+    tensor_dir = the_rank_dir(dump) / "dump_tensor_data"
+    assert torch.equal(torch.load(tensor_dir / first, weights_only=True), t1)
+    assert torch.equal(torch.load(tensor_dir / second, weights_only=True), t2)
+
+
+def adversarial_names(rng: random.Random) -> list[str]:
+    """Hostile names, each with the names an attacker would pick to hit its file: its cleaned
+    stem (with and without the suffix), case changes, a second digest marker, long variants."""
+    names: set[str] = {"a/b", "a_b", "a\\b", "a..b", "a_.b", ".", "..", "", "x.", "x_", "~", "a~", "A/B"}
+    for _ in range(400):
+        names.add(hostile_name(rng))
+    for base in list(names):
+        for suffix in (".pt", ""):
+            cleaned = safe_file_name(base, suffix)
+            stem = cleaned[: -len(suffix)] if suffix else cleaned
+            names.update({stem, cleaned, stem.upper(), stem + "~" + "0" * 12, stem[:-1]})
+        names.add(base + "~" + hashlib.sha256(base.encode("utf-8", "surrogatepass")).hexdigest()[:12])
+    names.update("x" * n for n in (240, 241, 242, 243, 244, 252, 253, 300))
+    return sorted(names)
+
+
+def test_distinct_names_give_distinct_file_names() -> None:
+    names = adversarial_names(random.Random(27))
+    assert len(names) > 2000
+    for suffix in (".pt", ""):
+        files = [safe_file_name(n, suffix) for n in names]
+        assert len(set(files)) == len(names), [n for n in names if files.count(safe_file_name(n, suffix)) > 1][:4]
+        assert all(path_under(Path("/d"), f) == Path("/d") / f for f in files)  # each a plain file name

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import sys
 import time
 from collections import defaultdict, deque
@@ -28,7 +29,14 @@ from typing import Any
 import torch
 
 from trainprobe.dump.compare_load import Item, RankDump, is_tensor, load_rank, order_key, pair_dirs, tensor_path
-from trainprobe.dump.compare_metrics import STAT_KEYS, Verdict, check_structure, statistics_values, tensor_values
+from trainprobe.dump.compare_metrics import (
+    STAT_KEYS,
+    Verdict,
+    check_numbers,
+    check_structure,
+    statistics_values,
+    tensor_values,
+)
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.sinks.files import write_atomically
 
@@ -152,6 +160,7 @@ def compare_rank(target: RankDump, golden: RankDump) -> tuple[str, list[list[Any
     rows: list[list[Any]] = []
     first: Divergence | None = None
     pairs = match(target.items, golden.items)
+    where_t, where_g = f"NPU {target.main_file}", f"Bench {golden.main_file}"
     for t, g in _progress(pairs, len(pairs)):
         verdict = Verdict()
         te, ge = t.entry, g.entry if g is not None else None
@@ -165,6 +174,11 @@ def compare_rank(target: RankDump, golden: RankDump) -> tuple[str, list[list[Any
                 middle[0] = te.get("md5", "N/A")
         else:
             check_structure(te, ge, verdict)
+        if mode != "md5":
+            check_numbers(te, where_t, verdict)
+            if ge is not None:
+                check_numbers(ge, where_g, verdict)
+        if ge is not None:
             if mode == "md5":
                 middle = [te.get("md5", "N/A"), ge.get("md5", "N/A")]
                 if te.get("md5") != ge.get("md5"):
@@ -208,9 +222,38 @@ def _progress(items: list[Any], total: int) -> Iterable[Any]:
     return tqdm(items, total=total, desc="compare", unit="tensor", file=sys.stderr)
 
 
+_FORMULA_STARTS = frozenset("=+-@\t\r")
+_KEPT_TYPES = frozenset({int, float, bool, type(None)})
+_NUMBER_TEXT = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|inf|infinity|nan)", re.IGNORECASE)
+
+
+def as_text_cell(value: Any) -> Any:
+    """``value`` as a table cell that no spreadsheet runs as a formula (CSV injection).
+
+    Numbers (``int``, ``float``; a negative one included), ``bool`` and ``None`` are kept as
+    they are. A string that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return
+    gets a leading ``'`` (``=HYPERLINK(...)`` → ``'=HYPERLINK(...)``), unless it is the text of
+    a number (``-1.5``, ``-inf``, ``nan``), which is kept. Anything else becomes its ``str``
+    under the same rule.
+    """
+    if type(value) is not str:
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        value = str(value)
+    if not value or value[0] not in _FORMULA_STARTS or _NUMBER_TEXT.fullmatch(value):
+        return value
+    return "'" + value
+
+
 def write_table(path: Path, columns: list[str], rows: list[list[Any]], xlsx: bool) -> None:
-    """Write ``rows`` under ``columns`` to ``path`` (CSV, or xlsx with openpyxl)."""
+    """Write ``rows`` under ``columns`` to ``path`` (CSV, or xlsx with openpyxl); every cell
+    goes through :func:`as_text_cell`, so no cell of either is a formula."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    keep, starts = _KEPT_TYPES, _FORMULA_STARTS  # the common cells without a call (tables of millions)
+    cells = [
+        [v if type(v) in keep or (type(v) is str and v[:1] not in starts) else as_text_cell(v) for v in row]
+        for row in [columns, *rows]
+    ]
     if xlsx:
         try:
             from openpyxl import Workbook
@@ -219,15 +262,13 @@ def write_table(path: Path, columns: list[str], rows: list[list[Any]], xlsx: boo
         wb = Workbook()
         ws = wb.active
         ws.title = "compare_result"
-        ws.append(columns)
-        for row in rows:
-            ws.append([v if isinstance(v, (int, float, str)) or v is None else str(v) for v in row])
+        for row in cells:
+            ws.append(row)  # openpyxl makes a formula of a string starting with "=": none is left
         write_atomically(path, wb.save)
     else:
         buf = io.StringIO()
         writer = csv.writer(buf)
-        writer.writerow(columns)
-        writer.writerows(rows)
+        writer.writerows(cells)
         write_atomically(path, buf.getvalue())
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.file_names import path_under
+from trainprobe.engine.log import logger
 from trainprobe.engine.safe_files import read_text
 
 _STEP = re.compile(r"^step(\d+)$")
@@ -56,6 +57,11 @@ class RankDump:
         return self.path / "dump_tensor_data"
 
     @property
+    def main_file(self) -> Path:
+        """Its ``dump.json`` (``debug.json`` for a dump of ``save()`` calls)."""
+        return main_file(self.path)
+
+    @property
     def has_md5(self) -> bool:
         """Whether its entries carry checksums."""
         return any("md5" in item.entry for item in self.items)
@@ -69,18 +75,31 @@ def kind_of(path: Path) -> str:
     """
     if not path.is_dir():
         raise ConfigError(f"{path}: no such directory")
-    if (path / "dump.json").is_file() or (path / "debug.json").is_file():
+    if is_finished(path):
         return "rank"
     children = [p for p in path.iterdir() if p.is_dir()]
     if any(_RANK.match(p.name) for p in children):
         return "step"
     if any(_STEP.match(p.name) for p in children):
         return "root"
+    if _RANK.match(path.name):
+        raise ConfigError(f"{path}: an unfinished rank directory (no dump.json: the run was stopped during this step)")
     raise ConfigError(f"{path}: not a dump (no dump.json, rank*/proc* or step* directories inside)")
+
+
+def is_finished(rank_dir: Path) -> bool:
+    """Whether a rank directory holds its ``dump.json`` (or ``debug.json``). The JSON files are
+    written last, atomically, by ``stop()``/``step()``: a rank directory without one belongs to
+    a step the run was stopped (killed) in, and may hold partial ``.pt`` or ``.tmp`` files."""
+    return (rank_dir / "dump.json").is_file() or (rank_dir / "debug.json").is_file()
 
 
 def pair_dirs(target: Path, golden: Path) -> list[tuple[str, Path, Path]]:
     """``(label, target rank dir, golden rank dir)`` for every pair to compare.
+
+    Rank directories of an unfinished step (:func:`is_finished`) on either side are left out,
+    with one warning per step naming them; a step left with no finished rank directory on one
+    side is skipped, so a dump killed in step N compares its steps 0..N-1.
 
     Raises:
         ConfigError: the two paths are of different kinds or have nothing in common.
@@ -91,18 +110,43 @@ def pair_dirs(target: Path, golden: Path) -> list[tuple[str, Path, Path]]:
     if kt == "rank":
         return [("", target, golden)]
     if kt == "step":
-        return [(label, t, g) for label, t, g in _pair_children(target, golden, _RANK, "rank")]
+        tranks, granks = _finished_ranks(target), _finished_ranks(golden)
+        return [(label, t, g) for label, t, g in _pair_children(tranks, granks, target, golden, "rank")]
     out: list[tuple[str, Path, Path]] = []
-    for step, ts, gs in _pair_children(target, golden, _STEP, "step"):
-        out.extend((f"{step}_{rank}", t, g) for rank, t, g in _pair_children(ts, gs, _RANK, "rank"))
+    steps = _pair_children(_children(target, _STEP), _children(golden, _STEP), target, golden, "step")
+    for step, ts, gs in steps:
+        tranks, granks = _finished_ranks(ts), _finished_ranks(gs)
+        if not tranks or not granks:
+            continue
+        out.extend((f"{step}_{rank}", t, g) for rank, t, g in _pair_children(tranks, granks, ts, gs, "rank"))
     if not out:
-        raise ConfigError(f"mismatched dumps: {target} and {golden} have no step/rank directory in common")
+        raise ConfigError(f"mismatched dumps: {target} and {golden} have no finished step/rank directory in common")
     return out
 
 
-def _pair_children(target: Path, golden: Path, pattern: re.Pattern[str], what: str) -> list[tuple[str, Path, Path]]:
-    tdirs = {p.name: p for p in sorted(target.iterdir()) if p.is_dir() and pattern.match(p.name)}
-    gdirs = {p.name: p for p in sorted(golden.iterdir()) if p.is_dir() and pattern.match(p.name)}
+def _children(folder: Path, pattern: re.Pattern[str]) -> dict[str, Path]:
+    return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir() and pattern.match(p.name)}
+
+
+def _finished_ranks(step_dir: Path) -> dict[str, Path]:
+    """The finished rank directories of ``step_dir``; one warning names the unfinished ones."""
+    ranks = _children(step_dir, _RANK)
+    unfinished = [name for name, path in ranks.items() if not is_finished(path)]
+    if unfinished:
+        logger.warning(
+            "trainprobe compare: skipping %s (%s): unfinished, no dump.json (the run was stopped during this "
+            "step; its partial files are not compared)",
+            step_dir,
+            ", ".join(unfinished),
+        )
+    elif not ranks:
+        logger.warning("trainprobe compare: skipping %s: no rank directory in it", step_dir)
+    return {name: path for name, path in ranks.items() if name not in unfinished}
+
+
+def _pair_children(
+    tdirs: dict[str, Path], gdirs: dict[str, Path], target: Path, golden: Path, what: str
+) -> list[tuple[str, Path, Path]]:
     common = [n for n in tdirs if n in gdirs]
     if not common and what == "rank":
         tproc = [n for n in tdirs if n.startswith("proc")]
@@ -159,13 +203,20 @@ def tensor_path(tensor_dir: Path, data_name: str) -> Path:
     return path
 
 
+def main_file(rank_dir: Path) -> Path:
+    """The rank directory's ``dump.json``, or its ``debug.json`` when it has no ``dump.json``."""
+    return rank_dir / "dump.json" if (rank_dir / "dump.json").is_file() else rank_dir / "debug.json"
+
+
 def load_rank(path: Path) -> RankDump:
     """Parse one rank directory.
 
     Raises:
         ConfigError: its dump.json is missing, unreadable or not a dump.
     """
-    main = path / "dump.json" if (path / "dump.json").is_file() else path / "debug.json"
+    main = main_file(path)
+    if not is_finished(path):
+        raise ConfigError(f"{path}: no dump.json or debug.json (an unfinished step, or not a rank directory)")
     data = _read_json(main)
     if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
         raise ConfigError(f"{main}: not a dump file (expected an object with a 'data' object)")

@@ -19,6 +19,10 @@ fail a row:
 * md5: ``pass`` when the checksums are equal, ``error`` otherwise.
 * values that are not tensors (an int, a float, a bool, ``None``): their value stands in for the
   four statistics; ``warning`` when two non-numeric values differ.
+* a tensor statistic in a dump file that is not a number (``"Max": "abc"``, ``true``, a list;
+  ``null`` and the texts ``"nan"``/``"inf"``/``"-inf"`` are fine): ``error`` naming the file and
+  the key (:func:`check_numbers`), in statistics and tensor mode; the columns of that statistic
+  show ``N/A`` for its differences.
 """
 
 from __future__ import annotations
@@ -88,6 +92,20 @@ def relative(a: float | None, b: float | None) -> float | None:
     if b == 0 or not math.isfinite(b) or not math.isfinite(a):
         return None
     return abs(a - b) / abs(b)
+
+
+def check_numbers(entry: dict[str, Any], where: str, verdict: Verdict) -> None:
+    """Flag, as an ``error`` naming ``where`` (the dump file) and the key, a tensor statistic that
+    is neither a number, ``null``, nor a number's text (``"nan"``, ``"inf"``, ``"-inf"``,
+    ``"1.5"``): ``"Max": "abc"`` or ``"Max": true`` is a damaged dump, never a silent ``N/A``."""
+    if entry.get("type") != "torch.Tensor":
+        return
+    for key in STAT_KEYS:
+        value = entry.get(key)
+        if value is not None and as_float(value) is None:
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            verdict.flag("error", f"{where}: {key} is not a number ({shown})")
 
 
 def check_structure(t: dict[str, Any], g: dict[str, Any], verdict: Verdict) -> None:

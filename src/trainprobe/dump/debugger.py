@@ -39,6 +39,7 @@ from trainprobe.dump.module_hooks import ModuleHooks, named_submodules
 from trainprobe.dump.store import StepStore, TensorFileWriter, disk_full, report_write_error
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.fields import config_file, load_json_object
+from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.log import info_once, warn_once
 from trainprobe.engine.patching import AttrPatch
 
@@ -79,7 +80,9 @@ class PrecisionDebugger:
         api_list: a ``support_wrap_ops.yaml`` replacing the shipped list of L1 APIs.
 
     Raises:
-        ConfigError: an invalid config field or argument (naming it).
+        ConfigError: an invalid config field or argument (naming it); a ``dump_path`` that
+            cannot be created as a writable folder (a file, a path under a file, a FIFO, an
+            unwritable folder) is one, reported here rather than at the first ``stop()``.
     """
 
     _current: ClassVar[PrecisionDebugger | None] = None
@@ -97,6 +100,7 @@ class PrecisionDebugger:
         self.config_path = None if config_path is None else config_file(config_path, "config_path")
         self._overrides: dict[str, Any] = {"task": task, "dump_path": dump_path, "level": level, "step": step}
         self.config: DumpConfig = load_dump_config(self.config_path).with_overrides(**self._overrides)
+        make_output_folder(self.config.dump_path, "dump_path")
         self._config_mtime = self._mtime()
         self.catalog = (
             ApiCatalog.load(None if api_list is None else Path(api_list))

@@ -4,7 +4,9 @@ A tensor becomes ``{"type": "torch.Tensor", "dtype", "shape", "Max", "Min", "Mea
 "requires_grad"}`` plus ``"md5"`` (summary_mode md5: CRC-32 of the bytes, 8 hex digits; xor: XOR
 of the bytes as 64-bit words, 16 hex digits) and ``"data_name"`` when its ``.pt`` file is saved
 (the record name made a safe file name by :func:`~trainprobe.engine.file_names.safe_file_name`).
-Task ``structure`` keeps type, dtype, shape and requires_grad only. Other values:
+Task ``structure`` keeps type, dtype, shape and requires_grad only. A meta tensor
+(``device="meta"``) holds no data: its entry has its dtype, shape and requires_grad, ``null``
+statistics, no checksum and no ``.pt`` file (no ``data_name``), and the dump goes on. Other values:
 ``{"type": "int", "value": 3}``, ``torch.dtype``/``torch.Size``/``slice`` likewise, ``None`` →
 ``null``, lists/tuples → lists, dicts → objects, anything else ``{"type": <class name>}``.
 
@@ -81,7 +83,7 @@ def tensor_entry(t: torch.Tensor, data_name: str | None, opts: EntryOptions) -> 
         entry = _entry_with_statistics(t, statistics_row(t))
         if opts.summary_mode != "statistics":
             entry["md5"] = checksum(t, opts.summary_mode)
-    if data_name is not None and opts.save is not None:
+    if data_name is not None and opts.save is not None and not t.is_meta:
         name = safe_file_name(data_name, ".pt")
         entry["data_name"] = name
         opts.save(name, t, entry)

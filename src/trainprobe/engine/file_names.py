@@ -20,6 +20,8 @@ MAX_NAME_BYTES = 255
 _DIGEST_CHARS = 12
 _PLAIN = re.compile(r"[A-Za-z0-9_:+\-]+(?:\.[A-Za-z0-9_:+\-]+)*")
 """Names that are safe at a glance (the dump's usual ``Functional.relu.0.forward.input.0``)."""
+_DIGEST_MARKER = re.compile(rf"~[0-9a-fA-F]{{{_DIGEST_CHARS}}}\Z")
+"""How a cleaned name ends before its suffix; a name ending so is cleaned too (never kept as is)."""
 
 
 def _unsafe_char(c: str) -> bool:
@@ -35,8 +37,10 @@ def safe_file_name(name: str, suffix: str = "") -> str:
     bytes in UTF-8. A name that already is all of that is returned unchanged (so
     ``Functional.relu.0.forward.input.0`` + ``.pt`` stays as it is); any other gets its unsafe
     characters replaced by ``_`` and ``~`` plus 12 hex digits of a SHA-256 of the original
-    before ``suffix``, so two different names never end up as the same file. ``suffix`` (such as
-    ``.pt``) is kept as given and must itself be safe.
+    before ``suffix``. A name that itself ends like that (``~`` and 12 hex digits, the digest
+    marker) also gets a digest of its own, so no name kept as it is can equal a cleaned one: two
+    different names never end up as the same file (short of a 48-bit SHA-256 prefix collision).
+    ``suffix`` (such as ``.pt``) is kept as given and must itself be safe.
 
     Raises:
         ValueError: ``suffix`` is not a safe file name ending.
@@ -44,10 +48,11 @@ def safe_file_name(name: str, suffix: str = "") -> str:
     if _unsafe_text(suffix) or len(suffix.encode("utf-8")) > MAX_NAME_BYTES // 2:
         raise ValueError(f"file name suffix {suffix!r} is not safe")
     full = name + suffix
-    if len(full) <= MAX_NAME_BYTES and _PLAIN.fullmatch(full):
-        return full
-    if name and full not in (".", "..") and not _unsafe_text(full) and len(full.encode("utf-8")) <= MAX_NAME_BYTES:
-        return full
+    if not _DIGEST_MARKER.search(name):
+        if len(full) <= MAX_NAME_BYTES and _PLAIN.fullmatch(full):
+            return full
+        if name and is_plain_file_name(full):
+            return full
     cleaned = "".join("_" if _unsafe_char(c) else c for c in name)
     cleaned = re.sub(r"\.(?=\.)", "_", cleaned)  # every dot followed by a dot
     if suffix.startswith(".") and cleaned.endswith("."):
@@ -62,14 +67,26 @@ def _unsafe_text(text: str) -> bool:
     return ".." in text or any(_unsafe_char(c) for c in text)
 
 
+def is_plain_file_name(name: str) -> bool:
+    """Whether ``name`` is one harmless file name: not empty, ``.`` or ``..``, no ``..``, no
+    path separator or unprintable character, at most :data:`MAX_NAME_BYTES` bytes in UTF-8
+    (every result of :func:`safe_file_name` is one)."""
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and not _unsafe_text(name)
+        and len(name.encode("utf-8")) <= MAX_NAME_BYTES
+    )
+
+
 def path_under(folder: Path, name: str) -> Path:
     """``folder / name``, checked to be a file directly inside ``folder``.
 
     Raises:
-        ValueError: ``name`` is not a single safe file name (see :func:`safe_file_name`), or the
+        ValueError: ``name`` is not a single safe file name (see :func:`is_plain_file_name`), or the
             joined path would leave ``folder``.
     """
-    if safe_file_name(name) != name:
+    if not is_plain_file_name(name):
         raise ValueError(f"refusing to write {name!r}: not a plain file name")
     path = folder / name
     base = os.path.abspath(folder)
