@@ -6,6 +6,11 @@ The contract of :func:`read_text` (and :func:`read_bytes`):
 * only a **regular file** is read (a symlink is followed to what it points at): a folder, a FIFO,
   a socket or a device such as ``/dev/zero`` is refused without being read (a FIFO is opened
   non-blocking, so the check never waits for a writer);
+* with ``within`` (a folder: the monitor output a tool was given), a file that is, or is
+  reached through, a link leading **outside** that folder is refused without being opened: a
+  run folder that someone else can write into cannot make a tool read ``~/.ssh/id_rsa`` and
+  quote its first line in an error (see docs/security.md). :func:`is_inside` is the same test
+  for tools that skip such entries while looking for files;
 * at most ``max_bytes`` are read; a larger file is refused;
 * the bytes present when the file was opened are read, so a file still being appended to gives
   a consistent prefix;
@@ -52,16 +57,26 @@ def describe_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def read_bytes(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
-    """The content of the regular file ``path`` (at most ``max_bytes``).
+def read_bytes(path: str | os.PathLike[str], *, max_bytes: int, within: str | os.PathLike[str] | None = None) -> bytes:
+    """The content of the regular file ``path`` (at most ``max_bytes``); with ``within``, only
+    when ``path``, every link followed, lies inside the folder ``within``.
 
     Raises:
         ConfigError: ``<path>: ...`` when the file is missing, unreadable, not a regular file,
-            or larger than ``max_bytes``.
+            larger than ``max_bytes``, or a link leading outside ``within``. The message never
+            quotes the file's content.
     """
     where = str(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if within is not None:
+        if not is_inside(path, within):
+            raise ConfigError(
+                f"{where}: a link to a file outside {str(within)!r}; refused (the offline tools read only files "
+                "inside the folder they are given: copy the file there instead of linking it)"
+            )
+        path, flags = os.path.realpath(path), flags | getattr(os, "O_NOFOLLOW", 0)  # no link swapped in meanwhile
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise ConfigError(f"{where}: does not exist") from None
     except IsADirectoryError:
@@ -124,13 +139,24 @@ def decode_utf8(data: bytes, where: str) -> str:
         raise ConfigError(f"{where}: not UTF-8 text (byte 0x{bad} at offset {exc.start}); refused") from None
 
 
-def read_text(path: str | os.PathLike[str], *, max_bytes: int) -> str:
-    """:func:`read_bytes` then :func:`decode_utf8`: the UTF-8 text of a regular file.
+def read_text(path: str | os.PathLike[str], *, max_bytes: int, within: str | os.PathLike[str] | None = None) -> str:
+    """:func:`read_bytes` then :func:`decode_utf8`: the UTF-8 text of a regular file (inside the
+    folder ``within``, when given).
 
     Raises:
         ConfigError: see both; the message starts with the path.
     """
-    return decode_utf8(read_bytes(path, max_bytes=max_bytes), str(path))
+    return decode_utf8(read_bytes(path, max_bytes=max_bytes, within=within), str(path))
+
+
+def is_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """True when ``path``, every symbolic link on the way followed, lies inside ``folder`` (its
+    links followed too: a monitor output reached through a link is fine); never raises."""
+    try:
+        real, base = os.path.realpath(path), os.path.realpath(folder)
+        return os.path.commonpath([real, base]) == base
+    except (OSError, ValueError):
+        return False
 
 
 def is_regular_file(path: Path) -> bool:

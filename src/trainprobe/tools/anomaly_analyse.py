@@ -60,7 +60,7 @@ from typing import Any, TextIO
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import ANOMALY_FILE, ANOMALY_FOLDER, ANOMALY_RANK
 from trainprobe.engine.log import warn_once
-from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
+from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, is_inside, one_line
 from trainprobe.engine.safe_json import load_json_file
 from trainprobe.engine.sinks.files import write_json_atomically
 from trainprobe.tools.execution_order import (
@@ -176,18 +176,25 @@ def _rank_files(folder: Path) -> list[Path]:
     for child in children:
         match = ANOMALY_RANK.fullmatch(child.name)
         if match and (child / ANOMALY_FILE).is_file():  # regular files (or links to one) only
+            if not is_inside(child / ANOMALY_FILE, folder):
+                warn_once(
+                    f"outside:{child / ANOMALY_FILE}",
+                    f"{child / ANOMALY_FILE}: a link to a file outside {str(folder)!r}, skipped (not read)",
+                )
+                continue
             found.append((bounded_int(match.group(1), "rank", f"data_path: {str(child)!r}"), child / ANOMALY_FILE))
     return [path for _, path in sorted(found)]
 
 
-def read_anomaly_file(path: Path) -> list[AnomalyEvent]:
-    """The events of one ``anomaly.json``, in file order.
+def read_anomaly_file(path: Path, within: Path | None = None) -> list[AnomalyEvent]:
+    """The events of one ``anomaly.json``, in file order; with ``within``, only a file inside
+    that folder (a link leading elsewhere is refused unread).
 
     Raises:
         ConfigError: unreadable file, malformed JSON, not an object of events, or a bad event
             (see :func:`check_event`); the message starts with the file's path.
     """
-    document = load_json_file(path)
+    document = load_json_file(path, within=within)
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a JSON object of events, got {type(document).__name__}")
     return [make_event(key, value, path) for key, value in document.items()]
@@ -280,7 +287,7 @@ def load_anomalies(data_path: str | Path) -> tuple[Path, list[Path], list[Anomal
     events: list[AnomalyEvent] = []
     seen: dict[str, Path] = {}
     for path in files:
-        for event in read_anomaly_file(path):
+        for event in read_anomaly_file(path, within=folder):
             if event.key in seen:
                 raise ConfigError(f"{path}: event {event.key!r}: the same key is also in {seen[event.key]}")
             seen[event.key] = path
