@@ -74,7 +74,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -338,7 +338,8 @@ def _repeats(steps: list[int], index: list[int], distinct: int) -> bool:
     count = len(index)
     if distinct and count % distinct == 0 and index == list(range(distinct)) * (count // distinct):
         firsts = steps[0::distinct]
-        if len(set(firsts)) == len(firsts) and all(steps[i::distinct] == firsts for i in range(1, distinct)):
+        blocks = chain.from_iterable(map(repeat, firsts, repeat(distinct, len(firsts))))
+        if len(set(firsts)) == len(firsts) and steps == list(blocks):
             return False
     return len(set(zip(steps, index))) < count
 

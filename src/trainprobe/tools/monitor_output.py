@@ -308,6 +308,7 @@ def _files_of(
     links to files outside ``root`` to ``outside`` (neither is opened)."""
     pattern = V1_FILE if layout == "v1" else V2_FILE
     known = V1_DATA_TYPES if layout == "v1" else V2_DATA_TYPES
+    run_inside = is_inside(run, root)  # a plain file of the run folder is inside iff the folder is
     try:
         paths = sorted(run.glob("*.csv"))
     except OSError as exc:
@@ -319,7 +320,7 @@ def _files_of(
         if not is_regular_file(path):
             skipped.append(str(path))
             continue
-        if not is_inside(path, root):
+        if not (run_inside and not path.is_symlink()) and not is_inside(path, root):
             outside.append(str(path))
             continue
         first = bounded_int(match["first"], "first step", str(path))
