@@ -788,6 +788,7 @@ def summary(result: CSV2DBResult) -> str:
         [
             f", {result.unchanged} unchanged file(s) skipped" if result.unchanged else "",
             f", {result.torn} torn row(s) skipped" if result.torn else "",
+            f", {result.replaced} row(s) replaced stored rows of the same key" if result.replaced else "",
         ]
     )
     return (
