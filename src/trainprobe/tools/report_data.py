@@ -348,8 +348,9 @@ def _alert_rows(alerts: Sequence[AnomalyEvent]) -> dict[tuple[int, str, int, int
     each row's alerts in ``call_id`` order (a module called twice: its first call first)."""
     found: dict[tuple[int, str, int, int, int, str], list[int]] = {}
     for n in sorted(range(len(alerts)), key=lambda i: alerts[i].data["call_id"]):
-        data = alerts[n].data
-        key = (data["rank"], event_group(alerts[n]), data["step"], data["micro_step"], data["vpp_stage"])
+        data, table = alerts[n].data, event_group(alerts[n])
+        micro = 0 if alerts[n].once_per_step else data["micro_step"]  # once per step: no micro-step in the CSV
+        key = (data["rank"], table, data["step"], micro, data["vpp_stage"])
         found.setdefault((*key, event_target(alerts[n])), []).append(n)
     return found
 
@@ -363,7 +364,9 @@ def _place_alerts(reading: _Reading, file: MonitorCsv, targets: list[str], colum
     steps, micro, vpp, pos = (columns[k].tolist() for k in ("steps", "micro", "vpp", "pos"))
     taken: dict[tuple[int, str, int, int, int, str], int] = {}
     for row in (i for i, step in enumerate(steps) if step in wanted):
-        key = (file.rank, file.data_type, steps[row], max(micro[row], 0), vpp[row], _bare_target(targets[row]))
+        target = _bare_target(targets[row])
+        once = _phase(file.data_type, target)[1]
+        key = (file.rank, file.data_type, steps[row], 0 if once else max(micro[row], 0), vpp[row], target)
         alerts = reading.alert_rows.get(key)
         if alerts is not None and taken.get(key, 0) < len(alerts):
             reading.alert_positions[alerts[taken.get(key, 0)]] = pos[row]
