@@ -531,8 +531,13 @@ def test_a_schema_1_database_is_upgraded(tmp_path):
     with sqlite3.connect(result.db_path) as conn:
         conn.executescript(
             """
-            DROP INDEX targets_key;
-            ALTER TABLE targets DROP COLUMN call_index;
+            CREATE TABLE old AS SELECT target_id, name, vpp_stage, micro_step, scope FROM targets;
+            DROP TABLE targets;
+            CREATE TABLE targets (
+                target_id INTEGER PRIMARY KEY, name TEXT NOT NULL, vpp_stage INTEGER NOT NULL,
+                micro_step INTEGER, scope TEXT);
+            INSERT INTO targets SELECT * FROM old;
+            DROP TABLE old;
             CREATE UNIQUE INDEX targets_key ON targets(name, vpp_stage, ifnull(micro_step, -1), ifnull(scope, ''));
             UPDATE meta SET value = '1' WHERE key = 'schema_version';
             """
