@@ -103,3 +103,33 @@ def write_reference_v2(root: Path, steps: int = 2) -> Path:
         csv.writer(buffer).writerows(rows)  # the csv module's default "\r\n"
         (folder / f"{name}_step0-{last}.csv").write_bytes(buffer.getvalue().encode())
     return folder
+
+
+def write_reference_repeats(root: Path, steps: int = 2, micro_batches: int = 2) -> Path:
+    """A reference-layout tree whose keys repeat within a step, as the reference tool writes them:
+    V1 ``actv`` with gradient accumulation and no ``micro_step`` column (one set of rows per
+    micro-batch) and a V2 ``module`` CSV of a module called twice per step (``fc1`` applied
+    twice: two ``fc1.output.0`` rows per step). Every row's value differs. Returns ``root``."""
+    run = root / "v1" / V1_RUN
+    run.mkdir(parents=True)
+    last = steps - 1
+    actv = [
+        [0, name, s, -v, v, 2 * v, 0.0, 0, v / 10, "[4, 16]", "torch.float32"]
+        for s in range(steps)
+        for m in range(micro_batches)
+        for i, name in enumerate(["fc1.input", "fc1.output", ".output"])
+        for v in [round(0.5 + i + s / 10 + m / 100, 6)]
+    ]
+    (run / f"actv_{0}-{last}.csv").write_text(v1_text(V1_HEADER, actv), encoding="utf-8")
+    folder = root / "v2" / "rank_0"
+    folder.mkdir(parents=True)
+    module: list[list[object]] = [["vpp_stage", "step", "module_name", "scope", *V2_OPS]]
+    for step in range(steps):
+        for call in range(2):
+            value = 0.1 + step + call / 10
+            module.append([-1, step, "fc1.input.0", "forward", -value, value, 0.0, 2 * value, 0.0])
+            module.append([-1, step, "fc1.output.0", "forward", -value, value, 0.01, 3 * value, 0.0])
+    buffer = io.StringIO(newline="")
+    csv.writer(buffer).writerows(module)
+    (folder / f"module_step0-{last}.csv").write_bytes(buffer.getvalue().encode())
+    return root

@@ -4,6 +4,7 @@ written, the command line and bad input."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -15,13 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
+import trainprobe.tools.csv2db as csv2db_module
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
-from reference_layouts import V1_OPS, write_reference_v1, write_reference_v2
+from reference_layouts import V1_OPS, write_reference_repeats, write_reference_v1, write_reference_v2
+from trainprobe import TrainerMonitorV2
 from trainprobe.cli import main as cli_main
 from trainprobe.core.monitor.csv2db import CSV2DBConfig, CSV2DBResult, csv2db
 from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.csv2db import RowsLostError
 
 Key = tuple[int, str, str, int, "int | None", "str | None", int]
 NAN = "nan"  # NaN stand-in: NaN != NaN would fail equal dicts
@@ -36,10 +42,12 @@ def _cell(text: str) -> float | str:
     return NAN if math.isnan(value) else value
 
 
-def csv_rows(root: Path) -> dict[Key, dict[str, Any]]:
+def csv_rows(root: Path, calls: bool = False) -> dict[Any, dict[str, Any]]:
     """Every row of every monitor CSV under ``root`` (V1 run folders or V2 rank folders), read
-    with the csv module: (rank, data type, name, vpp_stage, micro_step, scope, step) → {op: value}."""
-    out: dict[Key, dict[str, Any]] = {}
+    with the csv module: (rank, data type, name, vpp_stage, micro_step, scope, step) → {op: value};
+    with ``calls``, the key ends with the row's call index (how many rows of the file before it
+    had the same key)."""
+    out: dict[Any, dict[str, Any]] = {}
     for path in sorted(root.glob("*/*.csv")):
         v1 = _V1_FOLDER.search(path.parent.name)
         rank = int(v1.group(1)) if v1 else int(path.parent.name.split("_")[1])
@@ -47,6 +55,7 @@ def csv_rows(root: Path) -> dict[Key, dict[str, Any]]:
         header, rows = read_csv(path)
         keys = {"vpp_stage", "name", "module_name", "step", "micro_step", "scope", "shape", "dtype"}
         ops = [column for column in header if column not in keys]
+        seen: dict[Key, int] = {}
         for row in rows:
             micro = row.get("micro_step") or None
             key = (
@@ -58,23 +67,30 @@ def csv_rows(root: Path) -> dict[Key, dict[str, Any]]:
                 None if v1 else row["scope"],
                 int(row["step"]),
             )
-            assert key not in out, key
-            out[key] = {op: _cell(row[op]) for op in ops}
+            call = seen[key] = seen.get(key, -1) + 1
+            full = (*key, call) if calls else key
+            assert full not in out, full
+            out[full] = {op: _cell(row[op]) for op in ops}
     return out
 
 
-def db_rows(db: Path) -> dict[Key, dict[str, Any]]:
+def db_rows(db: Path, calls: bool = False) -> dict[Any, dict[str, Any]]:
     """The same mapping read from ``monitor_metrics.db`` (NaN from ``nan_mask``)."""
     with sqlite3.connect(db) as conn:
         ops = [name for (name,) in conn.execute("SELECT name FROM metrics ORDER BY metric_id")]
         columns = ", ".join(f'v."{op}"' for op in ops)
         query = (
-            f"SELECT v.rank, d.name, t.name, t.vpp_stage, t.micro_step, t.scope, v.step, v.nan_mask, {columns} "
+            f"SELECT v.rank, d.name, t.name, t.vpp_stage, t.micro_step, t.scope, v.step, t.call_index, v.nan_mask, "
+            f"{columns} "
             "FROM metric_values v JOIN targets t USING (target_id) JOIN data_types d USING (data_type_id)"
         )
-        out: dict[Key, dict[str, Any]] = {}
-        for rank, data_type, name, vpp, micro, scope, step, mask, *values in conn.execute(query):
-            key = (rank, data_type, name, vpp, micro, scope, step)
+        out: dict[Any, dict[str, Any]] = {}
+        for rank, data_type, name, vpp, micro, scope, step, call, mask, *values in conn.execute(query):
+            key = (
+                (rank, data_type, name, vpp, micro, scope, step, call)
+                if calls
+                else (rank, data_type, name, vpp, micro, scope, step)
+            )
             assert key not in out, key
             out[key] = {
                 op: NAN if mask >> bit & 1 else value
@@ -418,3 +434,117 @@ def test_reference_v1_and_v2_layouts(tmp_path):
     v2 = convert(monitor / "v2", tmp_path / "db2")
     assert (v2.rows, v2.torn) == (6, 0)
     assert db_rows(v2.db_path)[(0, "weight_grad", "fc1.weight", -1, 1, "reduced", 1)]["norm"] == 1.22
+
+
+# --------------------------------------------------------------------------- keys that repeat within a step
+
+
+class _SharedLayer(nn.Module):
+    """``fc`` applied twice per forward pass: the module monitor writes two sets of its rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.act(self.fc(x)))
+
+
+def _train_shared_layer(out: Path, steps: int = 3, micro_batches: int = 2) -> None:
+    config = out.parent / "v2_config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "output_dir": str(out),
+                "monitors": {
+                    "module": {"enabled": True, "ops": OPS},
+                    "weight_grad": {"enabled": True, "ops": OPS},
+                },
+            }
+        )
+    )
+    torch.manual_seed(0)
+    model = _SharedLayer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = TrainerMonitorV2(str(config))
+    mon.start(model=model, optimizer=opt)
+    for _ in range(steps):
+        for _ in range(micro_batches):
+            model(torch.randn(3, 4)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+
+
+def test_a_module_called_twice_per_step_keeps_every_row(tmp_path):
+    """Real V2 training, ``fc`` called twice per forward and two micro-batches per step: every
+    CSV row is in the database, the repeats told apart by ``targets.call_index``."""
+    monitor = tmp_path / "v2"
+    _train_shared_layer(monitor)
+    expected = csv_rows(monitor, calls=True)
+    assert max(key[-1] for key in expected) >= 1  # the module CSV does repeat keys within a step
+    result = convert(monitor, tmp_path / "db")
+    assert result.rows == len(expected) == query(result.db_path, "SELECT count(*) FROM metric_values")[0][0]
+    assert result.replaced == 0
+    assert db_rows(result.db_path, calls=True) == expected
+    again = convert(monitor, tmp_path / "db")  # nothing new: nothing added, nothing lost
+    assert (again.rows, again.unchanged) == (0, result.files)
+
+
+def test_reference_layouts_with_repeated_keys(tmp_path):
+    """The reference tool's V1 ``actv`` of gradient accumulation (no ``micro_step`` column) and a
+    V2 ``module`` CSV of a module called twice: one row per call, none replaced."""
+    write_reference_repeats(tmp_path / "monitor", steps=3, micro_batches=2)
+    for layout, rows in (("v1", 3 * 2 * 3), ("v2", 3 * 2 * 2)):
+        expected = csv_rows(tmp_path / "monitor" / layout, calls=True)
+        result = convert(tmp_path / "monitor" / layout, tmp_path / f"db_{layout}")
+        assert result.rows == len(expected) == rows
+        assert db_rows(result.db_path, calls=True) == expected
+        assert query(result.db_path, "SELECT DISTINCT call_index FROM targets ORDER BY 1") == [(0,), (1,)]
+
+
+def test_a_restarted_run_replaces_and_says_so(tmp_path):
+    """Two run folders of one rank repeating steps (a restart): the later run's rows replace the
+    earlier's, counted in ``replaced``, and the invariant holds."""
+    write_reference_v1(tmp_path / "monitor")
+    first = next((tmp_path / "monitor").iterdir())
+    shutil.copytree(first, tmp_path / "monitor" / first.name.replace("06-27-30", "06-27-31"))
+    result = convert(tmp_path / "monitor", tmp_path / "db")
+    assert (result.rows, result.replaced) == (2 * 22, 22)
+    assert query(result.db_path, "SELECT count(*) FROM metric_values")[0][0] == 22
+
+
+def test_lost_rows_fail_loudly(tmp_path, monkeypatch):
+    """The check itself: with the call numbering switched off (the old behaviour, repeats
+    collapsing onto one key), the conversion fails instead of storing fewer rows than it read."""
+    write_reference_repeats(tmp_path / "monitor")
+    monkeypatch.setattr(csv2db_module, "call_indices", lambda keys: [0] * len(keys))
+    with pytest.raises(RowsLostError, match=r"holds 6 value rows, expected 12 \(0 before \+ 12 read - 0"):
+        convert(tmp_path / "monitor" / "v1", tmp_path / "db")
+
+
+def test_a_schema_1_database_is_upgraded(tmp_path):
+    """A database made before ``call_index`` (schema 1) gains the column (0 for its targets)."""
+    write_reference_v1(tmp_path / "monitor")
+    result = convert(tmp_path / "monitor", tmp_path / "db")
+    with sqlite3.connect(result.db_path) as conn:
+        conn.executescript(
+            """
+            CREATE TABLE old AS SELECT target_id, name, vpp_stage, micro_step, scope FROM targets;
+            DROP TABLE targets;
+            CREATE TABLE targets (
+                target_id INTEGER PRIMARY KEY, name TEXT NOT NULL, vpp_stage INTEGER NOT NULL,
+                micro_step INTEGER, scope TEXT);
+            INSERT INTO targets SELECT * FROM old;
+            DROP TABLE old;
+            CREATE UNIQUE INDEX targets_key ON targets(name, vpp_stage, ifnull(micro_step, -1), ifnull(scope, ''));
+            UPDATE meta SET value = '1' WHERE key = 'schema_version';
+            """
+        )
+    write_reference_repeats(tmp_path / "more")
+    shutil.copytree(tmp_path / "more" / "v2", tmp_path / "monitor", dirs_exist_ok=True)
+    again = convert(tmp_path / "monitor", tmp_path / "db")
+    assert again.rows == 8
+    assert query(result.db_path, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
+    assert db_rows(result.db_path, calls=True) == csv_rows(tmp_path / "monitor", calls=True)

@@ -356,3 +356,105 @@ def test_no_complete_row_anywhere_is_exit_2(tmp_path, capsys, command):
     code, err = cli_in_process(capsys, command, str(tmp_path / "monitor"), "-o", str(tmp_path / "out"))
     assert code == 2 and len(err) == 1, err
     assert "the 2 selected CSV file(s) under" in err[0] and "hold no complete row" in err[0]
+
+
+# --------------------------------------------------------------------------- links leading out of the folder
+
+SECRET = "TOP-SECRET-first-line"
+
+
+def _secret(tmp_path: Path) -> Path:
+    """A file outside the monitor output whose first line must never reach the user."""
+    path = tmp_path / "private" / "id_rsa"
+    path.parent.mkdir()
+    path.write_text(f"{SECRET},a,b\n1,2,3\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("command", ["csv2db", "csv2tb", "report"])
+def test_a_csv_linking_outside_the_folder_is_skipped_unread(tmp_path, command):
+    """A monitor CSV that is a link to a file outside the monitor output is skipped (one warning)
+    and never opened: its first line appears nowhere (it was quoted as a 'header' before)."""
+    write_reference_v1(tmp_path / "monitor")
+    run = tmp_path / "monitor" / V1_RUN
+    (run / "grad_unreduced_0-1.csv").symlink_to(_secret(tmp_path))
+    done = run_cli(command, str(tmp_path / "monitor"), "-o", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    assert "grad_unreduced_0-1.csv: a link to a file outside" in done.stderr and "skipped (not read)" in done.stderr
+
+
+def test_only_links_outside_is_one_line_exit_2(tmp_path):
+    run = tmp_path / "monitor" / V1_RUN
+    run.mkdir(parents=True)
+    (run / "actv_0-1.csv").symlink_to(_secret(tmp_path))
+    done = run_cli("csv2db", str(tmp_path / "monitor"), "-o", str(tmp_path / "out"))
+    assert_one_line_exit_2(done, "csv2db", r"no monitor CSV found .*skipped 1 links to files outside the folder")
+    assert SECRET not in done.stderr
+
+
+def test_a_file_swapped_for_a_link_after_discovery_is_refused(tmp_path):
+    """The reader checks again when it opens the file (the folder may change meanwhile)."""
+    write_reference_v1(tmp_path / "monitor")
+    file = find_csv_files(tmp_path / "monitor", data_types=["actv"])[0]
+    file.path.unlink()
+    file.path.symlink_to(_secret(tmp_path))
+    with pytest.raises(ConfigError, match=r"actv_0-1.csv: a link to a file outside .*monitor'; refused") as caught:
+        read_table(file)
+    assert SECRET not in str(caught.value)
+
+
+def test_links_inside_the_folder_and_a_linked_folder_are_read(tmp_path):
+    """Links that stay inside the folder given are fine, and so is a monitor output reached
+    through a link (the folder the user names is trusted as a whole)."""
+    write_reference_v1(tmp_path / "real")
+    run = tmp_path / "real" / V1_RUN
+    (run / "actv_0-1.csv").rename(tmp_path / "real" / "kept.csv")
+    (run / "actv_0-1.csv").symlink_to(Path("..") / "kept.csv")
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    files = find_csv_files(tmp_path / "linked")
+    assert "actv" in {f.data_type for f in files}
+    assert all(read_table(f).rows for f in files)
+
+
+def test_the_opener_refuses_a_link_outside_within(tmp_path):
+    secret = _secret(tmp_path)
+    (tmp_path / "inside").mkdir()
+    (tmp_path / "inside" / "link").symlink_to(secret)
+    with pytest.raises(ConfigError, match=r"link: a link to a file outside .*inside'; refused") as caught:
+        read_text(tmp_path / "inside" / "link", max_bytes=1000, within=tmp_path / "inside")
+    assert SECRET not in str(caught.value)
+    assert read_text(tmp_path / "inside" / "link", max_bytes=1000, within=tmp_path).startswith(SECRET)
+
+
+def test_anomaly_json_linking_outside_is_skipped_unread(tmp_path, capsys):
+    secret = tmp_path / "private" / "anomaly.json"
+    secret.parent.mkdir()
+    event = {"rank": 1, "step": 0, "micro_step": 0, "pp_stage": 0, "vpp_stage": 0, "call_id": 1}
+    tag = f"{SECRET}/rank1/actv"
+    secret.write_text(json.dumps({tag: {**event, "tag_name": tag, "message": "", "group_mates": []}}))
+    folder = tmp_path / "anomaly_detected"
+    (folder / "rank1").mkdir(parents=True)
+    (folder / "rank1" / "anomaly.json").symlink_to(secret)
+    (folder / "rank0").mkdir()
+    tag = "0:fc1.input/rank0/actv"
+    (folder / "rank0" / "anomaly.json").write_text(
+        json.dumps({tag: {**event, "rank": 0, "tag_name": tag, "message": "", "group_mates": []}})
+    )
+    _, files, events = load_anomalies(folder)
+    assert [e.data["rank"] for e in events] == [0] and len(files) == 1
+    code, err = cli_in_process(capsys, "anomaly-analyse", "-d", str(folder), "-o", str(tmp_path / "out"))
+    assert code == 0 and SECRET not in capsys.readouterr().out + "\n".join(err)
+
+
+def test_report_skips_training_state_and_event_files_linking_outside(tmp_path):
+    from trainprobe.tools.report_run import find_event_files, find_training_state
+
+    secret = _secret(tmp_path)
+    (tmp_path / "monitor" / "rank_0").mkdir(parents=True)
+    (tmp_path / "monitor" / "rank_0" / "training_state.jsonl").symlink_to(secret)
+    (tmp_path / "monitor" / "rank_0" / "events.out.tfevents.1.host").symlink_to(secret)
+    assert find_training_state(tmp_path / "monitor") == []
+    assert find_event_files(tmp_path / "monitor") == []
+    # a file the user names is read wherever it is
+    assert find_training_state(tmp_path / "monitor", tmp_path / "monitor" / "rank_0" / "training_state.jsonl")

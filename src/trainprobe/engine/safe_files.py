@@ -6,6 +6,11 @@ The contract of :func:`read_text` (and :func:`read_bytes`):
 * only a **regular file** is read (a symlink is followed to what it points at): a folder, a FIFO,
   a socket or a device such as ``/dev/zero`` is refused without being read (a FIFO is opened
   non-blocking, so the check never waits for a writer);
+* with ``within`` (a folder: the monitor output a tool was given), a file that is, or is
+  reached through, a link leading **outside** that folder is refused without being opened: a
+  run folder that someone else can write into cannot make a tool read ``~/.ssh/id_rsa`` and
+  quote its first line in an error (see docs/security.md). :func:`is_inside` is the same test
+  for tools that skip such entries while looking for files;
 * at most ``max_bytes`` are read; a larger file is refused;
 * the bytes present when the file was opened are read, so a file still being appended to gives
   a consistent prefix;
@@ -29,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import codecs
+import errno
 import os
 import re
 import stat
@@ -52,16 +58,19 @@ def describe_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def read_bytes(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
-    """The content of the regular file ``path`` (at most ``max_bytes``).
+def read_bytes(path: str | os.PathLike[str], *, max_bytes: int, within: str | os.PathLike[str] | None = None) -> bytes:
+    """The content of the regular file ``path`` (at most ``max_bytes``); with ``within``, only
+    when ``path``, every link followed, lies inside the folder ``within``.
 
     Raises:
         ConfigError: ``<path>: ...`` when the file is missing, unreadable, not a regular file,
-            or larger than ``max_bytes``.
+            larger than ``max_bytes``, or a link leading outside ``within``. The message never
+            quotes the file's content.
     """
     where = str(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags) if within is None else _open_within(path, within, flags, where)
     except FileNotFoundError:
         raise ConfigError(f"{where}: does not exist") from None
     except IsADirectoryError:
@@ -77,6 +86,52 @@ def read_bytes(path: str | os.PathLike[str], *, max_bytes: int) -> bytes:
                 f"{where}: {info.st_size} bytes, more than the {describe_size(max_bytes)} this tool reads; refused"
             )
         return _read_exactly(fd, info.st_size, where)
+    finally:
+        os.close(fd)
+
+
+def _open_within(path: str | os.PathLike[str], within: str | os.PathLike[str], flags: int, where: str) -> int:
+    """Open ``path`` only if it lies inside ``within`` (see :func:`read_bytes`).
+
+    Fast path: ``path`` named below ``within`` without ``..``: each component is opened relative
+    to the one before with ``O_NOFOLLOW`` (``openat``), so no link, even one swapped in meanwhile,
+    is followed. A link on the way (or a system without ``dir_fd``) takes the slow path: the
+    path resolved with every link followed must lie inside ``within``, and the resolved file is
+    opened with ``O_NOFOLLOW``.
+
+    Raises:
+        ConfigError: a link leading outside ``within``.
+        OSError: the file cannot be opened.
+    """
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    base, full = os.path.abspath(within), os.path.abspath(path)  # normalised: no "..", no "//"
+    inner = full[len(base) :].lstrip(os.sep) if full.startswith(base.rstrip(os.sep) + os.sep) else ""
+    parts = tuple(inner.split(os.sep)) if inner else ()
+    if nofollow and os.open in os.supports_dir_fd and parts:
+        try:
+            return _open_below(within, parts, flags | nofollow)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):  # ELOOP/EMLINK: a link on the way
+                raise
+    real = os.path.realpath(path)
+    if not _contains(os.path.realpath(within), real):
+        raise ConfigError(
+            f"{where}: a link to a file outside {str(within)!r}; refused (the offline tools read only files "
+            "inside the folder they are given: copy the file there instead of linking it)"
+        )
+    return os.open(real, flags | nofollow)
+
+
+def _open_below(folder: str | os.PathLike[str], parts: tuple[str, ...], flags: int) -> int:
+    """``folder/parts[0]/.../parts[-1]`` opened component by component, none followed as a link."""
+    directory = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(folder, directory)  # the folder given may itself be reached through a link
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, directory | flags & getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return os.open(parts[-1], flags, dir_fd=fd)
     finally:
         os.close(fd)
 
@@ -124,13 +179,31 @@ def decode_utf8(data: bytes, where: str) -> str:
         raise ConfigError(f"{where}: not UTF-8 text (byte 0x{bad} at offset {exc.start}); refused") from None
 
 
-def read_text(path: str | os.PathLike[str], *, max_bytes: int) -> str:
-    """:func:`read_bytes` then :func:`decode_utf8`: the UTF-8 text of a regular file.
+def read_text(path: str | os.PathLike[str], *, max_bytes: int, within: str | os.PathLike[str] | None = None) -> str:
+    """:func:`read_bytes` then :func:`decode_utf8`: the UTF-8 text of a regular file (inside the
+    folder ``within``, when given).
 
     Raises:
         ConfigError: see both; the message starts with the path.
     """
-    return decode_utf8(read_bytes(path, max_bytes=max_bytes), str(path))
+    return decode_utf8(read_bytes(path, max_bytes=max_bytes, within=within), str(path))
+
+
+def is_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """True when ``path``, every symbolic link on the way followed, lies inside ``folder`` (its
+    links followed too: a monitor output reached through a link is fine); never raises."""
+    try:
+        return _contains(os.path.realpath(folder), os.path.realpath(path))
+    except (OSError, ValueError):
+        return False
+
+
+def _contains(base: str, real: str) -> bool:
+    """Whether the resolved path ``real`` lies inside (or is) the resolved folder ``base``."""
+    try:
+        return os.path.commonpath([real, base]) == base
+    except ValueError:  # different drives (Windows)
+        return False
 
 
 def is_regular_file(path: Path) -> bool:

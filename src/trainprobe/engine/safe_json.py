@@ -64,13 +64,20 @@ def loads_checked(text: str, where: str, *, max_depth: int = MAX_DEPTH) -> Any:
     return document
 
 
-def load_json_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_DEPTH) -> Any:
-    """The JSON document in the regular file ``path`` (see the module docstring).
+def load_json_file(
+    path: str | os.PathLike[str],
+    *,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_DEPTH,
+    within: str | os.PathLike[str] | None = None,
+) -> Any:
+    """The JSON document in the regular file ``path`` (see the module docstring); with
+    ``within``, only a file inside that folder (see :func:`~trainprobe.engine.safe_files.read_bytes`).
 
     Raises:
         ConfigError: the message starts with the path.
     """
-    return loads_checked(read_text(path, max_bytes=max_bytes), str(path), max_depth=max_depth)
+    return loads_checked(read_text(path, max_bytes=max_bytes, within=within), str(path), max_depth=max_depth)
 
 
 def depth_of(value: Any, *, limit: int) -> int:

@@ -12,7 +12,8 @@ monitor output folder that contains ``anomaly_detected`` is accepted too). Each 
 Files are read with :func:`trainprobe.engine.safe_json.load_json_file` (regular files only, size and
 nesting bounded, byte-order mark accepted); integer fields must fit in 64 bits.
 
-Execution order (the sort key, smallest first; see :func:`execution_key`):
+Execution order is the one every offline tool uses, :mod:`trainprobe.tools.execution_order`
+(the sort key, smallest first; see :func:`execution_key`):
 
 1. ``step``;
 2. ``micro_step``, where events that happen once per step after gradient accumulation (reduced
@@ -23,7 +24,10 @@ Execution order (the sort key, smallest first; see :func:`execution_key`):
    ``unknown``, placed before the forward phase as the reference tool places it, with a warning;
 4. ``(vpp_stage, pp_stage)``: ascending in the forward phase, descending in the backward and
    optimizer phases (the pipeline runs backward from its last stage);
-5. ``call_id``; 6. ``rank``.
+5. the table, in the order training computes them (activations; activation gradients,
+   unreduced gradients; reduced gradients, collectives; parameters before the step, optimizer
+   state, update statistics, ``mg_direction``, updated parameters);
+6. ``call_id`` (the event's :attr:`AnomalyEvent.position` where a tool set one); 7. ``rank``.
 
 Output: ``<out_path>/anomaly_analyse.json`` (default ``out_path``: the ``anomaly_detected``
 folder), a JSON object holding the first ``topk`` events, keyed and shaped exactly as in the
@@ -56,66 +60,30 @@ from typing import Any, TextIO
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import ANOMALY_FILE, ANOMALY_FOLDER, ANOMALY_RANK
 from trainprobe.engine.log import warn_once
-from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, one_line
+from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, is_inside, one_line
 from trainprobe.engine.safe_json import load_json_file
 from trainprobe.engine.sinks.files import write_json_atomically
+from trainprobe.tools.execution_order import (
+    BACKWARD,  # noqa: F401  (re-exported: users import the phases from here)
+    FORWARD,  # noqa: F401
+    ONCE_PER_STEP_SUFFIXES,  # noqa: F401
+    OPTIMIZER,  # noqa: F401
+    OTHER_TABLE,
+    PHASE_OF_SUFFIX,
+    PHASE_ORDER,  # noqa: F401
+    UNKNOWN,  # noqa: F401
+    phase_of_table,
+)
+from trainprobe.tools.execution_order import execution_key as row_execution_key
 from trainprobe.tools.options import make_folder
 
 COMMAND = "anomaly-analyse"
 OUTPUT_NAME = "anomaly_analyse.json"
 DEFAULT_TOPK = 8
 
-FORWARD = "forward"
-BACKWARD = "backward"
-OPTIMIZER = "optimizer"
-#: A tag whose suffix is not in :data:`PHASE_OF_SUFFIX` (the reference tool's default stage -1).
-UNKNOWN = "unknown"
-PHASE_ORDER: dict[str, int] = {UNKNOWN: -1, FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
-
 #: Integer fields of an event, then the others with their JSON types.
 INT_FIELDS: tuple[str, ...] = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "call_id")
 EVENT_FIELDS: tuple[str, ...] = (*INT_FIELDS, "tag_name", "message", "group_mates")
-
-#: Last ``/`` part of ``tag_name`` → phase. trainprobe's V1 tables (``<name>/rank<r>/<table>``)
-#: and the reference tool's tags: ``acc_grad`` (the accumulated, unreduced weight gradient),
-#: ``pre_grad``/``post_grad`` (weight gradient before/after reduction), ``input``/``output``,
-#: ``input_grad``/``output_grad`` and the parameter states.
-PHASE_OF_SUFFIX: dict[str, str] = {
-    # forward: activations and the L2 features computed on a module's forward call
-    "actv": FORWARD,
-    "input": FORWARD,
-    "output": FORWARD,
-    "linear_hook": FORWARD,
-    "attention_hook": FORWARD,
-    "moe_router_weight_hook": FORWARD,  # the reference tool's MoE router features
-    "moe_router_logit_hook": FORWARD,
-    # backward: activation gradients and weight gradients
-    "actv_grad": BACKWARD,
-    "input_grad": BACKWARD,
-    "output_grad": BACKWARD,
-    "grad_unreduced": BACKWARD,
-    "grad_reduced": BACKWARD,
-    "acc_grad": BACKWARD,
-    "pre_grad": BACKWARD,
-    "post_grad": BACKWARD,
-    # optimizer: moments, parameters before/after the step, update statistics
-    "exp_avg": OPTIMIZER,
-    "exp_avg_sq": OPTIMIZER,
-    "param": OPTIMIZER,
-    "param_origin": OPTIMIZER,
-    "param_updated": OPTIMIZER,
-    "adam_update": OPTIMIZER,
-    "adam_ratio": OPTIMIZER,
-    "mg_direction": OPTIMIZER,
-}
-#: The V1 ``other`` table holds ``<param>.mg_direction`` rows (optimizer) and collective calls
-#: (``cc``: counted over the whole step, without a micro-step; ordered as gradient
-#: synchronisation, at the end of the backward phase after every micro-step).
-OTHER_TABLE = "other"
-#: Suffixes written once per step after gradient accumulation: they follow every micro-step.
-ONCE_PER_STEP_SUFFIXES: frozenset[str] = frozenset(
-    {"grad_reduced", "post_grad"} | {suffix for suffix, phase in PHASE_OF_SUFFIX.items() if phase == OPTIMIZER}
-)
 
 _RULE = re.compile(r"^Rule (\S+) ")
 _STEP = re.compile(r"[0-9]+")
@@ -131,6 +99,8 @@ class AnomalyEvent:
         source: the ``anomaly.json`` it came from.
         phase: ``"forward"``, ``"backward"``, ``"optimizer"`` or ``"unknown"``.
         once_per_step: True for events that follow every micro-step of their step.
+        position: the row's place among the CSV rows of its step and table, where a tool that
+            reads the CSVs too (``report``) found it; None: ``call_id`` orders the event.
     """
 
     key: str
@@ -138,6 +108,7 @@ class AnomalyEvent:
     source: Path
     phase: str
     once_per_step: bool
+    position: int | None = None
 
     def __getitem__(self, field: str) -> Any:
         return self.data[field]
@@ -205,18 +176,25 @@ def _rank_files(folder: Path) -> list[Path]:
     for child in children:
         match = ANOMALY_RANK.fullmatch(child.name)
         if match and (child / ANOMALY_FILE).is_file():  # regular files (or links to one) only
+            if not is_inside(child / ANOMALY_FILE, folder):
+                warn_once(
+                    f"outside:{child / ANOMALY_FILE}",
+                    f"{child / ANOMALY_FILE}: a link to a file outside {str(folder)!r}, skipped (not read)",
+                )
+                continue
             found.append((bounded_int(match.group(1), "rank", f"data_path: {str(child)!r}"), child / ANOMALY_FILE))
     return [path for _, path in sorted(found)]
 
 
-def read_anomaly_file(path: Path) -> list[AnomalyEvent]:
-    """The events of one ``anomaly.json``, in file order.
+def read_anomaly_file(path: Path, within: Path | None = None) -> list[AnomalyEvent]:
+    """The events of one ``anomaly.json``, in file order; with ``within``, only a file inside
+    that folder (a link leading elsewhere is refused unread).
 
     Raises:
         ConfigError: unreadable file, malformed JSON, not an object of events, or a bad event
             (see :func:`check_event`); the message starts with the file's path.
     """
-    document = load_json_file(path)
+    document = load_json_file(path, within=within)
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a JSON object of events, got {type(document).__name__}")
     return [make_event(key, value, path) for key, value in document.items()]
@@ -288,19 +266,13 @@ def phase_of(tag_name: str) -> tuple[str, bool]:
     in :data:`PHASE_OF_SUFFIX` gives ``("unknown", False)`` and a warning (once per suffix).
     """
     name, _, suffix = tag_name.rpartition("/")
-    if suffix == OTHER_TABLE:
-        if name.rpartition("/")[0].endswith(".mg_direction"):
-            return OPTIMIZER, True
-        return BACKWARD, True
-    phase = PHASE_OF_SUFFIX.get(suffix)
-    if phase is None:
+    if suffix != OTHER_TABLE and suffix not in PHASE_OF_SUFFIX:
         warn_once(
             f"phase:{suffix}",
             f"tag_name {_short(tag_name)}: no known phase for {_short(suffix)}; ordered before the forward "
             "phase of its micro-step, as the reference tool orders it",
         )
-        return UNKNOWN, False
-    return phase, suffix in ONCE_PER_STEP_SUFFIXES
+    return phase_of_table(suffix, name.rpartition("/")[0])
 
 
 def load_anomalies(data_path: str | Path) -> tuple[Path, list[Path], list[AnomalyEvent]]:
@@ -315,7 +287,7 @@ def load_anomalies(data_path: str | Path) -> tuple[Path, list[Path], list[Anomal
     events: list[AnomalyEvent] = []
     seen: dict[str, Path] = {}
     for path in files:
-        for event in read_anomaly_file(path):
+        for event in read_anomaly_file(path, within=folder):
             if event.key in seen:
                 raise ConfigError(f"{path}: event {event.key!r}: the same key is also in {seen[event.key]}")
             seen[event.key] = path
@@ -327,15 +299,22 @@ def load_anomalies(data_path: str | Path) -> tuple[Path, list[Path], list[Anomal
 
 
 def execution_key(event: AnomalyEvent) -> tuple[int, ...]:
-    """Sort key of execution order (see the module docstring): step, micro-step (once-per-step
-    events after every micro-step), phase, (vpp_stage, pp_stage) ascending forward and descending
-    otherwise, call_id, rank."""
+    """Sort key of execution order (see the module docstring): the shared
+    :func:`trainprobe.tools.execution_order.execution_key` of the event's step, table (the last
+    ``/`` part of ``tag_name``), target, micro-step, position (``call_id`` unless a tool set
+    :attr:`AnomalyEvent.position`), rank and pipeline stages."""
     data = event.data
-    micro = (1, 0) if event.once_per_step else (0, data["micro_step"])
-    stages = (data["vpp_stage"], data["pp_stage"])
-    if event.phase != FORWARD:
-        stages = (-stages[0], -stages[1])
-    return (data["step"], *micro, PHASE_ORDER[event.phase], *stages, data["call_id"], data["rank"])
+    name, _, table = data["tag_name"].rpartition("/")
+    return row_execution_key(
+        data["step"],
+        table,
+        target=name.rpartition("/")[0],
+        micro_step=data["micro_step"],
+        position=data["call_id"] if event.position is None else event.position,
+        rank=data["rank"],
+        vpp_stage=data["vpp_stage"],
+        pp_stage=data["pp_stage"],
+    )
 
 
 def order_events(events: Iterable[AnomalyEvent]) -> list[AnomalyEvent]:

@@ -22,8 +22,10 @@ current folder, local time). Schema (see docs/csv2db.md for example queries):
 
 * ``meta(key, value)``: ``schema_version``, ``step_partition``.
 * ``data_types(data_type_id, name, layout)``: the V1 table or V2 monitor name, ``v1``/``v2``.
-* ``targets(target_id, name, vpp_stage, micro_step, scope)``: one row per distinct target;
-  ``micro_step`` NULL where the table has none, ``scope`` NULL for V1 (the data type says it).
+* ``targets(target_id, name, vpp_stage, micro_step, scope, call_index)``: one row per distinct
+  target; ``micro_step`` NULL where the table has none, ``scope`` NULL for V1 (the data type says
+  it); ``call_index`` 0 for the first row of that key in a step, 1 for the second... (a module
+  called twice in a step, or micro-batches in a table without a ``micro_step`` column).
 * ``metrics(metric_id, name)``: the ops (CSV value columns), ids from 0.
 * ``partitions(table_name, first_step, last_step)``: the value tables.
 * ``metrics_<a>_<b>`` (WITHOUT ROWID): the values of steps ``a`` to ``b``
@@ -39,7 +41,11 @@ NaN: SQLite has no NaN (it stores NULL), so a NaN value is NULL in its op column
 
 Re-running into the same folder is idempotent: files unchanged since they were imported (same
 size and mtime) are skipped, changed ones are read again and their rows replace the stored ones
-(``INSERT OR REPLACE`` on the primary key), so no row is ever stored twice. A run still being
+(``INSERT OR REPLACE`` on the primary key), so no row is ever stored twice. No row read is lost:
+rows that repeat a key inside a file get their own ``call_index``, and :meth:`MetricsDatabase.finish`
+checks that the value tables grew by the rows read less the rows that replaced stored ones (a
+changed file read again, a restarted run repeating steps); any other difference raises
+:class:`RowsLostError`. A run still being
 written is converted as far as it is complete (a torn last line is skipped, one warning per
 file; see :mod:`trainprobe.tools.monitor_output` for what else the reader accepts and refuses);
 converting again later adds the rest. ``process_num > 1`` parses the files in that many worker
@@ -64,11 +70,11 @@ import sys
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -87,7 +93,9 @@ from trainprobe.tools.options import add_selection_arguments, check_process_num,
 
 COMMAND = "csv2db"
 DB_NAME = "monitor_metrics.db"
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+#: Older schema versions opened and upgraded in place (version 1 had no ``targets.call_index``).
+UPGRADABLE_VERSIONS = ("1",)
 DEFAULT_STEP_PARTITION = 500
 #: Primary key of every value table, in storage order.
 KEY_COLUMNS: tuple[str, ...] = ("rank", "data_type_id", "step", "target_id")
@@ -102,7 +110,11 @@ ROWS_PER_INSERT = 100
 #: Ops whose metric_id is at least this have no nan_mask bit (SQLite integers are 64-bit).
 NAN_BITS = 63
 
-_TargetKey = tuple[str, int, "int | None", "str | None"]  # (name, vpp_stage, micro_step, scope)
+_TargetKey = tuple[str, int, "int | None", "str | None", int]  # (name, vpp_stage, micro_step, scope, call_index)
+
+
+class RowsLostError(RuntimeError):
+    """The database did not gain the rows that were read (a bug in csv2db): never hidden."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,8 @@ class CSV2DBResult:
         torn: torn rows skipped.
         tables: every value table of the database, in step order.
         seconds: wall time of the conversion.
+        replaced: rows read that replaced a stored row of the same key (a changed file read
+            again, or a restarted run repeating steps); every other row read added a row.
     """
 
     db_path: Path
@@ -167,14 +181,15 @@ class CSV2DBResult:
     torn: int
     tables: tuple[str, ...]
     seconds: float
+    replaced: int = 0
 
 
 @dataclass(frozen=True)
 class ParsedFile:
     """One CSV file read into columns, ready for the writer (what a worker process returns).
 
-    ``targets`` holds the file's distinct target keys in first-seen order and ``target_index``
-    one index into it per row; ``steps`` one step per row; ``values`` one list per op (one float
+    ``targets`` holds the file's distinct target keys (with the call index, see
+    :func:`call_indices`) in first-seen order and ``target_index`` one index into it per row; ``steps`` one step per row; ``values`` one list per op (one float
     per row); ``nan_masks`` has bit ``i`` set where op ``i`` of the file is NaN, or is None when
     the file holds no NaN. Pickled compactly (the columns as arrays) for the trip from a worker.
     """
@@ -232,6 +247,7 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
             output folder that is a file or holds a ``monitor_metrics.db`` that is not one of
             ours (or was made with another ``step_partition``), a database that cannot be
             written (locked by another program, disk full).
+        RowsLostError: the database did not gain every row read (see :meth:`MetricsDatabase.finish`).
     """
     started = time.perf_counter()
     files = find_csv_files(
@@ -257,7 +273,9 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
             f"monitor_path: the {len(files)} selected CSV file(s) under {str(config.monitor_path)!r} hold no "
             f"complete row (empty, or only a torn line: a run that is starting?); nothing converted"
         )
-    return CSV2DBResult(db_path, rows, len(todo), len(files) - len(todo), torn, tables, time.perf_counter() - started)
+    return CSV2DBResult(
+        db_path, rows, len(todo), len(files) - len(todo), torn, tables, time.perf_counter() - started, db.replaced
+    )
 
 
 def parse_file(file: MonitorCsv) -> ParsedFile:
@@ -273,21 +291,57 @@ def parse_file(file: MonitorCsv) -> ParsedFile:
     names = [row[table.target_col] for row in rows]
     scopes = [row[table.scope_col] or None for row in rows] if table.scope_col >= 0 else repeat(None)
     values = table.value_columns()
-    keys = list(zip(names, table.int_column(table.vpp_col), table.micro_column(), scopes))
+    steps = table.int_column(table.step_col)
+    vpps, micros = table.int_column(table.vpp_col), table.micro_column()
+    keys = list(zip(names, vpps, micros, scopes, repeat(0)))
     targets = list(dict.fromkeys(keys))
     position = {key: index for index, key in enumerate(targets)}
+    index = list(map(position.__getitem__, keys))
+    if _repeats(steps, index, len(targets)):  # a key repeats within a step: number the calls
+        calls = call_indices(list(zip(steps, index)))
+        keys = list(zip(names, vpps, micros, scopes, calls))
+        targets = list(dict.fromkeys(keys))
+        position = {key: i for i, key in enumerate(targets)}
+        index = list(map(position.__getitem__, keys))
     return ParsedFile(
         file=file,
         size=stat.st_size,
         mtime_ns=stat.st_mtime_ns,
         ops=table.ops,
         targets=targets,
-        target_index=list(map(position.__getitem__, keys)),
-        steps=table.int_column(table.step_col),
+        target_index=index,
+        steps=steps,
         values=values,
         nan_masks=_nan_masks(values, len(rows)),
         torn=table.torn,
     )
+
+
+def call_indices(keys: Sequence[Hashable]) -> list[int]:
+    """Per row, how many earlier rows of the same file had the same key (step and target):
+    0 for a target's first row in a step, 1 for its second, ...: the ``call_index`` that keeps
+    the rows of a module called twice in a step (or of micro-batches in a table without a
+    ``micro_step`` column) apart. Rows are numbered in file order, the order they were written."""
+    seen: dict[Hashable, int] = {}
+    out = []
+    for key in keys:
+        count = seen.get(key, 0)
+        seen[key] = count + 1
+        out.append(count)
+    return out
+
+
+def _repeats(steps: list[int], index: list[int], distinct: int) -> bool:
+    """Whether some ``(step, index)`` pair occurs twice. Fast path (C-level list compares) for
+    the usual file: blocks of ``distinct`` rows holding every target once in the same order, one
+    step per block, no step in two blocks; anything else takes a set of the pairs."""
+    count = len(index)
+    if distinct and count % distinct == 0 and index == list(range(distinct)) * (count // distinct):
+        firsts = steps[0::distinct]
+        blocks = chain.from_iterable(map(repeat, firsts, repeat(distinct, len(firsts))))
+        if len(set(firsts)) == len(firsts) and steps == list(blocks):
+            return False
+    return len(set(zip(steps, index))) < count
 
 
 def parse_files(files: Sequence[MonitorCsv], process_num: int = 1) -> Iterator[ParsedFile]:
@@ -362,6 +416,9 @@ class MetricsDatabase:
         self._key_ids: dict[_TargetKey, int] = {}
         self._sql: dict[tuple[str, tuple[str, ...], int], str] = {}
         self._max_variables = _max_variables(self.conn)
+        self._rows_before = self._count_rows()
+        self.added = 0  # rows read and stored by this connection
+        self.replaced = 0  # of them, rows that replaced a stored row of the same key
 
     def __enter__(self) -> MetricsDatabase:
         return self
@@ -398,6 +455,8 @@ class MetricsDatabase:
             metric_ids = [self._metric_id(op, file) for op in parsed.ops]
             target_ids = self._target_ids(parsed)
             masks = _remap_masks(parsed.nan_masks, metric_ids)
+            if self._may_overlap(file, data_type_id, parsed.steps):
+                self.replaced += self._stored_keys(file.rank, data_type_id, parsed.steps, target_ids)
             for first, rows in self._split(parsed.steps):
                 columns: list[list[Any] | None] = [_pick(parsed.steps, rows), _pick(target_ids, rows)]
                 columns += [_pick(column, rows) for column in parsed.values]
@@ -405,6 +464,7 @@ class MetricsDatabase:
                 flat = _interleave(file.rank, data_type_id, columns)
                 self._insert(self._partition(first), parsed.ops, flat)
         self._record_file(parsed, count)
+        self.added += count
         self._in_transaction += count + 1
         if self._in_transaction >= BATCH_ROWS:
             self.conn.execute("COMMIT")
@@ -412,11 +472,25 @@ class MetricsDatabase:
         return count
 
     def finish(self) -> tuple[str, ...]:
-        """Commit, index every value table, rebuild the ``metric_values`` view and gather the
-        planner's statistics; returns the value tables in step order."""
+        """Check that no row read was lost, commit, index every value table, rebuild the
+        ``metric_values`` view and gather the planner's statistics; returns the value tables in
+        step order.
+
+        Raises:
+            RowsLostError: the value tables do not hold ``rows before + rows added - rows
+                replaced`` rows: some row read was dropped (or stored twice). A bug, never hidden.
+        """
         if self._in_transaction:
             self.conn.execute("COMMIT")
             self._in_transaction = 0
+        stored = self._count_rows()
+        expected = self._rows_before + self.added - self.replaced
+        if stored != expected:
+            raise RowsLostError(
+                f"csv2db: {str(self.path)!r} holds {stored} value rows, expected {expected} ({self._rows_before} "
+                f"before + {self.added} read - {self.replaced} replacing stored rows of the same key): rows read "
+                "were not all stored; please report this bug with the monitor output"
+            )
         tables = tuple(name for _, name in sorted((first, name) for name, first in self._partitions.items()))
         self.conn.execute("BEGIN")
         for table in tables:
@@ -429,6 +503,38 @@ class MetricsDatabase:
 
     # -- schema -------------------------------------------------------------------------------
 
+    def _count_rows(self) -> int:
+        """Rows in all value tables (the smallest index is scanned: fast)."""
+        return sum(self.conn.execute(f"SELECT count(*) FROM {_q(table)}").fetchone()[0] for table in self._partitions)
+
+    def _may_overlap(self, file: MonitorCsv, data_type_id: int, steps: list[int]) -> bool:
+        """Whether a stored row can have a key of ``file``'s rows: a file of the same rank and
+        data type (``file`` itself read before included) covers some of its steps (those its name
+        says and those its rows hold). Also records ``file``'s range for the files that follow."""
+        low, high = min(file.first_step, min(steps)), max(file.last_step, max(steps))
+        ranges = self._ranges.setdefault((file.rank, data_type_id), [])
+        found = any(first <= high and low <= last for first, last in ranges)
+        ranges.append((low, high))
+        return found
+
+    def _stored_keys(self, rank: int, data_type_id: int, steps: list[int], target_ids: list[int]) -> int:
+        """How many of the keys ``(rank, data_type_id, step, target_id)`` the value tables hold."""
+        conn = self.conn
+        conn.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS incoming (step INTEGER, target_id INTEGER, PRIMARY KEY (step, target_id)) "
+            "WITHOUT ROWID"
+        )
+        conn.execute("DELETE FROM incoming")
+        conn.executemany("INSERT OR IGNORE INTO incoming VALUES (?, ?)", zip(steps, target_ids))
+        return sum(
+            conn.execute(
+                f"SELECT count(*) FROM incoming i JOIN {_q(table)} v ON v.rank = ? AND v.data_type_id = ? "
+                "AND v.step = i.step AND v.target_id = i.target_id",
+                (rank, data_type_id),
+            ).fetchone()[0]
+            for table in self._partitions
+        )
+
     def _open_schema(self) -> None:
         tables = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
@@ -437,6 +543,9 @@ class MetricsDatabase:
         if "meta" not in tables:
             raise sqlite3.DatabaseError("it has no meta table")
         meta = dict(self.conn.execute("SELECT key, value FROM meta"))
+        if meta.get("schema_version") in UPGRADABLE_VERSIONS:
+            self._upgrade_schema()
+            meta["schema_version"] = SCHEMA_VERSION
         if meta.get("schema_version") != SCHEMA_VERSION:
             raise sqlite3.DatabaseError(f"schema_version {meta.get('schema_version')!r}, expected {SCHEMA_VERSION}")
         if meta.get("step_partition") != str(self.step_partition):
@@ -444,6 +553,20 @@ class MetricsDatabase:
                 f"step_partition: {str(self.path)!r} was made with step_partition {meta.get('step_partition')}, "
                 f"not {self.step_partition}; use that or another output folder"
             )
+
+    def _upgrade_schema(self) -> None:
+        """Version 1 → 2: ``targets.call_index`` (0 for every stored target) joins the key."""
+        self.conn.executescript(
+            f"""
+            BEGIN;
+            ALTER TABLE targets ADD COLUMN call_index INTEGER NOT NULL DEFAULT 0;
+            DROP INDEX IF EXISTS targets_key;
+            CREATE UNIQUE INDEX targets_key ON targets(
+                name, vpp_stage, ifnull(micro_step, -1), ifnull(scope, ''), call_index);
+            UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version';
+            COMMIT;
+            """
+        )
 
     def _create_schema(self) -> None:
         self.conn.execute("PRAGMA page_size = 8192")
@@ -454,8 +577,9 @@ class MetricsDatabase:
             CREATE TABLE data_types (data_type_id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, layout TEXT);
             CREATE TABLE targets (
                 target_id INTEGER PRIMARY KEY, name TEXT NOT NULL, vpp_stage INTEGER NOT NULL,
-                micro_step INTEGER, scope TEXT);
-            CREATE UNIQUE INDEX targets_key ON targets(name, vpp_stage, ifnull(micro_step, -1), ifnull(scope, ''));
+                micro_step INTEGER, scope TEXT, call_index INTEGER NOT NULL DEFAULT 0);
+            CREATE UNIQUE INDEX targets_key ON targets(
+                name, vpp_stage, ifnull(micro_step, -1), ifnull(scope, ''), call_index);
             CREATE TABLE metrics (metric_id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
             CREATE TABLE partitions (table_name TEXT PRIMARY KEY, first_step INTEGER, last_step INTEGER);
             CREATE TABLE files (
@@ -472,14 +596,19 @@ class MetricsDatabase:
         conn = self.conn
         self._data_types: dict[str, int] = dict(conn.execute("SELECT name, data_type_id FROM data_types"))
         self._metrics: dict[str, int] = dict(conn.execute("SELECT name, metric_id FROM metrics"))
-        self._targets: dict[tuple[str, int, int | None, str | None], int] = {
-            tuple(row[:4]): row[4]
-            for row in conn.execute("SELECT name, vpp_stage, micro_step, scope, target_id FROM targets")
+        self._targets: dict[_TargetKey, int] = {
+            tuple(row[:5]): row[5]
+            for row in conn.execute("SELECT name, vpp_stage, micro_step, scope, call_index, target_id FROM targets")
         }
         self._partitions: dict[str, int] = dict(conn.execute("SELECT table_name, first_step FROM partitions"))
         self._files: dict[str, tuple[int, int]] = {
             path: (size, mtime) for path, size, mtime in conn.execute("SELECT path, size, mtime_ns FROM files")
         }
+        self._ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for rank, data_type_id, first, last in conn.execute(
+            "SELECT rank, data_type_id, first_step, last_step FROM files"
+        ):
+            self._ranges.setdefault((rank, data_type_id), []).append((first, last))
 
     def _begin(self) -> None:
         if not self._in_transaction:
@@ -548,7 +677,9 @@ class MetricsDatabase:
         found = self._targets.get(key)
         if found is None:
             found = _row_id(
-                self.conn.execute("INSERT INTO targets (name, vpp_stage, micro_step, scope) VALUES (?, ?, ?, ?)", key)
+                self.conn.execute(
+                    "INSERT INTO targets (name, vpp_stage, micro_step, scope, call_index) VALUES (?, ?, ?, ?, ?)", key
+                )
             )
             self._targets[key] = found
         return found
@@ -657,6 +788,7 @@ def summary(result: CSV2DBResult) -> str:
         [
             f", {result.unchanged} unchanged file(s) skipped" if result.unchanged else "",
             f", {result.torn} torn row(s) skipped" if result.torn else "",
+            f", {result.replaced} row(s) replaced stored rows of the same key" if result.replaced else "",
         ]
     )
     return (

@@ -23,7 +23,8 @@ empty cell reads as NaN). A header naming a column twice is an error.
 Reading (:func:`read_table`):
 
 * files are read through :func:`trainprobe.engine.safe_files.read_text`: regular files only (a folder,
-  FIFO or device named ``*.csv`` is skipped when found and refused when read), at most
+  FIFO or device named ``*.csv`` is skipped when found and refused when read), inside the folder
+  given (a link to a file elsewhere is skipped when found and refused when read), at most
   :data:`MAX_CSV_BYTES`, UTF-8 with an optional byte-order mark;
 * records are split by the csv module's rules, so a quoted name holding a line break, U+2028,
   U+0085 or a form feed reads back exactly;
@@ -68,7 +69,7 @@ from trainprobe.engine.layout import (
     parse_stamp,
 )
 from trainprobe.engine.log import warn_once
-from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, is_regular_file, read_text
+from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, is_inside, is_regular_file, read_text
 
 Layout = Literal["v1", "v2"]
 #: V1 tables only the reference tool writes (its MoE router features, forward hooks).
@@ -98,6 +99,8 @@ class MonitorCsv:
         data_type: the file's prefix (V1 table or V2 monitor name).
         first_step, last_step: the steps named in the file name.
         run: the run folder's name (``Dec03_21-34-40-rank0-1a2b3c4d`` or ``rank_0``).
+        root: the monitor output folder it was found in: :func:`read_table` reads the file only
+            if it lies inside (no link leading elsewhere); None: no such check.
     """
 
     path: Path
@@ -107,6 +110,7 @@ class MonitorCsv:
     first_step: int
     last_step: int
     run: str
+    root: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -243,7 +247,10 @@ def find_csv_files(
         raise ConfigError(f"time_start: {time_start!r} is after time_end {time_end!r}; swap them")
     types = check_data_types(data_types)
     skipped: list[str] = []
-    files = [f for run, layout, rank in _runs(root, lo, hi) for f in _files_of(run, layout, rank, skipped)]
+    outside: list[str] = []
+    files = [
+        f for run, layout, rank in _runs(root, lo, hi) for f in _files_of(run, layout, rank, root, skipped, outside)
+    ]
     files = [f for f in files if types is None or f.data_type in types]
     if files and skipped:
         warn_once(
@@ -251,9 +258,17 @@ def find_csv_files(
             f"{skipped[0]}: not a regular file (a folder, FIFO or device?), skipped"
             + (f", and {len(skipped) - 1} more such entries" if len(skipped) > 1 else ""),
         )
+    if files and outside:
+        warn_once(
+            f"outside:{root}",
+            f"{outside[0]}: a link to a file outside {str(root)!r}, skipped (not read)"
+            + (f", and {len(outside) - 1} more such links" if len(outside) > 1 else ""),
+        )
     if not files:
         wanted = f" of data types {list(types)}" if types else ""
         others = f"; skipped {len(skipped)} entries that are not regular files: {skipped[:3]}" if skipped else ""
+        if outside:
+            others += f"; skipped {len(outside)} links to files outside the folder: {outside[:3]}"
         raise ConfigError(
             f"monitor_path: no monitor CSV{wanted} found under {str(root)!r} (looked for V1 run folders "
             f"'<MonDD_HH-MM-SS>-rank<r>-<id>/' and V2 'rank_<r>/' folders{others})"
@@ -286,9 +301,14 @@ def _in_range(when: datetime, lo: datetime | None, hi: datetime | None) -> bool:
     return (lo is None or lo <= when) and (hi is None or when <= hi)
 
 
-def _files_of(run: Path, layout: Layout, rank: int, skipped: list[str]) -> Iterator[MonitorCsv]:
+def _files_of(
+    run: Path, layout: Layout, rank: int, root: Path, skipped: list[str], outside: list[str]
+) -> Iterator[MonitorCsv]:
+    """The monitor CSVs of one run folder; entries that are not regular files go to ``skipped``,
+    links to files outside ``root`` to ``outside`` (neither is opened)."""
     pattern = V1_FILE if layout == "v1" else V2_FILE
     known = V1_DATA_TYPES if layout == "v1" else V2_DATA_TYPES
+    run_inside = is_inside(run, root)  # a plain file of the run folder is inside iff the folder is
     try:
         paths = sorted(run.glob("*.csv"))
     except OSError as exc:
@@ -300,9 +320,12 @@ def _files_of(run: Path, layout: Layout, rank: int, skipped: list[str]) -> Itera
         if not is_regular_file(path):
             skipped.append(str(path))
             continue
+        if not (run_inside and not path.is_symlink()) and not is_inside(path, root):
+            outside.append(str(path))
+            continue
         first = bounded_int(match["first"], "first step", str(path))
         last = bounded_int(match["last"], "last step", str(path))
-        yield MonitorCsv(path, layout, rank, match["type"], first, last, run.name)
+        yield MonitorCsv(path, layout, rank, match["type"], first, last, run.name, root)
 
 
 # --------------------------------------------------------------------------- reading
@@ -321,7 +344,7 @@ def read_table(file: MonitorCsv) -> CsvTable:
             or a value that is not a number.
     """
     where = str(file.path)
-    records, torn = split_records(read_text(file.path, max_bytes=MAX_CSV_BYTES), where)
+    records, torn = split_records(read_text(file.path, max_bytes=MAX_CSV_BYTES, within=file.root), where)
     if torn:
         warn_once(f"torn:{file.path}", f"{file.path}: skipped 1 torn row(s) (a run killed while writing?)")
     if not records:  # empty, or a header cut short: a run that is starting (or was killed then)

@@ -8,9 +8,13 @@ anomaly events in execution order, and the step downsampling of the heatmaps.
   the value of largest magnitude, so a spike in one micro-batch is not averaged away.
 * A row is *non-finite* when one of its values is NaN or inf, or its ``nans`` count is above 0.
   For each (group, rank, target) the first such row in execution order is an *onset* event.
-* Execution order is the anomaly analyser's (:func:`trainprobe.tools.anomaly_analyse.execution_key`):
-  CSV rows are turned into the same kind of event, with the V1 table name (V2 groups mapped to the
-  equivalent table) deciding the phase, and the row's place in its file standing for the call id.
+* Execution order is the one every tool uses (:mod:`trainprobe.tools.execution_order`, through
+  :func:`trainprobe.tools.anomaly_analyse.execution_key`): CSV rows are turned into the same kind
+  of event, with the V1 table name (V2 groups mapped to the equivalent table) deciding the phase
+  and the table's place, and the row's place among the rows of its step in its file as the
+  position. An alert of ``anomaly.json`` gets the position of its CSV row (same rank, table,
+  step, micro-step, stage and target) so that alerts and CSV rows compare on one numbering; an
+  alert whose row is not in the CSVs keeps its ``call_id``.
 * Bounded: at most :data:`MAX_TARGETS` targets per group are drawn (NaN/inf ones first, then the
   largest peaks) and :data:`MAX_ONSETS` onsets kept. Files are read one at a time and digested
   (counts, per-target peaks, global norm per step, first onsets); rows are kept only for groups
@@ -24,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +37,17 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.anomaly_analyse import (
     ANOMALY_FILE,
     ANOMALY_FOLDER,
-    PHASE_ORDER,
     AnomalyEvent,
     load_anomalies,
     order_events,
     phase_of,
+)
+from trainprobe.tools.execution_order import (
+    PHASE_ORDER,
+    V2_DEFAULT_TABLE,
+    V2_TABLE_OF,
+    row_positions,
+    table_rank,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES, MonitorCsv, find_csv_files, read_table
 from trainprobe.tools.report_run import (
@@ -51,26 +61,6 @@ from trainprobe.tools.report_run import (
     read_training_state,
 )
 
-#: V2 ``(monitor, scope)`` → the V1 table holding the same kind of row (it decides the phase).
-V2_TABLE_OF: dict[tuple[str, str], str] = {
-    ("module", "forward"): "actv",
-    ("module", "backward"): "actv_grad",
-    ("weight_grad", "unreduced"): "grad_unreduced",
-    ("weight_grad", "reduced"): "grad_reduced",
-    ("optimizer", "exp_avg"): "exp_avg",
-    ("optimizer", "exp_avg_sq"): "exp_avg_sq",
-    ("param", "param_origin"): "param_origin",
-    ("param", "param_updated"): "param_updated",
-    ("cc", "comm"): "other",
-}
-#: V2 monitor → the table of a scope not listed in :data:`V2_TABLE_OF`.
-V2_DEFAULT_TABLE: dict[str, str] = {
-    "module": "actv",
-    "weight_grad": "grad_unreduced",
-    "optimizer": "exp_avg",
-    "param": "param_origin",
-    "cc": "other",
-}
 _TAG = re.compile(r"^(.*)/rank\d+/(.+)$")
 #: ``{vpp_stage}:`` before and ``:{micro_step}`` after the target in a V1 tag (the spec's tag form).
 _V1_TARGET = re.compile(r"^(?:\d+:)?(.*?)(?::\d+)?$")
@@ -228,6 +218,7 @@ class _Block:
     micro: np.ndarray
     vpp: np.ndarray
     line: np.ndarray
+    pos: np.ndarray  # place among the rows of its step in its file (execution_order.row_positions)
     values: np.ndarray
 
 
@@ -240,6 +231,7 @@ class _Rows:
     micro: np.ndarray
     vpp: np.ndarray
     line: np.ndarray
+    pos: np.ndarray
     values: np.ndarray
     known: np.ndarray
     source: np.ndarray
@@ -275,7 +267,8 @@ def load_report_data(
     files = find_csv_files(root)
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
-    reading = _Reading()
+    anomaly_files, alerts = _alerts(root, files)
+    reading = _Reading(alert_rows=_alert_rows(alerts))
     torn = sum(_collect_file(file, reading) for file in files)
     if not reading.tables:
         raise ConfigError(
@@ -286,7 +279,10 @@ def load_report_data(
     built = [_build_group(name, reading) for name in _group_order(reading.tables)]
     groups = [group for group, _ in built]
     onsets = order_events(event for _, events in built for event in events)[:MAX_ONSETS]
-    anomaly_files, alerts = _alerts(root, files)
+    alerts = order_events(
+        replace(event, position=reading.alert_positions[n]) if n in reading.alert_positions else event
+        for n, event in enumerate(alerts)
+    )
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
     return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training)
@@ -320,6 +316,9 @@ class _Reading:
     digests: dict[tuple[str, int], _Digest] = field(default_factory=dict)
     blocks: dict[tuple[str, int], list[_Block]] = field(default_factory=dict)
     sampled: dict[str, np.ndarray] = field(default_factory=dict)  # group → drawn ids (empty until picked)
+    #: (rank, table, step, micro-step, vpp_stage, target) → indices of the alerts of that row, by call_id
+    alert_rows: dict[tuple[int, str, int, int, int, str], list[int]] = field(default_factory=dict)
+    alert_positions: dict[int, int] = field(default_factory=dict)  # alert index → its CSV row's position
 
     def add(self, name: str, table: str, rank: int, block: _Block) -> None:
         """Digest ``block`` and keep its rows while its group has at most :data:`MAX_TARGETS` targets."""
@@ -342,6 +341,42 @@ class _Reading:
         for file in files:
             if file.data_type in wanted:
                 _collect_file(file, self, second=True)
+
+
+def _alert_rows(alerts: Sequence[AnomalyEvent]) -> dict[tuple[int, str, int, int, int, str], list[int]]:
+    """The alerts by the CSV row they name (rank, table, step, micro-step, stage, bare target),
+    each row's alerts in ``call_id`` order (a module called twice: its first call first)."""
+    found: dict[tuple[int, str, int, int, int, str], list[int]] = {}
+    for n in sorted(range(len(alerts)), key=lambda i: alerts[i].data["call_id"]):
+        data, table = alerts[n].data, event_group(alerts[n])
+        micro = 0 if alerts[n].once_per_step else data["micro_step"]  # once per step: no micro-step in the CSV
+        key = (data["rank"], table, data["step"], micro, data["vpp_stage"])
+        found.setdefault((*key, event_target(alerts[n])), []).append(n)
+    return found
+
+
+def _place_alerts(reading: _Reading, file: MonitorCsv, targets: list[str], columns: dict[str, np.ndarray]) -> None:
+    """Give the alerts that name a row of ``file`` that row's position (see the module docstring):
+    the k-th alert of a key takes the k-th row of that key."""
+    wanted = {key[2] for key in reading.alert_rows if key[:2] == (file.rank, file.data_type)}
+    if not wanted:
+        return
+    steps, micro, vpp, pos = (columns[k].tolist() for k in ("steps", "micro", "vpp", "pos"))
+    taken: dict[tuple[int, str, int, int, int, str], int] = {}
+    for row in (i for i, step in enumerate(steps) if step in wanted):
+        target = _bare_target(targets[row])
+        once = _phase(file.data_type, target)[1]
+        key = (file.rank, file.data_type, steps[row], 0 if once else max(micro[row], 0), vpp[row], target)
+        alerts = reading.alert_rows.get(key)
+        if alerts is not None and taken.get(key, 0) < len(alerts):
+            reading.alert_positions[alerts[taken.get(key, 0)]] = pos[row]
+            taken[key] = taken.get(key, 0) + 1
+
+
+def _bare_target(name: str) -> str:
+    """A CSV target without a ``<vpp_stage>:`` prefix or ``:<micro_step>`` suffix (as :func:`event_target`)."""
+    bare = _V1_TARGET.match(name)
+    return bare.group(1) if bare else name
 
 
 def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
@@ -369,15 +404,19 @@ def _collect_file(file: MonitorCsv, reading: _Reading, second: bool = False) -> 
     n = len(rows)
     values = np.array(table.value_columns(), dtype=np.float64).reshape(len(table.ops), n).T
     micro = np.fromiter((-1 if m is None else m for m in table.micro_column()), dtype=np.int64, count=n)
+    steps = table.int_column(table.step_col)
     columns = {
-        "steps": np.array(table.int_column(table.step_col), dtype=np.int64),
+        "steps": np.array(steps, dtype=np.int64),
         "micro": micro,
         "vpp": np.array(table.int_column(table.vpp_col), dtype=np.int64),
         "line": np.arange(n),
+        "pos": np.array(row_positions(steps), dtype=np.int64),
         "values": values,
     }
     keep = _real_rows(table.text_column("shape"), values)
     target_texts = [row[table.target_col] for row in rows]
+    if reading.alert_rows and not second and file.layout == "v1":
+        _place_alerts(reading, file, target_texts, columns)
     scopes = [row[table.scope_col] for row in rows] if table.scope_col >= 0 else [None] * n
     for scope in dict.fromkeys(scopes):
         name, v1_table = _group_of(file, scope)
@@ -479,12 +518,12 @@ def _phase(table: str, target: str = "") -> tuple[str, bool]:
 
 
 def _group_order(tables: dict[str, str]) -> list[str]:
-    """Group names in execution order: phase, once-per-step groups last, then V1 table order."""
+    """Group names in execution order: per-micro-step groups, then once-per-step ones; phase,
+    then the table's place (:data:`~trainprobe.tools.execution_order.TABLE_ORDER`)."""
 
-    def key(name: str) -> tuple[int, bool, int, str]:
+    def key(name: str) -> tuple[bool, int, int, str]:
         phase, once = _phase(tables[name])
-        position = V1_DATA_TYPES.index(tables[name]) if tables[name] in V1_DATA_TYPES else len(V1_DATA_TYPES)
-        return PHASE_ORDER[phase], once, position, name
+        return once, PHASE_ORDER[phase], table_rank(tables[name]), name
 
     return sorted(tables, key=key)
 
@@ -510,6 +549,7 @@ def _join(parts: list[_Block], ops: tuple[str, ...]) -> _Rows:
         micro=np.concatenate([b.micro for b in parts]),
         vpp=np.concatenate([b.vpp for b in parts]),
         line=np.concatenate([b.line for b in parts]),
+        pos=np.concatenate([b.pos for b in parts]),
         values=values,
         known=known,
         source=np.concatenate([np.full(len(b.steps), n) for n, b in enumerate(parts)]),
@@ -635,7 +675,7 @@ def _onsets(
     of every such target.
 
     Within one group and rank the execution key is (step, micro-step, pipeline stage: ascending
-    in the forward phase, descending after, call id = row in its file), so the rows are sorted
+    in the forward phase, descending after, position = row among its step's in its file), so the rows are sorted
     by it with numpy and only the kept ones become events."""
     bad = np.flatnonzero(_bad_rows(rows.values, rows.known, group.ops))
     if not bad.size:
@@ -643,7 +683,7 @@ def _onsets(
     phase, once = _phase(group.table)
     stage = rows.vpp[bad] if phase == "forward" else -rows.vpp[bad]
     micro = np.zeros(bad.size, dtype=np.int64) if once else rows.micro[bad]
-    order = bad[np.lexsort((rows.line[bad], stage, micro, rows.steps[bad]))]
+    order = bad[np.lexsort((rows.pos[bad], stage, micro, rows.steps[bad]))]
     ids, first = np.unique(rows.targets[order], return_index=True)  # each target's first row in that order
     new = ~np.isin(ids, np.fromiter(seen, dtype=np.int64, count=len(seen)))
     firsts = order[np.sort(first[new])][:MAX_ONSETS]
@@ -651,7 +691,8 @@ def _onsets(
 
 
 def _row_event(group: Group, rank: int, rows: _Rows, row: int, names: list[str]) -> AnomalyEvent:
-    """A CSV row as an analyser event: ``call_id`` is the row's place in its file."""
+    """A CSV row as an analyser event: ``call_id`` is the row's place in its file, ``position``
+    its place among the rows of its step there."""
     target = names[int(rows.targets[row])]
     phase, once = _phase(group.table, target)
     line = int(rows.line[row])
@@ -667,7 +708,14 @@ def _row_event(group: Group, rank: int, rows: _Rows, row: int, names: list[str])
         "group_mates": [],
     }
     source = rows.sources[int(rows.source[row])]
-    return AnomalyEvent(key=f"{source.name}:{line + 2}", data=data, source=source, phase=phase, once_per_step=once)
+    return AnomalyEvent(
+        key=f"{source.name}:{line + 2}",
+        data=data,
+        source=source,
+        phase=phase,
+        once_per_step=once,
+        position=int(rows.pos[row]),
+    )
 
 
 def describe_values(ops: Sequence[str], values: np.ndarray, known: np.ndarray) -> str:
@@ -680,7 +728,7 @@ def describe_values(ops: Sequence[str], values: np.ndarray, known: np.ndarray) -
 
 
 def _alerts(root: Path, csvs: Sequence[MonitorCsv]) -> tuple[list[Path], list[AnomalyEvent]]:
-    """The events of ``root/anomaly_detected/rank*/anomaly.json`` in execution order ([] without).
+    """The events of ``root/anomaly_detected/rank*/anomaly.json`` in file order ([] without).
     When ``root`` is one V1 run folder, its parent's ``anomaly_detected`` and that rank's events."""
     folder, ranks = root / ANOMALY_FOLDER, None
     if not folder.is_dir() and [f.run for f in csvs] == [root.name] * len(csvs):
@@ -691,7 +739,7 @@ def _alerts(root: Path, csvs: Sequence[MonitorCsv]) -> tuple[list[Path], list[An
     if ranks is not None:
         files = [f for f in files if f.parent.name in {f"rank{r}" for r in ranks}]
         events = [e for e in events if e.data["rank"] in ranks]
-    return files, order_events(events)
+    return files, events
 
 
 def event_target(event: AnomalyEvent) -> str:

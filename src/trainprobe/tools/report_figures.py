@@ -441,7 +441,7 @@ def anomaly_timeline(data: ReportData, events: Sequence[AnomalyEvent]) -> Figure
     where = f"{event_group(first)} · {event_target(first)} · rank {first.data['rank']} · step {first.data['step']}"
     label = f"first: {plot_text(where)}"
     layout = {
-        "title": {"text": "anomaly timeline (execution order: step, micro-step, phase, stage, call, rank)"},
+        "title": {"text": "anomaly timeline (execution order: step, micro-step, phase, stage, data type, row, rank)"},
         "height": int(max(300, 34 * len(categories) + 190)),
         "margin": {"t": 70, "b": 60},
         "xaxis": {

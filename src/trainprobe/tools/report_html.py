@@ -351,7 +351,10 @@ def _timeline_section(page: PageBuilder, data: ReportData) -> None:
         '<p class="note">Circles: the first NaN/inf row of each target, data type and rank in the CSVs; diamonds: '
         "the events Monitor V1 dumped to anomaly_detected/rank*/anomaly.json. Execution order: step, then "
         "micro-step (reduced gradients and the optimizer after every micro-step), then phase (forward &lt; "
-        "backward &lt; optimizer), pipeline stage, call order, rank. The star marks the first event." + cut + "</p>"
+        "backward &lt; optimizer), pipeline stage, data type (activations, activation gradients, unreduced "
+        "gradients, reduced gradients, collectives, parameters, optimizer state, updated parameters), the "
+        "row's place in its step (an alert takes the place of its CSV row), rank: the order anomaly-analyse "
+        "uses. The star marks the first event." + cut + "</p>"
     )
     page.add_figure(anomaly_timeline(data, shown))
     page.add(f"{timeline_tables(events, total)}</section>")

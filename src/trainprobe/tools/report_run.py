@@ -37,7 +37,7 @@ import numpy as np
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
-from trainprobe.engine.safe_files import is_regular_file
+from trainprobe.engine.safe_files import is_inside, is_regular_file
 
 #: The file the training metrics write per rank (``trainprobe.frontdoors.metrics.outputs.DUMP_FILE``).
 TRAINING_STATE = "training_state.jsonl"
@@ -230,7 +230,9 @@ def find_training_state(root: Path, given: str | Path | None = None) -> list[tup
 
 def _files_under(folder: Path, deep: bool) -> list[Path]:
     patterns = [TRAINING_STATE, f"rank*/{TRAINING_STATE}"] + ([f"*/rank*/{TRAINING_STATE}"] if deep else [])
-    return sorted({p for pattern in patterns for p in folder.glob(pattern) if is_regular_file(p)})
+    return sorted(
+        {p for pattern in patterns for p in folder.glob(pattern) if is_regular_file(p) and is_inside(p, folder)}
+    )
 
 
 def read_training_state(files: list[tuple[int, Path]]) -> TrainingState:
@@ -327,6 +329,8 @@ def find_event_files(root: Path, given: str | Path | None = None) -> list[tuple[
                 f"tensorboard: no {EVENTS} file in {str(path)!r} or its rank_<id>/ folders; "
                 "pass tensorboard.tensorboard_dir of the training metrics"
             )
+    base = root if given is None else Path(given).expanduser()
+    found = [p for p in found if p == base or is_inside(p, base)]  # links found inside lead nowhere else
     files = sorted({p for p in found if is_regular_file(p)}, key=lambda p: (str(p.parent), p.name))
     return [(rank_of(p.parent), p) for p in files]
 
