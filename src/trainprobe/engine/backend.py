@@ -89,6 +89,13 @@ class Backend(Protocol):
         """Whether a graph compiler is tracing the code running now (hooks then do nothing)."""
         ...
 
+    def at_trace_time(self, note: Callable[[object], None]) -> None:
+        """Called by a hook that finds itself traced (:meth:`is_compiling`): run ``note`` (a
+        module-level function, no closure) once per trace, at trace time, putting nothing into
+        the graph and reading no state the compiler would guard on (a counter bumped there
+        would make it recompile on every call)."""
+        ...
+
     def watch_skipped_steps(self, optimizer: StepHooks, on_skip: Callable[[], None]) -> Removable | None:
         """Call ``on_skip()`` whenever a loss scaler skips a step of ``optimizer`` (inf/NaN
         gradients); returns the handle to remove, or None where the framework has no such skip."""

@@ -49,6 +49,9 @@ class MindSporeBackend:
     def is_compiling(self) -> bool:
         return False  # PyNative: hooks always run eagerly
 
+    def at_trace_time(self, note: Callable[[object], None]) -> None:
+        return None  # never traced
+
     def watch_skipped_steps(self, optimizer: Any, on_skip: Callable[[], None]) -> None:
         return None  # no loss scaler that skips optimizer steps behind its back
 

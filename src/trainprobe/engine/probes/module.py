@@ -16,7 +16,9 @@ a residual connection). Modules in eval mode are skipped unless ``record_eval_mo
 registered; the monitor warns once naming those modules, and the compiled module's boundary
 (the ``OptimizedModule``, named like the module it compiles) is recorded as usual. A hook that
 finds itself traced anyway (the model passed to ``start()`` is called through a compiled
-wrapper it does not know about) does nothing, and the monitor warns once at the end of the step.
+wrapper it does not know about, ``mon.start(model)`` then ``torch.compile(model)``) does
+nothing, reads and changes no state of the monitor (dynamo would guard on it and recompile on
+every call), and the monitor warns once, when the graph is traced.
 """
 
 from __future__ import annotations
@@ -127,8 +129,6 @@ class ModuleProbe(Probe):
         self._tensor_type = self.backend.tensor_type
         self._step_handles: list[Any] = []
         self._keys: dict[tuple[int, str, str, int], RowKey] = {}
-        self.traced_hooks = 0
-        """Calls of this probe's hooks that ran while ``torch.compile`` traced them (skipped)."""
 
     def targets(self) -> list[tuple[int, str, Any]]:
         """The hooked modules, in model order (modules inside a compiled graph are left out)."""
@@ -150,30 +150,13 @@ class ModuleProbe(Probe):
             self.keep(module.register_forward_hook(self._eager(self._post_hook(vpp, name)), with_kwargs=True))
 
     def _eager(self, hook: Any) -> Any:
-        """``hook`` guarded, doing nothing (but counting) while a graph compiler (``torch.compile``)
-        traces it."""
-        guarded = self.guard(hook)
-        is_compiling = self.backend.is_compiling
-
-        def eager_only(*args: Any) -> None:
-            if is_compiling():
-                self.traced_hooks += 1
-                return
-            guarded(*args)  # a forward hook's result would replace the output: none is returned
-
-        return eager_only
+        """``hook`` doing nothing while ``torch.compile`` traces it (:meth:`Probe.eager`); the
+        trace warns once that those modules have no rows."""
+        return self.eager(hook, _warn_traced)
 
     def end_step(self) -> None:
         self._micro = [0] * len(self._micro)
         self._drop_step_handles()
-        if self.traced_hooks:
-            warn_once(
-                "module-traced-hooks",
-                "trainprobe module: the model passed to start() runs inside torch.compile (a compiled "
-                "wrapper or function calls it), where its module hooks cannot record; those modules have "
-                "no rows. Pass the compiled model (the torch.compile(...) result) to start() to record "
-                "its boundary, or train without torch.compile to record every module",
-            )
 
     def detach(self) -> None:
         super().detach()
@@ -250,6 +233,17 @@ class ModuleProbe(Probe):
                     self.fail(exc)
 
         return on_grad
+
+
+def _warn_traced(ctx: object = None) -> None:
+    """Warn once that module hooks were traced by ``torch.compile`` (runs at trace time)."""
+    warn_once(
+        "module-traced-hooks",
+        "trainprobe module: the model passed to start() runs inside torch.compile (a compiled "
+        "wrapper or function calls it), where its module hooks cannot record; those modules have "
+        "no rows. Pass the compiled model (the torch.compile(...) result) to start() to record "
+        "its boundary, or train without torch.compile to record every module",
+    )
 
 
 def _warn_compiled(names: list[str]) -> None:
