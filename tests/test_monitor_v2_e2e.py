@@ -295,6 +295,30 @@ def test_schedule_windows_and_truncated_window(tmp_path):
     assert names == ["weight_grad_step0-3.csv", "weight_grad_step4-5.csv"]
 
 
+@pytest.mark.parametrize("bound", [{"collect_times": 3}, {"stop_step": 6}])
+def test_the_last_window_keeps_its_full_name_when_collection_ends(tmp_path, bound):
+    """Collection ends by the schedule (step 5 is the last collected) while training goes on:
+    the last file is named by its window, step5-6, as the reference and the docs say; only a
+    stop() inside a window renames it (previous test)."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    on = {"enabled": True}
+    mon, out = make_monitor(
+        tmp_path,
+        {"weight_grad": on, "param": on},
+        start_step=1,
+        step_interval=2,
+        step_count_per_record=2,
+        **bound,
+    )
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 8)
+    mon.stop()
+    names = sorted(p.name for p in (out / "rank_0").iterdir())
+    assert names == [f"{m}_step{w}.csv" for m in ("param", "weight_grad") for w in ("1-2", "3-4", "5-6")]
+    assert sorted({r["step"] for r in rows_of(out, "param")}, key=int) == ["1", "3", "5"]
+
+
 def test_stop_step_and_collect_times_detach_hooks(tmp_path):
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

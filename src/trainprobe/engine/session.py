@@ -108,7 +108,7 @@ class Session:
         self._attached = True
         atexit.register(self._at_exit)
         if self.schedule.finished(self.clock.step):
-            self._finish(self.clock.step - 1)
+            self._finish(None)
 
     def close(self) -> None:
         """Write the current step's rows if it was collected, remove every hook, close files."""
@@ -123,8 +123,11 @@ class Session:
             reached = self.clock.step
         self._finish(reached)
 
-    def _finish(self, reached: int) -> None:
-        """Remove hooks and close the output; ``reached`` is the last step that has rows."""
+    def _finish(self, reached: int | None) -> None:
+        """Remove hooks and close the output. ``reached``: training stopped (``close()``) at that
+        step, so a window it cut short is renamed to end there; None: the schedule finished, and
+        the last window keeps the name of its full range (``step5-6`` even when step 6 is not
+        collected, as the reference names it)."""
         self._detach()
         if not self.closed:
             self.closed = True
@@ -171,7 +174,7 @@ class Session:
                 self._tail.finish = True  # detach once the tail is written
             else:
                 self._close_tail()
-                self._finish(step)
+                self._finish(None)
 
     def _end_probe_step(self, probe: Probe, step: int, collecting: bool) -> None:
         """Run ``probe``'s end of step and, on a collected step, hand its rows to the writer."""
@@ -229,7 +232,7 @@ class Session:
             probe.guard(probe.close_tail)()
             self._end_probe_step(probe, tail.step, tail.collecting)
         if tail.finish:
-            self._finish(tail.step)
+            self._finish(None)
 
     def _drop_tail_trigger(self, tail: _Tail | None = None) -> None:
         tail = tail if tail is not None else self._tail
