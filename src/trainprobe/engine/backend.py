@@ -110,7 +110,13 @@ class Backend(Protocol):
         ...
 
     def wants_grad(self, t: Any) -> bool:
-        """Whether a gradient will be computed for ``t`` (only asked while recording)."""
+        """Whether a gradient with values will be computed for ``t`` (only asked while recording;
+        false for a tensor without values, see :meth:`has_values`)."""
+        ...
+
+    def has_values(self, t: Any) -> bool:
+        """Whether ``t`` holds values to summarise (PyTorch: not a ``device="meta"`` tensor, which
+        has a shape and a dtype only); the module monitor writes no row for one without."""
         ...
 
     def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Removable | None:
