@@ -295,6 +295,30 @@ def test_schedule_windows_and_truncated_window(tmp_path):
     assert names == ["weight_grad_step0-3.csv", "weight_grad_step4-5.csv"]
 
 
+@pytest.mark.parametrize("bound", [{"collect_times": 3}, {"stop_step": 6}])
+def test_the_last_window_keeps_its_full_name_when_collection_ends(tmp_path, bound):
+    """Collection ends by the schedule (step 5 is the last collected) while training goes on:
+    the last file is named by its window, step5-6, as the reference and the docs say; only a
+    stop() inside a window renames it (previous test)."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    on = {"enabled": True}
+    mon, out = make_monitor(
+        tmp_path,
+        {"weight_grad": on, "param": on},
+        start_step=1,
+        step_interval=2,
+        step_count_per_record=2,
+        **bound,
+    )
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 8)
+    mon.stop()
+    names = sorted(p.name for p in (out / "rank_0").iterdir())
+    assert names == [f"{m}_step{w}.csv" for m in ("param", "weight_grad") for w in ("1-2", "3-4", "5-6")]
+    assert sorted({r["step"] for r in rows_of(out, "param")}, key=int) == ["1", "3", "5"]
+
+
 def test_stop_step_and_collect_times_detach_hooks(tmp_path):
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -412,17 +436,18 @@ def test_nan_counted_exactly_and_training_unaffected(tmp_path):
     assert row["nans"] == "3" and row["max"] == "nan"
 
 
-class MetaOutput(torch.nn.Module):
-    """A module whose output lives on the meta device: an odd tensor no statistic can read."""
+class OddOutput(torch.nn.Module):
+    """A module whose second output is a quantized tensor, which the statistics cannot read (a
+    meta tensor no longer does: it gets no row, see the meta test below)."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x * 2, torch.empty(3, device="meta")
+        return x * 2, torch.quantize_per_tensor(x.detach(), 0.1, 0, torch.quint8)
 
 
 class WithOdd(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.odd = MetaOutput()
+        self.odd = OddOutput()
         self.fc = torch.nn.Linear(6, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -710,3 +735,50 @@ def test_a_step_grad_scaler_skips_keeps_its_own_step(tmp_path):
     ]
     assert not math.isfinite(float(rows[2]["norm"]))  # the inf iteration's gradient
     assert float(rows[3]["norm"]) == pytest.approx(scaled[2], rel=1e-6)
+
+
+class _ShapeCarrier(nn.Module):
+    """Takes a real tensor and a meta one (a shape only), returns one of each."""
+
+    def forward(self, x, like):
+        return x * 2, torch.empty_like(like)
+
+
+class _WithMeta(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.carrier = _ShapeCarrier()
+
+    def forward(self, x):
+        y, _ = self.carrier(self.fc(x), torch.empty(5, 2, device="meta"))
+        return y
+
+
+def test_a_meta_tensor_gets_no_row_and_the_module_monitor_goes_on(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(trainprobe.engine.log, "_seen", set())
+    caplog.set_level(logging.INFO)
+    torch.manual_seed(0)
+    model = _WithMeta()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon, out = make_monitor(tmp_path, {"module": {"enabled": True, "ops": OPS}})
+    mon.start(model=model, optimizer=opt)
+    train_mlp(model, opt, 3)
+    mon.stop()
+    rows = rows_of(out, "module")
+    assert "failed" not in caplog.text
+    assert caplog.text.count("tensor without values (device='meta')") == 1
+    for step in ("0", "1", "2"):  # every step, every real tensor: the monitor stayed on
+        names = {r["module_name"] for r in rows if r["step"] == step}
+        assert names == {
+            "root.input.0",
+            "root.output.0",
+            "root.grad_output.0",
+            "fc.input.0",
+            "fc.output.0",
+            "fc.grad_output.0",
+            "carrier.input.0",  # input 1 (meta): no row; the real one keeps its index
+            "carrier.output.0",  # output 1 (meta): no row
+            "carrier.grad_input.0",
+            "carrier.grad_output.0",
+        }, step

@@ -4,6 +4,7 @@ bitwise equal to the same compiled run without monitoring."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -11,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.utils import counters
 
 from conftest import rows_of
 from models import MLP
 from trainprobe import TrainerMonitorV2
+from trainprobe.monitor_v1 import TrainerMon
 
 ALL = ("module", "weight_grad", "optimizer", "param")
 
@@ -183,3 +186,64 @@ def test_a_model_compiled_in_place_warns_once_and_trains_bitwise(
     assert "4 module(s)" in caplog.text and "(root, fc1, act, fc2)" in caplog.text
     assert "runs inside torch.compile" not in caplog.text
     assert len(rows_of(tmp_path, "param")) == 3 * 8
+
+
+# -- compiling after attaching (the usual nanoGPT order) ---------------------------------------
+ORDER_STEPS = 5
+
+
+def _attach(kind: str, model: nn.Module, opt: torch.optim.Optimizer, out: Path) -> Callable[[], None]:
+    """Attach monitor ``kind`` (``v2``: module + weight_grad; ``v1``: xy) to ``model``; returns
+    its stop."""
+    if kind == "v2":
+        cfg = {"output_dir": str(out), "monitors": {"module": {"enabled": True}, "weight_grad": {"enabled": True}}}
+        v2 = TrainerMonitorV2(cfg)
+        v2.start(model=model, optimizer=opt)
+        return v2.stop
+    path = out / "v1.json"
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"targets": {}, "all_xy": True, "xy_distribution": True}), encoding="utf-8")
+    v1 = TrainerMon(str(path), params_have_main_grad=False)
+    v1.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    return v1.stop
+
+
+def _losses(kind: str | None, order: str, out: Path) -> tuple[list[float], int]:
+    """Losses of ``ORDER_STEPS`` steps of an MLP compiled (``eager`` backend) before or after
+    monitor ``kind`` attached (None: no monitor), and the graphs dynamo compiled."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    compiled = torch.compile(model, backend="eager") if order == "compile-then-attach" else None
+    stop = _attach(kind, model if compiled is None else compiled, opt, out) if kind is not None else None
+    if compiled is None:
+        compiled = torch.compile(model, backend="eager")
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(ORDER_STEPS):
+        loss = compiled(torch.randn(4, 6, generator=gen)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    if stop is not None:
+        stop()
+    return losses, counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("order", ["attach-then-compile", "compile-then-attach"])
+@pytest.mark.parametrize("kind", ["v2", "v1"])
+def test_compiling_before_or_after_attaching_never_recompiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, kind: str, order: str
+) -> None:
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "v1"))
+    caplog.set_level(logging.WARNING, logger="trainprobe")
+    plain, plain_graphs = _losses(None, order, tmp_path / "plain")
+    watched, graphs = _losses(kind, order, tmp_path / "watched")
+    assert plain_graphs == 1
+    assert graphs == 1  # before the fix: one graph per call (the hooks' counter was guarded on)
+    assert watched == plain  # bitwise
+    traced = caplog.text.count("runs inside torch.compile")
+    assert traced == (1 if order == "attach-then-compile" else 0)

@@ -24,6 +24,7 @@ def _line_of(text: str) -> int:
 
 
 GRAD_LINE = _line_of("dist.all_reduce(p.grad)")
+LOG_LINE = _line_of("# logged after optimizer.step()")
 
 
 def _folder(out: Path, rank: int) -> Path:
@@ -38,6 +39,7 @@ def _run(
     steps: int = 2,
     nan_rank: int | None = None,
     metric_sync: bool = False,
+    log_loss: bool = False,
     **groups,
 ) -> None:
     os.environ["MONITOR_OUTPUT_DIR"] = str(out)
@@ -52,7 +54,8 @@ def _run(
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt, **groups)
     for step in range(steps):
         torch.manual_seed(100 * rank + step)
-        model(torch.randn(4, 6)).pow(2).mean().backward()
+        loss = model(torch.randn(4, 6)).pow(2).mean()
+        loss.backward()
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= 2
@@ -62,6 +65,8 @@ def _run(
             model.fc2.bias.grad[0] = math.nan
         opt.step()
         opt.zero_grad()
+        if log_loss:
+            dist.all_reduce(loss.detach())  # logged after optimizer.step(): belongs to this step
     mon.stop()
 
 
@@ -117,3 +122,22 @@ def test_two_ranks_cc_dp_tp_and_pipeline_group(tmp_path):
     assert {(e["rank"], e["pp_stage"], tuple(e["group_mates"]), e["step"]) for e in dump.values()} == {
         (1, 1, (0, 1), 1)
     }
+
+
+def test_a_collective_after_optimizer_step_belongs_to_the_step_that_trained(tmp_path):
+    """V1 files a collective issued after ``optimizer.step()`` (the loss all-reduced for logging)
+    under the step that trained, as V2 does, and writes no file for step 2, which never trained
+    (2 steps: 0 and 1)."""
+    launch(_trailing_worker, str(tmp_path))
+    for rank in (0, 1):
+        folder = _folder(tmp_path, rank)
+        assert sorted(p.name for p in folder.glob("*.csv")) == ["other_0-0.csv", "other_1-1.csv"]
+        rows = table(folder, "other")
+        logged = [r for r in rows if r["name"].endswith(f"@test_v1_distributed.py[{LOG_LINE}]")]
+        assert sorted(r["step"] for r in logged) == ["0", "1"]  # the "out" row (no cc_pre_hook)
+        grads = [r for r in rows if r["name"].endswith(f"@test_v1_distributed.py[{GRAD_LINE}]")]
+        assert {r["step"] for r in grads} == {"0", "1"}
+
+
+def _trailing_worker(rank: int, base: str) -> None:
+    _run(Path(base), {"cc_distribution": {"enable": True}, "ops": ["norm"]}, rank, log_loss=True)

@@ -89,6 +89,13 @@ class Backend(Protocol):
         """Whether a graph compiler is tracing the code running now (hooks then do nothing)."""
         ...
 
+    def at_trace_time(self, note: Callable[[object], None]) -> None:
+        """Called by a hook that finds itself traced (:meth:`is_compiling`): run ``note`` (a
+        module-level function, no closure) once per trace, at trace time, putting nothing into
+        the graph and reading no state the compiler would guard on (a counter bumped there
+        would make it recompile on every call)."""
+        ...
+
     def watch_skipped_steps(self, optimizer: StepHooks, on_skip: Callable[[], None]) -> Removable | None:
         """Call ``on_skip()`` whenever a loss scaler skips a step of ``optimizer`` (inf/NaN
         gradients); returns the handle to remove, or None where the framework has no such skip."""
@@ -103,7 +110,13 @@ class Backend(Protocol):
         ...
 
     def wants_grad(self, t: Any) -> bool:
-        """Whether a gradient will be computed for ``t`` (only asked while recording)."""
+        """Whether a gradient with values will be computed for ``t`` (only asked while recording;
+        false for a tensor without values, see :meth:`has_values`)."""
+        ...
+
+    def has_values(self, t: Any) -> bool:
+        """Whether ``t`` holds values to summarise (PyTorch: not a ``device="meta"`` tensor, which
+        has a shape and a dtype only); the module monitor writes no row for one without."""
         ...
 
     def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Removable | None:

@@ -10,7 +10,8 @@ on. With ``patch_step`` the optimizer's step post-hook ends the step, and so doe
 ``GradScaler.step`` that skips the optimizer's step, where the front door passes ``skip_watch``
 (the backend's ``watch_skipped_steps``: :mod:`trainprobe.backends.torch.amp_skips`).
 
-Trailing rows (``patch_step`` only): a probe whose :meth:`~Probe.watch_next_step` returns a
+Trailing rows (``patch_step``, or ``trails=True`` for a front door whose own optimizer post-step
+hook calls :meth:`Session.end_step`, as Monitor V1's does): a probe whose :meth:`~Probe.watch_next_step` returns a
 handle (``cc``) keeps recording for the step that just ended until the next step's first
 activity (the next ``nn.Module`` forward in the process), so a collective issued after
 ``optimizer.step()`` (``dist.all_reduce(loss)`` for logging) belongs to the step that trained.
@@ -55,7 +56,10 @@ class _Tail:
 
 
 class Session:
-    """Runs ``probes`` on ``schedule`` and writes their rows through ``writer``."""
+    """Runs ``probes`` on ``schedule`` and writes their rows through ``writer``; ``trails``
+    (default: ``patch_step``) keeps trailing probes recording for the step that ended until the
+    next step's first forward (see the module doc): only right when :meth:`end_step` runs
+    right after ``optimizer.step()``."""
 
     def __init__(
         self,
@@ -68,6 +72,7 @@ class Session:
         patch_step: bool = False,
         pre_step_hook: bool = True,
         skip_watch: SkipWatcher | None = None,
+        trails: bool | None = None,
     ) -> None:
         self.probes = list(probes)
         self.schedule = schedule
@@ -82,7 +87,7 @@ class Session:
         self._optimizer_handles: list[Removable] = []
         self._by_name = {p.name: p for p in self.probes}
         self._tail: _Tail | None = None
-        self._trailing = patch_step
+        self._trailing = patch_step if trails is None else trails
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         writer.on_error = self._on_write_error
         clock.collecting = schedule.collects(clock.step)
@@ -108,7 +113,7 @@ class Session:
         self._attached = True
         atexit.register(self._at_exit)
         if self.schedule.finished(self.clock.step):
-            self._finish(self.clock.step - 1)
+            self._finish(None)
 
     def close(self) -> None:
         """Write the current step's rows if it was collected, remove every hook, close files."""
@@ -123,8 +128,11 @@ class Session:
             reached = self.clock.step
         self._finish(reached)
 
-    def _finish(self, reached: int) -> None:
-        """Remove hooks and close the output; ``reached`` is the last step that has rows."""
+    def _finish(self, reached: int | None) -> None:
+        """Remove hooks and close the output. ``reached``: training stopped (``close()``) at that
+        step, so a window it cut short is renamed to end there; None: the schedule finished, and
+        the last window keeps the name of its full range (``step5-6`` even when step 6 is not
+        collected, as the reference names it)."""
         self._detach()
         if not self.closed:
             self.closed = True
@@ -171,7 +179,7 @@ class Session:
                 self._tail.finish = True  # detach once the tail is written
             else:
                 self._close_tail()
-                self._finish(step)
+                self._finish(None)
 
     def _end_probe_step(self, probe: Probe, step: int, collecting: bool) -> None:
         """Run ``probe``'s end of step and, on a collected step, hand its rows to the writer."""
@@ -229,7 +237,7 @@ class Session:
             probe.guard(probe.close_tail)()
             self._end_probe_step(probe, tail.step, tail.collecting)
         if tail.finish:
-            self._finish(tail.step)
+            self._finish(None)
 
     def _drop_tail_trigger(self, tail: _Tail | None = None) -> None:
         tail = tail if tail is not None else self._tail

@@ -49,6 +49,9 @@ class MindSporeBackend:
     def is_compiling(self) -> bool:
         return False  # PyNative: hooks always run eagerly
 
+    def at_trace_time(self, note: Callable[[object], None]) -> None:
+        return None  # never traced
+
     def watch_skipped_steps(self, optimizer: Any, on_skip: Callable[[], None]) -> None:
         return None  # no loss scaler that skips optimizer steps behind its back
 
@@ -63,6 +66,9 @@ class MindSporeBackend:
 
     def wants_grad(self, t: Any) -> bool:
         return bool(t.is_floating_point())
+
+    def has_values(self, t: Any) -> bool:
+        return True  # no meta tensors
 
     def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Any:
         def hook(grad: Any) -> Any:

@@ -26,8 +26,21 @@ from trainprobe.backends.torch.weight_grad import WeightGradProbe
 from trainprobe.engine.optimizer_view import OptimizerView
 from trainprobe.engine.probes.model_view import ModelView, NamedParam
 
+_comptime: Callable[[Callable[[Any], None]], Any] | None
+try:
+    from torch._dynamo.comptime import comptime as _comptime
+except ImportError:  # pragma: no cover - a torch without dynamo
+    _comptime = None
+
 if TYPE_CHECKING:
     from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+
+
+def at_trace_time(note: Callable[[object], None]) -> None:
+    """Run ``note`` while dynamo traces the caller, at trace time only (``comptime``: nothing
+    enters the graph, no guard is added); does nothing where that API is missing."""
+    if _comptime is not None:
+        _comptime(note)
 
 
 class TorchBackend:
@@ -41,6 +54,7 @@ class TorchBackend:
 
     device_copy = DeviceCopy
     is_compiling = staticmethod(torch.compiler.is_compiling)
+    at_trace_time = staticmethod(at_trace_time)
     watch_skipped_steps = staticmethod(watch_skipped_steps)
 
     def stats(self, ops: Sequence[str], eps: float) -> TensorStats:
@@ -57,7 +71,10 @@ class TorchBackend:
         return torch.is_grad_enabled()
 
     def wants_grad(self, t: torch.Tensor) -> bool:
-        return t.requires_grad
+        return t.requires_grad and not t.is_meta
+
+    def has_values(self, t: torch.Tensor) -> bool:
+        return not t.is_meta
 
     def hook_grad(self, t: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> None:
         t.register_hook(fn)  # returns None: the gradient is unchanged

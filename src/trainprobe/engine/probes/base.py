@@ -127,6 +127,25 @@ class Probe:
             f"training continues ({type(exc).__name__}: {exc})",
         )
 
+    def eager(self, hook: F, traced: Callable[[object], None] | None = None) -> F:
+        """``hook`` under :meth:`guard`, doing nothing while a graph compiler (``torch.compile``)
+        traces it. Nothing of the probe is read or changed there, so the compiler neither puts
+        the hook into its graph nor guards on the probe's state (a counter bumped while traced
+        would make it recompile on every call, then fall back to eager). ``traced`` (a
+        module-level function, see :meth:`Backend.at_trace_time`) runs once per trace."""
+        run = self.guard(hook)
+        is_compiling = self.backend.is_compiling
+        at_trace_time = self.backend.at_trace_time
+
+        def eager_only(*args: Any, **kwargs: Any) -> Any:
+            if is_compiling():
+                if traced is not None:
+                    at_trace_time(traced)
+                return None
+            return run(*args, **kwargs)
+
+        return eager_only  # type: ignore[return-value]
+
     def guard(self, fn: F) -> F:
         """Wrap a hook so that it never raises into training and returns None on failure (the
         shared :func:`trainprobe.engine.guard.guarded`: a fault disables this probe)."""

@@ -11,12 +11,20 @@ hooks, so the autograd graph is left exactly as it was and training stays bitwis
 as autograd accumulates it for that tensor (it includes other uses of the same tensor, such as
 a residual connection). Modules in eval mode are skipped unless ``record_eval_mode`` is true.
 
+A tensor without values (``device="meta"``: a shape and a dtype, as shape-only code and deferred
+initialisation pass around) has no row and no gradient row; the call's other tensors keep their
+rows and indices, and the monitor goes on (one INFO line says so). No row rather than a row of
+NaN: NaN in a statistic means the tensor holds NaN values, which the alerts and anomaly-analyse
+would report as a numerical fault; a meta tensor holds no values at all.
+
 ``torch.compile``: hooks on the modules a compiled graph calls would be traced into that graph
 (changing what the compiler builds, and so the training's last bits) or break it. They are not
 registered; the monitor warns once naming those modules, and the compiled module's boundary
 (the ``OptimizedModule``, named like the module it compiles) is recorded as usual. A hook that
 finds itself traced anyway (the model passed to ``start()`` is called through a compiled
-wrapper it does not know about) does nothing, and the monitor warns once at the end of the step.
+wrapper it does not know about, ``mon.start(model)`` then ``torch.compile(model)``) does
+nothing, reads and changes no state of the monitor (dynamo would guard on it and recompile on
+every call), and the monitor warns once, when the graph is traced.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainprobe.engine.log import warn_once
+from trainprobe.engine.log import info_once, warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.records import RowKey
@@ -127,8 +135,6 @@ class ModuleProbe(Probe):
         self._tensor_type = self.backend.tensor_type
         self._step_handles: list[Any] = []
         self._keys: dict[tuple[int, str, str, int], RowKey] = {}
-        self.traced_hooks = 0
-        """Calls of this probe's hooks that ran while ``torch.compile`` traced them (skipped)."""
 
     def targets(self) -> list[tuple[int, str, Any]]:
         """The hooked modules, in model order (modules inside a compiled graph are left out)."""
@@ -150,30 +156,13 @@ class ModuleProbe(Probe):
             self.keep(module.register_forward_hook(self._eager(self._post_hook(vpp, name)), with_kwargs=True))
 
     def _eager(self, hook: Any) -> Any:
-        """``hook`` guarded, doing nothing (but counting) while a graph compiler (``torch.compile``)
-        traces it."""
-        guarded = self.guard(hook)
-        is_compiling = self.backend.is_compiling
-
-        def eager_only(*args: Any) -> None:
-            if is_compiling():
-                self.traced_hooks += 1
-                return
-            guarded(*args)  # a forward hook's result would replace the output: none is returned
-
-        return eager_only
+        """``hook`` doing nothing while ``torch.compile`` traces it (:meth:`Probe.eager`); the
+        trace warns once that those modules have no rows."""
+        return self.eager(hook, _warn_traced)
 
     def end_step(self) -> None:
         self._micro = [0] * len(self._micro)
         self._drop_step_handles()
-        if self.traced_hooks:
-            warn_once(
-                "module-traced-hooks",
-                "trainprobe module: the model passed to start() runs inside torch.compile (a compiled "
-                "wrapper or function calls it), where its module hooks cannot record; those modules have "
-                "no rows. Pass the compiled model (the torch.compile(...) result) to start() to record "
-                "its boundary, or train without torch.compile to record every module",
-            )
 
     def detach(self) -> None:
         super().detach()
@@ -215,11 +204,14 @@ class ModuleProbe(Probe):
         naming = self.naming
         picked = naming.forward(name, kind, tensors)
         key_of = self._key
+        backend = self.backend
+        has_values = backend.has_values
+        if not all([has_values(t) for _, t in picked]):
+            picked = self._with_values(picked)
         if picked:
             scope = naming.forward_scope
             keys = [key_of(vpp, row, scope, micro) for row, _ in picked]
             self.rows.extend(keys, self.stats.rows([t for _, t in picked]))
-        backend = self.backend
         if not backend.grad_recording():
             return
         scope = naming.backward_scope
@@ -228,6 +220,18 @@ class ModuleProbe(Probe):
                 handle = backend.hook_grad(t, self._grad_hook(key_of(vpp, row, scope, micro)))
                 if handle is not None:
                     self._step_handles.append(handle)
+
+    def _with_values(self, picked: Picked) -> Picked:
+        """``picked`` without the tensors that hold no values (meta tensors): they get no row,
+        the other tensors of the call keep theirs (and their indices), once said in the log."""
+        kept = [(row, t) for row, t in picked if self.backend.has_values(t)]
+        skipped = [row for row, t in picked if not self.backend.has_values(t)]
+        info_once(
+            "module-no-values",
+            f"trainprobe module: {skipped[0]} is a tensor without values (device='meta'); such "
+            "tensors have no rows, the module monitor goes on with the others",
+        )
+        return kept
 
     def _key(self, vpp: int, row: str, scope: str, micro: int) -> RowKey:
         """The row key (made once, reused every step: the writer recognises a step's keys)."""
@@ -250,6 +254,17 @@ class ModuleProbe(Probe):
                     self.fail(exc)
 
         return on_grad
+
+
+def _warn_traced(ctx: object = None) -> None:
+    """Warn once that module hooks were traced by ``torch.compile`` (runs at trace time)."""
+    warn_once(
+        "module-traced-hooks",
+        "trainprobe module: the model passed to start() runs inside torch.compile (a compiled "
+        "wrapper or function calls it), where its module hooks cannot record; those modules have "
+        "no rows. Pass the compiled model (the torch.compile(...) result) to start() to record "
+        "its boundary, or train without torch.compile to record every module",
+    )
 
 
 def _warn_compiled(names: list[str]) -> None:

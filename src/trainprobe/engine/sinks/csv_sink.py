@@ -8,7 +8,9 @@ table (:class:`TableLayout`).
 Each batch is formatted completely in memory and written with a single ``write`` per table on a
 file opened in append mode, so a process killed at any moment leaves whole rows only. A window's
 file is named when it is opened from the schedule's prediction of its last step; when training
-stops inside a window the file is renamed to the last step actually reached. With ``append`` an
+stops inside a window (``close(reached=...)``) the file is renamed to the last step actually
+reached. When collection ends by the schedule (``collect_times``, ``stop_step``) the last file
+keeps its window's full name: ``close()`` without ``reached``. With ``append`` an
 existing file is continued (no second header) instead of being truncated.
 """
 
@@ -342,6 +344,7 @@ class CsvSink:
         return s.start_step + ((step - s.start_step) // s.step_interval) * s.step_interval
 
     def close(self, reached: int | None = None) -> None:
-        """Close every file; a window cut short at step ``reached`` is renamed to end there."""
+        """Close every file; a window cut short at step ``reached`` (training stopped there) is
+        renamed to end there; None (the schedule finished): every file keeps its name."""
         for table in list(self._open):
             self._close_file(table, reached)

@@ -51,7 +51,9 @@ class SessionFactory:
             return None
         sinks = self._sinks(cfg, schedule, shapes)
         writer = Writer(FanOut(sinks), background=cfg.format != "api", on_error=_ignore)
-        session = Session(probes=probes, schedule=schedule, writer=writer, clock=self.att.clock)
+        # trails: TrainerMon ends each step from the optimizer's post-step hook, so a collective
+        # issued after optimizer.step() belongs to the step that trained, as in Monitor V2
+        session = Session(probes=probes, schedule=schedule, writer=writer, clock=self.att.clock, trails=True)
         session.attach()
         return session
 

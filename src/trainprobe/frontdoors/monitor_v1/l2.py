@@ -83,9 +83,9 @@ class L2Probe(Probe):
             weight = getattr(module, "weight", None)
             has_2d = isinstance(weight, torch.Tensor) and weight.dim() == 2
             if cfg.linear_hook is not None and has_2d and (not cfg.linear_hook or self._listed(cfg.linear_hook, name)):
-                self.keep(module.register_forward_hook(self.guard(self._linear(vpp, name))))
+                self.keep(module.register_forward_hook(self.eager(self._linear(vpp, name))))
             if cfg.attention_hook and self._listed(cfg.attention_hook, name):
-                self.keep(module.register_forward_hook(self.guard(self._attention(vpp, name)), with_kwargs=True))
+                self.keep(module.register_forward_hook(self.eager(self._attention(vpp, name)), with_kwargs=True))
 
     def end_step(self) -> None:
         self._done.clear()

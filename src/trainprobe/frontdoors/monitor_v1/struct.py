@@ -56,7 +56,7 @@ class StructProbe(Probe):
 
     def attach(self) -> None:
         for _, name, module in self.view.modules():
-            self.keep(module.register_forward_hook(self.guard(self._hook(name)), with_kwargs=True))
+            self.keep(module.register_forward_hook(self.eager(self._hook(name)), with_kwargs=True))
 
     def _hook(self, name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
@@ -107,7 +107,7 @@ class StackProbe(Probe):
 
     def attach(self) -> None:
         for _, name, module in self.view.modules():
-            self.keep(module.register_forward_pre_hook(self.guard(self._hook(name))))
+            self.keep(module.register_forward_pre_hook(self.eager(self._hook(name))))
 
     def _hook(self, name: str) -> Any:
         written = self.names(name)
