@@ -299,3 +299,25 @@ def test_console_lines_carry_value_and_baseline_and_a_flood_is_summed_up():
     assert lines[MAX_LINES_PER_STEP] == "trainprobe alert: step 3: 5 more anomalies (anomaly.json has all)"
     assert lines[-1] == f"trainprobe alert: step 3: {len(names)} more anomalies (anomaly.json has all)"
     assert det.count == 2 * len(names)
+
+
+def test_a_nan_that_stays_prints_one_line_per_step_then_a_summary(tmp_path, monkeypatch, capsys):
+    """A NaN weight poisons every later step: the first bad step names each row, each later step
+    prints one line for the rule, the end of the run one summary; anomaly.json keeps every event."""
+    rules = [{"rule_name": "AnomalyNan", "args": {"threshold": 1e10}}]
+    out, dump = train(tmp_path, monkeypatch, capsys, rules, nan_at=2, steps=8, ops=("min", "norm", "nans"))
+    lines = [line for line in out.splitlines() if line.startswith("trainprobe alert:")]
+    per_step = {s: sum(e["step"] == s for e in dump.values()) for s in range(8)}
+    assert per_step[0] == per_step[1] == 0 and all(per_step[s] > 0 for s in range(3, 8))
+    first = [line for line in lines if "at step 2:" in line]
+    assert len(first) == per_step[2] and all("baseline" not in line for line in first)
+    for step in range(3, 8):
+        assert [line for line in lines if f"at step {step}:" in line] == [
+            f"trainprobe alert: Rule AnomalyNan at step {step}: {per_step[step]} anomalies again, "
+            f"e.g. {min((e for e in dump.values() if e['step'] == step), key=lambda e: e['call_id'])['tag_name']} "
+            "(anomaly.json has all)"
+        ]
+    assert lines[-1] == (
+        f"trainprobe alert: Rule AnomalyNan: {len(dump)} anomalies over 6 steps (2-7); anomaly.json has all"
+    )
+    assert len(lines) == per_step[2] + 5 + 1
