@@ -158,6 +158,7 @@ class AlertDetector:
 
     def write(self, batch: StepBatch) -> None:
         found: dict[str, dict[str, Any]] = {}
+        self._console.begin(batch.step, self._print)
         for key, values in batch.rows():
             self._call_id += 1
             table = self.table_of(batch.monitor, key)
@@ -313,12 +314,17 @@ class ConsoleBudget:
         self._streaks: dict[str, _Streak] = {}
         self._this_step: dict[str, tuple[int, str]] = {}
 
-    def admit(self, step: int, rule: str, tag: str, row: tuple[object, ...], emit: Callable[[str], None]) -> bool:
-        """Count the event of ``row`` (tagged ``tag``) by ``rule`` at ``step``; whether it gets
-        its own line. ``emit`` prints the lines of a step that is over."""
+    def begin(self, step: int, emit: Callable[[str], None]) -> None:
+        """A batch of ``step`` arrives (with or without anomalies): when it starts a new step, the
+        previous one is over (``emit`` prints its lines)."""
         if step != self._step:
             self.end_step(emit)
             self._step, self._rows, self._printed, self._held = step, set(), 0, 0
+
+    def admit(self, step: int, rule: str, tag: str, row: tuple[object, ...], emit: Callable[[str], None]) -> bool:
+        """Count the event of ``row`` (tagged ``tag``) by ``rule`` at ``step``; whether it gets
+        its own line. ``emit`` prints the lines of a step that is over."""
+        self.begin(step, emit)
         count, first_tag = self._this_step.get(rule, (0, tag))
         self._this_step[rule] = (count + 1, first_tag)
         streak = self._streaks.get(rule)
