@@ -299,3 +299,52 @@ def test_console_lines_carry_value_and_baseline_and_a_flood_is_summed_up():
     assert lines[MAX_LINES_PER_STEP] == "trainprobe alert: step 3: 5 more anomalies (anomaly.json has all)"
     assert lines[-1] == f"trainprobe alert: step 3: {len(names)} more anomalies (anomaly.json has all)"
     assert det.count == 2 * len(names)
+
+
+def test_a_nan_that_stays_prints_one_line_per_step_then_a_summary(tmp_path, monkeypatch, capsys):
+    """A NaN weight poisons every later step: the first bad step names each row, each later step
+    prints one line for the rule, the end of the run one summary; anomaly.json keeps every event."""
+    rules = [{"rule_name": "AnomalyNan", "args": {"threshold": 1e10}}]
+    out, dump = train(tmp_path, monkeypatch, capsys, rules, nan_at=2, steps=8, ops=("min", "norm", "nans"))
+    lines = [line for line in out.splitlines() if line.startswith("trainprobe alert:")]
+    per_step = {s: sum(e["step"] == s for e in dump.values()) for s in range(8)}
+    assert per_step[0] == per_step[1] == 0 and all(per_step[s] > 0 for s in range(3, 8))
+    first = [line for line in lines if "at step 2:" in line]
+    assert len(first) == per_step[2] and all("baseline" not in line for line in first)
+    for step in range(3, 8):
+        assert [line for line in lines if f"at step {step}:" in line] == [
+            f"trainprobe alert: Rule AnomalyNan at step {step}: {per_step[step]} anomalies again, "
+            f"e.g. {min((e for e in dump.values() if e['step'] == step), key=lambda e: e['call_id'])['tag_name']} "
+            "(anomaly.json has all)"
+        ]
+    assert lines[-1] == (
+        f"trainprobe alert: Rule AnomalyNan: {len(dump)} anomalies over 6 steps (2-7); anomaly.json has all"
+    )
+    assert len(lines) == per_step[2] + 5 + 1
+
+
+def test_a_streak_that_stops_is_summed_up_when_the_next_clean_step_is_over():
+    """Steps 1-3 hold NaN, step 4 is clean: step 1 names its rows, steps 2 and 3 one line each,
+    and the summary comes once step 4 is over (the first batch of step 5 arrives), before any
+    line of step 5; a single-step streak (step 6) needs no summary."""
+    det, stream = _nan_detector(("norm",))
+    names = ["0:a.input", "0:b.input"]
+
+    def step(s: int, value: float) -> None:
+        keys = [RowKey(0, n, "actv", 0) for n in names]
+        det.write(StepBatch("module", s, keys, _host={i: [value] for i in range(len(keys))}))
+
+    for s, value in [(0, 1.0), (1, math.nan), (2, math.nan), (3, math.nan), (4, 1.0), (5, 1.0), (6, math.nan)]:
+        step(s, value)
+    det.close()
+    lines = [line.removeprefix("trainprobe alert: ") for line in stream.getvalue().splitlines()]
+    assert lines == [
+        "Rule AnomalyNan at step 1: 0:a.input:0/rank0/actv norm = nan",
+        "Rule AnomalyNan at step 1: 0:b.input:0/rank0/actv norm = nan",
+        "Rule AnomalyNan at step 2: 2 anomalies again, e.g. 0:a.input:0/rank0/actv (anomaly.json has all)",
+        "Rule AnomalyNan at step 3: 2 anomalies again, e.g. 0:a.input:0/rank0/actv (anomaly.json has all)",
+        "Rule AnomalyNan: 6 anomalies over 3 steps (1-3); anomaly.json has all",
+        "Rule AnomalyNan at step 6: 0:a.input:0/rank0/actv norm = nan",
+        "Rule AnomalyNan at step 6: 0:b.input:0/rank0/actv norm = nan",
+    ]
+    assert det.count == 8

@@ -66,10 +66,15 @@ def test_print_struct_writes_structure_and_exits_0(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "trained step 0" not in proc.stdout and "print_struct is set" in proc.stdout
     struct = json.loads((tmp_path / "out" / "module_struct" / "rank0" / "module_struct.json").read_text())
-    assert struct["0:fc1"]["input"] == {"config": "tensor", "0": "size=(4, 6), dtype=torch.float32"}
-    assert struct["0:fc1"]["output"] == {"config": "tensor", "0": "size=(4, 16), dtype=torch.float32"}
+    # the reference's layout: users copy these names and shapes into targets
+    assert struct["0:fc1"] == {
+        "input": {"config": "list[1]", "0": "size=(4, 6), dtype=torch.float32"},
+        "output": {"config": "tensor", "tensor": "size=(4, 16), dtype=torch.float32"},
+        "input_grad": {"config": "tuple[1]", "0": "<class 'NoneType'>"},
+        "output_grad": {"config": "tuple[1]", "0": "size=(4, 16), dtype=torch.float32"},
+    }
     assert struct["0:fc2"]["input_grad"] == {"config": "tuple[1]", "0": "size=(4, 16), dtype=torch.float32"}
-    assert set(struct) == {"0:root", "0:fc1", "0:act", "0:fc2"}
+    assert set(struct) == {"0:", "0:fc1", "0:act", "0:fc2"}
 
 
 def test_cc_log_only_prints_call_sites_and_exits_0(tmp_path):
@@ -96,4 +101,4 @@ def test_print_struct_switched_on_by_a_dynamic_edit(tmp_path):
     assert "trained step 2" in proc.stdout and "trained step 3" not in proc.stdout
     assert "print_struct is set" in proc.stdout
     struct = json.loads((tmp_path / "out" / "module_struct" / "rank0" / "module_struct.json").read_text())
-    assert set(struct) == {"0:root", "0:fc1", "0:act", "0:fc2"}
+    assert set(struct) == {"0:", "0:fc1", "0:act", "0:fc2"}

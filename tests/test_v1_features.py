@@ -22,12 +22,14 @@ class Core(nn.Module):
 class AttnNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
+        self.table = nn.Embedding(4, 8)  # 2-D weight, but a lookup: no linear_hook row
         self.qkv = nn.Linear(8, 24)
         self.core = Core()
         self.out = nn.Linear(8, 2)
 
     def forward(self, x):  # x: (s, b, 8)
         s, b, _ = x.shape
+        x = x + self.table(torch.zeros(s, b, dtype=torch.long))
         q, k, v = self.qkv(x).view(s, b, 3, 2, 4).unbind(2)
         return self.out(self.core(q, k, v).reshape(s, b, 8))
 
@@ -52,9 +54,9 @@ def test_l2_linear_and_attention_features(tmp_path, monkeypatch):
     folder = run_dir(tmp_path)
     assert read_csv(folder / "linear_hook_0-0.csv")[0] == ["vpp_stage", "name", "step", "sr", "kernel_norm"]
     lin = table(folder, "linear_hook")
-    assert {full_name(r) for r in lin} == {"0:qkv", "0:out"}
+    assert {full_name(r) for r in lin} == {"0:qkv.linear", "0:out.linear"}  # the reference's names
     sv = torch.linalg.svdvals(w)
-    row = by_name(lin, "0:qkv")[0]
+    row = by_name(lin, "0:qkv.linear")[0]
     assert float(row["kernel_norm"]) == pytest.approx(sv[0].item(), rel=1e-5)
     assert float(row["sr"]) == pytest.approx((w.norm() / sv[0]).item(), rel=1e-5)
     q, k = seen["q"].double().permute(1, 2, 0, 3), seen["k"].double().permute(1, 2, 0, 3)
@@ -359,7 +361,7 @@ def test_attention_sa_order_and_listed_linear_layers(tmp_path, monkeypatch, orde
     opt.step()
     mon.stop()
     folder = run_dir(tmp_path)
-    assert {full_name(r) for r in table(folder, "linear_hook")} == {"0:out"}
+    assert {full_name(r) for r in table(folder, "linear_hook")} == {"0:out.linear"}
     perm = (1, 2, 0, 3) if order == "s,b,h,d" else (0, 2, 1, 3)
     q, k = seen["q"].double().permute(*perm), seen["k"].double().permute(*perm)
     p = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1)

@@ -131,7 +131,7 @@ def diff_table(
     values = [c for c in ref_header if c in tp_header and c not in keys]
     ref_by = {tuple(r[c] for c in keys): r for r in ref_rows}
     tp_by = {tuple(r[c] for c in keys): r for r in tp_rows}
-    if len(ref_by) != len(ref_rows) or len(tp_by) != len(tp_rows):
+    if len(ref_rows) - len(ref_by) != len(tp_rows) - len(tp_by):  # as many shared keys on both sides is no difference
         out.append(
             Diff(
                 f"{area}: duplicate row keys",
@@ -418,3 +418,57 @@ def merge(diffs: list[Diff]) -> list[Diff]:
     for d in diffs:
         by_id.setdefault(d.id, []).append(d.detail)
     return [Diff(i, " | ".join(details)) for i, details in by_id.items()]
+
+
+# ---------------------------------------------------------------- print_struct, run folders
+
+
+def diff_module_struct(area: str, ref: Path, tp: Path) -> list[Diff]:
+    """Module names and each part (input, output, input_grad, output_grad) of ``module_struct.json``."""
+    if ref.exists() != tp.exists():
+        return [Diff(f"{area}: present in one only", f"reference {ref.exists()}")]
+    if not ref.exists():
+        return []
+    a, b = load_json(ref), load_json(tp)
+    out: list[Diff] = []
+    if a.keys() - b.keys():
+        out.append(
+            Diff(f"{area}: names only in reference", f"{len(a.keys() - b.keys())}: {examples(a.keys() - b.keys())}")
+        )
+    if b.keys() - a.keys():
+        out.append(
+            Diff(f"{area}: names only in trainprobe", f"{len(b.keys() - a.keys())}: {examples(b.keys() - a.keys())}")
+        )
+    bad: dict[str, list[str]] = {}
+    for name in sorted(a.keys() & b.keys()):
+        for part in sorted(a[name].keys() | b[name].keys()):
+            if a[name].get(part) != b[name].get(part):
+                bad.setdefault(part, []).append(f"{name}: {a[name].get(part)} vs {b[name].get(part)}")
+    for part, found in sorted(bad.items()):
+        out.append(Diff(f"{area}: {part}", f"{len(found)} modules differ, e.g. {found[0]}"))
+    return out
+
+
+V1_STAMP = re.compile(r"^([A-Z][a-z]{2}\d{2}_\d{2}-\d{2}-\d{2})-rank\d+-[0-9a-f]+$")
+
+
+def clock_offset(root: Path) -> float | None:
+    """Hours between a V1 run folder's timestamp and UTC (its files' modification time), or None."""
+    from datetime import datetime, timezone
+
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        match = V1_STAMP.match(folder.name)
+        files = [p.stat().st_mtime for p in folder.iterdir()] if match else []
+        if match and files:
+            written = datetime.fromtimestamp(min(files), timezone.utc).replace(tzinfo=None)
+            stamp = datetime.strptime(f"{written.year}{match.group(1)}", "%Y%b%d_%H-%M-%S")
+            return round((stamp - written).total_seconds() / 3600)
+    return None
+
+
+def diff_run_folder_clock(area: str, ref: Path, tp: Path) -> list[Diff]:
+    """The clock of the V1 run folders' timestamps (the names are normalised elsewhere)."""
+    a, b = clock_offset(ref), clock_offset(tp)
+    if a != b:
+        return [Diff(f"{area}: run-folder timestamp clock", f"reference UTC{a:+}h, trainprobe UTC{b:+}h (TZ=UTC)")]
+    return []

@@ -20,11 +20,22 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from differ import Diff, diff_anomalies, diff_csv_trees, diff_dumps, examples, read_rows
+from differ import (
+    Diff,
+    diff_anomalies,
+    diff_csv_trees,
+    diff_dumps,
+    diff_module_struct,
+    diff_run_folder_clock,
+    examples,
+    read_rows,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 SCRIPT = HERE / "scripts" / "train.py"
+SUITE = HERE / "scripts" / "suite.py"
+SUITE_WHATS = ("cnn", "gru", "tied", "dump-scope", "dump-list")
 REF_ENV = "TRAINPROBE_REF_PYTHON"
 WHATS = ("baseline", "v2", "v1", "v1-tb", "dump-L0", "dump-L1", "dump-mix", "dump-tensor")
 JOBS = int(os.environ.get("INTEROP_JOBS", "4"))
@@ -60,13 +71,16 @@ def run(cmd: Sequence[str], log: Path, cwd: Path | None = None) -> int:
 
 def train_all(out: Path) -> list[Diff]:
     """Every training script under both packages; a failing run or changed losses is a Diff."""
-    jobs = [(side, python, what) for what in WHATS for side, python in (("ref", ref_python()), ("tp", sys.executable))]
+    sides = (("ref", ref_python()), ("tp", sys.executable))
+    # the suite's processes first: each trains several configs, so they are the longest
+    jobs = [(side, python, what) for what in SUITE_WHATS + WHATS for side, python in sides]
     pkg = {"ref": "msprobe", "tp": "trainprobe"}
 
     def one(job: tuple[str, str, str]) -> int:
         side, python, what = job
+        script = SUITE if what in SUITE_WHATS else SCRIPT
         return run(
-            [python, str(SCRIPT), "--pkg", pkg[side], "--what", what, "--out", str(out / side / what)],
+            [python, str(script), "--pkg", pkg[side], "--what", what, "--out", str(out / side / what)],
             out / "logs" / f"{side}_{what}.log",
         )
 
@@ -77,6 +91,7 @@ def train_all(out: Path) -> list[Diff]:
         for (side, _, what), code in codes.items()
         if code
     ]
+    diffs += suite_runs(out)
     for side, name in (("ref", "reference"), ("tp", "trainprobe")):
         base = out / side / "baseline" / "losses_baseline.json"
         for what in WHATS[1:]:
@@ -88,6 +103,48 @@ def train_all(out: Path) -> list[Diff]:
                         f"losses without monitoring {base.read_text()}; with {got.read_text()}",
                     )
                 )
+    return diffs
+
+
+def suite_runs(out: Path) -> list[Diff]:
+    """How each run of the suite ended, and whether it changed training (the losses of its
+    model without a monitor, in the same process)."""
+    diffs: list[Diff] = []
+    for what in SUITE_WHATS:
+        ends, losses = {}, {}
+        for side in ("ref", "tp"):
+            folder = out / side / what
+            ends[side] = json.loads((folder / "ends.json").read_text()) if (folder / "ends.json").exists() else {}
+            losses[side] = json.loads((folder / "losses.json").read_text()) if (folder / "losses.json").exists() else {}
+        for name in sorted(ends["ref"].keys() | ends["tp"].keys()):
+            a, b = ends["ref"].get(name, "missing"), ends["tp"].get(name, "missing")
+            if a != b:
+                diffs.append(Diff(f"{what}/{name}: how the run ends", f"reference {a}; trainprobe {b}"))
+        for side, who in (("ref", "reference"), ("tp", "trainprobe")):
+            base = losses[side].get("baseline")
+            for name, got in losses[side].items():
+                if name != "baseline" and got != base[: len(got)]:
+                    diffs.append(
+                        Diff(f"{what}/{name}: {who} changes training", f"losses without monitoring {base}; with {got}")
+                    )
+    return diffs
+
+
+def diff_suite(out: Path) -> list[Diff]:
+    """What the two packages wrote for the suite's runs."""
+    ref, tp = out / "ref", out / "tp"
+    diffs: list[Diff] = []
+    for what, run_name in (("cnn", "v1"), ("gru", "v1"), ("tied", "v1-dynamic"), ("tied", "v1-struct")):
+        diffs += diff_csv_trees(f"{what}/{run_name}", ref / what / run_name, tp / what / run_name)
+    for what in ("cnn", "gru", "tied"):
+        diffs += diff_csv_trees(f"{what}/v2", ref / what / "v2", tp / what / "v2")
+    struct = Path("module_struct") / "rank0" / "module_struct.json"
+    diffs += diff_module_struct(
+        "tied/v1-struct/module_struct.json", ref / "tied" / "v1-struct" / struct, tp / "tied" / "v1-struct" / struct
+    )
+    diffs += diff_run_folder_clock("v1", ref / "cnn" / "v1", tp / "cnn" / "v1")
+    for what in ("dump-scope", "dump-list"):
+        diffs += diff_dumps(what, ref / what / what, tp / what / what)
     return diffs
 
 
@@ -132,7 +189,7 @@ def diff_outputs(out: Path) -> list[Diff]:
             diffs += diff_anomalies(f"{area}/anomaly.json", a, b)
     for what in WHATS[4:]:
         diffs += diff_dumps(what, ref / what / what, tp / what / what)
-    return diffs
+    return diffs + diff_suite(out)
 
 
 # ---------------------------------------------------------------- cross-tool runs

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from compat_doc import listed_ids, mismatch, table
-from differ import Diff, diff_anomalies, diff_csv_trees, diff_dumps
+from differ import Diff, diff_anomalies, diff_csv_trees, diff_dumps, diff_module_struct, diff_run_folder_clock
 from runs import ref_python
 
 HEADER = "vpp_stage,name,step,micro_step,min,max,norm,mean\n"
@@ -101,3 +101,38 @@ def test_without_the_reference_the_harness_says_to_run_make_interop(monkeypatch:
     monkeypatch.delenv("TRAINPROBE_REF_PYTHON", raising=False)
     with pytest.raises(RuntimeError, match=r"TRAINPROBE_REF_PYTHON .* run `make interop`"):
         ref_python()
+
+
+def test_shared_row_keys_are_a_difference_only_when_the_sides_disagree(tmp_path: Path) -> None:
+    row = "0,0:block.input,0,0,-1.0,2.0,3.0,0.5\n"
+    write(tmp_path / "a/Dec03_21-34-40-rank0-1a2b/actv_0-0.csv", HEADER + row + row)
+    write(tmp_path / "b/Nov24_10-00-00-rank0-ffff/actv_0-0.csv", HEADER + row + row)
+    assert diff_csv_trees("v1", tmp_path / "a", tmp_path / "b") == []
+    write(tmp_path / "b/Nov24_10-00-00-rank0-ffff/actv_0-0.csv", HEADER + row)
+    assert ids(diff_csv_trees("v1", tmp_path / "a", tmp_path / "b")) == {"v1/rank0/actv: duplicate row keys"}
+
+
+def test_module_struct_parts_and_names(tmp_path: Path) -> None:
+    entry = {"input": {"config": "list[1]", "0": "size=(2, 3), dtype=torch.float32"}}
+    a = write(tmp_path / "a.json", json.dumps({"0:": entry, "0:fc": entry}))
+    b = write(tmp_path / "b.json", json.dumps({"0:root": entry, "0:fc": {"input": {"config": "tensor"}}}))
+    assert ids(diff_module_struct("s", a, b)) == {
+        "s: names only in reference",
+        "s: names only in trainprobe",
+        "s: input",
+    }
+    assert diff_module_struct("s", a, a) == []
+
+
+def test_run_folder_clock(tmp_path: Path) -> None:
+    import calendar
+    import os
+    import time
+
+    for side, stamp in (("a", "Jan02_08-00-00"), ("b", "Jan02_00-00-00")):
+        f = write(tmp_path / side / f"{stamp}-rank0-1a2b" / "actv_0-0.csv", HEADER)
+        when = calendar.timegm(time.strptime("2026-01-02 00:00:05", "%Y-%m-%d %H:%M:%S"))  # written at 00:00:05 UTC
+        os.utime(f, (when, when))
+    assert [d.detail for d in diff_run_folder_clock("v1", tmp_path / "a", tmp_path / "b")] == [
+        "reference UTC+8h, trainprobe UTC+0h (TZ=UTC)"
+    ]

@@ -24,7 +24,9 @@ tensor's row (``norm`` = 0, ``nans`` = 0) are judged like any other.
 
 Rows are named by their tag without the op (:func:`~trainprobe.frontdoors.monitor_v1.output.task_tagger`:
 ``0:fc1.input:0/rank0/actv``, ``0:fc1.weight/rank0/post_grad``, ``0:fc1.weight/rank0/mg_direction``).
-Each anomaly prints one line (colour only when the stream is a terminal); with
+The console gets one line per anomalous row in the first step a rule fires, then one line per
+step and rule while it keeps firing, and a summary when it stops or the run ends
+(:class:`ConsoleBudget`; colour only when the stream is a terminal); with
 ``alert.dump`` every anomaly of the run is kept in ``<MONITOR_OUTPUT_DIR>/anomaly_detected/rank<r>/
 anomaly.json`` (see :mod:`trainprobe.frontdoors.monitor_v1.anomaly_dump`: valid JSON after every step, each
 write costing only the new entries). The detector runs on the writer thread.
@@ -47,6 +49,7 @@ from trainprobe.frontdoors.monitor_v1.anomaly_dump import AnomalyFile
 from trainprobe.frontdoors.monitor_v1.config import AlertRule
 from trainprobe.frontdoors.monitor_v1.output import task_tagger
 
+TURBULENCE = "AnomalyTurbulence"
 TURBULENCE_OPS = ("norm", "mean")
 PLACEHOLDER_OPS: frozenset[str] = frozenset(op for op, v in EMPTY_TENSOR_VALUES.items() if math.isnan(v))
 """Ops whose value for an empty tensor is a NaN placeholder (``min``, ``max``, ``mean``)."""
@@ -155,6 +158,7 @@ class AlertDetector:
 
     def write(self, batch: StepBatch) -> None:
         found: dict[str, dict[str, Any]] = {}
+        self._console.begin(batch.step, self._print)
         for key, values in batch.rows():
             self._call_id += 1
             table = self.table_of(batch.monitor, key)
@@ -238,7 +242,7 @@ class AlertDetector:
             "message": message,
             "group_mates": list(ctx.group_mates),
         }
-        if self._console.admit(step, (table, key.vpp_stage, key.name)):
+        if self._console.admit(step, rule, tag, (table, key.vpp_stage, key.name), self._print):
             self._print(console_line(rule, tag, step, self._seen))
         return f"{tag}_step_{step}_call_{self._call_id}", entry
 
@@ -250,40 +254,85 @@ class AlertDetector:
         print(line, file=stream, flush=True)
 
     def close(self, reached: int | None = None) -> None:
-        """Nothing to release (the dump is complete after every write)."""
+        """Print the console lines still due (the last step's, the open streaks' summaries); the
+        dump is complete after every write."""
+        self._console.end_run(self._print)
 
 
 MAX_LINES_PER_STEP = 10
-"""Console lines per step; further anomalies of the step are summed up in one line."""
+"""Console lines per step in a rule's first step of anomalies; further anomalies of that step are
+summed up in one line."""
 
 
 def console_line(rule: str, tag: str, step: int, seen: dict[str, tuple[float, float | None]]) -> str:
-    """One anomaly event on the console: rule, step, tag, and each op's value and baseline.
+    """One anomaly event on the console: rule, step, tag, and each op's value (with the running
+    average it was compared with, for ``AnomalyTurbulence`` only: the other rules use none).
 
     Example: ``Rule AnomalyTurbulence at step 5: 0:fc1.weight/rank0/post_grad norm = 12.3 (baseline 0.104)``.
     """
     parts = []
     for op, (value, baseline) in seen.items():
-        base = f" (baseline {baseline:.6g})" if baseline is not None else ""
+        base = f" (baseline {baseline:.6g})" if baseline is not None and rule == TURBULENCE else ""
         parts.append(f"{op} = {value:.6g}{base}")
     return f"Rule {rule} at step {step}: {tag} {', '.join(parts)}"
 
 
+def _plural(count: int) -> str:
+    return f"{count} anomal{'y' if count == 1 else 'ies'}"
+
+
+class _Streak:
+    """A rule's run of consecutive collected steps with anomalies."""
+
+    __slots__ = ("events", "first", "last", "steps")
+
+    def __init__(self, step: int) -> None:
+        self.first = self.last = step
+        self.steps = 0
+        self.events = 0
+
+
 class ConsoleBudget:
-    """Which anomaly events reach the console: one line per row (the same row of later
-    micro-batches is folded into it), at most :data:`MAX_LINES_PER_STEP` lines per step, and one
-    summary line per batch for the rest. ``anomaly.json`` keeps every event."""
+    """Which anomaly events reach the console (``anomaly.json`` keeps every event).
+
+    * The first step of a rule's streak (consecutive collected steps where it fires): one line per
+      row (the same row of later micro-batches folded into it), at most
+      :data:`MAX_LINES_PER_STEP` lines, then one line for the rest of the batch.
+    * Each later step of the streak: one line for the rule, when the step is over (the first
+      batch of a later step arrives, or the run ends): ``Rule AnomalyNan at step 7: 14 anomalies
+      again, e.g. <tag> (anomaly.json has all)``.
+    * When the streak ends (a collected step where the rule does not fire, or the end of the run)
+      and it lasted more than one step: one summary line, ``Rule AnomalyNan: 84 anomalies over 6
+      steps (2-7); anomaly.json has all``.
+    """
 
     def __init__(self) -> None:
         self._step: int | None = None
         self._rows: set[tuple[object, ...]] = set()
         self._printed = 0
         self._held = 0
+        self._streaks: dict[str, _Streak] = {}
+        self._this_step: dict[str, tuple[int, str]] = {}
 
-    def admit(self, step: int, row: tuple[object, ...]) -> bool:
-        """Whether the event of ``row`` at ``step`` gets its own line."""
+    def begin(self, step: int, emit: Callable[[str], None]) -> None:
+        """A batch of ``step`` arrives (with or without anomalies): when it starts a new step, the
+        previous one is over (``emit`` prints its lines)."""
         if step != self._step:
+            self.end_step(emit)
             self._step, self._rows, self._printed, self._held = step, set(), 0, 0
+
+    def admit(self, step: int, rule: str, tag: str, row: tuple[object, ...], emit: Callable[[str], None]) -> bool:
+        """Count the event of ``row`` (tagged ``tag``) by ``rule`` at ``step``; whether it gets
+        its own line. ``emit`` prints the lines of a step that is over."""
+        self.begin(step, emit)
+        count, first_tag = self._this_step.get(rule, (0, tag))
+        self._this_step[rule] = (count + 1, first_tag)
+        streak = self._streaks.get(rule)
+        if streak is None:
+            streak = self._streaks[rule] = _Streak(step)
+        streak.events += 1
+        if streak.first != step:  # a later step of the streak: one line at the end of the step
+            return False
         if row in self._rows:
             self._held += 1
             return False
@@ -295,7 +344,41 @@ class ConsoleBudget:
         return True
 
     def end_batch(self, step: int, emit: Callable[[str], None]) -> None:
-        """Print one summary line for the events of this batch held back."""
+        """Print one line for the events of this batch held back in a streak's first step."""
         if self._held and step == self._step:
             emit(f"step {step}: {self._held} more anomal{'y' if self._held == 1 else 'ies'} (anomaly.json has all)")
             self._held = 0
+
+    def end_step(self, emit: Callable[[str], None]) -> None:
+        """The current step is over: its one line per rule in a later step of a streak, and the
+        summary of every streak that ended (its rule did not fire this step)."""
+        if self._step is None:
+            return
+        step = self._step
+        for rule, streak in list(self._streaks.items()):
+            if rule not in self._this_step:
+                del self._streaks[rule]
+                self._summary(rule, streak, emit)
+                continue
+            streak.steps += 1
+            streak.last = step
+            if streak.first != step:
+                count, tag = self._this_step[rule]
+                emit(f"Rule {rule} at step {step}: {_plural(count)} again, e.g. {tag} (anomaly.json has all)")
+        self._this_step = {}
+
+    def end_run(self, emit: Callable[[str], None]) -> None:
+        """The run (or the session) ends: close the step, then sum up every open streak."""
+        self.end_step(emit)
+        for rule, streak in self._streaks.items():
+            self._summary(rule, streak, emit)
+        self._streaks = {}
+        self._step = None
+
+    @staticmethod
+    def _summary(rule: str, streak: _Streak, emit: Callable[[str], None]) -> None:
+        if streak.steps > 1:
+            emit(
+                f"Rule {rule}: {_plural(streak.events)} over {streak.steps} steps "
+                f"({streak.first}-{streak.last}); anomaly.json has all"
+            )

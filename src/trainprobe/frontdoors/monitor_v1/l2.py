@@ -1,9 +1,11 @@
 """L2 interpretable features (``recording_l2_features`` with ``l2_targets``).
 
 * ``linear_hook`` (table ``linear_hook``, columns ``sr``, ``kernel_norm``): for each listed module
-  (an empty list: every module with a 2-D ``weight``), on its first forward call of a collected
-  step, ``kernel_norm`` = the spectral norm ``‖W‖₂`` (largest singular value: how much the layer
-  can amplify an input) and ``sr`` = ``‖W‖_F / ‖W‖₂``, the stable rank as the reference defines it.
+  with a 2-D ``weight`` (or ``wg``) that is not an embedding (an empty list: every such module),
+  on its first forward call of a collected step, ``kernel_norm`` = the spectral norm ``‖W‖₂``
+  (largest singular value, exact: how much the layer can amplify an input) and ``sr`` =
+  ``‖W‖_F / ‖W‖₂``, the stable rank as the reference defines it. Rows are named
+  ``<module>.linear``, as the reference names them.
 * ``attention_hook`` (table ``attention_hook``, columns ``entropy``, ``softmax_max``): the listed
   modules' first two tensor inputs are Q and K, laid out as ``sa_order`` says (``s,b,h,d`` or
   ``b,s,h,d``); with ``P = softmax(Q Kᵀ / √d)`` over the keys, ``entropy`` is the mean over batch,
@@ -12,11 +14,13 @@
 synchronisation (the values stay on the device until the step's rows are copied).
 
 Names are module names with the ``<vpp_stage>:`` prefix; modules are matched with or without it.
+An embedding (``nn.Embedding``, or a module with ``num_embeddings``/``vocab_start_index``) is a
+lookup table, not a linear map: ``linear_hook`` skips it even when listed, as the reference does.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +36,22 @@ from trainprobe.frontdoors.monitor_v1.naming import bare
 
 LINEAR_COLUMNS = ("sr", "kernel_norm")
 ATTENTION_COLUMNS = ("entropy", "softmax_max")
+
+
+LINEAR_SUFFIX = ".linear"
+"""What a ``linear_hook`` row's name adds to its module's name."""
+
+
+def linear_weight(module: nn.Module) -> torch.Tensor | None:
+    """The 2-D ``weight`` (else ``wg``) of a linear-like module; None for an embedding or a
+    module without one."""
+    if isinstance(module, nn.Embedding) or hasattr(module, "num_embeddings") or hasattr(module, "vocab_start_index"):
+        return None
+    for attr in ("weight", "wg"):
+        value = getattr(module, attr, None)
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            return value
+    return None
 
 
 def _row(values: list[torch.Tensor]) -> RowValues:
@@ -80,8 +100,7 @@ class L2Probe(Probe):
     def attach(self) -> None:
         cfg = self.config
         for vpp, name, module in self.view.modules():
-            weight = getattr(module, "weight", None)
-            has_2d = isinstance(weight, torch.Tensor) and weight.dim() == 2
+            has_2d = linear_weight(module) is not None
             if cfg.linear_hook is not None and has_2d and (not cfg.linear_hook or self._listed(cfg.linear_hook, name)):
                 self.keep(module.register_forward_hook(self.eager(self._linear(vpp, name))))
             if cfg.attention_hook and self._listed(cfg.attention_hook, name):
@@ -98,8 +117,9 @@ class L2Probe(Probe):
 
     def _linear(self, vpp: int, name: str) -> Any:
         def hook(module: nn.Module, args: Any, out: Any) -> None:
-            if self._first("linear:" + name):
-                self.rows.add(RowKey(vpp, name, "linear_hook"), linear_features(cast(torch.Tensor, module.weight)))
+            weight = linear_weight(module)
+            if weight is not None and self._first("linear:" + name):
+                self.rows.add(RowKey(vpp, name + LINEAR_SUFFIX, "linear_hook"), linear_features(weight))
 
         return hook
 

@@ -2,12 +2,24 @@
 
 * :class:`StructProbe` (``print_struct``): during the first step, the structure of every module's
   inputs, outputs and their gradients, written after that step to
-  ``<MONITOR_OUTPUT_DIR>/module_struct/rank<r>/module_struct.json`` in the reference's format::
+  ``<MONITOR_OUTPUT_DIR>/module_struct/rank<r>/module_struct.json`` as the reference writes it
+  (users copy its names into ``targets``)::
 
-      "0:fc1": {"input": {"config": "tuple[1]", "0": "size=(4, 6), dtype=torch.float32"}, ...}
+      "0:fc1": {"input": {"config": "list[1]", "0": "size=(4, 6), dtype=torch.float32"},
+                "output": {"config": "tensor", "tensor": "size=(4, 8), dtype=torch.float32"},
+                "input_grad": {"config": "tuple[1]", "0": "<class 'NoneType'>"},
+                "output_grad": {"config": "tuple[1]", "0": "size=(4, 8), dtype=torch.float32"}}
 
-  ``input_grad``/``output_grad`` describe the inputs/outputs that require a gradient (a
-  gradient has its tensor's size and dtype). The front door then ends the run with exit code 0.
+  Modules go by their written names (squashed with ``squash_name``; each chunk's root is
+  ``0:``). ``input`` lists the call's top-level tensor arguments, positional then keyword
+  (``list[N]``); ``output`` is ``tensor`` for one tensor, ``tuple[N]``/``list[N]`` for a sequence
+  (a non-tensor item written as its type, ``<class 'NoneType'>``), else its type alone.
+  ``input_grad`` has one item per positional argument and ``output_grad`` one per output (a
+  single tensor counts as one): the gradient's size and dtype where the tensor requires a
+  gradient, ``<class 'NoneType'>`` where it does not, as a module's full backward hook receives
+  them; a module none of whose outputs requires a gradient (frozen, or under ``no_grad``) has no
+  gradient entries. A module called several times is described by its first call. The front door
+  then ends the run with exit code 0.
 * :class:`StackProbe` (``stack_info``): the call stack of every module's first forward call in
   the first collected step, written to ``<run folder>/stack_info.csv`` (columns ``module_name,
   stack_info``; modules by their written name with the ``<vpp_stage>:`` prefix, the root as
@@ -30,15 +42,45 @@ from trainprobe.backends.torch.backend import TORCH
 from trainprobe.engine.probes.base import Probe, StepClock
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.sinks.files import write_json_atomically
-from trainprobe.engine.tensor_walk import call_tensors, tensors_in
 
 
-def _describe(value: Any, tensors: list[torch.Tensor]) -> dict[str, str]:
-    config = "tensor" if isinstance(value, torch.Tensor) else f"tuple[{len(tensors)}]"
-    out = {"config": config}
-    for i, t in enumerate(tensors):
-        out[str(i)] = f"size={tuple(t.shape)}, dtype={t.dtype}"
-    return out
+def _item(value: Any) -> str:
+    """One tensor as ``size=(..), dtype=..``; anything else as its type."""
+    return f"size={tuple(value.shape)}, dtype={value.dtype}" if isinstance(value, torch.Tensor) else str(type(value))
+
+
+def describe(value: Any) -> dict[str, str]:
+    """A call's value (see the module docstring): ``tensor``, ``tuple[N]``/``list[N]`` with one
+    entry per item, else its type."""
+    if isinstance(value, torch.Tensor):
+        return {"config": "tensor", "tensor": _item(value)}
+    if isinstance(value, (tuple, list)):
+        out = {"config": f"{type(value).__name__}[{len(value)}]"}
+        out.update({str(i): _item(item) for i, item in enumerate(value)})
+        return out
+    return {"config": str(type(value))}
+
+
+def _wants_grad(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _grads(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a full backward hook receives for ``values``: the tensor (standing for its gradient,
+    same size and dtype) where it requires a gradient, None elsewhere."""
+    return tuple(v if _wants_grad(v) else None for v in values)
+
+
+def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> dict[str, dict[str, str]]:
+    """The ``module_struct.json`` entry of one module call (see the module docstring)."""
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    inputs += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    entry = {"input": describe(inputs), "output": describe(out)}
+    outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out) if isinstance(out, (tuple, list)) else ()
+    if any(_wants_grad(o) for o in outputs):
+        entry["input_grad"] = describe(_grads(args))
+        entry["output_grad"] = describe(_grads(outputs))
+    return entry
 
 
 class StructProbe(Probe):
@@ -46,9 +88,12 @@ class StructProbe(Probe):
 
     name = "print_struct"
 
-    def __init__(self, clock: StepClock, view: ModelView, root: Path, rank: int) -> None:
+    def __init__(
+        self, clock: StepClock, view: ModelView, root: Path, rank: int, names: Callable[[str], str] | None = None
+    ) -> None:
         super().__init__(clock, ("norm",), 1e-8, backend=TORCH)
         self.view = view
+        self.names = names or (lambda name: name)
         self.first_step = clock.step
         self.path = root / "module_struct" / f"rank{rank}" / "module_struct.json"
         self.struct: dict[str, dict[str, Any]] = {}
@@ -56,19 +101,13 @@ class StructProbe(Probe):
 
     def attach(self) -> None:
         for _, name, module in self.view.modules():
-            self.keep(module.register_forward_hook(self.eager(self._hook(name)), with_kwargs=True))
+            self.keep(module.register_forward_hook(self.eager(self._hook(self.names(name))), with_kwargs=True))
 
     def _hook(self, name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             if self.clock.step != self.first_step or name in self.struct:
                 return
-            inputs = call_tensors(args, kwargs, torch.Tensor)
-            outputs = list(tensors_in(out, 0, torch.Tensor))
-            entry = {"input": _describe(args[0] if len(args) == 1 and not kwargs else args, inputs)}
-            entry["output"] = _describe(out, outputs)
-            entry["input_grad"] = _describe(None, [t for t in inputs if t.requires_grad])
-            entry["output_grad"] = _describe(None, [t for t in outputs if t.requires_grad])
-            self.struct[name] = entry
+            self.struct[name] = describe_call(args, kwargs, out)
 
         return hook
 
@@ -77,7 +116,7 @@ class StructProbe(Probe):
         if self.clock.step <= self.first_step:
             return False
         if not self._written:
-            write_json_atomically(self.path, self.struct, indent=4)
+            write_json_atomically(self.path, self.struct, indent=2)
             self._written = True
         return True
 

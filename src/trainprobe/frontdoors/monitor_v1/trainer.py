@@ -45,7 +45,7 @@ from trainprobe.frontdoors.monitor_v1.control import MonitorControl
 from trainprobe.frontdoors.monitor_v1.dynamic import dynamic_mode
 from trainprobe.frontdoors.monitor_v1.exits import run_end_message
 from trainprobe.frontdoors.monitor_v1.metrics_api import Metrics, wgrad_metrics, xy_metrics
-from trainprobe.frontdoors.monitor_v1.probe_set import torch_only
+from trainprobe.frontdoors.monitor_v1.probe_set import module_names, torch_only
 from trainprobe.frontdoors.monitor_v1.struct import StructProbe
 
 
@@ -187,7 +187,7 @@ class TrainerMon:
             self._struct = None
         if att is None or wanted is None or self._struct is not None or not torch_only("print_struct", att):
             return
-        probe = StructProbe(att.clock, att.view, output.output_root(), att.rank)
+        probe = StructProbe(att.clock, att.view, output.output_root(), att.rank, module_names(self.config, att))
         probe.first_step = wanted
         probe.attach()
         self._struct = probe
