@@ -1,0 +1,126 @@
+"""Questions asked of the query layer's views, each defined once as SQL (DuckDB's dialect) and
+run on DuckDB as it is or on Spark transpiled by sqlglot (:mod:`trainprobe.tools.query_spark`).
+
+Execution order (the one place it is defined here; to be aligned with
+``trainprobe.tools.execution_order``): rows are ordered by
+
+1. ``step``;
+2. the *stage* of the row's table and scope within a step (:data:`STAGES`): parameters before
+   the step, forward activations, backward, unreduced gradients, collectives, reduced
+   gradients, optimizer state, updated parameters;
+3. ``micro_step`` (NULL first);
+4. the row's position among that step's rows in its file (call order, as the monitors write);
+5. ``rank``.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+STAGES: Mapping[tuple[str, str | None], int] = {
+    ("param_origin", None): 0,
+    ("module", "forward"): 1,
+    ("actv", None): 1,
+    ("linear_hook", None): 1,
+    ("attention_hook", None): 1,
+    ("moe_router_weight_hook", None): 1,
+    ("moe_router_logit_hook", None): 1,
+    ("module", "backward"): 2,
+    ("actv_grad", None): 2,
+    ("weight_grad", "unreduced"): 3,
+    ("grad_unreduced", None): 3,
+    ("cc", None): 4,
+    ("weight_grad", "reduced"): 5,
+    ("grad_reduced", None): 5,
+    ("optimizer", None): 6,
+    ("exp_avg", None): 6,
+    ("exp_avg_sq", None): 6,
+    ("adam_update", None): 6,
+    ("adam_ratio", None): 6,
+    ("param", None): 7,
+    ("param_updated", None): 7,
+    ("other", None): 8,
+}
+"""Stage of a table (any scope: ``None``) or of one scope of a table, within a step."""
+LATE_STAGE = 9
+"""The stage of anything :data:`STAGES` does not name."""
+KEY_COLUMNS: tuple[str, ...] = ("rank", "step", "micro_step", "vpp_stage", "name", "scope")
+"""The key columns every view starts with, in this order."""
+TEXT_COLUMNS: tuple[str, ...] = ("shape", "dtype")
+"""Text columns describing the tensor (V1, where the files have them), after the ops."""
+META_COLUMNS: tuple[str, ...] = ("file", "file_row")
+"""Provenance columns every view ends with."""
+COUNT_OPS: tuple[str, ...] = ("nans",)
+"""Ops that count non-finite elements: a row with a count above 0 is non-finite too."""
+
+
+def stage_sql(table: str) -> str:
+    """The stage of a row of ``table`` as a SQL expression over its ``scope`` column."""
+    scoped = [(scope, stage) for (t, scope), stage in STAGES.items() if t == table and scope is not None]
+    default = STAGES.get((table, None), LATE_STAGE)
+    if not scoped:
+        return str(default)
+    cases = " ".join(f"WHEN scope = '{scope}' THEN {stage}" for scope, stage in scoped)
+    return f"CASE {cases} ELSE {default} END"
+
+
+def nonfinite_sql(ops: Sequence[str]) -> str:
+    """True for a row with an op that is NaN or infinite (or a NaN count above 0)."""
+    tests = [f'(isnan("{op}") OR isinf("{op}"))' for op in ops if op not in COUNT_OPS]
+    tests += [f'"{op}" > 0' for op in ops if op in COUNT_OPS]
+    return " OR ".join(tests) if tests else "FALSE"
+
+
+def ops_of(columns: Sequence[str]) -> list[str]:
+    """The op columns among a view's ``columns``."""
+    return [c for c in columns if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS]
+
+
+def first_nonfinite_sql(views: Mapping[str, Sequence[str]], limit: int = 1) -> str:
+    """The run's non-finite rows in execution order (module docstring): the first one of each
+    file, step, stage and micro-step, earliest first, ``limit`` of them (``limit`` 1: the first
+    non-finite row of the run), as ``table, stage, step, micro_step, rank, vpp_stage, name, scope,
+    op, value, file, position`` (``position``: the row's place among its file's rows of that step,
+    0 first, comparable between ranks).
+
+    ``views`` maps each view to its columns. Rows the reference V1 writer fills with ``nan``
+    because there was no tensor (``dtype = 'nan'``) are not counted. One scan of every view,
+    aggregated per file, step, stage and micro-step (memory bounded by the number of such
+    groups, not by the rows).
+    """
+    selects = []
+    for table, columns in views.items():
+        ops = ops_of(columns)
+        value_ops = [op for op in ops if op not in COUNT_OPS] or list(ops)
+        bad = nonfinite_sql(ops)
+        skip = " AND dtype IS DISTINCT FROM 'nan'" if "dtype" in columns else ""
+        op_case = " ".join(f"WHEN isnan(\"{o}\") OR isinf(\"{o}\") THEN '{o}'" for o in value_ops)
+        val_case = " ".join(f'WHEN isnan("{o}") OR isinf("{o}") THEN "{o}"' for o in value_ops)
+        selects.append(
+            f"SELECT '{table}' AS tbl, {stage_sql(table)} AS stage, step, micro_step, rank, vpp_stage, name, "
+            f"scope, file, file_row, COALESCE(({bad}){skip}, FALSE) AS bad, "
+            f"CASE {op_case or 'WHEN FALSE THEN NULL'} ELSE NULL END AS op, "
+            f"CAST(CASE {val_case or 'WHEN FALSE THEN NULL'} ELSE NULL END AS DOUBLE) AS val FROM \"{table}\""
+        )
+    rows = "\nUNION ALL\n".join(selects)
+    return f"""WITH all_rows AS ({rows}),
+groups AS (
+  SELECT tbl, file, step, stage, micro_step, rank,
+    min(file_row) AS group_first,
+    min(file_row) FILTER (WHERE bad) AS bad_row,
+    arg_min(vpp_stage, file_row) FILTER (WHERE bad) AS vpp_stage,
+    arg_min(name, file_row) FILTER (WHERE bad) AS name,
+    arg_min(scope, file_row) FILTER (WHERE bad) AS scope,
+    arg_min(op, file_row) FILTER (WHERE bad) AS op,
+    arg_min(val, file_row) FILTER (WHERE bad) AS val
+  FROM all_rows GROUP BY tbl, file, step, stage, micro_step, rank
+),
+placed AS (
+  SELECT *, bad_row - min(group_first) OVER (PARTITION BY file, step) AS position FROM groups
+)
+SELECT tbl AS "table", stage, step, micro_step, rank, vpp_stage, name, scope, op, val AS value, file, position
+FROM placed WHERE bad_row IS NOT NULL
+ORDER BY step, stage, micro_step NULLS FIRST, position, rank, tbl, name
+LIMIT {int(limit)}"""
