@@ -74,6 +74,7 @@ def run_query(
     run: str | Path, sql: str | None, *, schema: bool = False, first: bool = False, engine: str = "duckdb"
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Column names and rows of the answer (see the module docstring)."""
+    from trainprobe.engine.errors import ConfigError
     from trainprobe.tools.query_sql import first_nonfinite_sql
 
     if engine == "spark":
@@ -94,8 +95,13 @@ def run_query(
     if schema:
         return ["view", "column", "type"], [(v, c, t) for v, cols in described.items() for c, t in cols]
     text = first_nonfinite_sql({v: [c for c, _ in cols] for v, cols in described.items()}) if first else str(sql)
-    result = con.execute(text)
-    return [d[0] for d in result.description], result.fetchall()
+    import duckdb
+
+    try:
+        result = con.execute(text)
+        return [d[0] for d in result.description], result.fetchall()
+    except duckdb.Error as exc:
+        raise ConfigError(f"the SQL failed: {' '.join(str(exc).split())}") from None
 
 
 def _spark_views(session: Any, run: str | Path) -> dict[str, list[tuple[str, str]]]:
