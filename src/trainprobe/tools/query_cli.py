@@ -78,14 +78,19 @@ def run_query(
     from trainprobe.tools.query_sql import first_nonfinite_sql
 
     if engine == "spark":
-        from trainprobe.tools.query_spark import spark_query, spark_schema, spark_session
+        from trainprobe.tools.query_spark import register_views, spark_session, to_spark
 
         session = spark_session()
         try:
+            views = register_views(session, run)
             if schema:
-                return ["view", "column", "type"], spark_schema(session, run)
-            views = dict((v, [c for c, _ in cols]) for v, cols in _spark_views(session, run).items())
-            return spark_query(session, run, first_nonfinite_sql(views) if first else str(sql))
+                return ["view", "column", "type"], [(v, c, t) for v, cols in sorted(views.items()) for c, t in cols]
+            text = first_nonfinite_sql({v: [c for c, _ in cols] for v, cols in views.items()}) if first else str(sql)
+            try:
+                frame = session.sql(to_spark(text))
+                return list(frame.columns), [tuple(row) for row in frame.collect()]
+            except Exception as exc:  # noqa: BLE001 - pyspark's errors share no base class worth naming
+                raise ConfigError(f"the SQL failed on Spark: {' '.join(str(exc).split())[:500]}") from None
         finally:
             session.stop()
     from trainprobe.tools.query import connect, describe
@@ -102,12 +107,6 @@ def run_query(
         return [d[0] for d in result.description], result.fetchall()
     except duckdb.Error as exc:
         raise ConfigError(f"the SQL failed: {' '.join(str(exc).split())}") from None
-
-
-def _spark_views(session: Any, run: str | Path) -> dict[str, list[tuple[str, str]]]:
-    from trainprobe.tools.query_spark import register_views
-
-    return register_views(session, run)
 
 
 def print_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], form: str) -> None:

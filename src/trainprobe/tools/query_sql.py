@@ -66,9 +66,18 @@ def stage_sql(table: str) -> str:
     return f"CASE {cases} ELSE {default} END"
 
 
+INF = "CAST('inf' AS DOUBLE)"
+"""Infinity, written so that DuckDB and Spark (through sqlglot) both read it."""
+
+
+def is_nonfinite(column: str) -> str:
+    """SQL true when ``column`` is NaN or infinite (``isinf`` has no Spark equivalent)."""
+    return f'(isnan("{column}") OR abs("{column}") = {INF})'
+
+
 def nonfinite_sql(ops: Sequence[str]) -> str:
     """True for a row with an op that is NaN or infinite (or a NaN count above 0)."""
-    tests = [f'(isnan("{op}") OR isinf("{op}"))' for op in ops if op not in COUNT_OPS]
+    tests = [is_nonfinite(op) for op in ops if op not in COUNT_OPS]
     tests += [f'"{op}" > 0' for op in ops if op in COUNT_OPS]
     return " OR ".join(tests) if tests else "FALSE"
 
@@ -96,8 +105,8 @@ def first_nonfinite_sql(views: Mapping[str, Sequence[str]], limit: int = 1) -> s
         value_ops = [op for op in ops if op not in COUNT_OPS] or list(ops)
         bad = nonfinite_sql(ops)
         skip = " AND dtype IS DISTINCT FROM 'nan'" if "dtype" in columns else ""
-        op_case = " ".join(f"WHEN isnan(\"{o}\") OR isinf(\"{o}\") THEN '{o}'" for o in value_ops)
-        val_case = " ".join(f'WHEN isnan("{o}") OR isinf("{o}") THEN "{o}"' for o in value_ops)
+        op_case = " ".join(f"WHEN {is_nonfinite(o)} THEN '{o}'" for o in value_ops)
+        val_case = " ".join(f'WHEN {is_nonfinite(o)} THEN "{o}"' for o in value_ops)
         selects.append(
             f"SELECT '{table}' AS tbl, {stage_sql(table)} AS stage, step, micro_step, rank, vpp_stage, name, "
             f"scope, file, file_row, COALESCE(({bad}){skip}, FALSE) AS bad, "
