@@ -185,7 +185,18 @@ def _read_csv(paths: Sequence[str], header: tuple[str, ...]) -> str:
     )
 
 
-def _projection(header: Iterable[str], layout: str, table: str, rank: str, file: str, row: str) -> str:
+def _op(column: str, nan_guard: bool) -> str:
+    """An op column as DOUBLE; with ``nan_guard`` (Parquet) through a CASE that hides the column's
+    statistics: pyarrow (per the Parquet spec) leaves NaN out of a column's min/max, and DuckDB
+    2.0 then prunes ``isnan(...)`` filters on them, so a NaN written by pyarrow was never found."""
+    if not nan_guard:
+        return f"CAST({column} AS DOUBLE)"
+    return f"CASE WHEN isnan({column}) THEN CAST('nan' AS DOUBLE) ELSE CAST({column} AS DOUBLE) END"
+
+
+def _projection(
+    header: Iterable[str], layout: str, table: str, rank: str, file: str, row: str, nan_guard: bool = False
+) -> str:
     """The SELECT list mapping a file's columns onto the view's."""
     present = set(header)
     if layout == "v2":
@@ -197,7 +208,7 @@ def _projection(header: Iterable[str], layout: str, table: str, rank: str, file:
     micro = "CAST(micro_step AS BIGINT)" if "micro_step" in present else "CAST(NULL AS BIGINT)"
     file_keys = {*_FILE_KEYS[layout], "micro_step"}
     values = [
-        f"{quote(h)}::VARCHAR AS {quote(h)}" if h in TEXT_COLUMNS else f"CAST({quote(h)} AS DOUBLE) AS {quote(h)}"
+        f"{quote(h)}::VARCHAR AS {quote(h)}" if h in TEXT_COLUMNS else f"{_op(quote(h), nan_guard)} AS {quote(h)}"
         for h in header
         if h not in file_keys
     ]
@@ -248,7 +259,9 @@ def _parquet_part(
     described = con.execute(f"DESCRIBE SELECT * FROM read_parquet({listed}, union_by_name=true)").fetchall()
     header = tuple(str(row[0]) for row in described)
     _check_header(header, group[0])
-    select = _projection(header, layout, table, _rank_from("filename", layout), "filename", "file_row_number")
+    select = _projection(
+        header, layout, table, _rank_from("filename", layout), "filename", "file_row_number", nan_guard=True
+    )
     return f"SELECT {select} FROM {source}", _csv_columns(header, layout)
 
 

@@ -104,7 +104,7 @@ def _frame(session: Any, table: str, layout: str, group: Sequence[RunFile]) -> A
     raw.createOrReplaceTempView(source)
     header = [c for c in raw.columns if c not in ("__file", "__row")]
     file = "regexp_replace(__file, '^file:(//)?', '')"
-    select = _projection(header, layout, table, _rank_from("__file", layout), file, "__row")
+    select = _projection(header, layout, table, _rank_from("__file", layout), file, "__row", nan_guard=True)
     return session.sql(to_spark(f"SELECT {select} FROM {quote(source)}"))
 
 
