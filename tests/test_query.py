@@ -83,7 +83,7 @@ def test_csv_and_parquet_give_the_same_answers(monitor_runs: Any, tmp_path: Path
     csv_first, parquet_first = first_nonfinite(connect(run), 5), first_nonfinite(connect(parquet), 5)
     strip = [{k: v for k, v in row.items() if k not in ("file", "value")} for row in csv_first]
     assert strip == [{k: v for k, v in row.items() if k not in ("file", "value")} for row in parquet_first]
-    assert len(csv_first) == 5
+    assert len(csv_first) >= 3 and {r["step"] for r in csv_first} == {NAN_STEP}
 
 
 def _earlier_trainprobe_v1(reference_run: Path, target: Path) -> None:

@@ -23,7 +23,7 @@ from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.tools.query import connect, describe  # noqa: E402
 from trainprobe.tools.query_convert import convert_run  # noqa: E402
 from trainprobe.tools.query_spark import register_views, spark_session, to_spark  # noqa: E402
-from trainprobe.tools.query_sql import first_nonfinite_sql  # noqa: E402
+from trainprobe.tools.query_sql import first_bad_step_sql, first_nonfinite_sql  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,10 @@ def test_first_nonfinite_is_the_same_on_both_engines(
     assert {v: [c for c, _ in cols] for v, cols in spark_views.items()} == {
         v: [c for c, _ in cols] for v, cols in duck_views.items()
     }
-    sql = first_nonfinite_sql({v: [c for c, _ in cols] for v, cols in duck_views.items()}, limit=4)
+    names = {v: [c for c, _ in cols] for v, cols in duck_views.items()}
+    [(step,)] = con.execute(first_bad_step_sql(names)).fetchall()
+    assert spark.sql(to_spark(first_bad_step_sql(names))).collect()[0][0] == step == NAN_STEP
+    sql = first_nonfinite_sql(names, step, limit=4)
     duck_rows = con.execute(sql).fetchall()
     spark_rows = [tuple(r) for r in spark.sql(to_spark(sql)).collect()]
     assert repr(spark_rows) == repr(duck_rows)

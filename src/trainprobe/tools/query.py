@@ -52,7 +52,13 @@ from typing import TYPE_CHECKING, Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.tools.query_files import RunFile, clean_length, csv_header, find_run_files
-from trainprobe.tools.query_sql import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS, first_nonfinite_sql
+from trainprobe.tools.query_sql import (
+    KEY_COLUMNS,
+    META_COLUMNS,
+    TEXT_COLUMNS,
+    first_bad_step_sql,
+    first_nonfinite_sql,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -76,9 +82,14 @@ def require(module: str = "duckdb") -> Any:
         raise ConfigError(f"this needs {module}, part of trainprobe's [query] extra: {INSTALL_HINT}") from None
 
 
-def connect(run: str | Path, connection: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+def connect(
+    run: str | Path,
+    connection: duckdb.DuckDBPyConnection | None = None,
+    steps: tuple[int, int] | None = None,
+) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection (``connection``, else a new in-memory one) with one view per table of
-    ``run`` (see the module docstring for the columns).
+    ``run`` (see the module docstring for the columns); with ``steps`` (first, last), over only
+    the files whose window (from their names) meets that range.
 
     Raises:
         ConfigError: ``run`` holds no data file; a CSV header names a column twice or lacks the
@@ -87,7 +98,10 @@ def connect(run: str | Path, connection: duckdb.DuckDBPyConnection | None = None
     """
     duck = require("duckdb")
     con = connection if connection is not None else duck.connect()
+    con.execute("SET parquet_metadata_cache = true")  # the footers read for the views serve the queries
     files = find_run_files(run)
+    if steps is not None:
+        files = [f for f in files if f.first_step <= steps[1] and steps[0] <= f.last_step]
     by_table: dict[str, list[RunFile]] = {}
     for f in files:
         by_table.setdefault(f.table, []).append(f)
@@ -271,12 +285,22 @@ def describe(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]
     return {v: [(str(r[0]), str(r[1])) for r in con.execute(f"DESCRIBE {quote(v)}").fetchall()] for v in views}
 
 
-def first_nonfinite(con: duckdb.DuckDBPyConnection, limit: int = 1) -> list[dict[str, Any]]:
-    """The first ``limit`` non-finite rows of the run on ``con`` in execution order
-    (:func:`~trainprobe.tools.query_sql.first_nonfinite_sql`), as dicts; empty when none."""
-    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+def first_nonfinite(run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1) -> list[dict[str, Any]]:
+    """The first non-finite rows of a run in execution order, as dicts (empty when none): two
+    queries (:mod:`trainprobe.tools.query_sql`), the first step with a non-finite row over every
+    file, then that step's rows in order. Given the run's folder, the second reads only the
+    files whose window holds that step; given a connection (views from :func:`connect`), it
+    reads that connection's views."""
+    con = connect(run) if not hasattr(run, "execute") else run
+    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}  # type: ignore[arg-type]
     if not views:
         return []
-    result = con.execute(first_nonfinite_sql(views, limit))
+    [(step,)] = con.execute(first_bad_step_sql(views)).fetchall()  # type: ignore[union-attr]
+    if step is None:
+        return []
+    if not hasattr(run, "execute"):
+        con = connect(run, steps=(step, step))  # type: ignore[arg-type]
+        views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    result = con.execute(first_nonfinite_sql(views, step, limit))  # type: ignore[union-attr]
     names = [d[0] for d in result.description]
     return [dict(zip(names, row)) for row in result.fetchall()]

@@ -22,6 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+FIRST_COLUMNS = (
+    "table", "stage", "step", "micro_step", "rank", "vpp_stage", "name", "scope", "op", "value", "file", "position"
+)
+"""The columns of ``--first-nonfinite``'s answer."""
+
 
 def add_parser(sub: Any) -> None:
     """Add the ``query`` and ``convert`` sub-commands to ``sub``."""
@@ -75,7 +80,7 @@ def run_query(
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Column names and rows of the answer (see the module docstring)."""
     from trainprobe.engine.errors import ConfigError
-    from trainprobe.tools.query_sql import first_nonfinite_sql
+    from trainprobe.tools.query_sql import first_bad_step_sql, first_nonfinite_sql
 
     if engine == "spark":
         from trainprobe.tools.query_spark import register_views, spark_session, to_spark
@@ -85,25 +90,32 @@ def run_query(
             views = register_views(session, run)
             if schema:
                 return ["view", "column", "type"], [(v, c, t) for v, cols in sorted(views.items()) for c, t in cols]
-            text = first_nonfinite_sql({v: [c for c, _ in cols] for v, cols in views.items()}) if first else str(sql)
+            names = {v: [c for c, _ in cols] for v, cols in views.items()}
             try:
-                frame = session.sql(to_spark(text))
+                if first:
+                    step = session.sql(to_spark(first_bad_step_sql(names))).collect()[0][0]
+                    if step is None:
+                        return list(FIRST_COLUMNS), []
+                    sql = first_nonfinite_sql(names, step)
+                frame = session.sql(to_spark(str(sql)))
                 return list(frame.columns), [tuple(row) for row in frame.collect()]
             except Exception as exc:  # noqa: BLE001 - pyspark's errors share no base class worth naming
                 raise ConfigError(f"the SQL failed on Spark: {' '.join(str(exc).split())[:500]}") from None
         finally:
             session.stop()
-    from trainprobe.tools.query import connect, describe
+    from trainprobe.tools.query import connect, describe, first_nonfinite
 
     con = connect(run)
     described = describe(con)
     if schema:
         return ["view", "column", "type"], [(v, c, t) for v, cols in described.items() for c, t in cols]
-    text = first_nonfinite_sql({v: [c for c, _ in cols] for v, cols in described.items()}) if first else str(sql)
     import duckdb
 
     try:
-        result = con.execute(text)
+        if first:
+            found = first_nonfinite(run)
+            return list(FIRST_COLUMNS), [tuple(row.values()) for row in found]
+        result = con.execute(str(sql))
         return [d[0] for d in result.description], result.fetchall()
     except duckdb.Error as exc:
         raise ConfigError(f"the SQL failed: {' '.join(str(exc).split())}") from None

@@ -87,47 +87,61 @@ def ops_of(columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS]
 
 
-def first_nonfinite_sql(views: Mapping[str, Sequence[str]], limit: int = 1) -> str:
-    """The run's non-finite rows in execution order (module docstring): the first one of each
-    file, step, stage and micro-step, earliest first, ``limit`` of them (``limit`` 1: the first
-    non-finite row of the run), as ``table, stage, step, micro_step, rank, vpp_stage, name, scope,
-    op, value, file, position`` (``position``: the row's place among its file's rows of that step,
+def _bad_rows(table: str, columns: Sequence[str]) -> str:
+    """SQL true for the non-finite rows of ``table`` (the reference's "no tensor" rows aside)."""
+    skip = " AND dtype IS DISTINCT FROM 'nan'" if "dtype" in columns else ""
+    return f"COALESCE(({nonfinite_sql(ops_of(columns))}){skip}, FALSE)"
+
+
+def first_bad_step_sql(views: Mapping[str, Sequence[str]]) -> str:
+    """The first step with a non-finite row in any view (NULL when none): the first of the two
+    queries of "first NaN/inf" (a filtered scan of ``step`` and the ops only)."""
+    parts = [f'SELECT min(step) AS step FROM "{t}" WHERE {_bad_rows(t, cols)}' for t, cols in views.items()]
+    return "SELECT min(step) AS step FROM (" + " UNION ALL ".join(parts) + ")"
+
+
+def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int, limit: int = 1) -> str:
+    """The non-finite rows of ``step`` (from :func:`first_bad_step_sql`) in execution order
+    (module docstring): the first one of each table, rank, stage and micro-step, earliest first,
+    ``limit`` of them, as ``table, stage, step, micro_step, rank, vpp_stage, name, scope, op,
+    value, file, position`` (``position``: the row's place among its file's rows of that step,
     0 first, comparable between ranks).
 
     ``views`` maps each view to its columns. Rows the reference V1 writer fills with ``nan``
-    because there was no tensor (``dtype = 'nan'``) are not counted. One scan of every view,
-    aggregated per file, step, stage and micro-step (memory bounded by the number of such
-    groups, not by the rows).
+    because there was no tensor (``dtype = 'nan'``) are not counted. Only rows of ``step`` are
+    read (Parquet row groups of other steps are skipped by their statistics; the caller may also
+    give views over the files of that step's window only, see
+    :func:`trainprobe.tools.query.first_nonfinite`).
     """
     selects = []
     for table, columns in views.items():
         ops = ops_of(columns)
         value_ops = [op for op in ops if op not in COUNT_OPS] or list(ops)
-        bad = nonfinite_sql(ops)
-        skip = " AND dtype IS DISTINCT FROM 'nan'" if "dtype" in columns else ""
         op_case = " ".join(f"WHEN {is_nonfinite(o)} THEN '{o}'" for o in value_ops)
         val_case = " ".join(f'WHEN {is_nonfinite(o)} THEN "{o}"' for o in value_ops)
         selects.append(
             f"SELECT '{table}' AS tbl, {stage_sql(table)} AS stage, step, micro_step, rank, vpp_stage, name, "
-            f"scope, file, file_row, COALESCE(({bad}){skip}, FALSE) AS bad, "
-            f"CASE {op_case or 'WHEN FALSE THEN NULL'} ELSE NULL END AS op, "
-            f"CAST(CASE {val_case or 'WHEN FALSE THEN NULL'} ELSE NULL END AS DOUBLE) AS val FROM \"{table}\""
+            f"scope, file, file_row, bad, "
+            f"CASE WHEN bad THEN CASE {op_case or 'WHEN FALSE THEN NULL'} ELSE NULL END END AS op, "
+            f"CAST(CASE WHEN bad THEN CASE {val_case or 'WHEN FALSE THEN NULL'} ELSE NULL END END AS DOUBLE) AS val "
+            f"FROM (SELECT *, {_bad_rows(table, columns)} AS bad FROM \"{table}\" WHERE step = {int(step)})"
         )
     rows = "\nUNION ALL\n".join(selects)
     return f"""WITH all_rows AS ({rows}),
 groups AS (
-  SELECT tbl, file, step, stage, micro_step, rank,
+  SELECT tbl, rank, step, stage, micro_step,
     min(file_row) AS group_first,
     min(file_row) FILTER (WHERE bad) AS bad_row,
+    arg_min(file, file_row) FILTER (WHERE bad) AS file,
     arg_min(vpp_stage, file_row) FILTER (WHERE bad) AS vpp_stage,
     arg_min(name, file_row) FILTER (WHERE bad) AS name,
     arg_min(scope, file_row) FILTER (WHERE bad) AS scope,
     arg_min(op, file_row) FILTER (WHERE bad) AS op,
     arg_min(val, file_row) FILTER (WHERE bad) AS val
-  FROM all_rows GROUP BY tbl, file, step, stage, micro_step, rank
+  FROM all_rows GROUP BY tbl, rank, step, stage, micro_step
 ),
 placed AS (
-  SELECT *, bad_row - min(group_first) OVER (PARTITION BY file, step) AS position FROM groups
+  SELECT *, bad_row - min(group_first) OVER (PARTITION BY tbl, rank, step) AS position FROM groups
 )
 SELECT tbl AS "table", stage, step, micro_step, rank, vpp_stage, name, scope, op, val AS value, file, position
 FROM placed WHERE bad_row IS NOT NULL
