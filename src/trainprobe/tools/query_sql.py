@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 STAGES: Mapping[tuple[str, str | None], int] = {
     ("param_origin", None): 0,
+    ("param", "param_origin"): 0,
     ("module", "forward"): 1,
     ("actv", None): 1,
     ("linear_hook", None): 1,
@@ -39,6 +40,7 @@ STAGES: Mapping[tuple[str, str | None], int] = {
     ("exp_avg_sq", None): 6,
     ("adam_update", None): 6,
     ("adam_ratio", None): 6,
+    ("param", "param_updated"): 7,
     ("param", None): 7,
     ("param_updated", None): 7,
     ("other", None): 8,
