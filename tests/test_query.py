@@ -119,6 +119,7 @@ def test_reference_and_trainprobe_v1_layouts_agree(tmp_path: Path) -> None:
     assert ("[4, 8]", "torch.float32") in shapes
     # the reference's "no gradient" rows (nan in every cell, dtype 'nan' too) are not a NaN
     assert first_nonfinite(con_ref) == []
+    assert _contents(_as_parquet(tmp_path / "ref", tmp_path)) == _contents(tmp_path / "ref")
 
 
 def test_reference_v2_crlf_layout(tmp_path: Path) -> None:
