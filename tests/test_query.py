@@ -223,3 +223,16 @@ def test_connection_works_with_arrow_and_pandas(monitor_runs: Any) -> None:
     pd = pytest.importorskip("pandas")
     frame = con.sql("SELECT step, max(norm) AS top FROM param GROUP BY step ORDER BY step").df()
     assert isinstance(frame, pd.DataFrame) and list(frame["step"]) == list(range(6))
+
+
+def test_cli_convert(monitor_runs: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "v1"
+    shutil.copytree(monitor_runs.v1, run)
+    csv_count = len(list(run.glob("*-rank*/*.csv")))
+    assert main(["convert", str(run), "--to", "parquet"]) == 0
+    assert capsys.readouterr().out.startswith(f"converted {csv_count} CSV file(s) to Parquet")
+    assert len(list(run.glob("*-rank*/*.parquet"))) == csv_count
+    assert not list(run.rglob(".*.partial"))
+    assert _contents(run) == _contents(monitor_runs.v1)  # the Parquet files are read, not the CSV ones
+    assert main(["convert", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
