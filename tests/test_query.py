@@ -172,6 +172,16 @@ def test_empty_and_header_only_files(tmp_path: Path) -> None:
     assert con.execute("SELECT count(*) FROM module").fetchall() == [(0,)]  # a header only: no rows yet
 
 
+def test_a_cell_that_is_not_a_number_is_one_line_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _v2_file(tmp_path / "run" / "rank_0", HEADER + "0,1,w,reduced,,abc,1.0,0\n")
+    assert main(["query", str(tmp_path / "run"), "SELECT * FROM weight_grad"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and '"abc"' in err and f"(file {path})" in err
+    assert "Possible solutions" not in err
+
+
 def test_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no monitor data file"):
         connect(tmp_path)

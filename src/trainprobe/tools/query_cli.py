@@ -118,7 +118,19 @@ def run_query(
         result = con.execute(str(sql))
         return [d[0] for d in result.description], result.fetchall()
     except duckdb.Error as exc:
-        raise ConfigError(f"the SQL failed: {' '.join(str(exc).split())}") from None
+        raise ConfigError(f"the SQL failed: {short_error(str(exc))}") from None
+
+
+def short_error(text: str) -> str:
+    """DuckDB's error message on one line, without its list of reader options (the file named)."""
+    import re
+
+    flat = " ".join(text.split())
+    if "Possible solutions" not in flat:
+        return flat
+    head = flat.split("Possible solutions")[0].strip()
+    file = re.search(r" file = (\S+)", flat)
+    return f"{head} (file {file[1]})" if file else head
 
 
 def print_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], form: str) -> None:
