@@ -289,8 +289,9 @@ def first_nonfinite(run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1)
     """The first non-finite rows of a run in execution order, as dicts (empty when none): two
     queries (:mod:`trainprobe.tools.query_sql`), the first step with a non-finite row over every
     file, then that step's rows in order. Given the run's folder, the second reads only the
-    files whose window holds that step; given a connection (views from :func:`connect`), it
-    reads that connection's views."""
+    CSV files whose window holds that step (Parquet files of other steps are skipped by their
+    statistics); given a connection (views from :func:`connect`), it reads that connection's
+    views."""
     con = connect(run) if not hasattr(run, "execute") else run
     views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}  # type: ignore[arg-type]
     if not views:
@@ -298,7 +299,10 @@ def first_nonfinite(run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1)
     [(step,)] = con.execute(first_bad_step_sql(views)).fetchall()  # type: ignore[union-attr]
     if step is None:
         return []
-    if not hasattr(run, "execute"):
+    if not hasattr(run, "execute") and any(
+        f.format == "csv" and f.first_step <= step <= f.last_step
+        for f in find_run_files(run)  # type: ignore[arg-type]
+    ):  # CSV has no statistics to skip other steps by: views over that window's files only
         con = connect(run, steps=(step, step))  # type: ignore[arg-type]
         views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
     result = con.execute(first_nonfinite_sql(views, step, limit))  # type: ignore[union-attr]

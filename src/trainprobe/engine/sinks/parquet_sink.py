@@ -6,9 +6,9 @@ order (:class:`~trainprobe.engine.sinks.csv_sink.TableLayout`): ``vpp_stage``, `
 text (``shape``, ``dtype``) string, every op float64 (counts too), rounded as the CSV file
 would be.
 
-A window's rows are written on the writer thread into ``.<name>.partial`` (row groups of up to
-:data:`ROW_GROUP_ROWS` rows, so memory holds at most one row group per table), and the file gets
-its name when the window closes: when the first row of a later window arrives, or at
+A window's rows are buffered on the writer thread and written into ``.<name>.partial`` in row
+groups of up to :data:`ROW_GROUP_ROWS` rows (so memory holds at most one row group per table);
+the file gets its name when the window closes: when the first row of a later window arrives, or at
 :meth:`ParquetSink.close` (named then from the last step reached, as the CSV sink renames a
 window cut short). So every ``*.parquet`` file is complete and readable; a run killed (even by
 ``kill -9``) loses only its open windows, whose ``.partial`` files no reader picks up.
