@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup browser demo test test-torch test-mindspore interop interop-list lint bench clean
+.PHONY: setup browser demo test test-torch test-mindspore test-spark interop interop-list lint bench bench-query clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -77,6 +77,13 @@ interop: setup $(REF_BIN)/.installed
 interop-list: setup $(REF_BIN)/.installed
 	@TRAINPROBE_REF_PYTHON=$(REF_PYTHON) $(BIN)/python tests/interop/list_differences.py
 
+# The query layer on Apache Spark (tests/test_query_spark.py; skipped in `make test`): pyspark is a
+# ~320 MB download built on install, and each Spark start in local mode takes 30 s to 2 min on a
+# 2-core machine, too much for every CI run; Java 17+ must be installed.
+test-spark: setup
+	$(BIN)/python -m pip install -q -e ".[spark]"
+	$(BIN)/python -m pytest -q tests/test_query_spark.py
+
 test-mindspore: $(MS_BIN)/.installed
 	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py
 
@@ -86,6 +93,10 @@ bench: setup
 	$(BIN)/python bench/bench_metrics.py
 	$(BIN)/python bench/bench_dump.py
 	$(BIN)/python bench/bench_paired.py
+
+# the query layer's targets (bench/bench_query.py: synthetic runs of 3.2 M rows as CSV, 100 M as Parquet)
+bench-query: setup
+	$(BIN)/python bench/bench_query.py
 
 clean:
 	rm -rf $(VENV) $(REF_VENV) trainprobe_demo .pytest_cache

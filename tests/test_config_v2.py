@@ -313,7 +313,7 @@ def test_null_fields_mean_default() -> None:
 
 
 def test_format_tensorboard_rejected(tmp_path: Path) -> None:
-    raises_both_ways(tmp_path, {"format": "tensorboard"}, "format: 'tensorboard' is not one of csv")
+    raises_both_ways(tmp_path, {"format": "tensorboard"}, "format: 'tensorboard' is not one of csv, parquet")
 
 
 def test_format_csv_case_insensitive() -> None:

@@ -126,7 +126,7 @@ def test_defaults(tmp_path):
             r"alert.rules\[0\].args.thresh: unknown field",
         ),
         ({"alert": {"dump": "true"}}, r"alert.dump: must be true or false"),
-        ({"format": "parquet"}, r"format: 'parquet' is not one of csv, tensorboard, api"),
+        ({"format": "feather"}, r"format: 'feather' is not one of csv, tensorboard, api, parquet"),
         ({"ops": ["min", "nrom"]}, r"ops\[1\]: 'nrom' is not one of"),
         ({"ops": "norm"}, r"ops: must be a list of op names"),
         ({"eps": 0}, r"eps: must be greater than 0"),

@@ -25,6 +25,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.tools.csv2tb", "add_parser"),
     ("trainprobe.tools.csv2db", "add_parser"),
     ("trainprobe.tools.report", "add_parser"),
+    ("trainprobe.tools.query_cli", "add_parser"),
 )
 
 

@@ -56,6 +56,13 @@ V2_RANK = re.compile(r"rank_(?P<rank>[0-9]+)")
 """A V2 rank folder's name (:func:`v2_rank_folder`)."""
 V2_FILE = re.compile(r"(?P<type>[a-z_0-9]+?)_step(?P<first>[0-9]+)-(?P<last>[0-9]+)\.csv")
 """A V2 CSV file's name (:func:`v2_file_name`)."""
+PARQUET_SUFFIX = ".parquet"
+"""The suffix of a Parquet data file (``"format": "parquet"``); its name is the CSV file's with
+this suffix instead of ``.csv``."""
+V1_DATA_FILE = re.compile(r"(?P<type>[a-z_0-9]+?)_(?P<first>[0-9]+)-(?P<last>[0-9]+)\.(?P<ext>csv|parquet)")
+"""A V1 data file's name, CSV or Parquet."""
+V2_DATA_FILE = re.compile(r"(?P<type>[a-z_0-9]+?)_step(?P<first>[0-9]+)-(?P<last>[0-9]+)\.(?P<ext>csv|parquet)")
+"""A V2 data file's name, CSV or Parquet."""
 
 ANOMALY_FOLDER = "anomaly_detected"
 ANOMALY_FILE = "anomaly.json"
@@ -68,9 +75,9 @@ def v1_run_folder(stamp: str, rank: int, run_id: str) -> str:
     return f"{stamp}-rank{rank}-{run_id}"
 
 
-def v1_file_name(table: str, first: int, last: int) -> str:
-    """``grad_reduced_0-4.csv``."""
-    return f"{table}_{first}-{last}.csv"
+def v1_file_name(table: str, first: int, last: int, suffix: str = ".csv") -> str:
+    """``grad_reduced_0-4.csv`` (``suffix`` :data:`PARQUET_SUFFIX`: ``grad_reduced_0-4.parquet``)."""
+    return f"{table}_{first}-{last}{suffix}"
 
 
 def v2_rank_folder(rank: int) -> str:
@@ -78,9 +85,9 @@ def v2_rank_folder(rank: int) -> str:
     return f"rank_{rank}"
 
 
-def v2_file_name(monitor: str, first: int, last: int) -> str:
-    """``weight_grad_step0-9.csv`` for ``("weight_grad", 0, 9)``."""
-    return f"{monitor}_step{first}-{last}.csv"
+def v2_file_name(monitor: str, first: int, last: int, suffix: str = ".csv") -> str:
+    """``weight_grad_step0-9.csv`` for ``("weight_grad", 0, 9)`` (``.parquet`` with that ``suffix``)."""
+    return f"{monitor}_step{first}-{last}{suffix}"
 
 
 def anomaly_rank_folder(rank: int) -> str:

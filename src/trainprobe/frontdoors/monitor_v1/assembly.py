@@ -11,13 +11,14 @@ returns.
 
 from __future__ import annotations
 
-from trainprobe.engine.layout import ANOMALY_FOLDER, anomaly_rank_folder
+from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, anomaly_rank_folder, v1_file_name
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.session import Session
 from trainprobe.engine.sinks.background import Sink, Writer
 from trainprobe.engine.sinks.csv_sink import CsvSink
 from trainprobe.engine.sinks.fanout import FanOut
 from trainprobe.engine.sinks.memory import MemorySink
+from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.engine.sinks.tensorboard import TensorBoardSink
 from trainprobe.frontdoors.monitor_v1 import output
 from trainprobe.frontdoors.monitor_v1.alerts import AlertDetector
@@ -74,6 +75,18 @@ class SessionFactory:
                 first_step=self.att.clock.step,
             )
             sinks.append(csv)
+        elif cfg.format == "parquet":  # an extension: the CSV layout's files as Parquet (append_output: CSV only)
+            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
+            sinks.append(
+                ParquetSink(
+                    self.att.run_folder(cfg),
+                    schedule,
+                    layouts,
+                    table_of=output.table_of,
+                    name_file=_parquet_name,
+                    first_step=self.att.clock.step,
+                )
+            )
         elif cfg.format == "tensorboard":
             folder = self.att.run_folder(cfg)
             tag_of = output.tag_of(self.att.rank, cfg.monitor_mbs_grad)
@@ -92,6 +105,11 @@ class SessionFactory:
         det.ops = ops_of
         det.tag_of = output.task_tagger(self.att.rank, cfg.monitor_mbs_grad)
         return det
+
+
+def _parquet_name(table: str, first: int, last: int) -> str:
+    """``grad_reduced_0-4.parquet``."""
+    return v1_file_name(table, first, last, PARQUET_SUFFIX)
 
 
 def _ignore(monitor: str, exc: BaseException) -> None:

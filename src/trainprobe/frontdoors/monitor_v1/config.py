@@ -15,9 +15,10 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.fields import Section, config_object, join_path, type_name
 from trainprobe.engine.schedule import Schedule
+from trainprobe.engine.sinks.parquet_sink import require_pyarrow
 from trainprobe.engine.stats.ops import ALL_OPS, DEFAULT_EPS, parse_ops
 
-FORMATS = ("csv", "tensorboard", "api")
+FORMATS = ("csv", "tensorboard", "api", "parquet")
 DEFAULT_V1_OPS: tuple[str, ...] = ("norm",)
 DEFAULT_COLLECT_TIMES = 100_000_000
 SA_ORDERS = ("s,b,h,d", "b,s,h,d")
@@ -194,6 +195,8 @@ def load_monitor_v1_config(source: str | Path | dict[str, Any]) -> MonitorV1Conf
     top = Section(config_object(source, "config_file_path: expected a path to a JSON file"))
     top.check_keys(TOP_LEVEL_KEYS, IGNORED)
     fmt = top.choice("format", "csv", FORMATS)
+    if fmt == "parquet":
+        require_pyarrow("format")
     ops = parse_ops(top.raw("ops"), "ops", ALL_OPS, DEFAULT_V1_OPS) if top.has("ops") else DEFAULT_V1_OPS
     return MonitorV1Config(
         targets=_targets(top.section("targets")),

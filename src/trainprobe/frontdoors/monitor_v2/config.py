@@ -15,6 +15,7 @@ from trainprobe.engine.fields import Section, check_choice, config_object
 from trainprobe.engine.layout import V2_MONITORS
 from trainprobe.engine.log import logger
 from trainprobe.engine.schedule import Schedule
+from trainprobe.engine.sinks.parquet_sink import require_pyarrow
 from trainprobe.engine.stats.ops import DEFAULT_EPS, DEFAULT_OPS, parse_ops
 
 FRAMEWORKS = ("pytorch", "mindspore")
@@ -128,7 +129,9 @@ def load_monitor_v2_config(source: str | Path | dict[str, Any], framework: str |
     top = Section(config_object(source, "config_path: expected a path to a JSON file or a dict"))
     top.check_keys(TOP_LEVEL_KEYS)
     fr = _framework(top, framework)
-    fmt = top.choice("format", "csv", ("csv",))
+    fmt = top.choice("format", "csv", ("csv", "parquet"))
+    if fmt == "parquet":
+        require_pyarrow("format")
     monitors = top.section("monitors")
     monitors.check_keys(MONITOR_NAMES)
     return MonitorV2Config(

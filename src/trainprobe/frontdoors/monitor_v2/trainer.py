@@ -29,6 +29,7 @@ from trainprobe.engine.session import Session
 from trainprobe.engine.sinks.background import Writer
 from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
 from trainprobe.engine.sinks.earlier_runs import keep_rows_before, overwrite_requested, refuse_earlier_run, window_files
+from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
 
 _NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
@@ -219,7 +220,11 @@ class TrainerMonitorV2:
             )
             patch = False
         layouts = {p.name: TableLayout(p.with_micro_step, p.stats.ops) for p in probes}
-        sink = CsvSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
+        sink: CsvSink | ParquetSink
+        if cfg.format == "parquet":
+            sink = ParquetSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
+        else:
+            sink = CsvSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
         writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
         return Session(
             probes=probes,

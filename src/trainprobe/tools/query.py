@@ -1,0 +1,310 @@
+"""One query layer over every run: a run folder in, a DuckDB connection out (public API).
+
+:func:`connect` finds the data files of a run (:func:`~trainprobe.tools.query_files.find_run_files`:
+Monitor V2 ``output_dir`` or Monitor V1 ``MONITOR_OUTPUT_DIR``, trainprobe's or the reference
+msProbe's files, CSV or Parquet, in any mix) and defines one view per table on a DuckDB
+connection: ``weight_grad``, ``module``, ``optimizer``, ``param``, ``cc`` for V2; ``actv``,
+``actv_grad``, ``grad_reduced``, ... for V1. Every view has the same columns:
+
+==============  ========  ==============================================================
+``rank``        BIGINT    the rank that wrote the row (from its folder's name)
+``step``        BIGINT    the training step
+``micro_step``  BIGINT    the micro-batch; NULL where the table has none (or the cell is empty)
+``vpp_stage``   BIGINT    the virtual pipeline chunk (V2 writes -1 without chunks)
+``name``        VARCHAR   the module or parameter (V2 ``module_name``; V1 ``name`` without the
+                          ``<vpp_stage>:`` chunk prefix trainprobe's earlier V1 writer added)
+``scope``       VARCHAR   V2: the row's scope (``forward``, ``reduced``, ...); V1: the table
+<ops>           DOUBLE    one column per op in the files (``min``, ``max``, ``norm``, ``nans``,
+                          ...): ``nan``/``inf`` kept, an empty cell NULL; a file without the
+                          op gives NULL
+``shape``       VARCHAR   V1 only, where the files have them (the reference's ``shape,dtype``)
+``dtype``       VARCHAR
+``file``        VARCHAR   the file the row was read from (provenance)
+``file_row``    BIGINT    increases with the row's place in its file: compare it only between
+                          rows of one file (Parquet: the row's index; CSV: a count over the
+                          files of one scan)
+==============  ========  ==============================================================
+
+No import step: the files are scanned where they are, in parallel, with DuckDB's projection and
+filter push-down (a filter on ``file`` skips whole files; Parquet row groups are skipped by their
+statistics). A CSV file whose last record is torn (a run killed or still writing) is read without
+that record: its complete part is copied once into a temporary table of the connection. Empty
+files and files whose header line is not complete yet are left out.
+
+The connection is DuckDB's own: ``con.sql(...).df()`` (pandas), ``.pl()`` (polars),
+``.arrow()`` (Arrow) work as usual. Needs the ``[query]`` extra (``pip install 'trainprobe[query]'``).
+
+Example::
+
+    from trainprobe.tools.query import connect
+    con = connect("monitor_output")
+    print(con.sql("SELECT step, max(norm) FROM weight_grad GROUP BY step ORDER BY step").df())
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import warn_once
+from trainprobe.tools.query_files import RunFile, clean_length, csv_header, find_run_files
+from trainprobe.tools.query_sql import (
+    KEY_COLUMNS,
+    META_COLUMNS,
+    TEXT_COLUMNS,
+    first_bad_step_sql,
+    first_nonfinite_sql,
+)
+
+if TYPE_CHECKING:
+    import duckdb
+
+INSTALL_HINT = "pip install 'trainprobe[query]'"
+_FILE_KEYS = {"v1": ("vpp_stage", "name", "step"), "v2": ("vpp_stage", "step", "module_name", "scope")}
+_INT_COLUMNS = ("vpp_stage", "step", "micro_step")
+_RANK_PATTERN = {
+    "v1": r"-rank([0-9]+)-[^/\\]*[/\\][^/\\]+$",
+    "v2": r"[/\\]rank_([0-9]+)[/\\][^/\\]+$",
+}
+
+
+def require(module: str = "duckdb") -> Any:
+    """``module`` imported, or a ConfigError saying in one line how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"this needs {module}, part of trainprobe's [query] extra: {INSTALL_HINT}") from None
+
+
+def connect(
+    run: str | Path,
+    connection: duckdb.DuckDBPyConnection | None = None,
+    steps: tuple[int, int] | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection (``connection``, else a new in-memory one) with one view per table of
+    ``run`` (see the module docstring for the columns); with ``steps`` (first, last), over only
+    the files whose window (from their names) meets that range.
+
+    Raises:
+        ConfigError: ``run`` holds no data file; a CSV header names a column twice or lacks the
+            layout's key columns; DuckDB or PyArrow is not installed (the message says how to
+            install them).
+    """
+    duck = require("duckdb")
+    con = connection if connection is not None else duck.connect()
+    con.execute("SET parquet_metadata_cache = true")  # the footers read for the views serve the queries
+    files = find_run_files(run)
+    if steps is not None:
+        files = [f for f in files if f.first_step <= steps[1] and steps[0] <= f.last_step]
+    by_table: dict[str, list[RunFile]] = {}
+    for f in files:
+        by_table.setdefault(f.table, []).append(f)
+    for table, group in by_table.items():
+        view = table_sql(con, table, group)
+        if view is not None:
+            con.execute(f"CREATE OR REPLACE VIEW {quote(table)} AS {view}")
+    return con
+
+
+def quote(name: str) -> str:
+    """``name`` as a SQL identifier (double quotes, inner quotes doubled)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    """``text`` as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def table_sql(con: duckdb.DuckDBPyConnection, table: str, files: Sequence[RunFile]) -> str | None:
+    """The SELECT of one view over ``files`` (all of one table), or None when none has rows yet."""
+    parts: list[str] = []
+    columns: list[str] = []
+    csv_groups: dict[tuple[str, tuple[str, ...]], list[RunFile]] = {}
+    for f in files:
+        if f.format == "parquet":
+            continue
+        header = csv_header(f.path)
+        if header is None:
+            warn_once(f"query-empty:{f.path}", f"{f.path}: no complete header yet (a run that is starting?), skipped")
+            continue
+        _check_header(header, f)
+        cut = clean_length(f.path)
+        if cut is None:
+            csv_groups.setdefault((f.layout, header), []).append(f)
+        elif cut > len(",".join(header)) + 1:
+            parts.append(_torn_part(con, f, header, cut))
+            _merge(columns, _csv_columns(header, f.layout))
+    for (layout, header), group in csv_groups.items():
+        parts.append(_csv_part(group, header, layout, table))
+        _merge(columns, _csv_columns(header, layout))
+    by_layout: dict[str, list[RunFile]] = {}
+    for f in files:
+        if f.format == "parquet":
+            by_layout.setdefault(f.layout, []).append(f)
+    for layout, group in by_layout.items():
+        part, names = _parquet_part(con, group, layout, table)
+        parts.append(part)
+        _merge(columns, names)
+    if not parts:
+        return None
+    ops = [c for c in columns if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS]
+    text = [c for c in TEXT_COLUMNS if c in columns]
+    select = ", ".join(quote(c) for c in (*KEY_COLUMNS, *ops, *text, *META_COLUMNS))
+    body = "\nUNION ALL BY NAME\n".join(f"({p})" for p in parts)
+    return f"SELECT {select} FROM (\n{body}\n)"
+
+
+def _merge(columns: list[str], names: Iterable[str]) -> None:
+    for name in names:
+        if name not in columns:
+            columns.append(name)
+
+
+def _check_header(header: tuple[str, ...], f: RunFile) -> None:
+    if len(set(header)) != len(header):
+        twice = next(h for h in header if header.count(h) > 1)
+        raise ConfigError(f"{f.path}: the header names column {twice!r} twice; a monitor file names each once")
+    missing = [k for k in _FILE_KEYS[f.layout] if k not in header]
+    if missing:
+        raise ConfigError(f"{f.path}: header {list(header)[:12]} lacks {missing}; is this a monitor file?")
+
+
+def _csv_columns(header: tuple[str, ...], layout: str) -> list[str]:
+    """The view's column names a file with ``header`` provides."""
+    file_keys = {*_FILE_KEYS[layout], "micro_step"}
+    return [*KEY_COLUMNS, *(h for h in header if h not in file_keys), *META_COLUMNS]
+
+
+def _csv_type(column: str) -> str:
+    if column in _INT_COLUMNS:
+        return "BIGINT"
+    if column in ("name", "module_name", "scope", *TEXT_COLUMNS):
+        return "VARCHAR"
+    return "DOUBLE"
+
+
+def _read_csv(paths: Sequence[str], header: tuple[str, ...]) -> str:
+    types = ", ".join(f"{literal(h)}: {literal(_csv_type(h))}" for h in header)
+    listed = "[" + ", ".join(literal(p) for p in paths) + "]"
+    return (
+        f"read_csv({listed}, header=true, filename=true, auto_detect=false, delim=',', quote='\"', "
+        f"escape='\"', columns={{{types}}}) WITH ORDINALITY"
+    )
+
+
+def _op(column: str, nan_guard: bool) -> str:
+    """An op column as DOUBLE; with ``nan_guard`` (Parquet) through a CASE that hides the column's
+    statistics: pyarrow (per the Parquet spec) leaves NaN out of a column's min/max, and DuckDB
+    2.0 then prunes ``isnan(...)`` filters on them, so a NaN written by pyarrow was never found."""
+    if not nan_guard:
+        return f"CAST({column} AS DOUBLE)"
+    return f"CASE WHEN isnan({column}) THEN CAST('nan' AS DOUBLE) ELSE CAST({column} AS DOUBLE) END"
+
+
+def _projection(
+    header: Iterable[str], layout: str, table: str, rank: str, file: str, row: str, nan_guard: bool = False
+) -> str:
+    """The SELECT list mapping a file's columns onto the view's."""
+    present = set(header)
+    if layout == "v2":
+        name, scope = quote("module_name"), quote("scope")
+    else:
+        vpp = "CAST(vpp_stage AS VARCHAR) || ':'"
+        name = f"CASE WHEN starts_with(name, {vpp}) THEN substr(name, length({vpp}) + 1) ELSE name END"
+        scope = literal(table)
+    micro = "CAST(micro_step AS BIGINT)" if "micro_step" in present else "CAST(NULL AS BIGINT)"
+    file_keys = {*_FILE_KEYS[layout], "micro_step"}
+    values = [
+        f"{quote(h)}::VARCHAR AS {quote(h)}" if h in TEXT_COLUMNS else f"{_op(quote(h), nan_guard)} AS {quote(h)}"
+        for h in header
+        if h not in file_keys
+    ]
+    keys = [
+        f"{rank} AS rank",
+        "CAST(step AS BIGINT) AS step",
+        f"{micro} AS micro_step",
+        "CAST(vpp_stage AS BIGINT) AS vpp_stage",
+        f"{name} AS name",
+        f"{scope} AS scope",
+    ]
+    return ", ".join([*keys, *values, f"{file} AS file", f"{row} AS file_row"])
+
+
+def _rank_from(column: str, layout: str) -> str:
+    return f"CAST(regexp_extract({column}, {literal(_RANK_PATTERN[layout])}, 1) AS BIGINT)"
+
+
+def _csv_part(group: Sequence[RunFile], header: tuple[str, ...], layout: str, table: str) -> str:
+    source = _read_csv([str(f.path) for f in group], header)
+    select = _projection(header, layout, table, _rank_from("filename", layout), "filename", "ordinality - 1")
+    return f"SELECT {select} FROM {source}"
+
+
+def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ...], cut: int) -> str:
+    """A temporary table holding the complete records of a CSV file whose last one is torn."""
+    warn_once(f"query-torn:{f.path}", f"{f.path}: its last row is torn (a run killed or still writing); left out")
+    with open(f.path, "rb") as handle:
+        data = handle.read(cut)
+    fd, temp = tempfile.mkstemp(suffix=".csv", prefix="trainprobe-torn-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        select = _projection(header, layout=f.layout, table=f.table, rank=str(f.rank), file=literal(str(f.path)),
+                             row="ordinality - 1")
+        name = f"__torn_{abs(hash(str(f.path)))}"
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {quote(name)} AS SELECT {select} FROM {_read_csv([temp], header)}")
+    finally:
+        os.unlink(temp)
+    return f"SELECT * FROM {quote(name)}"
+
+
+def _parquet_part(
+    con: duckdb.DuckDBPyConnection, group: Sequence[RunFile], layout: str, table: str
+) -> tuple[str, list[str]]:
+    listed = "[" + ", ".join(literal(str(f.path)) for f in group) + "]"
+    source = f"read_parquet({listed}, union_by_name=true, filename=true, file_row_number=true)"
+    described = con.execute(f"DESCRIBE SELECT * FROM read_parquet({listed}, union_by_name=true)").fetchall()
+    header = tuple(str(row[0]) for row in described)
+    _check_header(header, group[0])
+    select = _projection(
+        header, layout, table, _rank_from("filename", layout), "filename", "file_row_number", nan_guard=True
+    )
+    return f"SELECT {select} FROM {source}", _csv_columns(header, layout)
+
+
+def describe(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]:
+    """Every view of ``con``: name → its columns as ``(name, type)``, views in name order."""
+    views = [row[0] for row in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()]
+    return {v: [(str(r[0]), str(r[1])) for r in con.execute(f"DESCRIBE {quote(v)}").fetchall()] for v in views}
+
+
+def first_nonfinite(run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1) -> list[dict[str, Any]]:
+    """The first non-finite rows of a run in execution order, as dicts (empty when none): two
+    queries (:mod:`trainprobe.tools.query_sql`), the first step with a non-finite row over every
+    file, then that step's rows in order. Given the run's folder, the second reads only the
+    CSV files whose window holds that step (Parquet files of other steps are skipped by their
+    statistics); given a connection (views from :func:`connect`), it reads that connection's
+    views."""
+    con = connect(run) if not hasattr(run, "execute") else run
+    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}  # type: ignore[arg-type]
+    if not views:
+        return []
+    [(step,)] = con.execute(first_bad_step_sql(views)).fetchall()  # type: ignore[union-attr]
+    if step is None:
+        return []
+    if not hasattr(run, "execute") and any(
+        f.format == "csv" and f.first_step <= step <= f.last_step
+        for f in find_run_files(run)  # type: ignore[arg-type]
+    ):  # CSV has no statistics to skip other steps by: views over that window's files only
+        con = connect(run, steps=(step, step))  # type: ignore[arg-type]
+        views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    result = con.execute(first_nonfinite_sql(views, step, limit))  # type: ignore[union-attr]
+    names = [d[0] for d in result.description]
+    return [dict(zip(names, row)) for row in result.fetchall()]

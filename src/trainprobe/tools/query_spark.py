@@ -1,0 +1,120 @@
+"""The query layer on Apache Spark: the same views, columns and questions as on DuckDB
+(:mod:`trainprobe.tools.query`), over a run's Parquet files, for runs larger than one machine.
+
+One definition of each query for both engines: queries and the views' column mappings are
+written once in DuckDB's SQL dialect and transpiled to Spark SQL by sqlglot
+(:func:`to_spark`); ``trainprobe query RUN "SQL" --engine spark`` transpiles the user's SQL the
+same way. Spark reads Parquet only (``trainprobe convert RUN --to parquet`` first, or write
+Parquet with ``"format": "parquet"``); a run's ``file`` column is the local path as on DuckDB
+(Spark's ``file:`` URI prefix removed); ``file_row`` is the row's index in its Parquet file.
+
+Needs the ``[spark]`` extra (``pip install 'trainprobe[spark]'``: pyspark, sqlglot) and Java
+17 or later. :func:`spark_session` starts Spark in local mode; on a cluster pass your own session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.query import _projection, _rank_from, quote
+from trainprobe.tools.query_files import RunFile, find_run_files
+from trainprobe.tools.query_sql import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
+
+SPARK_HINT = "pip install 'trainprobe[spark]'"
+
+
+def _require(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"--engine spark needs {module}, part of trainprobe's [spark] extra: {SPARK_HINT}") from None
+
+
+def to_spark(sql: str) -> str:
+    """``sql`` (DuckDB's dialect) as Spark SQL, by sqlglot.
+
+    Raises:
+        ConfigError: sqlglot cannot parse it (the message quotes sqlglot's).
+    """
+    sqlglot = _require("sqlglot")
+    try:
+        return ";\n".join(sqlglot.transpile(sql, read="duckdb", write="spark"))
+    except sqlglot.errors.ParseError as exc:
+        raise ConfigError(f"the SQL cannot be read: {' '.join(str(exc).split())}") from None
+
+
+def spark_session(master: str = "local[2]") -> Any:
+    """A Spark session in local mode (UI off, few shuffle partitions: small answers)."""
+    sql = _require("pyspark.sql")
+    session = (
+        sql.SparkSession.builder.master(master)
+        .appName("trainprobe-query")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def register_views(session: Any, run: str | Path) -> dict[str, list[tuple[str, str]]]:
+    """One temporary view per table of ``run``'s Parquet files on ``session``, with the DuckDB
+    views' columns; returns view → ``(column, Spark type)``.
+
+    Raises:
+        ConfigError: the run has CSV files only (the message says how to convert them).
+    """
+    files = find_run_files(run)
+    parquet = [f for f in files if f.format == "parquet"]
+    if not parquet:
+        raise ConfigError(
+            f"--engine spark reads Parquet files and {str(run)!r} has CSV only; convert it first: "
+            f"trainprobe convert {run} --to parquet"
+        )
+    groups: dict[str, dict[str, list[RunFile]]] = {}
+    for f in parquet:
+        groups.setdefault(f.table, {}).setdefault(f.layout, []).append(f)
+    out = {}
+    for table, layouts in groups.items():
+        frames = [_frame(session, table, layout, group) for layout, group in layouts.items()]
+        frame = frames[0]
+        for other in frames[1:]:
+            frame = frame.unionByName(other, allowMissingColumns=True)
+        frame = frame.select(*_ordered(frame.columns))
+        frame.createOrReplaceTempView(table)
+        out[table] = [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
+    return out
+
+
+def _ordered(columns: Sequence[str]) -> list[str]:
+    ops = [c for c in columns if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS]
+    return [*KEY_COLUMNS, *ops, *(c for c in TEXT_COLUMNS if c in columns), *META_COLUMNS]
+
+
+def _frame(session: Any, table: str, layout: str, group: Sequence[RunFile]) -> Any:
+    raw = session.read.option("mergeSchema", "true").parquet(*[str(f.path) for f in group])
+    raw = raw.selectExpr("*", "_metadata.file_path AS __file", "_metadata.row_index AS __row")
+    source = f"__src_{table}_{layout}"
+    raw.createOrReplaceTempView(source)
+    header = [c for c in raw.columns if c not in ("__file", "__row")]
+    file = "regexp_replace(__file, '^file:(//)?', '')"
+    select = _projection(header, layout, table, _rank_from("__file", layout), file, "__row", nan_guard=True)
+    return session.sql(to_spark(f"SELECT {select} FROM {quote(source)}"))
+
+
+def spark_query(session: Any, run: str | Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Column names and rows of ``sql`` (DuckDB's dialect, transpiled) over ``run``'s views."""
+    register_views(session, run)
+    frame = session.sql(to_spark(sql))
+    return list(frame.columns), [tuple(row) for row in frame.collect()]
+
+
+def spark_schema(session: Any, run: str | Path) -> list[tuple[Any, ...]]:
+    """``(view, column, type)`` of every view of ``run`` on Spark."""
+    return [(v, c, t) for v, cols in sorted(register_views(session, run).items()) for c, t in cols]
