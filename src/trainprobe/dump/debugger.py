@@ -304,6 +304,7 @@ class PrecisionDebugger:
         self._save_counts.clear()
         self.current_step += 1
         self._reload_dump_enable()
+        shared_fused().step_boundary()  # the one-read pass, if built aside since start: from the next step
 
     @_either
     def set_init_step(self, step: int) -> None:
