@@ -76,7 +76,10 @@ def child(door: str, folder: Path) -> dict[str, Any]:
     if door == "v2":
         from trainprobe import TrainerMonitorV2
 
-        config = {"output_dir": str(folder / "out"), "monitors": {m: {"enabled": True} for m in ("weight_grad", "optimizer", "param")}}
+        config = {
+            "output_dir": str(folder / "out"),
+            "monitors": {m: {"enabled": True} for m in ("weight_grad", "optimizer", "param")},
+        }
         path = folder / "monitor_v2_config.json"
         path.write_text(json.dumps(config), encoding="utf-8")
         TrainerMonitorV2(str(path)).start(model=model, optimizer=optimizer)
@@ -85,7 +88,12 @@ def child(door: str, folder: Path) -> dict[str, Any]:
 
         os.environ["MONITOR_OUTPUT_DIR"] = str(folder / "out")
         path = folder / "monitor_config.json"
-        v1 = {"wg_distribution": True, "mv_distribution": True, "param_distribution": True, "ops": ["min", "max", "norm"]}
+        v1 = {
+            "wg_distribution": True,
+            "mv_distribution": True,
+            "param_distribution": True,
+            "ops": ["min", "max", "norm"],
+        }
         path.write_text(json.dumps(v1), encoding="utf-8")
         TrainerMon(str(path), params_have_main_grad=False).set_monitor(model, grad_acc_steps=1, optimizer=optimizer)
     elif door == "metrics":
@@ -97,7 +105,9 @@ def child(door: str, folder: Path) -> dict[str, Any]:
         from trainprobe.dump import PrecisionDebugger
 
         path = folder / "config.json"
-        path.write_text(json.dumps({"task": "statistics", "level": "L0", "dump_path": str(folder / "dump")}), encoding="utf-8")
+        path.write_text(
+            json.dumps({"task": "statistics", "level": "L0", "dump_path": str(folder / "dump")}), encoding="utf-8"
+        )
         debugger = PrecisionDebugger(str(path))
     attach = time.perf_counter() - t0
     first = step()

@@ -134,6 +134,7 @@ FLAG_SETS: tuple[tuple[str, ...], ...] = (
 )
 """Tried in turn by the build; the first that builds is kept (the key covers them all)."""
 
+
 def cache_dir() -> Path:
     """Where built kernels are kept: ``$TRAINPROBE_CACHE_DIR``, ``$XDG_CACHE_HOME/trainprobe`` or
     ``~/.cache/trainprobe``."""
