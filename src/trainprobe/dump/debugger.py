@@ -110,7 +110,7 @@ class PrecisionDebugger:
             install_api_wrappers(self.collector, self.catalog)
         self.current_step = 0
         self.files = TensorFileWriter(self.config.async_dump)
-        shared_fused().prepare()  # the statistics' one-read pass, compiled now rather than in a step
+        shared_fused().prepare()  # the statistics' one-read pass: loaded now, or built aside (never compiled here)
         self.store: StepStore | None = None
         self._started = False
         self._patch = AttrPatch()

@@ -20,7 +20,13 @@ line) on any failure:
   fused pass is used if it is at least 1.2x faster (``auto`` does not even try below 262,144
   elements).
 
-How it is called: on the CPU, inductor's compiled code directly, without dynamo's guards (about
+The default's CPU float32 pass is a C kernel (:mod:`~trainprobe.backends.torch.native_stats`), built
+and fully checked in a child process, cached on disk, loaded and probed in the training process
+(:meth:`FusedStats.prepare`, :meth:`FusedStats.step_boundary`): nothing is compiled there.
+``on``/``auto`` use it too for float32 on the CPU (the first call that needs it waits for the
+build), and ``torch.compile`` for other dtypes and devices.
+
+How a compiled pass is called: on the CPU, inductor's compiled code directly, without dynamo's guards (about
 10 µs a call instead of 40-100 µs; :func:`_direct_pass`), which makes it faster than the eager
 kernels from 4,096 elements up. Elsewhere, through ``torch.compile``: compilation never happens
 inside a compiled region (``torch.compiler.is_compiling()``: the eager kernels run), and after the
@@ -30,9 +36,9 @@ another compilation takes the eager kernels instead, so the compile cost is paid
 Mode, from the environment variable ``TRAINPROBE_FUSED_STATS`` (read when a monitor, the dump or the
 metrics start, see :meth:`FusedStats.refresh`):
 
-* unset: ``on`` on the CPU for float32, compiled when a monitor starts (a few seconds, once per
-  process, before training; other dtypes keep the eager kernels), ``off`` on accelerators until
-  the pass is measured on one;
+* unset: ``on`` on the CPU for float32, the C kernel loaded when a monitor starts if a child
+  process built it earlier (milliseconds), else built aside and used from a step boundary on
+  (other dtypes keep the eager kernels); ``off`` on accelerators until the pass is measured on one;
 * ``auto``: use the fused pass where it is exact and faster (compiled and timed in the first
   call that needs it);
 * ``on``: use it where it compiles and is exact, whatever its speed (compiled in the first call
@@ -63,12 +69,12 @@ FUSED_ENV = "TRAINPROBE_FUSED_STATS"
 MODES = ("auto", "on", "off")
 DEFAULT_MODE: dict[str, str] = {"cpu": "on"}
 """The mode when the environment variable is unset, per device type; others get ``off``. On the
-CPU the pass is called without dynamo (:func:`_direct_pass`) and is faster than the eager
-statistics from 4,096 elements up (docs/performance.md, "Fused single pass"); by default it is
-compiled for float32 when a monitor starts (:meth:`FusedStats.prepare`), never inside a training
-step, and other dtypes keep the eager kernels. Not on a background thread: dynamo raises
-``torch.compiler.is_compiling()`` for the whole process while it traces, which user code and the
-module monitor read. Accelerators stay ``off`` until the pass is measured on one."""
+CPU the default's pass is a C kernel for float32, faster than the eager statistics from 4,096
+elements up (docs/performance.md, "Fused single pass", "Start-up"), built in a child process and
+loaded at start or at a step boundary (:meth:`FusedStats.prepare`): no compilation in the training
+process, where dynamo would raise ``torch.compiler.is_compiling()`` for the whole process (user
+code and the module monitor read it) and inductor's import alone takes seconds. Other dtypes keep
+the eager kernels. Accelerators stay ``off`` until the pass is measured on one."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12
