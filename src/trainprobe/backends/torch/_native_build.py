@@ -5,7 +5,8 @@ Arguments: compiler, source, target library, marker file, thread count, then one
 set of compiler flags to try in turn. Compiles the library unless it exists (to a temporary name,
 then renamed: processes building together leave one good file), then imports torch, checks the
 library against the eager kernels with that many threads and writes the marker if it is exact.
-Exit status 0: built, checked and exact.
+Exit status 0: built, checked and exact. Runs at a lower priority (``nice`` 10) than the
+training process that started it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def check_library(target: Path, marker: Path, threads: int) -> bool:
 
 def main(argv: list[str]) -> int:
     cc, source, target, marker, threads, *flags = argv
+    try:
+        os.nice(10)  # behind the training process it runs beside, on a busy machine
+    except OSError:
+        pass
     if not compile_library(cc, Path(source), Path(target), [f.split() for f in flags]):
         return 1
     return 0 if check_library(Path(target), Path(marker), int(threads)) else 1
