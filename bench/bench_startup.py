@@ -11,7 +11,9 @@ param``; ``metrics``: ``TrainingMetricsMonitor(config, model, optimizer)`` with 
 * ``first``: the first monitored step; ``next``: the second one; ``plain``: an unmonitored step of
   the same model just before (torch's own first-call costs are paid by two unmonitored steps
   first, so ``first - plain`` is what the tool adds to its first step);
-* ``pass``: whether the one-read pass was in use after the second step.
+* ``pass``: whether the one-read pass was in use after the second step (cold, a build still
+  running then is waited for after the measurement, as if training went on, so that the warm
+  run finds it).
 
 Each measurement is a fresh Python process (imports not counted). **cold**: empty caches (a new
 ``TORCHINDUCTOR_CACHE_DIR`` and ``TRAINPROBE_CACHE_DIR``); **warm**: the same process again with
@@ -116,6 +118,9 @@ def child(door: str, folder: Path) -> dict[str, Any]:
 
     fused = shared_fused()
     in_use = any(p is not None for p in getattr(fused, "_passes", {}).values())
+    build = getattr(fused, "_build", None)
+    if build is not None:  # a cold run trains on while the kernel builds: let it finish for the warm run
+        build.wait(600)
     del torch
     return {"attach": attach, "first": first, "next": second, "plain": plain, "pass": in_use}
 
