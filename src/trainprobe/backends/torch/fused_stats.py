@@ -273,7 +273,7 @@ class FusedStats:
         self._passes["cpu", torch.float32] = fused
         if fused is not None:
             log.info(
-                "trainprobe: statistics: one-read pass for float32 on cpu built aside in %.1f s, in use from this "
+                "trainprobe: statistics: one-read pass for float32 on cpu built aside in %.1f s, in use from the next "
                 "step (cached for later runs; TRAINPROBE_FUSED_STATS=off skips it)",
                 time.perf_counter() - self._build_started,
             )
