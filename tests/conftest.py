@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import csv
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,11 @@ collect_ignore = [] if os.environ.get("TRAINPROBE_REF_PYTHON") else ["interop"]
 # its first step and pays no compilation. tests/test_fused_stats.py covers the pass and the
 # default (it removes this variable where it tests the default).
 os.environ.setdefault("TRAINPROBE_FUSED_STATS", "off")
+# Where the pass's C kernel is built and cached (trainprobe.backends.torch.native_stats): a folder
+# of this test session, never the user's ~/.cache; tests of the cold start use one of their own.
+_CACHE = tempfile.mkdtemp(prefix="trainprobe-test-cache-")
+os.environ.setdefault("TRAINPROBE_CACHE_DIR", _CACHE)
+atexit.register(shutil.rmtree, _CACHE, True)
 
 
 def write_config(tmp_path: Path, config: dict[str, Any], name: str = "config.json") -> Path:

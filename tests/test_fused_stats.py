@@ -15,7 +15,7 @@ from torch import nn
 
 from conftest import read_csv, write_config
 from trainprobe import TrainerMonitorV2
-from trainprobe.backends.torch import fused_stats
+from trainprobe.backends.torch import fused_stats, native_stats
 from trainprobe.backends.torch.backend import TorchBackend
 from trainprobe.backends.torch.fused_stats import FUSED_ENV, FusedStats, min_max_sum_sumsq, mode_from_env
 from trainprobe.backends.torch.stats import TensorStats, eager_reductions, shared_fused
@@ -293,21 +293,162 @@ def test_ops_without_two_reductions_never_use_the_pass():
     assert len(calls) == 1
 
 
-def test_by_default_the_pass_is_compiled_at_start_never_in_a_step(monkeypatch):
-    """Variable unset: a call never compiles (the eager kernels serve); ``prepare()``, which the
-    front doors call at start, compiles float32 on the CPU, and from then on the pass is used."""
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        model(torch.randn(64, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_by_default_start_builds_the_pass_aside_and_a_step_boundary_adopts_it(tmp_path, monkeypatch):
+    """Variable unset, nothing cached: ``prepare()`` (a front door's start) starts a child process
+    that builds the C kernel and returns; calls keep the eager kernels, even once the child is
+    done, until a step boundary (here: the end of ``optimizer.step()``) adopts the pass."""
     monkeypatch.delenv(FUSED_ENV, raising=False)
+    monkeypatch.setenv(native_stats.CACHE_ENV, str(tmp_path / "cache"))
     fs = FusedStats(eager_reductions)
     x = torch.randn(9_000)
     assert fs(x) is None and fs._passes == {}
     fs.prepare()
+    assert fs._passes == {} and fs._build is not None  # building aside, nothing loaded yet
+    assert fs._build.wait(300) and fs._build.result() is not None
+    assert fs(x) is None  # built, but a call inside a step never switches kernels
+    model = nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_steps(model, opt, 1)  # the step boundary
+    assert fs._build is None and fs._boundary_hook is None
     got = fs(x)
-    assert got is not None and fs._passes["cpu", torch.float32].direct
+    assert got is not None and fs._passes["cpu", torch.float32].native
     ref = x.to(torch.float64)
     assert (got[0].item(), got[1].item()) == (ref.min().item(), ref.max().item())
+    assert got[2].item() == pytest.approx(ref.sum().item(), rel=1e-12, abs=1e-9)
     assert got[3].item() == pytest.approx(ref.square().sum().item(), rel=1e-12)
     assert fs(x.to(torch.bfloat16)) is None  # other dtypes: eager, and nothing compiled in the call
     assert list(fs._passes) == [("cpu", torch.float32)]
+    # the next process (here: another selector) finds it built and checked: in use from the start
+    warm = FusedStats(eager_reductions)
+    warm.prepare()
+    assert warm._build is None and warm._passes["cpu", torch.float32].native
+    assert [v.item() for v in warm(x)] == [v.item() for v in got]
+
+
+def test_without_a_c_compiler_the_default_keeps_the_eager_kernels(tmp_path, monkeypatch):
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    monkeypatch.setenv(native_stats.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    fs = FusedStats(eager_reductions)
+    fs.prepare()
+    assert fs._build is None and fs._passes == {("cpu", torch.float32): None}
+    assert fs(torch.randn(9_000)) is None
+
+
+def test_a_library_that_disagrees_with_the_eager_kernels_is_not_used(tmp_path, monkeypatch):
+    """The library found in the cache is loaded only after a quick check against the eager
+    kernels (the full check ran in the child that built it)."""
+    monkeypatch.setenv(native_stats.CACHE_ENV, str(tmp_path / "cache"))
+    build = native_stats.start_build()
+    assert build is not None and build.wait(300)
+    path = build.result()
+    assert path is not None
+
+    def off_by_one_ulp(x: torch.Tensor):
+        lo, hi, s, ss = eager_reductions(x)
+        return torch.nextafter(lo, torch.tensor(-math.inf)), hi, s, ss
+
+    assert fused_stats._native_pass(path, eager_reductions) is not None
+    assert fused_stats._native_pass(path, off_by_one_ulp) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_c_kernel_is_exact_split_over_threads_or_not(threads):
+    """Against float64 references, on one thread and split over two (the full check's inputs)."""
+    build = native_stats.start_build(threads)
+    assert build is not None and build.wait(300)
+    path = build.result()
+    assert path is not None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for parallel_from in (native_stats.PARALLEL_FROM, 0):
+            run = native_stats.load(path, parallel_from)
+            assert fused_stats._first_mismatch(run, eager_reductions, torch.float32, torch.device("cpu")) is None
+            for t in inputs(torch.float32):
+                got = [v.item() for v in run(t.reshape(-1))]
+                ref = reference(t)
+                assert same(got[0], ref[0]) and same(got[1], ref[1])
+                n = t.numel()
+                assert same(got[2] / n, ref[2], 1e-12) or abs(got[2] / n - ref[2]) < 1e-12
+                assert same(math.sqrt(got[3]), ref[3], 1e-12)
+    finally:
+        torch.set_num_threads(before)
+
+
+START_PROBE = """
+import json, sys, torch
+from torch import nn
+from trainprobe import TrainerMonitorV2
+from trainprobe.backends.torch.stats import shared_fused
+seen = []
+class Probe(nn.Module):
+    def forward(self, x):
+        seen.append(torch.compiler.is_compiling())
+        return x
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), Probe(), nn.Linear(128, 64))
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+mon = TrainerMonitorV2(sys.argv[1])
+mon.start(model=model, optimizer=opt)
+after_start = ("cpu", torch.float32) in shared_fused()._passes
+def step():
+    model(torch.randn(64, 64)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+step()
+build = shared_fused()._build
+if build is not None:
+    build.wait(300)
+for _ in range(3):
+    step()
+mon.stop()
+fused = shared_fused()._passes.get(("cpu", torch.float32))
+print(json.dumps({
+    "inductor": sorted(m for m in ("torch._inductor.compile_fx", "torch._inductor.graph") if m in sys.modules),
+    "graphs": sum(sys.modules["torch._dynamo.utils"].counters["stats"].values()) if "torch._dynamo.utils" in sys.modules else 0,
+    "compiling_seen": any(seen),
+    "after_start": after_start,
+    "native_in_use": bool(fused is not None and fused.native),
+}))
+"""
+
+
+def test_a_default_start_compiles_nothing_in_the_training_process(tmp_path):
+    """A V2 run with the variable unset, in a fresh process, cold cache then warm: inductor's
+    compiler is never imported and dynamo never compiles in the training process (user code never sees
+    ``is_compiling()``); cold, the pass is in use after the child built it; warm, from the start."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    ops = ["min", "max", "norm"]
+    monitors = {"param": {"enabled": True, "ops": ops}, "module": {"enabled": True, "ops": ops}}
+    env = {k: v for k, v in os.environ.items() if k != FUSED_ENV}
+    env[native_stats.CACHE_ENV] = str(tmp_path / "cache")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(fused_stats.__file__).parents[3]), env.get("PYTHONPATH", "")])
+    runs = []
+    for state in ("cold", "warm"):
+        config = write_config(tmp_path / state, {"output_dir": str(tmp_path / state / "out"), "monitors": monitors})
+        done = subprocess.run(
+            [sys.executable, "-c", START_PROBE, str(config)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    for run in runs:
+        assert run["inductor"] == [] and run["graphs"] == 0 and not run["compiling_seen"] and run["native_in_use"]
+    assert not cold["after_start"] and warm["after_start"]
 
 
 def test_an_explicit_mode_prepares_nothing(monkeypatch):
@@ -317,12 +458,13 @@ def test_an_explicit_mode_prepares_nothing(monkeypatch):
     assert fs._passes == {} and fs(torch.randn(9_000)) is None
 
 
-def test_a_default_run_compiles_at_start_and_records_every_module_of_every_step(tmp_path, monkeypatch):
-    """A V2 run with the variable unset: the pass is compiled in ``start()``, training is bitwise
-    the unmonitored training, and the module monitor records every module at every step (a
-    compilation during training would raise ``torch.compiler.is_compiling()`` for the whole
+def test_a_default_run_records_every_module_of_every_step(tmp_path, monkeypatch):
+    """A V2 run with the variable unset, the pass built aside while it trains: training is
+    bitwise the unmonitored training, and the module monitor records every module at every step
+    (a compilation in the process would raise ``torch.compiler.is_compiling()`` for the whole
     process, and module hooks, as user code, would take the run for a compiled one)."""
     monkeypatch.delenv(FUSED_ENV, raising=False)
+    monkeypatch.setenv(native_stats.CACHE_ENV, str(tmp_path / "cache"))
 
     def train(monitored: bool) -> tuple[torch.Tensor, Path]:
         torch.manual_seed(0)
@@ -335,11 +477,15 @@ def test_a_default_run_compiles_at_start_and_records_every_module_of_every_step(
             monitors = {"param": {"enabled": True, "ops": ops}, "module": {"enabled": True, "ops": ops}}
             mon = TrainerMonitorV2(write_config(tmp_path / "cfg", {"output_dir": str(out), "monitors": monitors}))
             mon.start(model=model, optimizer=opt)
-            assert ("cpu", torch.float32) in shared_fused()._passes  # compiled in start()
-        for _ in range(4):
+        for step in range(4):
             model(torch.randn(64, 64)).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
+            build = shared_fused()._build
+            if step == 0 and build is not None:
+                build.wait(300)  # adopted at the next step's end
+        if monitored:
+            assert shared_fused()._passes["cpu", torch.float32].native
         if mon is not None:
             mon.stop()
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), out

@@ -114,7 +114,7 @@ class PrecisionDebugger:
             install_api_wrappers(self.collector, self.catalog)
         self.current_step = 0
         self.files = TensorFileWriter(self.config.async_dump)
-        shared_fused().prepare()  # the statistics' one-read pass, compiled now rather than in a step
+        shared_fused().prepare()  # the statistics' one-read pass: loaded now, or built aside (never compiled here)
         self.store: StepStore | None = None
         self._started = False
         self._patch = AttrPatch()
@@ -308,6 +308,7 @@ class PrecisionDebugger:
         self._save_counts.clear()
         self.current_step += 1
         self._reload_dump_enable()
+        shared_fused().step_boundary()  # the one-read pass, if built aside since start: from the next step
 
     @_either
     def set_init_step(self, step: int) -> None:

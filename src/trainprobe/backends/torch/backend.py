@@ -61,7 +61,7 @@ class TorchBackend:
         mode_from_env()  # a bad TRAINPROBE_FUSED_STATS fails at start, naming the variable
         stats = TensorStats(ops, eps)
         if stats.fused is not None:
-            stats.fused.prepare()  # the default's compilation happens here, at start, not in a step
+            stats.fused.prepare()  # the default's pass: loaded now, or built aside (never compiled here)
         return stats
 
     def records_forward(self, module: Any, record_eval_mode: bool) -> bool:

@@ -20,7 +20,13 @@ line) on any failure:
   fused pass is used if it is at least 1.2x faster (``auto`` does not even try below 262,144
   elements).
 
-How it is called: on the CPU, inductor's compiled code directly, without dynamo's guards (about
+The default's CPU float32 pass is a C kernel (:mod:`~trainprobe.backends.torch.native_stats`), built
+and fully checked in a child process, cached on disk, loaded and probed in the training process
+(:meth:`FusedStats.prepare`, :meth:`FusedStats.step_boundary`): nothing is compiled there.
+``on``/``auto`` use it too for float32 on the CPU (the first call that needs it waits for the
+build), and ``torch.compile`` for other dtypes and devices.
+
+How a compiled pass is called: on the CPU, inductor's compiled code directly, without dynamo's guards (about
 10 µs a call instead of 40-100 µs; :func:`_direct_pass`), which makes it faster than the eager
 kernels from 4,096 elements up. Elsewhere, through ``torch.compile``: compilation never happens
 inside a compiled region (``torch.compiler.is_compiling()``: the eager kernels run), and after the
@@ -30,9 +36,9 @@ another compilation takes the eager kernels instead, so the compile cost is paid
 Mode, from the environment variable ``TRAINPROBE_FUSED_STATS`` (read when a monitor, the dump or the
 metrics start, see :meth:`FusedStats.refresh`):
 
-* unset: ``on`` on the CPU for float32, compiled when a monitor starts (a few seconds, once per
-  process, before training; other dtypes keep the eager kernels), ``off`` on accelerators until
-  the pass is measured on one;
+* unset: ``on`` on the CPU for float32, the C kernel loaded when a monitor starts if a child
+  process built it earlier (milliseconds), else built aside and used from a step boundary on
+  (other dtypes keep the eager kernels); ``off`` on accelerators until the pass is measured on one;
 * ``auto``: use the fused pass where it is exact and faster (compiled and timed in the first
   call that needs it);
 * ``on``: use it where it compiles and is exact, whatever its speed (compiled in the first call
@@ -52,21 +58,23 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from trainprobe.backends.torch import native_stats
 from trainprobe.engine.errors import ConfigError
 
 FUSED_ENV = "TRAINPROBE_FUSED_STATS"
 MODES = ("auto", "on", "off")
 DEFAULT_MODE: dict[str, str] = {"cpu": "on"}
 """The mode when the environment variable is unset, per device type; others get ``off``. On the
-CPU the pass is called without dynamo (:func:`_direct_pass`) and is faster than the eager
-statistics from 4,096 elements up (docs/performance.md, "Fused single pass"); by default it is
-compiled for float32 when a monitor starts (:meth:`FusedStats.prepare`), never inside a training
-step, and other dtypes keep the eager kernels. Not on a background thread: dynamo raises
-``torch.compiler.is_compiling()`` for the whole process while it traces, which user code and the
-module monitor read. Accelerators stay ``off`` until the pass is measured on one."""
+CPU the default's pass is a C kernel for float32, faster than the eager statistics from 4,096
+elements up (docs/performance.md, "Fused single pass", "Start-up"), built in a child process and
+loaded at start or at a step boundary (:meth:`FusedStats.prepare`): no compilation in the training
+process, where dynamo would raise ``torch.compiler.is_compiling()`` for the whole process (user
+code and the module monitor read it) and inductor's import alone takes seconds. Other dtypes keep
+the eager kernels. Accelerators stay ``off`` until the pass is measured on one."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12
@@ -147,6 +155,9 @@ class FusedStats:
         self._lock = threading.Lock()
         self._env = os.environ.get(FUSED_ENV, "")
         self._env_modes: dict[str, str] = {}
+        self._build: native_stats.Build | None = None
+        self._build_started = 0.0
+        self._boundary_hook: object | None = None
 
     def __call__(self, x: torch.Tensor) -> Reductions | None:
         """The four reductions of ``x`` in one pass, or None: use the eager kernels.
@@ -209,24 +220,65 @@ class FusedStats:
         return self._mode is None and not self._env.strip()
 
     def prepare(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
-        """Compile and check the pass for ``dtype`` on ``device`` now, if the default mode uses
-        it there (the front doors call this at ``start()``: the compilation, a few seconds once
-        per process, happens before training, never inside a step). Does nothing in another
-        mode (``on``/``auto`` compile at first use, ``off`` never) or when already prepared."""
+        """Make the pass for ``dtype`` on ``device`` available without compiling in this process,
+        if the default mode uses it there (the front doors call this at ``start()``). Does nothing
+        in another mode (``on``/``auto`` build at first use, ``off`` never) or when already done.
+
+        The default's pass is the C kernel of :mod:`~trainprobe.backends.torch.native_stats`
+        (CPU, float32): built earlier, it is loaded and checked now (milliseconds); else a child
+        process builds it and the eager kernels serve until a step boundary finds it built
+        (:meth:`step_boundary`). Without a C compiler the eager kernels serve for good."""
         device = torch.device(device)
         if not self._default_mode() or self.mode(device.type) != "on" or (device.type, dtype) in self._passes:
             return
-        started = time.perf_counter()
+        if not _native_applies(self._kernel, self._compile_fn, dtype, device):
+            return
         with self._lock:
-            fused = self._pass(device.type, dtype, device)
+            if self._build is not None:
+                self._adopt_build()
+                return
+            path = native_stats.checked()
+            if path is not None:
+                self._passes[device.type, dtype] = _native_pass(path, self._eager)
+                return
+            self._build = native_stats.start_build()
+            if self._build is None:
+                log.debug("fused statistics: no C compiler to build the one-read pass: eager kernels")
+                self._passes[device.type, dtype] = None
+                return
+            self._build_started = time.perf_counter()
+            self._boundary_hook = _on_every_optimizer_step(self.step_boundary)
+
+    def step_boundary(self) -> None:
+        """Between two steps: start using the pass a child process was building, if it is built
+        (and passes the exactness check). Cheap when nothing is pending; the front doors call it
+        after each step, and so does a hook after every ``optimizer.step()`` while a build runs."""
+        if self._build is None or not self._build.done():
+            return
+        with self._lock:
+            self._adopt_build()
+
+    def _adopt_build(self) -> None:
+        """Take the finished build's library (lock held); a build still running is left alone."""
+        build = self._build
+        if build is None or not build.done():
+            return
+        self._build = None
+        hook, self._boundary_hook = self._boundary_hook, None
+        remove = getattr(hook, "remove", None)
+        if remove is not None:
+            remove()
+        path = build.result()
+        fused = _native_pass(path, self._eager) if path is not None else None
+        self._passes["cpu", torch.float32] = fused
         if fused is not None:
             log.info(
-                "trainprobe: statistics: one-read pass for %s on %s compiled in %.1f s (once per process; "
-                "TRAINPROBE_FUSED_STATS=off skips it)",
-                str(dtype).removeprefix("torch."),
-                device.type,
-                time.perf_counter() - started,
+                "trainprobe: statistics: one-read pass for float32 on cpu built aside in %.1f s, in use from the next "
+                "step (cached for later runs; TRAINPROBE_FUSED_STATS=off skips it)",
+                time.perf_counter() - self._build_started,
             )
+        else:
+            log.debug("fused statistics: the one-read pass did not build or is not exact: eager kernels")
 
     def _choose(self, key: tuple[str, str, torch.dtype, int], x: torch.Tensor) -> bool:
         if key in self._chosen:
@@ -246,6 +298,14 @@ class FusedStats:
 
     def _compile_and_check(self, dtype: torch.dtype, device: torch.device) -> _Pass | None:
         started = time.perf_counter()
+        if _native_applies(self._kernel, self._compile_fn, dtype, device):
+            path = native_stats.checked()
+            if path is None:
+                build = native_stats.start_build()
+                path = build.result() if build is not None and build.wait(_BUILD_TIMEOUT_S) else None
+            native = _native_pass(path, self._eager) if path is not None else None
+            if native is not None:
+                return native
         try:
             fused = _direct_pass(self._kernel, dtype, device) if self._compile_fn is None else None
             if fused is None:
@@ -292,6 +352,60 @@ class FusedStats:
         return faster
 
 
+_BUILD_TIMEOUT_S = 120.0
+"""How long a first use in ``on``/``auto`` mode waits for the C kernel's build (then inductor)."""
+
+
+def _native_applies(
+    kernel: Callable[[torch.Tensor], Reductions],
+    compile_fn: Callable[..., object] | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> bool:
+    """Whether the C kernel stands for ``kernel``: the standard kernel, no compiler given,
+    float32 on the CPU."""
+    return kernel is min_max_sum_sumsq and compile_fn is None and dtype == torch.float32 and device.type == "cpu"
+
+
+def _native_pass(path: Path, eager: Callable[[torch.Tensor], Reductions]) -> _Pass | None:
+    """The C kernel at ``path`` as a pass, if it loads and agrees with ``eager`` on a few probe
+    tensors, else None. The full exactness check (:func:`_first_mismatch`, a second or more on a
+    busy machine) ran in the child that built it (:mod:`.native_stats`): a library is found only
+    with the marker that check writes, for this torch and thread count."""
+    started = time.perf_counter()
+    try:
+        run = native_stats.load(path)
+        split = native_stats.load(path, parallel_from=0)  # the threads' path, on small tensors
+        with torch.no_grad():
+            tried = ((fn, x) for fn in (run, split) for x in _probe_inputs())
+            bad = next((why for fn, x in tried if (why := _mismatch(fn(x), eager(x), x)) is not None), None)
+    except Exception as e:  # noqa: BLE001 - a library that does not load: the eager kernels
+        log.debug("fused statistics: the C kernel %s does not load: %s: %s", path, type(e).__name__, e)
+        return None
+    if bad is not None:
+        log.debug("fused statistics: the C kernel is not exact (%s): eager kernels", bad)
+        return None
+    log.debug("fused statistics: C kernel %s loaded and checked in %.3f s", path, time.perf_counter() - started)
+    return _Pass(run, direct=True, native=True)
+
+
+def _on_every_optimizer_step(fn: Callable[[], None]) -> object | None:
+    """A hook calling ``fn`` after every ``optimizer.step()`` of any optimizer (a step boundary);
+    its handle (``.remove()``), or None where torch has no global optimizer hooks."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:
+        return None
+
+    def hook(optimizer: object, args: object, kwargs: object) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - never raised into training
+            log.debug("fused statistics: step boundary: %s", e)
+
+    return register_optimizer_step_post_hook(hook)
+
+
 @dataclass(frozen=True, slots=True)
 class _Pass:
     """A compiled and checked pass: ``run(x)`` gives the four reductions of a contiguous ``x``;
@@ -299,6 +413,7 @@ class _Pass:
 
     run: Callable[[torch.Tensor], Reductions]
     direct: bool
+    native: bool = False
 
 
 def _direct_pass(
@@ -412,6 +527,16 @@ def _flat_alias(x: torch.Tensor) -> torch.Tensor:
     """
     flat = torch.empty(0, dtype=x.dtype, device=x.device)
     return flat.set_(x.untyped_storage(), x.storage_offset(), (x.numel(),), (1,))
+
+
+def _probe_inputs() -> list[torch.Tensor]:
+    """Two float32 tensors for a quick check: an unaligned view of an odd length, and one
+    holding NaN and infinities."""
+    gen = torch.Generator().manual_seed(2)
+    odd = torch.randn(4_099 + 3, generator=gen)[3:]
+    bad = torch.randn(4_097, generator=gen)
+    bad[5], bad[77] = math.inf, math.nan
+    return [odd, bad]
 
 
 def _check_inputs(dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:

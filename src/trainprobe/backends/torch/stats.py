@@ -14,8 +14,8 @@ Two strategies, picked per tensor by its device, both returning values in the or
   NaN and the counting pass is skipped. A transposed or permuted tensor that fills one dense
   block is read in memory order; other strided tensors are copied once. Result: a
   ``list[float]`` per tensor.
-  Where a compiled single pass is selected (:mod:`trainprobe.backends.torch.fused_stats`: on by
-  default on the CPU for float32), a tensor's min, max, sum and sum of squares from 4,096
+  Where a single pass is selected (:mod:`trainprobe.backends.torch.fused_stats`: on by default
+  on the CPU for float32, a C kernel built aside), a tensor's min, max, sum and sum of squares from 4,096
   elements on come from it instead: one read, the sums accumulated in float64.
 * Accelerator tensors: every value stays on the device, with no host synchronisation; rows are
   stacked and copied to the host once per monitor per step by :mod:`trainprobe.engine.records`.
