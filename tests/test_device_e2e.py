@@ -131,7 +131,9 @@ def _skip_unsupported(device: torch.device, precision: str) -> None:
         pytest.skip("this CUDA device has no bfloat16")
 
 
-def v2_attach(tmp_path: Path, monitors: dict[str, Any]) -> Callable[[nn.Module, torch.optim.Optimizer], Callable[[], None]]:
+def v2_attach(
+    tmp_path: Path, monitors: dict[str, Any]
+) -> Callable[[nn.Module, torch.optim.Optimizer], Callable[[], None]]:
     def attach(model: nn.Module, opt: torch.optim.Optimizer) -> Callable[[], None]:
         cfg = {"output_dir": str(tmp_path / "out"), "monitors": monitors}
         mon = TrainerMonitorV2(write_config(tmp_path, cfg))
@@ -450,7 +452,10 @@ def test_transformers_callback(tmp_path: Path, device: torch.device) -> None:
         dataloader_num_workers=0,
     )
     metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
-    v2 = {"output_dir": str(tmp_path / "v2"), "monitors": {"weight_grad": {"enabled": True}, "param": {"enabled": True}}}
+    v2 = {
+        "output_dir": str(tmp_path / "v2"),
+        "monitors": {"weight_grad": {"enabled": True}, "param": {"enabled": True}},
+    }
     callback = TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2)
     trainer = transformers.Trainer(
         model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(32), callbacks=[callback]
