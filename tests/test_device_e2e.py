@@ -380,6 +380,7 @@ def _f64_norm(tensors: list[torch.Tensor]) -> float:
 
 
 def test_metrics_match_float64(tmp_path: Path, device: torch.device) -> None:
+    pytest.importorskip("tensorboard")
     from test_metrics_helpers import TINY, read_events, scalars, tiny_gpt
     from trainprobe.demo.gpt import synthetic_batches
     from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
@@ -433,6 +434,7 @@ def test_metrics_match_float64(tmp_path: Path, device: torch.device) -> None:
 
 def test_transformers_callback(tmp_path: Path, device: torch.device) -> None:
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tensorboard")
     from test_integrations_transformers import BATCH, SEQ, STEPS, Tokens
     from trainprobe.integrations.transformers import TrainProbeCallback
 
