@@ -59,8 +59,19 @@ from trainprobe.engine.errors import ConfigError
 
 FUSED_ENV = "TRAINPROBE_FUSED_STATS"
 MODES = ("auto", "on", "off")
-DEFAULT_MODE: dict[str, str] = {"cpu": "on"}
-"""The mode when the environment variable is unset, per device type; others get ``off``. On the
+DEFAULT_MODE: dict[str, str] = {"cpu": "on", "cuda": "off"}
+"""The mode when the environment variable is unset, per device type; others get ``off``.
+
+CUDA: ``off``, the eager reductions (``aminmax``, a float64-accumulating sum and norm: three
+reads of the tensor, no host synchronisation), by choice until measured. On a GPU the statistics
+are memory-bound and run on the device while the host goes on, and the fused pass would go
+through dynamo (40-100 µs of host time per call, more than a small tensor's eager statistics)
+and compile once per dtype; whether one read instead of three pays for that has not been
+measured on a GPU yet. ``TRAINPROBE_FUSED_STATS=auto`` (or ``on``) uses it, and
+``bench/bench_fused_stats.py --device cuda`` / ``bench/bench_paired.py --device cuda
+--fused-stats auto`` measure it (docs/performance.md, "GPU").
+
+On the
 CPU the pass is called without dynamo (:func:`_direct_pass`) and is faster than the eager
 statistics from 4,096 elements up (docs/performance.md, "Fused single pass"); by default it is
 compiled for float32 when a monitor starts (:meth:`FusedStats.prepare`), never inside a training
