@@ -556,3 +556,41 @@ def test_cuda_no_sync_inside_a_dumped_step(tmp_path: Path) -> None:
     assert any(k.startswith("Module.linear_1.Linear.forward.") for k in data)
     assert any(k.startswith("Functional.linear.") for k in data)
     assert all(isinstance(e["Norm"], float) for e in _tensor_entries(data))
+
+
+def test_lightning_callback(tmp_path: Path, device: torch.device) -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    pytest.importorskip("tensorboard")
+    from test_integrations_lightning import ACCUM, BATCH, STEPS, Regressor, loader
+    from test_metrics_helpers import read_events, scalars
+    from trainprobe.integrations.lightning import TrainProbeCallback
+
+    torch.manual_seed(0)
+    module = Regressor()
+    metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    v2 = {
+        "output_dir": str(tmp_path / "v2"),
+        "monitors": {"weight_grad": {"enabled": True}, "param": {"enabled": True}},
+    }
+    trainer = pl.Trainer(
+        max_steps=STEPS,
+        accumulate_grad_batches=ACCUM,
+        accelerator=device.type,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[TrainProbeCallback(metrics_config=metrics, monitor_v2_config=v2)],
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(module, loader())
+    assert next(module.parameters()).device.type == device.type
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    for step in range(1, STEPS + 1):
+        micro = module.losses[(step - 1) * ACCUM : step * ACCUM]
+        assert s["loss"][step] == pytest.approx(sum(micro) / ACCUM, rel=1e-6)
+        assert s["grad-norm"][step] == pytest.approx(module.grad_norms[step], rel=1e-5)
+        assert s["batch-size"][step] == BATCH * ACCUM
+    assert len({r["step"] for r in rows_of(tmp_path / "v2", "weight_grad")}) == STEPS
+    assert len({r["step"] for r in rows_of(tmp_path / "v2", "param")}) == STEPS
