@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup browser demo test test-torch test-mindspore test-spark interop interop-list lint bench bench-query clean
+.PHONY: setup browser demo test test-torch test-gpu test-mindspore test-spark interop interop-list lint bench bench-query clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -83,6 +83,23 @@ interop-list: setup $(REF_BIN)/.installed
 test-spark: setup
 	$(BIN)/python -m pip install -q -e ".[spark]"
 	$(BIN)/python -m pytest -q tests/test_query_spark.py
+
+# The GPU checks (issue #25), on a machine with an NVIDIA GPU, e.g. `make test-gpu TORCH_SPEC=torch`:
+# when the torch in .venv cannot use the GPU, TORCH_SPEC (a CUDA build) replaces it (only this
+# target does that; setup and test keep the build they installed). Then the cuda params of the
+# device-parametrised tests (tests/test_device_*.py and the CUDA tests of test_stats.py and
+# test_dump_checksums.py; NCCL ones with 2+ GPUs) and the GPU benchmarks. bench/gpu_check.sh is
+# the same in ~8 minutes with small sizes, installing nothing.
+GPU_TESTS := tests/test_device_e2e.py tests/test_device_copy.py tests/test_device_nccl.py tests/test_stats.py tests/test_dump_checksums.py
+test-gpu: setup
+	$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || \
+	  { $(BIN)/python -m pip uninstall -q -y torch && $(BIN)/python -m pip install -q "$(TORCH_SPEC)"; }
+	@$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else \
+	  'test-gpu: torch ' + torch.__version__ + ' sees no CUDA device: run on a GPU machine with TORCH_SPEC=<a CUDA build>')"
+	$(BIN)/python -m pytest -q -rs -k "cuda or nccl or device_row or device_tensors" $(GPU_TESTS)
+	$(BIN)/python bench/bench_paired.py --device cuda --model gpu --pairs 20
+	$(BIN)/python bench/bench_paired.py --device cuda --model gpu --pairs 20 --configs control,v2-wg+opt+param,v2-module,dump-L0 --fused-stats auto
+	$(BIN)/python bench/bench_fused_stats.py --device cuda
 
 test-mindspore: $(MS_BIN)/.installed
 	$(MS_BIN)/python -m pytest -q tests/test_mindspore_*.py

@@ -11,9 +11,14 @@ class on this machine. Then the same on the tensors of one training step of the 
 (``trainprobe.demo.gpt``, 4.2M parameters: parameters, gradients, both Adam moments; one
 ``rows()`` call per set, as the monitors make them), with ``auto`` too.
 
+``--device cuda`` runs the same on the GPU (wall time between synchronisations instead of CPU
+time): the measurement that decides whether the pass, compiled to Triton there, should replace
+the eager reductions on CUDA (off by default until measured; docs/performance.md, "GPU").
+
 Usage::
 
     python bench/bench_fused_stats.py
+    python bench/bench_fused_stats.py --device cuda --sizes 65536 1048576 16777216
     python bench/bench_fused_stats.py --threads 2 --sizes 65536 1048576
 """
 
@@ -32,16 +37,25 @@ from trainprobe.backends.torch.stats import TensorStats, eager_reductions
 from trainprobe.engine.stats.ops import DEFAULT_OPS
 
 _POOL_BYTES = 64 << 20
+_DEVICE = torch.device("cpu")
+
+
+def _clock() -> float:
+    """CPU seconds of the process on the CPU; on CUDA wall seconds after a synchronisation."""
+    if _DEVICE.type == "cuda":
+        torch.cuda.synchronize(_DEVICE)
+        return time.perf_counter()
+    return time.process_time()
 
 
 def _time_rows(stats: TensorStats, xs: list[torch.Tensor], repeats: int) -> float:
     """Best CPU seconds per tensor of ``stats.rows([x])`` over ``xs``."""
     best = float("inf")
     for _ in range(repeats):
-        started = time.process_time()
+        started = _clock()
         for x in xs:
             stats.rows([x])
-        best = min(best, (time.process_time() - started) / len(xs))
+        best = min(best, (_clock() - started) / len(xs))
     return best
 
 
@@ -50,7 +64,8 @@ def _gpt_sets() -> list[list[torch.Tensor]]:
     from trainprobe.demo.gpt import benchmark_setup
 
     setup = benchmark_setup(seed=0)
-    setup.model.loss(next(setup.batches)).backward()
+    setup.model.to(_DEVICE)
+    setup.model.loss(next(setup.batches).to(_DEVICE)).backward()
     setup.optimizer.step()
     params = list(setup.model.parameters())
     state = [setup.optimizer.state[p] for p in params]
@@ -61,10 +76,10 @@ def _time_sets(stats: TensorStats, sets: list[list[torch.Tensor]], repeats: int)
     """Best CPU seconds of one ``rows()`` call per set."""
     best = float("inf")
     for _ in range(repeats):
-        started = time.process_time()
+        started = _clock()
         for tensors in sets:
             stats.rows(tensors)
-        best = min(best, time.process_time() - started)
+        best = min(best, _clock() - started)
     return best
 
 
@@ -73,14 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[1 << 12, 1 << 16, 1 << 20, 1 << 24])
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     args = p.parse_args(argv)
+    global _DEVICE
+    _DEVICE = torch.device(args.device)
+    if _DEVICE.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch.cuda.is_available() is False")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), load average {os.getloadavg()[0]:.2f}", flush=True)
 
     fused = TensorStats(DEFAULT_OPS, fused=FusedStats(eager_reductions, mode="on"))
     eager = TensorStats(DEFAULT_OPS, fused=FusedStats(eager_reductions, mode="off"))
     started = time.perf_counter()
-    fused.rows([torch.randn(1 << 16)])
+    fused.rows([torch.randn(1 << 16, device=_DEVICE)])
     print(f"first use (compile + exactness check): {time.perf_counter() - started:.1f} s wall", flush=True)
 
     logging.basicConfig(level=logging.WARNING, format="  %(message)s")
@@ -88,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     auto = FusedStats(eager_reductions, mode="auto")
     print("auto's choices:", flush=True)
     for n in args.sizes:
-        auto(torch.randn(n))
+        auto(torch.randn(n, device=_DEVICE))
     logging.getLogger("trainprobe.backends.torch.fused_stats").setLevel(logging.WARNING)
 
     print(f"{'elements':>10} {'eager µs':>10} {'fused µs':>10} {'speed-up':>9}")
     for n in args.sizes:
-        xs = [torch.randn(n) for _ in range(max(2, _POOL_BYTES // (4 * n)))]
+        xs = [torch.randn(n, device=_DEVICE) for _ in range(max(2, _POOL_BYTES // (4 * n)))]
         t_eager = t_fused = float("inf")
         for _ in range(2):  # interleaved, so that a burst of load hits both
             t_eager = min(t_eager, _time_rows(eager, xs, args.repeats))

@@ -40,6 +40,18 @@ Method (issue #18's side-by-side method, one process):
   ``process_time`` (the process's CPU time, every thread: a background writer's work counts in
   whichever step it runs during). With ``--threads 1 --clock cpu`` a step's time hardly moves
   with other jobs on a shared machine.
+* ``--device cuda``: the same rows with both twins on the GPU; a step is timed on the wall clock
+  between two ``torch.cuda.synchronize()`` calls (so the device's queued work is inside its
+  step), and each step's peak device memory above what was allocated when it began is recorded
+  (``torch.cuda.max_memory_allocated``). The GPU table adds the milliseconds per step, the
+  device memory monitoring adds at the peak of a step (monitored minus unmonitored twin, median
+  over the pairs) and the memory it keeps between steps (what stays allocated after the row's
+  warm-up, minus the same for the control row), against the GPU targets. ``--model gpu`` trains
+  a larger GPT (d_model 1024, 8 layers, sequence 512, vocabulary 8192, batch 8; about 110M
+  parameters), where a step is long enough for launch overheads not to dominate.
+  ``--fused-stats auto|on|off`` sets ``TRAINPROBE_FUSED_STATS`` for the run: on CUDA the
+  statistics use the eager reductions unless it is ``on``/``auto`` (torch.compile to Triton;
+  docs/performance.md, "GPU").
 
 Usage::
 
@@ -47,13 +59,16 @@ Usage::
     python bench/bench_paired.py --quick                  # smoke run
     python bench/bench_paired.py --threads 1 --clock cpu --pairs 15
     python bench/bench_paired.py --configs control,dump-L0
+    python bench/bench_paired.py --device cuda --model gpu --pairs 20   # the GPU table
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -73,6 +88,7 @@ from bench_monitor_v1 import OPS as V1_OPS  # noqa: E402
 from bench_monitor_v1 import V1Monitor  # noqa: E402
 from bench_monitor_v2 import OneReadHooks, in_turn, kernel_floor, load_text, quartiles  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
+from trainprobe.demo.gpt import GPTConfig, benchmark_setup  # noqa: E402
 from trainprobe.dump import PrecisionDebugger  # noqa: E402
 from trainprobe.dump.api_hooks import uninstall_api_wrappers  # noqa: E402
 
@@ -91,6 +107,7 @@ class Row:
     floor_slack: float | None = None  # also met within this many points of the floor row
     kernels_only: bool = False  # the floor row
     dump_stats: str = "real"  # dump rows: "real", "one-read" (one sum per tensor) or "none" (constants)
+    gpu_target: float | None = None  # the target with --device cuda (docs/performance.md, "GPU")
 
 
 def _v2(*names: str) -> dict[str, Any]:
@@ -107,11 +124,12 @@ ROWS: tuple[Row, ...] = (
         _v2(*WG_OPT_PARAM),
         1.05,
         floor_slack=0.01,
+        gpu_target=1.01,
     ),
     Row("floor", "floor: the same, reductions only", "v2", _v2(*WG_OPT_PARAM), kernels_only=True),
     Row("floor-wg", "floor of V2 weight_grad: reductions only", "v2", _v2("weight_grad"), kernels_only=True),
     Row("one-read", "one-read: one sum per tensor and point", "one-read"),
-    Row("v2-module", "V2 module, all modules", "v2", _v2("module"), 1.35),
+    Row("v2-module", "V2 module, all modules", "v2", _v2("module"), 1.35, gpu_target=1.10),
     Row(
         "v1-wg+mv+param",
         "V1 wg + mv + param",
@@ -127,7 +145,7 @@ ROWS: tuple[Row, ...] = (
         kernels_only=True,
     ),
     Row("v1-xy", "V1 xy, all modules", "v1", {"xy_distribution": True, "all_xy": True, "ops": V1_OPS}, 1.35),
-    Row("dump-L0", "dump statistics L0", "dump", {"task": "statistics", "level": "L0"}, 1.15),
+    Row("dump-L0", "dump statistics L0", "dump", {"task": "statistics", "level": "L0"}, 1.15, gpu_target=1.20),
     Row(
         "dump-L0-one-read",
         "dump L0, statistics = one sum per tensor",
@@ -146,6 +164,10 @@ ROWS: tuple[Row, ...] = (
     Row("dump-mix", "dump statistics mix", "dump", {"task": "statistics", "level": "mix"}, 1.80),
 )
 BY_KEY = {r.key: r for r in ROWS}
+GPU_MEMORY_TARGET = 0.02
+"""With ``--device cuda``: the device memory monitoring adds, at most this fraction of the model's
+parameter bytes."""
+GPU_MODEL = GPTConfig(vocab_size=8192, seq_len=512, d_model=1024, n_heads=16, n_layers=8)
 
 
 # -- the twins ----------------------------------------------------------------------------------
@@ -154,16 +176,42 @@ class Twin(Trainer):
     stepped as ``bench_dump.py`` steps it."""
 
     clock: Callable[[], float] = staticmethod(time.perf_counter)
-    """What a step's time is: wall clock, or the process's CPU time with ``--clock cpu``."""
+    """What a step's time is: wall clock, or the process's CPU time with ``--clock cpu``; with
+    ``--device cuda`` the wall clock after a synchronisation."""
+    device = torch.device("cpu")
+    model_cfg: GPTConfig | None = None  # None: the benchmark's default GPT
 
     def __init__(self, seed: int) -> None:
-        super().__init__(seed)
+        if self.model_cfg is None:
+            super().__init__(seed)
+        else:
+            run = benchmark_setup(seed, BATCH_SIZE, self.model_cfg)
+            self.cfg, self.model, self.optimizer, self.batches = run.cfg, run.model, run.optimizer, run.batches
+        if self.device.type != "cpu":  # parameters moved in place: the optimizer (no state yet) keeps them
+            self.model.to(self.device)
+            cpu_batches, device = self.batches, self.device
+            self.batches = (b.to(device) for b in cpu_batches)
         self.debugger: PrecisionDebugger | None = None  # set on the dumped twin: its steps are dumped
+        self.last_peak = 0  # bytes: the last step's peak device memory above its start (CUDA)
 
     def step(self) -> float:  # type: ignore[override]
         """One training step (the dump's documented calls around it on a dumped twin); its seconds
-        on :attr:`clock` (its wall seconds go to :attr:`last_wall`, its loss to :attr:`last_loss`)."""
-        return super().step(self.debugger)
+        on :attr:`clock` (its wall seconds go to :attr:`last_wall`, its loss to :attr:`last_loss`,
+        on CUDA its peak device memory above the step's start to :attr:`last_peak`)."""
+        if self.device.type != "cuda":
+            return super().step(self.debugger)
+        torch.cuda.synchronize(self.device)
+        start = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        elapsed = super().step(self.debugger)
+        self.last_peak = torch.cuda.max_memory_allocated(self.device) - start
+        return elapsed
+
+
+def _synchronised_wall_clock() -> float:
+    """``perf_counter`` after the device's queued work is done (a CUDA step's time)."""
+    torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 @contextlib.contextmanager
@@ -215,8 +263,11 @@ def dump_statistics(kind: str) -> Iterator[None]:
         return
     from trainprobe.dump import entries
 
-    def one_read(t: torch.Tensor) -> list[float]:
-        value = t.detach().sum().item()
+    def one_read(t: torch.Tensor) -> Any:
+        total = t.detach().sum()
+        if total.device.type != "cpu":  # stays on the device, read back once per step as the real rows
+            return total.to(torch.float64).expand(4)
+        value = total.item()
         return [value, value, value, value]
 
     def constants(t: torch.Tensor) -> list[float]:
@@ -246,6 +297,8 @@ class Result:
     monitored_s: list[float] = field(default_factory=list)
     wall_ratios: list[float] = field(default_factory=list)  # the same pairs on the wall clock
     seconds: float = 0.0
+    peak_added: list[int] = field(default_factory=list)  # CUDA: monitored minus plain step peak, bytes
+    held: int = 0  # CUDA: bytes allocated after the warm-up above what was before the twins
 
     @property
     def median(self) -> float:
@@ -259,18 +312,27 @@ class Result:
 def measure(row: Row, folder: Path, args: argparse.Namespace) -> Result:
     """Fresh twins, the tool attached to B once, ``args.warmup`` untimed then ``args.pairs`` timed pairs."""
     t_begin = time.perf_counter()
+    cuda = Twin.device.type == "cuda"
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(Twin.device)
     plain, monitored = Twin(args.seed), Twin(args.seed)
     res = Result(row)
     with attached(row, monitored, folder):
         for _ in range(args.warmup):
             plain.step()
             monitored.step()
+        if cuda:
+            torch.cuda.synchronize(Twin.device)
+            res.held = torch.cuda.memory_allocated(Twin.device) - base
         for i in range(args.pairs):
             a, b = in_turn(i, plain.step, monitored.step)
             res.ratios.append(b / a)
             res.wall_ratios.append(monitored.last_wall / plain.last_wall)
             res.plain_s.append(a)
             res.monitored_s.append(b)
+            res.peak_added.append(monitored.last_peak - plain.last_peak)
     if abs(plain.last_loss - monitored.last_loss) > 1e-4 * max(1.0, abs(plain.last_loss)):
         print(f"  warning: {row.key}: the twins' losses differ ({plain.last_loss} vs {monitored.last_loss})")
     shutil.rmtree(folder, ignore_errors=True)
@@ -299,7 +361,40 @@ def met_text(res: Result, floor: float | None) -> str:
     return "**no**"
 
 
+def print_gpu_report(results: list[Result], args: argparse.Namespace) -> None:
+    """The GPU table: ratio, ms per step, device memory added, against the GPU targets."""
+    param_bytes = args.param_bytes
+    control = next((r.held for r in results if r.row.key == "control"), None)
+    print(f"\nGPU: {torch.cuda.get_device_name(Twin.device)}, {args.pairs} pairs per row, synchronised wall clock")
+    print(f"targets: ratio as listed; device memory added ≤ {GPU_MEMORY_TARGET:.0%} of the parameters' "
+          f"{param_bytes / 2**20:.1f} MiB; no synchronisation inside a step beyond one copy per monitor "
+          "(checked by tests/test_device_e2e.py, not here)\n")  # fmt: skip
+    print(
+        "| config | ratio (median) | IQR | monitored ms/step | unmonitored ms/step | peak added | kept | target | met? |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        q1, q3 = r.iqr
+        peak = statistics.median(r.peak_added)
+        kept = r.held - control if control is not None else None
+        added = max(peak, 0) + max(kept or 0, 0)
+        target = "noise floor" if r.row.tool == "none" else (f"≤ {r.row.gpu_target:.2f}x" if r.row.gpu_target else "—")
+        met = "—"
+        if r.row.gpu_target is not None:
+            ok = r.median <= r.row.gpu_target and added <= GPU_MEMORY_TARGET * param_bytes
+            met = "yes" if ok else "**no**"
+        kept_text = f"{kept / 2**20:.2f} MiB" if kept is not None else "(no control row)"
+        print(
+            f"| {r.row.label} | {r.median:.3f}x | {q1:.3f}–{q3:.3f} | {1000 * statistics.median(r.monitored_s):.2f} "
+            f"| {1000 * statistics.median(r.plain_s):.2f} | {peak / 2**20:.2f} MiB ({peak / param_bytes:.2%}) "
+            f"| {kept_text} | {target} | {met} |"
+        )
+
+
 def print_report(results: list[Result], args: argparse.Namespace) -> None:
+    if Twin.device.type == "cuda":
+        print_gpu_report(results, args)
+        return
     floor = next((r.median for r in results if r.row.key == "floor"), None)
     print(f"\n{args.pairs} pairs per row, {args.clock} clock, {torch.get_num_threads()} threads\n")
     print("| config | ratio (median) | IQR | target | met? |")
@@ -335,6 +430,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a step's time: wall clock, or the process's CPU time (every thread; stable with --threads 1)",
     )
     p.add_argument("--quick", action="store_true", help="3 pairs, 1 warm-up pair: a smoke run")
+    p.add_argument("--device", default="cpu", help="where the twins train: cpu (default) or cuda[:N]")
+    p.add_argument(
+        "--model", choices=("default", "gpu"), default="default", help="the GPT's size (gpu: ~110M parameters)"
+    )
+    p.add_argument(
+        "--fused-stats",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="set TRAINPROBE_FUSED_STATS for the run (default: leave it; the statistics' own default)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.pairs is None:
@@ -350,6 +455,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rows = [r for r in ROWS if r.key in keys]
     if args.threads:
         torch.set_num_threads(args.threads)
+    Twin.device = torch.device(args.device)
+    if Twin.device.type == "cuda":
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch.cuda.is_available() is False (a CPU build of torch, or no GPU)")
+        if args.clock == "cpu":
+            p.error("--device cuda times steps on the synchronised wall clock; leave --clock out")
+        torch.cuda.set_device(Twin.device)
+        Twin.clock = staticmethod(_synchronised_wall_clock)
+    elif Twin.device.type != "cpu":
+        p.error(f"--device {args.device}: cpu or cuda")
+    if args.model == "gpu":
+        Twin.model_cfg = GPU_MODEL
+    if args.fused_stats is not None:
+        os.environ["TRAINPROBE_FUSED_STATS"] = args.fused_stats
     if args.clock == "cpu":
         Twin.clock = staticmethod(time.process_time)
     return args
@@ -361,9 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         probe = Twin(args.seed)
         n_params = sum(p.numel() for p in probe.model.parameters())
+        args.param_bytes = sum(p.numel() * p.element_size() for p in probe.model.parameters())
         print(
             f"TinyGPT twins, {n_params / 1e6:.2f}M params each, batch {BATCH_SIZE}, seq {probe.cfg.seq_len}, "
-            f"AdamW; torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock; "
+            f"AdamW, on {Twin.device}; fused stats {os.environ.get('TRAINPROBE_FUSED_STATS', 'default')}; "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock; "
             f"{args.pairs} pairs per row after {args.warmup} untimed",
             flush=True,
         )

@@ -80,6 +80,23 @@ def assert_row_matches(row: dict[str, str], t: torch.Tensor, rel: float = 1e-6) 
         assert got == pytest.approx(value, rel=rel, abs=1e-12), f"{row['module_name']} {op}: {got} vs {value}"
 
 
+NO_CUDA = "no CUDA device (torch.cuda.is_available() is False): the cuda params run on a GPU machine (make test-gpu)"
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """Each device the end-to-end tests run on: the CPU always, ``cuda`` when one is present
+    (skipped with one line saying why otherwise). ``pytest -k cuda`` selects the GPU params."""
+    return torch.device(request.param)
+
+
+def sync_point(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU): before reading a timing or comparing."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

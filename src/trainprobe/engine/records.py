@@ -172,10 +172,22 @@ class RowBuffer:
 
     def snapshot(self) -> list[tuple[RowKey, list[float]]]:
         """The pending rows as host floats, without taking them (for on-demand reads such as
-        Monitor V1's ``generate_xy_metrics``; device values are synchronised)."""
+        Monitor V1's ``generate_xy_metrics``). Rows still on a device are copied with the
+        buffer's copier, once per device, and waited for: one synchronisation per device, not
+        one per row."""
         with self._lock:
-            pairs = list(zip(self._keys, self._values))
-        return [(k, list(v) if isinstance(v, list) else v.tolist()) for k, v in pairs]
+            keys, values = list(self._keys), list(self._values)
+        host: list[Any] = list(values)
+        on_device: dict[Any, list[int]] = {}
+        for i, v in enumerate(values):
+            if isinstance(v, list):
+                host[i] = list(v)
+            else:
+                on_device.setdefault(getattr(v, "device", None), []).append(i)
+        for indices in on_device.values():
+            for i, row in zip(indices, self._copier([values[i] for i in indices]).tolist()):
+                host[i] = row
+        return list(zip(keys, host))
 
     def drain(self, monitor: str, step: int) -> StepBatch:
         """Take every pending row as a batch; start device-to-host copies without waiting."""

@@ -67,14 +67,24 @@ from trainprobe.engine.errors import ConfigError
 
 FUSED_ENV = "TRAINPROBE_FUSED_STATS"
 MODES = ("auto", "on", "off")
-DEFAULT_MODE: dict[str, str] = {"cpu": "on"}
-"""The mode when the environment variable is unset, per device type; others get ``off``. On the
-CPU the default's pass is a C kernel for float32, faster than the eager statistics from 4,096
+DEFAULT_MODE: dict[str, str] = {"cpu": "on", "cuda": "off"}
+"""The mode when the environment variable is unset, per device type; others get ``off``.
+
+CPU: the default's pass is a C kernel for float32, faster than the eager statistics from 4,096
 elements up (docs/performance.md, "Fused single pass", "Start-up"), built in a child process and
 loaded at start or at a step boundary (:meth:`FusedStats.prepare`): no compilation in the training
 process, where dynamo would raise ``torch.compiler.is_compiling()`` for the whole process (user
 code and the module monitor read it) and inductor's import alone takes seconds. Other dtypes keep
-the eager kernels. Accelerators stay ``off`` until the pass is measured on one."""
+the eager kernels.
+
+CUDA: ``off``, the eager reductions (``aminmax``, a float64-accumulating sum and norm: three
+reads of the tensor, no host synchronisation), by choice until measured. On a GPU the statistics
+are memory-bound and run on the device while the host goes on, and the fused pass would go
+through dynamo (40-100 µs of host time per call, more than a small tensor's eager statistics)
+and compile once per dtype; whether one read instead of three pays for that has not been
+measured on a GPU yet. ``TRAINPROBE_FUSED_STATS=auto`` (or ``on``) uses it, and
+``bench/bench_fused_stats.py --device cuda`` / ``bench/bench_paired.py --device cuda
+--fused-stats auto`` measure it (docs/performance.md, "GPU")."""
 
 MIN_SPEEDUP = 1.2
 _SMALLEST = 1 << 12

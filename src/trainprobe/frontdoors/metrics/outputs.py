@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from trainprobe.backends.torch.device_copy import DeviceCopy
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import error_once
 from trainprobe.engine.records import RowBuffer, RowKey, ScalarBatch, StepBatch
@@ -55,10 +56,13 @@ _SCALAR, _LIST = "scalar", "list"
 # -- the raw values of a step (training thread) ---------------------------------------------
 class RawValues:
     """One step's raw values by name, gathered on the training thread: host numbers, lists of
-    host numbers, or tensors (0-d: a number; else flattened), kept on their device as float64."""
+    host numbers, or tensors (0-d: a number; else flattened), kept on their device as float64.
+    At the end of the step the tensors of each device are concatenated and copied to the host
+    in one non-blocking copy (:class:`~trainprobe.backends.torch.device_copy.DeviceCopy`): one
+    copy per device and step, whatever the number of values, waited for on the writer thread."""
 
     def __init__(self) -> None:
-        self.rows = RowBuffer()
+        self.rows = RowBuffer(DeviceCopy)
 
     def put(self, key: str, value: float | int | torch.Tensor | list[float]) -> None:
         """Add one value under ``key``."""
