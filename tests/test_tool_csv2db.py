@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-import trainprobe.tools.csv2db as csv2db_module
+import trainprobe.tools.csv2db_rows as csv2db_rows
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
 from reference_layouts import V1_OPS, write_reference_repeats, write_reference_v1, write_reference_v2
@@ -519,7 +519,7 @@ def test_lost_rows_fail_loudly(tmp_path, monkeypatch):
     """The check itself: with the call numbering switched off (the old behaviour, repeats
     collapsing onto one key), the conversion fails instead of storing fewer rows than it read."""
     write_reference_repeats(tmp_path / "monitor")
-    monkeypatch.setattr(csv2db_module, "call_indices", lambda keys: [0] * len(keys))
+    monkeypatch.setattr(csv2db_rows, "call_indices", lambda keys: [0] * len(keys))
     with pytest.raises(RowsLostError, match=r"holds 6 value rows, expected 12 \(0 before \+ 12 read - 0"):
         convert(tmp_path / "monitor" / "v1", tmp_path / "db")
 
