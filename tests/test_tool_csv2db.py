@@ -548,3 +548,27 @@ def test_a_schema_1_database_is_upgraded(tmp_path):
     assert again.rows == 8
     assert query(result.db_path, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
     assert db_rows(result.db_path, calls=True) == csv_rows(tmp_path / "monitor", calls=True)
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+def test_parquet_runs_give_the_same_database(monitor_runs, tmp_path, layout):
+    """A run converted to Parquet (``trainprobe convert``), wholly or in part (a window with both
+    files is read from its Parquet file), gives the same rows, targets and ops as its CSV files."""
+    from trainprobe.tools.query_convert import convert_run
+
+    source = monitor_runs.v1 if layout == "v1" else monitor_runs.v2
+    expected = db_rows(convert(source, tmp_path / "from_csv").db_path, calls=True)
+    whole = tmp_path / "parquet"
+    shutil.copytree(source, whole)
+    convert_run(whole, remove_csv=True)
+    assert not list(whole.rglob("*.csv"))
+    result = convert(whole, tmp_path / "from_parquet")
+    assert result.rows == len(expected) and db_rows(result.db_path, calls=True) == expected
+    assert query(result.db_path, "SELECT count(*) FROM files WHERE path LIKE '%.parquet'")[0][0] == result.files
+    mixed = tmp_path / "mixed"
+    shutil.copytree(source, mixed)
+    convert_run(mixed)  # every window both as CSV and as Parquet
+    next(mixed.rglob("*.parquet")).unlink()  # one window as CSV only
+    result = convert(mixed, tmp_path / "from_mixed")
+    assert result.rows == len(expected) and db_rows(result.db_path, calls=True) == expected
+    assert query(result.db_path, "SELECT count(*) FROM files WHERE path LIKE '%.csv'")[0][0] == 1

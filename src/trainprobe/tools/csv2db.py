@@ -83,7 +83,7 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import INT_MAX
-from trainprobe.tools.csv2db_read import read_files
+from trainprobe.tools.csv2db_read import read_ahead, read_files
 from trainprobe.tools.csv2db_rows import ParsedFile, call_indices, parse_file
 from trainprobe.tools.csv2db_schema import DB_NAME, MetricsDatabase, RowsLostError
 from trainprobe.tools.monitor_files import find_monitor_files
@@ -197,7 +197,8 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
             todo = [f for f in files if not db.holds(f)]
             rows = torn = 0
             with _progress_bar(todo, progress) as advance:
-                for parsed in read_files(todo, threads=config.process_num if config.process_num > 1 else None):
+                threads = config.process_num if config.process_num > 1 else None
+                for parsed in read_ahead(read_files(todo, threads)):
                     for message in parsed.warnings:
                         warn_once(message, message)
                     rows += db.add(parsed)

@@ -18,8 +18,10 @@ that is not a number, a row with the wrong number of cells, text that is not UTF
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import MICRO_COLUMN
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 BATCH_BYTES = 64 << 20
 
 _Group = tuple[str, str, tuple[str, ...]]  # (layout, format, header)
+_T = TypeVar("_T")
+_DONE = object()
 
 
 def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Iterator[ParsedFile]:
@@ -50,6 +54,7 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     duck = require("duckdb")
     require("pyarrow")
     con = duck.connect()
+    con.execute("SET enable_progress_bar = false")
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     try:
@@ -252,3 +257,45 @@ def _nan_masks(values: list[np.ndarray[Any, Any]]) -> list[int] | None:
             masks |= flags.astype(np.int64) << bit
     return None if masks is None else masks.tolist()
 
+
+
+def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+    """``items`` produced by a background thread, at most ``depth`` ahead of the consumer (DuckDB
+    and SQLite both release the GIL: reading the next batch overlaps storing this one). An
+    exception of the producer is raised here, where the consumer is; closing this generator
+    stops the producer after its current item."""
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                handoff.put((True, item))
+            handoff.put((True, _DONE))
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumer, raised there)
+            handoff.put((False, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    worker = threading.Thread(target=produce, name="csv2db-reader", daemon=True)
+    worker.start()
+    try:
+        while True:
+            ok, item = handoff.get()
+            if not ok:
+                raise item
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                handoff.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        worker.join()
