@@ -5,9 +5,10 @@ steps (default 1,000) × ``--params`` parameters (default 500) × 3 data types (
 ``exp_avg``, ``exp_avg_sq``) = 1.5 M rows with the ops ``min, max, mean, norm, nans``, written in
 the real V1 CSV format (the V1 header from ``trainprobe.frontdoors.monitor_v1.output.layouts``, every value
 formatted by ``trainprobe.engine.stats.ops.format_value`` rounded to 6 digits, the V1 default
-``ndigits``), ``--steps-per-file`` steps per file (default 1, the V1 default
+``ndigits``; the trailing ``shape,dtype`` cells as the V1 writer has them, e.g.
+``"[4096, 4096]",torch.bfloat16``), ``--steps-per-file`` steps per file (default 1, the V1 default
 ``step_count_per_record``: 3,000 files of 500 rows). Parameter names look like Megatron's
-(``0:model.layers.7.self_attn.q_proj.weight``); values are seeded Gaussian noise.
+(``model.layers.7.self_attn.q_proj.weight``, no chunk prefix, as the V1 writer has them); values are seeded Gaussian noise.
 
 Method: the output is generated in a temporary folder, then converted ``--repeats`` times (each
 into a fresh output folder) with ``process_num=--process-num`` (default 1) by calling
@@ -62,8 +63,8 @@ TARGET_SIZE_RATIO = 1.5
 
 
 def parameter_names(count: int) -> list[str]:
-    """``count`` Megatron-like V1 parameter names (``<vpp_stage>:<name>``)."""
-    return [f"0:model.layers.{i // len(SUBMODULES)}.{SUBMODULES[i % len(SUBMODULES)]}.weight" for i in range(count)]
+    """``count`` Megatron-like V1 parameter names."""
+    return [f"model.layers.{i // len(SUBMODULES)}.{SUBMODULES[i % len(SUBMODULES)]}.weight" for i in range(count)]
 
 
 def write_output(root: Path, steps: int, params: int, steps_per_file: int, seed: int = 0) -> int:
@@ -83,7 +84,7 @@ def write_output(root: Path, steps: int, params: int, steps_per_file: int, seed:
                     low, high = sorted((rng.gauss(0, 1), rng.gauss(0, 1)))
                     values = (low, high, (low + high) / 2, abs(rng.gauss(0, 10)), 0.0)
                     cells = ",".join(format_value(op, v, NDIGITS) for op, v in zip(OPS, values))
-                    lines.append(f"0,{name},{step},{cells}")
+                    lines.append(f'0,{name},{step},{cells},"[4096, 4096]",torch.bfloat16')
             text = "\n".join(lines) + "\n"
             (run / file_name(data_type, first, last)).write_text(text, encoding="utf-8")
             total += len(text.encode())

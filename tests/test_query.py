@@ -86,6 +86,34 @@ def test_csv_and_parquet_give_the_same_answers(monitor_runs: Any, tmp_path: Path
     assert len(csv_first) >= 3 and {r["step"] for r in csv_first} == {NAN_STEP}
 
 
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+def test_a_parquet_run_is_answered_by_one_query(monitor_runs: Any, tmp_path: Path, layout: str) -> None:
+    """A run of Parquet files only: "first NaN/inf" is one query (the first bad step nested in
+    the ordered one), with the answers of the two queries on the same views and of the CSV run;
+    a Parquet run without any NaN answers nothing."""
+    import trainprobe.tools.query as query_module
+
+    run = getattr(monitor_runs, layout)
+    parquet = _as_parquet(run, tmp_path)
+    con, views, files = query_module._connect(parquet)
+    assert views == {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    assert {f.format for f in files} == {"parquet"}
+    nested = query_module._nested_first_nonfinite_sql(views, 5)
+    assert nested is not None and nested.count("min(step)") >= 2
+
+    def strip(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in row.items() if k not in ("file", "value")} for row in rows]
+
+    one = first_nonfinite(parquet, 5)
+    assert strip(one) == strip(first_nonfinite(connect(parquet), 5)) == strip(first_nonfinite(run, 5))
+    assert len(one) >= 3 and {r["step"] for r in one} == {NAN_STEP}
+    clean = tmp_path / "clean"
+    write_reference_v2(clean)
+    convert_run(clean, remove_csv=True)
+    assert first_nonfinite(clean) == []
+
+
 def _earlier_trainprobe_v1(reference_run: Path, target: Path) -> None:
     """The reference V1 tree as trainprobe's earlier V1 writer wrote it: ``<vpp>:`` chunk prefixes,
     no ``shape,dtype`` columns."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-import trainprobe.tools.csv2db as csv2db_module
+import trainprobe.tools.csv2db_rows as csv2db_rows
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
 from reference_layouts import V1_OPS, write_reference_repeats, write_reference_v1, write_reference_v2
@@ -519,7 +519,7 @@ def test_lost_rows_fail_loudly(tmp_path, monkeypatch):
     """The check itself: with the call numbering switched off (the old behaviour, repeats
     collapsing onto one key), the conversion fails instead of storing fewer rows than it read."""
     write_reference_repeats(tmp_path / "monitor")
-    monkeypatch.setattr(csv2db_module, "call_indices", lambda keys: [0] * len(keys))
+    monkeypatch.setattr(csv2db_rows, "call_indices", lambda keys: [0] * len(keys))
     with pytest.raises(RowsLostError, match=r"holds 6 value rows, expected 12 \(0 before \+ 12 read - 0"):
         convert(tmp_path / "monitor" / "v1", tmp_path / "db")
 
@@ -548,3 +548,27 @@ def test_a_schema_1_database_is_upgraded(tmp_path):
     assert again.rows == 8
     assert query(result.db_path, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
     assert db_rows(result.db_path, calls=True) == csv_rows(tmp_path / "monitor", calls=True)
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+def test_parquet_runs_give_the_same_database(monitor_runs, tmp_path, layout):
+    """A run converted to Parquet (``trainprobe convert``), wholly or in part (a window with both
+    files is read from its Parquet file), gives the same rows, targets and ops as its CSV files."""
+    from trainprobe.tools.query_convert import convert_run
+
+    source = monitor_runs.v1 if layout == "v1" else monitor_runs.v2
+    expected = db_rows(convert(source, tmp_path / "from_csv").db_path, calls=True)
+    whole = tmp_path / "parquet"
+    shutil.copytree(source, whole)
+    convert_run(whole, remove_csv=True)
+    assert not list(whole.rglob("*.csv"))
+    result = convert(whole, tmp_path / "from_parquet")
+    assert result.rows == len(expected) and db_rows(result.db_path, calls=True) == expected
+    assert query(result.db_path, "SELECT count(*) FROM files WHERE path LIKE '%.parquet'")[0][0] == result.files
+    mixed = tmp_path / "mixed"
+    shutil.copytree(source, mixed)
+    convert_run(mixed)  # every window both as CSV and as Parquet
+    next(mixed.rglob("*.parquet")).unlink()  # one window as CSV only
+    result = convert(mixed, tmp_path / "from_mixed")
+    assert result.rows == len(expected) and db_rows(result.db_path, calls=True) == expected
+    assert query(result.db_path, "SELECT count(*) FROM files WHERE path LIKE '%.csv'")[0][0] == 1

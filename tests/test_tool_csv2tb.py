@@ -316,3 +316,17 @@ def test_reference_v1_layout_gives_the_reference_tags(tmp_path):
     assert got["rank0/actv_grad"]["vp0:.input:micro0/min"] == [(0, "nan"), (1, "nan")]
     assert not [tag for tags in got.values() for tag in tags if tag.endswith(("/shape", "/dtype"))]
     assert len(got["rank0/actv"]) == 4 * 6
+
+
+def test_a_parquet_run_gives_the_same_events(monitor_runs, v2_events, tmp_path):
+    """The V2 run converted to Parquet (``trainprobe convert``) gives the same tags, steps and
+    values as its CSV files."""
+    from trainprobe.tools.query_convert import convert_run
+
+    copy = tmp_path / "v2"
+    shutil.copytree(monitor_runs.v2, copy)
+    convert_run(copy, remove_csv=True)
+    assert not list(copy.rglob("*.csv"))
+    out = tmp_path / "from_parquet"
+    csv2tensorboard_by_step(copy, None, None, output_dirpath=out)
+    assert read_output(out) == v2_events

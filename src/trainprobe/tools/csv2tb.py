@@ -1,4 +1,4 @@
-"""csv2tensorboard: turn the CSV output of Monitor V1 or Monitor V2 into TensorBoard event files.
+"""csv2tensorboard: turn the output of Monitor V1 or Monitor V2 (CSV or Parquet) into TensorBoard event files.
 
 Python API (the reference's ``csv2tensorboard_by_step``, also importable from
 ``trainprobe.pytorch.monitor.csv2tb``)::
@@ -12,9 +12,10 @@ Command line::
     trainprobe csv2tb MONITOR_PATH [--time-start T] [--time-end T] [--process-num N]
                       [--data-type TYPE ...] [-o OUTPUT_DIR]
 
-Input and selection are those of :func:`trainprobe.tools.monitor_output.find_csv_files`: V1 run
+Input and selection are those of :func:`trainprobe.tools.monitor_files.find_monitor_files`: V1 run
 folders ``<MonDD_HH-MM-SS>-rank<r>-<id>`` whose timestamp lies in ``[time_start, time_end]``
-(``None`` = no bound), or a V2 ``output_dir`` with ``rank_<r>/`` folders (no time filter).
+(``None`` = no bound), or a V2 ``output_dir`` with ``rank_<r>/`` folders (no time filter); CSV
+and Parquet files alike (the Parquet file where a window has both).
 
 Output, in ``output_dirpath`` (default ``<YYYYmmddHHMMSS>_csv2tensorboard_by_step`` in the
 current folder, local time)::
@@ -34,9 +35,9 @@ Tags (x axis = ``step``; values are float32 ``simple_value`` scalars as ``add_sc
 * V2: ``vp<vpp_stage>:<module_name>:<scope>[:micro<m>]/<op>``, e.g.
   ``vp0:fc1.weight:unreduced:micro1/norm``, ``vp0:fc1.input.0:forward:micro0/max``.
 
-The CSV files are read by :mod:`trainprobe.tools.monitor_output` (both V1 layouts, V2; a torn
-last line of a killed run is skipped with one warning per file, any other unreadable row is an
-error naming the file). ``process_num > 1`` converts the
+The files are read as csv2db reads them (:mod:`trainprobe.tools.csv2db_read`: DuckDB through
+the query layer's typed scans; both V1 layouts, V2; a torn last line of a killed run is skipped
+with one warning per file, any other unreadable row is an error naming the file). ``process_num > 1`` converts the
 (rank, data type) groups in that many spawned worker processes; the event files hold the same
 tags, steps and values as with ``process_num=1``. Scripts that call it with ``process_num > 1``
 need the usual ``if __name__ == "__main__":`` guard (the workers are spawned).
@@ -61,7 +62,10 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.sinks.events import EventWriter, require_tensorboard
-from trainprobe.tools.monitor_output import CsvTable, MonitorCsv, Record, find_csv_files, read_table
+from trainprobe.tools.csv2db_read import read_files
+from trainprobe.tools.csv2db_rows import ParsedFile
+from trainprobe.tools.monitor_files import find_monitor_files
+from trainprobe.tools.monitor_output import MonitorCsv
 from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder, worker_warnings
 
 COMMAND = "csv2tb"
@@ -149,7 +153,7 @@ def convert(
             complete row.
     """
     workers = check_process_num(process_num)
-    files = find_csv_files(monitor_path, time_start, time_end, data_type_list)
+    files = find_monitor_files(monitor_path, time_start, time_end, data_type_list)
     require_tensorboard(_missing_tensorboard)  # fail early when tensorboard is missing
     out = output_folder(output_dirpath, OUTPUT_SUFFIX)
     groups = group_files(files)
@@ -170,25 +174,25 @@ def group_files(files: Iterable[MonitorCsv]) -> list[Group]:
     return [Group(rank, data_type, tuple(members)) for (rank, data_type), members in grouped.items()]
 
 
-def target_label(file: MonitorCsv, record: Record) -> str:
-    """The tag of ``record`` without the ``/<op>`` (see the module docstring): ``vp0:fc1.weight``,
+def target_label(file: MonitorCsv, name: str, vpp_stage: int, micro_step: int | None, scope: str | None) -> str:
+    """The tag of a row without the ``/<op>`` (see the module docstring): ``vp0:fc1.weight``,
     ``vp0:fc1.input:micro0`` (V1), ``vp0:fc1.weight:unreduced:micro1`` (V2)."""
-    name = record.target
     if file.layout == "v1":
-        chunk = f"{record.vpp_stage}:"
-        label = f"vp{record.vpp_stage}:{name[len(chunk) :] if name.startswith(chunk) else name}"
+        chunk = f"{vpp_stage}:"
+        label = f"vp{vpp_stage}:{name[len(chunk) :] if name.startswith(chunk) else name}"
     else:
-        label = f"vp{record.vpp_stage}:{name}:{record.scope}"
-    return label if record.micro_step is None else f"{label}:micro{record.micro_step}"
+        label = f"vp{vpp_stage}:{name}:{scope}"
+    return label if micro_step is None else f"{label}:micro{micro_step}"
 
 
-def scalars_by_step(table: CsvTable) -> dict[int, list[tuple[str, float]]]:
-    """The (tag, value) pairs of every row of ``table``, by step in ascending order; the rows of
+def scalars_by_step(parsed: ParsedFile) -> dict[int, list[tuple[str, float]]]:
+    """The (tag, value) pairs of every row of one file, by step in ascending order; the rows of
     one step keep their file order."""
+    labels = [target_label(parsed.file, name, vpp, micro, scope) for name, vpp, micro, scope, _ in parsed.targets]
+    tags = [[f"{label}/{op}" for op in parsed.ops] for label in labels]
     by_step: dict[int, list[tuple[str, float]]] = defaultdict(list)
-    for record in table.records():
-        label = target_label(table.file, record)
-        by_step[record.step].extend((f"{label}/{op}", value) for op, value in zip(table.ops, record.values))
+    for row, (step, target) in enumerate(zip(parsed.steps, parsed.target_index)):
+        by_step[step].extend(zip(tags[target], [column[row] for column in parsed.values]))
     return dict(sorted(by_step.items()))
 
 
@@ -202,10 +206,9 @@ def convert_group(group: Group, out: Path) -> GroupResult:
     writer = EventWriter(folder, max_queue=1024, missing=_missing_tensorboard)
     rows = scalars = torn = 0
     try:
-        for file in group.files:
-            table = read_table(file)
-            rows, torn = rows + len(table.rows), torn + table.torn
-            for step, pairs in scalars_by_step(table).items():
+        for parsed in read_files(group.files):
+            rows, torn = rows + len(parsed.steps), torn + parsed.torn
+            for step, pairs in scalars_by_step(parsed).items():
                 scalars += writer.write(step, [writer.scalar(tag, value) for tag, value in pairs])
     finally:
         writer.close()

@@ -96,20 +96,34 @@ def connect(
             layout's key columns; DuckDB or PyArrow is not installed (the message says how to
             install them).
     """
+    return _connect(run, connection, steps)[0]
+
+
+def _connect(
+    run: str | Path,
+    connection: duckdb.DuckDBPyConnection | None = None,
+    steps: tuple[int, int] | None = None,
+    files: Sequence[RunFile] | None = None,
+) -> tuple[duckdb.DuckDBPyConnection, dict[str, list[str]], list[RunFile]]:
+    """:func:`connect`, also returning each view's columns (no ``DESCRIBE`` needed) and the run's
+    files (before the ``steps`` selection; ``files``: those, already found)."""
     duck = require("duckdb")
     con = connection if connection is not None else duck.connect()
     con.execute("SET parquet_metadata_cache = true")  # the footers read for the views serve the queries
-    files = find_run_files(run)
+    found = list(files) if files is not None else find_run_files(run)
+    chosen = found
     if steps is not None:
-        files = [f for f in files if f.first_step <= steps[1] and steps[0] <= f.last_step]
+        chosen = [f for f in found if f.first_step <= steps[1] and steps[0] <= f.last_step]
     by_table: dict[str, list[RunFile]] = {}
-    for f in files:
+    for f in chosen:
         by_table.setdefault(f.table, []).append(f)
+    views: dict[str, list[str]] = {}
     for table, group in by_table.items():
-        view = table_sql(con, table, group)
-        if view is not None:
+        made = table_sql(con, table, group)
+        if made is not None:
+            view, views[table] = made
             con.execute(f"CREATE OR REPLACE VIEW {quote(table)} AS {view}")
-    return con
+    return con, views, found
 
 
 def quote(name: str) -> str:
@@ -122,8 +136,11 @@ def literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def table_sql(con: duckdb.DuckDBPyConnection, table: str, files: Sequence[RunFile]) -> str | None:
-    """The SELECT of one view over ``files`` (all of one table), or None when none has rows yet."""
+def table_sql(
+    con: duckdb.DuckDBPyConnection, table: str, files: Sequence[RunFile]
+) -> tuple[str, list[str]] | None:
+    """The SELECT of one view over ``files`` (all of one table) and the view's columns, or None
+    when none has rows yet."""
     parts: list[str] = []
     columns: list[str] = []
     csv_groups: dict[tuple[str, tuple[str, ...]], list[RunFile]] = {}
@@ -156,9 +173,10 @@ def table_sql(con: duckdb.DuckDBPyConnection, table: str, files: Sequence[RunFil
         return None
     ops = [c for c in columns if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS]
     text = [c for c in TEXT_COLUMNS if c in columns]
-    select = ", ".join(quote(c) for c in (*KEY_COLUMNS, *ops, *text, *META_COLUMNS))
+    names = [*KEY_COLUMNS, *ops, *text, *META_COLUMNS]
+    select = ", ".join(quote(c) for c in names)
     body = "\nUNION ALL BY NAME\n".join(f"({p})" for p in parts)
-    return f"SELECT {select} FROM (\n{body}\n)"
+    return f"SELECT {select} FROM (\n{body}\n)", names
 
 
 def _merge(columns: list[str], names: Iterable[str]) -> None:
@@ -286,25 +304,48 @@ def describe(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]
 
 
 def first_nonfinite(run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1) -> list[dict[str, Any]]:
-    """The first non-finite rows of a run in execution order, as dicts (empty when none): two
-    queries (:mod:`trainprobe.tools.query_sql`), the first step with a non-finite row over every
-    file, then that step's rows in order. Given the run's folder, the second reads only the
-    CSV files whose window holds that step (Parquet files of other steps are skipped by their
-    statistics); given a connection (views from :func:`connect`), it reads that connection's
-    views."""
-    con = connect(run) if not hasattr(run, "execute") else run
-    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}  # type: ignore[arg-type]
+    """The first non-finite rows of a run in execution order, as dicts (empty when none), from
+    the queries of :mod:`trainprobe.tools.query_sql`: the first step with a non-finite row over
+    every file, then that step's rows in order.
+
+    Given the run's folder: when the run has CSV files, two queries, the second over views of the
+    CSV files whose window holds that step only (CSV has no statistics to skip other steps by);
+    a run of Parquet files only asks one query, the first step's query nested in the second
+    (Parquet row groups of other steps are skipped by their statistics). Given a connection
+    (views from :func:`connect`), two queries on that connection's views."""
+    if hasattr(run, "execute"):
+        con: duckdb.DuckDBPyConnection = run  # type: ignore[assignment]
+        views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+        files: list[RunFile] | None = None
+    else:
+        con, views, files = _connect(run)  # type: ignore[arg-type]
     if not views:
         return []
-    [(step,)] = con.execute(first_bad_step_sql(views)).fetchall()  # type: ignore[union-attr]
+    if files is not None and all(f.format == "parquet" for f in files):
+        nested = _nested_first_nonfinite_sql(views, limit)
+        if nested is not None:
+            return _dicts(con.execute(nested))
+    [(step,)] = con.execute(first_bad_step_sql(views)).fetchall()
     if step is None:
         return []
-    if not hasattr(run, "execute") and any(
-        f.format == "csv" and f.first_step <= step <= f.last_step
-        for f in find_run_files(run)  # type: ignore[arg-type]
-    ):  # CSV has no statistics to skip other steps by: views over that window's files only
-        con = connect(run, steps=(step, step))  # type: ignore[arg-type]
-        views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
-    result = con.execute(first_nonfinite_sql(views, step, limit))  # type: ignore[union-attr]
+    if files is not None and any(f.format == "csv" and f.first_step <= step <= f.last_step for f in files):
+        con, views, _ = _connect(run, steps=(step, step), files=files)  # type: ignore[arg-type]
+    return _dicts(con.execute(first_nonfinite_sql(views, step, limit)))
+
+
+_SENTINEL_STEP = -7_319_024_681_357
+
+
+def _nested_first_nonfinite_sql(views: dict[str, list[str]], limit: int) -> str | None:
+    """:func:`first_nonfinite_sql` with its step given by :func:`first_bad_step_sql` nested in it
+    (one query), or None when its text does not compare ``step`` to the step as expected."""
+    text = first_nonfinite_sql(views, _SENTINEL_STEP, limit)
+    marker = f"step = {_SENTINEL_STEP}"
+    if text.count(marker) != len(views) or str(_SENTINEL_STEP) in text.replace(marker, ""):
+        return None
+    return text.replace(marker, f"step = ({first_bad_step_sql(views)})")
+
+
+def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     names = [d[0] for d in result.description]
     return [dict(zip(names, row)) for row in result.fetchall()]

@@ -1,0 +1,301 @@
+"""csv2db's reader: monitor files read by DuckDB through the query layer's typed scans
+(:mod:`trainprobe.tools.query`), one :class:`~trainprobe.tools.csv2db_rows.ParsedFile` per file,
+in the order given.
+
+Consecutive files of one layout, format and header are read by one DuckDB query (at most
+:data:`BATCH_BYTES` of files: memory is bounded by a batch, not the run); its Arrow result is
+cut into files and turned into columns with NumPy. CSV files go through the layer's typed
+``read_csv`` (no type sniffing: keys BIGINT, ops DOUBLE, names VARCHAR; an empty op cell reads
+as NaN, an empty ``micro_step`` or ``scope`` as none), Parquet files through ``read_parquet``.
+
+Files DuckDB does not take are read by the Python reader
+(:func:`~trainprobe.tools.csv2db_rows.parse_file`), which gives the same rows and the precise
+one-line error of :mod:`trainprobe.tools.monitor_output`: an empty CSV file, one whose last
+record is torn (a run killed or still writing: its warning and torn count), a link, one above
+:data:`~trainprobe.tools.monitor_output.MAX_CSV_BYTES`, and every batch DuckDB refuses (a cell
+that is not a number, a row with the wrong number of cells, text that is not UTF-8 ...).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.layout import MICRO_COLUMN
+from trainprobe.tools.csv2db_rows import NAN_BITS, BaseKey, ParsedFile, number_targets, parse_file
+from trainprobe.tools.monitor_output import MAX_CSV_BYTES, MonitorCsv, column_roles
+from trainprobe.tools.query import _read_csv, literal, quote, require
+from trainprobe.tools.query_files import clean_length, csv_header
+
+if TYPE_CHECKING:
+    import duckdb
+    import numpy as np
+    import pyarrow as pa
+
+#: CSV or Parquet bytes read by one DuckDB query.
+BATCH_BYTES = 64 << 20
+
+_Group = tuple[str, str, tuple[str, ...]]  # (layout, format, header)
+_T = TypeVar("_T")
+_DONE = object()
+
+
+def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Iterator[ParsedFile]:
+    """Each of ``files`` read into columns, in the order given (see the module docstring);
+    ``threads``: DuckDB's threads (None: its default, every core).
+
+    Raises:
+        ConfigError: a file that is not a monitor file (the message names it); DuckDB, PyArrow
+            or NumPy not installed (the message says how to install them).
+    """
+    duck = require("duckdb")
+    require("pyarrow")
+    con = duck.connect()
+    con.execute("SET enable_progress_bar = false")
+    if threads is not None:
+        con.execute(f"SET threads = {int(threads)}")
+    try:
+        for group, batch in _batches(files):
+            if group is None:
+                yield parse_file(batch[0])
+            else:
+                yield from _read_batch(con, group, batch)
+    finally:
+        con.close()
+
+
+def _batches(files: Sequence[MonitorCsv]) -> Iterator[tuple[_Group | None, list[MonitorCsv]]]:
+    """Runs of consecutive files DuckDB reads together (same layout, format, header; at most
+    :data:`BATCH_BYTES`), and files for the Python reader alone (group None)."""
+    current: list[MonitorCsv] = []
+    group: _Group | None = None
+    held = 0
+    for file in files:
+        found = _group_of(file)
+        if current and (found != group or held >= BATCH_BYTES):
+            yield group, current
+            current, held = [], 0
+        if found is None:
+            yield None, [file]
+            group = None
+            continue
+        group = found
+        current.append(file)
+        held += file.path.stat().st_size
+    if current:
+        yield group, current
+
+
+def _group_of(file: MonitorCsv) -> _Group | None:
+    """The batch key of a file DuckDB reads, or None for the Python reader."""
+    path = file.path
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            header = tuple(pq.read_schema(path).names)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not a Parquet file ({str(exc).splitlines()[0]})") from None
+        column_roles(header, file.layout, str(path))
+        return file.layout, "parquet", header
+    if path.is_symlink() or path.stat().st_size > MAX_CSV_BYTES or clean_length(path) is not None:
+        return None  # a link, too large, empty or torn: the Python reader checks and says it
+    names = csv_header(path)
+    if names is None or any('"' in h or not h.isprintable() for h in names):
+        return None
+    column_roles(names, file.layout, str(path))  # the same error as the Python reader's
+    return file.layout, "csv", names
+
+
+def _select(layout: str, header: tuple[str, ...], ops: list[str]) -> tuple[str, str]:
+    """The SELECT list of a batch (file, keys, ops) and the target's key as one string."""
+    micro = f"CAST({quote(MICRO_COLUMN)} AS BIGINT)" if MICRO_COLUMN in header else "CAST(NULL AS BIGINT)"
+    name = quote("name" if layout == "v1" else "module_name")
+    scope = quote("scope") if layout == "v2" else "CAST(NULL AS VARCHAR)"
+    key = (
+        "CAST(vpp_stage AS VARCHAR) || ':' || coalesce(CAST(micro AS VARCHAR), 'N') || ':' || "
+        "coalesce(CAST(length(scope) AS VARCHAR) || ':' || scope, 'N') || ':' || name"
+    )
+    values = ", ".join(f"CAST({quote(op)} AS DOUBLE) AS {quote('op_' + op)}" for op in ops)
+    inner = (
+        f"filename AS file, CAST(step AS BIGINT) AS step, CAST(vpp_stage AS BIGINT) AS vpp_stage, "
+        f"{micro} AS micro, CAST({name} AS VARCHAR) AS name, CAST({scope} AS VARCHAR) AS scope"
+        + (f", {values}" if values else "")
+    )
+    return inner, key
+
+
+def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> Iterator[ParsedFile]:
+    """The files of one batch, read by one query (the Python reader for all of them when DuckDB
+    refuses the batch: it names the file and the cell)."""
+    layout, fmt, header = group
+    roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
+    ops = [header[i] for i in roles.op_cols]
+    stats = {str(f.path): f.path.stat() for f in files}
+    inner, key = _select(layout, header, ops)
+    listed = [str(f.path) for f in files]
+    if fmt == "csv":
+        source = _read_csv(listed, header)
+        order = "ordinality"
+    else:
+        source = "read_parquet([" + ", ".join(literal(p) for p in listed) + "], filename=true, file_row_number=true)"
+        order = "file_row_number"
+    sql = f"SELECT *, {key} AS target FROM (SELECT {inner}, {order} AS row_order FROM {source})"
+    duck = require("duckdb")
+    try:
+        table = con.sql(sql).to_arrow_table()
+    except duck.Error as exc:
+        if fmt == "parquet":
+            raise ConfigError(f"{listed[0]}: DuckDB could not read it: {str(exc).splitlines()[0]}") from None
+        yield from map(parse_file, files)  # says which file, row and cell is wrong, or reads it
+        return
+    by_file = _split_by_file(table, listed)
+    for file in files:
+        stat = stats[str(file.path)]
+        rows = by_file.get(str(file.path))
+        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), rows)
+
+
+def _split_by_file(table: pa.Table, listed: list[str]) -> dict[str, pa.Table]:
+    """The rows of each file of a batch, in the file's order."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return {}
+    position = {path: i for i, path in enumerate(listed)}
+    encoded = pc.dictionary_encode(table.column("file")).combine_chunks()
+    file_index = np.asarray([position[p] for p in encoded.dictionary.to_pylist()], dtype=np.int64)[
+        encoded.indices.to_numpy()
+    ]
+    row_order = table.column("row_order").to_numpy()
+    if np.any(np.diff(file_index) < 0) or np.any((np.diff(row_order) <= 0) & (np.diff(file_index) == 0)):
+        order = np.lexsort((row_order, file_index))
+        table, file_index = table.take(pa.array(order)), file_index[order]
+    starts = np.flatnonzero(np.diff(file_index, prepend=-1))
+    ends = [*starts[1:].tolist(), table.num_rows]
+    return {listed[int(file_index[s])]: table.slice(int(s), int(e - s)) for s, e in zip(starts, ends)}
+
+
+def _parsed(file: MonitorCsv, size: int, mtime_ns: int, ops: tuple[str, ...], rows: pa.Table | None) -> ParsedFile:
+    """One file's rows (None: it has none) as a :class:`ParsedFile`."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if rows is None or rows.num_rows == 0:
+        return ParsedFile(file, size, mtime_ns, ops, [], [], [], [[] for _ in ops], None, 0)
+    steps = _keys(rows, "step", file)
+    _keys(rows, "vpp_stage", file)
+    encoded = pc.dictionary_encode(rows.column("target")).combine_chunks()
+    codes = encoded.indices.to_numpy().astype(np.int64)
+    _, first = np.unique(codes, return_index=True)  # first row of each code, by code
+    seen = np.sort(first)  # codes in first-seen order are the codes of these rows
+    local = np.empty(len(first), dtype=np.int64)
+    local[codes[seen]] = np.arange(len(seen))
+    index = local[codes]
+    picked = rows.take(seen)
+    base: list[BaseKey] = list(
+        zip(
+            picked.column("name").to_pylist(),
+            picked.column("vpp_stage").to_pylist(),
+            picked.column("micro").to_pylist(),
+            picked.column("scope").to_pylist(),
+        )
+    )
+    step_list = steps.tolist()
+    if _repeats(steps, index):  # a key repeats within a step: number the calls (the slow, rare path)
+        targets, index_list = number_targets([base[i] for i in index.tolist()], step_list)
+    else:
+        targets = [(*key, 0) for key in base]  # type: ignore[misc]
+        index_list = index.tolist()
+    values = [rows.column("op_" + op).to_numpy() for op in ops]
+    return ParsedFile(
+        file=file,
+        size=size,
+        mtime_ns=mtime_ns,
+        ops=ops,
+        targets=targets,  # type: ignore[arg-type]
+        target_index=index_list,
+        steps=step_list,
+        values=[column.tolist() for column in values],
+        nan_masks=_nan_masks(values),
+        torn=0,
+    )
+
+
+def _keys(rows: pa.Table, column: str, file: MonitorCsv) -> np.ndarray[Any, Any]:
+    """A key column as int64, refused when a cell is empty (a Parquet file may hold nulls)."""
+    data = rows.column(column)
+    if data.null_count:
+        raise ConfigError(f"{file.path}: column {column!r} has {data.null_count} empty cell(s); not a monitor file")
+    return data.to_numpy()
+
+
+def _repeats(steps: np.ndarray[Any, Any], index: np.ndarray[Any, Any]) -> bool:
+    """Whether some ``(step, target)`` pair occurs twice."""
+    import numpy as np
+
+    order = np.lexsort((index, steps))
+    s, t = steps[order], index[order]
+    return bool(np.any((s[1:] == s[:-1]) & (t[1:] == t[:-1])))
+
+
+def _nan_masks(values: list[np.ndarray[Any, Any]]) -> list[int] | None:
+    """Per row, bit ``i`` set where op ``i`` is NaN (or empty); None when there is no NaN."""
+    import numpy as np
+
+    masks = None
+    for bit, column in enumerate(values[:NAN_BITS]):
+        flags = np.isnan(column)
+        if flags.any():
+            if masks is None:
+                masks = np.zeros(len(column), dtype=np.int64)
+            masks |= flags.astype(np.int64) << bit
+    return None if masks is None else masks.tolist()
+
+
+
+def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+    """``items`` produced by a background thread, at most ``depth`` ahead of the consumer (DuckDB
+    and SQLite both release the GIL: reading the next batch overlaps storing this one). An
+    exception of the producer is raised here, where the consumer is; closing this generator
+    stops the producer after its current item."""
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                handoff.put((True, item))
+            handoff.put((True, _DONE))
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumer, raised there)
+            handoff.put((False, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    worker = threading.Thread(target=produce, name="csv2db-reader", daemon=True)
+    worker.start()
+    try:
+        while True:
+            ok, item = handoff.get()
+            if not ok:
+                raise item
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                handoff.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        worker.join()
