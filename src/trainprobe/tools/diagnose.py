@@ -42,7 +42,7 @@ from trainprobe.tools.diagnose_sql import (
     spike_rows_sql,
     step_starts_sql,
 )
-from trainprobe.tools.execution_order import execution_key, table_of
+from trainprobe.tools.execution_order import execution_key, phase_of_table, table_of
 
 if TYPE_CHECKING:
     import duckdb
@@ -106,8 +106,14 @@ class Anomaly:
     def describe(self) -> str:
         """One line: step, rank, table, tensor, op and value (and for a spike its median)."""
         where = self.table if self.scope in (self.table, "") else f"{self.table}/{self.scope}"
-        micro = f" micro_step {self.micro_step}" if self.micro_step is not None and self.micro_step > 0 else ""
-        what = f"{self.op} = {_number(self.value)}" if self.op else "value not recorded"
+        once = phase_of_table(table_of(self.table, None if self.source == "alert" else self.scope), self.name)[1]
+        micro = f" micro_step {self.micro_step}" if self.micro_step is not None and not once else ""
+        if self.op is None:
+            what = "(the alert names no op)"
+        elif self.value is None:
+            what = f"{self.op} (the alert gives no value)"
+        else:
+            what = f"{self.op} = {_number(self.value)}"
         text = f"step {self.step}{micro}, rank {self.rank}, {where} {self.name}: {what}"
         if self.kind == "spike" and self.median:
             text += f", {abs(self.value or 0) / self.median:.1f}x its running median {_number(self.median)} (spike)"
@@ -370,23 +376,25 @@ def _nonfinite_conditions(views: dict[str, list[str]]) -> dict[str, str]:
 
 
 _OP_IN_MESSAGE = re.compile(r"\(\s*'[^']*'\s*,\s*'([A-Za-z_]+)'\s*\)")
+_VALUE_IN_MESSAGE = re.compile(r"\b([A-Za-z_]+) = (-?(?:[0-9][0-9.eE+-]*|nan|inf))(?:,|\s|$)")
 
 
 def _alerts(root: Path) -> list[Anomaly]:
-    """Monitor V1's alert events under ``root/anomaly_detected`` (none without it), as anomalies."""
+    """Monitor V1's alert events under ``root/anomaly_detected`` (none without it), as anomalies,
+    in execution order (``anomaly-analyse``'s)."""
     if not (root / "anomaly_detected").is_dir():
         return []
-    from trainprobe.tools.anomaly_analyse import load_anomalies
+    from trainprobe.tools.anomaly_analyse import load_anomalies, order_events
 
     _, _, events = load_anomalies(root)
     out = []
-    for event in events:
+    for event in order_events(events):
         tag = str(event["tag_name"])
         name, _, table = tag.rpartition("/")
         name = name.rsplit("/rank", 1)[0] if "/rank" in name else name
         name = re.sub(r"^[0-9]+:", "", name)
         message = str(event["message"])
-        op = _OP_IN_MESSAGE.search(message)
+        op, value = _op_and_value(message)
         out.append(
             Anomaly(
                 kind="alert",
@@ -397,13 +405,24 @@ def _alerts(root: Path) -> list[Anomaly]:
                 name=name,
                 micro_step=int(event["micro_step"]),
                 vpp_stage=int(event["vpp_stage"]),
-                op=op.group(1) if op else None,
+                op=op,
+                value=value,
                 position=int(event["call_id"]),
                 source="alert",
                 rule=event.rule or None,
             )
         )
     return out
+
+
+def _op_and_value(message: str) -> tuple[str | None, float | None]:
+    """The op and value an alert's message names (``... norm = nan, ...`` as trainprobe writes;
+    ``('<tag>', 'min')`` as the reference writes, without a value), else None."""
+    found = _VALUE_IN_MESSAGE.search(message)
+    if found:
+        return found.group(1), float(found.group(2))
+    named = _OP_IN_MESSAGE.search(message)
+    return (named.group(1) if named else None), None
 
 
 def _merge(found: list[Anomaly], alerts: list[Anomaly]) -> list[Anomaly]:

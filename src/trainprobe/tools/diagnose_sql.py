@@ -30,16 +30,38 @@ DEFAULT_WINDOW = 20
 DEFAULT_WARMUP = 10
 """A series is checked once it has 10 earlier finite values (early steps move a lot)."""
 SPIKE_OPS: tuple[str, ...] = ("norm", "max", "min")
-"""The ops checked for spikes, by magnitude. ``mean`` is not (it crosses 0, so its median
-magnitude can be near 0 without anything being wrong); counts (``nans``, ``zeros``) are not."""
+"""The ops checked for spikes, as two series per tensor: ``norm``, and the largest magnitude
+``max(|min|, |max|)`` (reported as ``max`` or ``min``, whichever it is). Not ``min`` or ``max``
+alone: the small side of a tensor (the smallest element of ``exp_avg_sq``, of a positive
+weight) is near 0 and jumps 10x from step to step without anything being wrong. Not ``mean``
+(it crosses 0, so its median magnitude can be near 0 too); not counts (``nans``, ``zeros``)."""
 SERIES: tuple[str, ...] = ("rank", "name", "scope", "micro_step", "vpp_stage")
 """The key columns of a series within one view."""
 
 
-def _magnitude(op: str) -> str:
-    """``|op|`` where it is finite, else NULL (a NaN/inf is the non-finite check's, and never
-    enters a median)."""
+def _finite_abs(op: str) -> str:
     return f'CASE WHEN isfinite("{op}") THEN abs("{op}") END'
+
+
+def signals(ops: Sequence[str]) -> dict[str, tuple[str, str, str]]:
+    """The spike series a view with ``ops`` has: name → (magnitude, value, op name) as SQL. A
+    magnitude is NULL where the value is NaN/inf (that is the non-finite check's; it never
+    enters a median)."""
+    out = {}
+    if "norm" in ops:
+        out["norm"] = (_finite_abs("norm"), '"norm"', "'norm'")
+    if "min" in ops and "max" in ops:
+        low, high = _finite_abs("min"), _finite_abs("max")
+        bigger = 'abs("min") > abs("max")'
+        out["amax"] = (
+            f"greatest({low}, {high})",
+            f'CASE WHEN {bigger} THEN "min" ELSE "max" END',
+            f"CASE WHEN {bigger} THEN 'min' ELSE 'max' END",
+        )
+    elif "max" in ops or "min" in ops:
+        op = "max" if "max" in ops else "min"
+        out["amax"] = (_finite_abs(op), f'"{op}"', f"'{op}'")
+    return out
 
 
 def spike_rows_sql(
@@ -50,11 +72,11 @@ def spike_rows_sql(
     last_step: int | None = None,
 ) -> str:
     """Every spike row of the views up to ``last_step`` (all steps when None), one row per
-    (row, op), as ``table, rank, step, micro_step, vpp_stage, name, scope, op, value, median,
+    (row, series), as ``table, rank, step, micro_step, vpp_stage, name, scope, op, value, median,
     file_row``. ``views`` maps each view to its columns; a view without any of
     :data:`SPIKE_OPS` gives nothing.
 
-    One window pass per view (one sort by series and step; the medians of every op share it).
+    One window pass per view (one sort by series and step; the medians of both series share it).
     Rows after ``last_step`` are not read: a median looks back only, so the answer up to
     ``last_step`` does not depend on them.
     """
@@ -62,28 +84,26 @@ def spike_rows_sql(
         raise ValueError(f"need 1 <= warmup ({warmup}) <= window ({window})")
     parts = []
     for table, columns in views.items():
-        ops = [op for op in SPIKE_OPS if op in ops_of(columns)]
-        if not ops:
+        series = signals(ops_of(columns))
+        if not series:
             continue
         where = f"WHERE step <= {int(last_step)}" if last_step is not None else ""
-        mags = ", ".join(f"{_magnitude(op)} AS a_{op}" for op in ops)
+        values = ", ".join(f"{m} AS a_{k}, {v} AS v_{k}, {o} AS o_{k}" for k, (m, v, o) in series.items())
         frame = (
             f"PARTITION BY {', '.join(SERIES)} ORDER BY step, file_row "
             f"ROWS BETWEEN {int(window)} PRECEDING AND 1 PRECEDING"
         )
-        stats = ", ".join(f"median(a_{op}) OVER w AS m_{op}, count(a_{op}) OVER w AS n_{op}" for op in ops)
+        stats = ", ".join(f"median(a_{k}) OVER w AS m_{k}, count(a_{k}) OVER w AS n_{k}" for k in series)
         checks = []
-        for op in ops:
-            hit = f"n_{op} >= {int(warmup)} AND m_{op} > 0 AND a_{op} > {float(factor)!r} * m_{op}"
+        for k in series:
+            hit = f"n_{k} >= {int(warmup)} AND m_{k} > 0 AND a_{k} > {float(factor)!r} * m_{k}"
             checks.append(
-                f"SELECT '{table}' AS \"table\", rank, step, micro_step, vpp_stage, name, scope, '{op}' AS op, "
-                f'"{op}" AS value, m_{op} AS median, file_row FROM scored WHERE {hit}'
+                f"SELECT '{table}' AS \"table\", rank, step, micro_step, vpp_stage, name, scope, o_{k} AS op, "
+                f"v_{k} AS value, m_{k} AS median, file_row FROM scored WHERE {hit}"
             )
         union = " UNION ALL ".join(checks)
-        raw = ", ".join(f'"{o}"' for o in ops)
         parts.append(
-            f"(WITH base AS (SELECT {', '.join(SERIES)}, step, file_row, {raw}, "
-            f'{mags} FROM "{table}" {where}), '
+            f"(WITH base AS (SELECT {', '.join(SERIES)}, step, file_row, {values} FROM \"{table}\" {where}), "
             f"scored AS (SELECT *, {stats} FROM base WINDOW w AS ({frame})) {union})"
         )
     if not parts:
