@@ -109,6 +109,7 @@ def measure(run: Path, repeats: int = 2) -> dict[str, object]:
             raise SystemExit(f"diagnose failed on {run}")
         result = json.loads(out.strip().splitlines()[-1])
         result["rss_mb"] = usage.ru_maxrss / 1024
+        result["cpu_s"] = usage.ru_utime + usage.ru_stime  # the whole child, imports included
         if best is None or float(result["seconds"]) < float(best["seconds"]):  # type: ignore[arg-type]
             best = result
     assert best is not None
@@ -139,7 +140,8 @@ def main() -> None:
         seconds = float(result["seconds"])  # type: ignore[arg-type]
         print(
             f"diagnose: {seconds:.2f} s ({shape.rows / seconds / 1e6:.2f} M rows/s), {result['rss_mb']:.0f} MB RSS "
-            "(targets <= 60 s, <= 2048 MB)"
+            f"(targets <= 60 s, <= 2048 MB); CPU time of the process {result['cpu_s']:.1f} s, load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
         )
         print(f"  first: {result['first']} (expected spike at step {shape.spike[1]}, rank {shape.spike[0]})")
         print(f"  first NaN/inf: {result['nonfinite']} (expected step {shape.nan[1]}, rank {shape.nan[0]})")

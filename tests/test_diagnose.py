@@ -141,7 +141,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     torn = tmp_path / "torn" / "rank_0"
     torn.mkdir(parents=True)
     (torn / "weight_grad_step0-9.csv").write_text("vpp_stage,step,modu")  # a header cut short
-    _one_line_exit_2(tmp_path / "torn", "no complete row")
+    _one_line_exit_2(tmp_path / "torn", "no data file has a complete header line")
     wrong = tmp_path / "wrong" / "rank_0"
     wrong.mkdir(parents=True)
     (wrong / "weight_grad_step0-9.csv").write_text("vpp_stage,step,x,y\n0,1,2,3\n")

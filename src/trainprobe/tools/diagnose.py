@@ -197,7 +197,7 @@ class Diagnosis:
         if self.first is None:
             return out
         out += [f"  then: {a.describe()}" for a in self.anomalies[1:]]
-        if self.first_nonfinite is not None and self.first.kind != "nonfinite":
+        if self.first_nonfinite is not None and self.first_nonfinite not in self.anomalies:
             out.append(f"first NaN/inf: {self.first_nonfinite.describe()}")
         out.append(self.ranks_line())
         return out
@@ -248,11 +248,18 @@ def diagnose(
     root = Path(run).expanduser()
     _refuse_dump(root)
     from trainprobe.tools.query import connect, describe, first_nonfinite, require
-    from trainprobe.tools.query_files import find_run_files
+    from trainprobe.tools.query_files import csv_header, find_run_files
 
     duck = require("duckdb")
-    ranks = sorted({f.rank for f in find_run_files(root)})
-    con = connect(root, connection=duck.connect(config={"memory_limit": MEMORY_LIMIT}))
+    files = find_run_files(root)
+    if all(f.format == "csv" and csv_header(f.path) is None for f in files):
+        raise ConfigError(
+            f"run: {str(root)!r}: no data file has a complete header line yet (torn: a run killed as it started?)"
+        )
+    ranks = sorted({f.rank for f in files})
+    own = duck.connect(config={"memory_limit": MEMORY_LIMIT})
+    own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
+    con = connect(root, connection=own)
     views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
     if not views:
         raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")

@@ -35,6 +35,10 @@ SPIKE_OPS: tuple[str, ...] = ("norm", "max", "min")
 alone: the small side of a tensor (the smallest element of ``exp_avg_sq``, of a positive
 weight) is near 0 and jumps 10x from step to step without anything being wrong. Not ``mean``
 (it crosses 0, so its median magnitude can be near 0 too); not counts (``nans``, ``zeros``)."""
+SQUARED_SCOPES: tuple[str, ...] = ("exp_avg_sq",)
+"""Scopes holding squares (Adam's ``exp_avg_sq``, a running mean of squared gradients): their
+bar is ``factor ** 2``, the same spike in gradient units. Without it the clean tiny GPT's
+``exp_avg_sq``, which grows from 0 as the squared gradients grow, came to 9.8x its median."""
 SERIES: tuple[str, ...] = ("rank", "name", "scope", "micro_step", "vpp_stage")
 """The key columns of a series within one view."""
 
@@ -95,8 +99,10 @@ def spike_rows_sql(
         )
         stats = ", ".join(f"median(a_{k}) OVER w AS m_{k}, count(a_{k}) OVER w AS n_{k}" for k in series)
         checks = []
+        squared = ", ".join(f"'{scope}'" for scope in SQUARED_SCOPES)
+        bar = f"CASE WHEN scope IN ({squared}) THEN {float(factor) ** 2!r} ELSE {float(factor)!r} END"
         for k in series:
-            hit = f"n_{k} >= {int(warmup)} AND m_{k} > 0 AND a_{k} > {float(factor)!r} * m_{k}"
+            hit = f"n_{k} >= {int(warmup)} AND m_{k} > 0 AND a_{k} > {bar} * m_{k}"
             checks.append(
                 f"SELECT '{table}' AS \"table\", rank, step, micro_step, vpp_stage, name, scope, o_{k} AS op, "
                 f"v_{k} AS value, m_{k} AS median, file_row FROM scored WHERE {hit}"
