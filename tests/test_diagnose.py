@@ -164,10 +164,41 @@ def test_a_torn_last_row_is_left_out_and_the_run_diagnosed(runs: DiagnoseRuns, t
 def test_demo_run_is_clean(tmp_path: Path) -> None:
     """The documented demo (``trainprobe demo``, a tiny GPT with a normal loss curve): no wolf."""
     demo = subprocess.run(
-        [sys.executable, "-m", "trainprobe", "demo", "--out", str(tmp_path), "--steps", "40"],
+        [sys.executable, "-m", "trainprobe", "demo", "--out", str(tmp_path), "--steps", "25"],
         capture_output=True, text=True, timeout=600,
     )
     assert demo.returncode == 0, demo.stderr
     done = _cli(str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("no anomaly")
+
+
+def test_help_does_not_import_duckdb() -> None:
+    code = (
+        "import sys; from trainprobe.cli import build_parser; build_parser(); "
+        "print([m for m in ('duckdb', 'pyarrow', 'trainprobe.tools.diagnose') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_python_api_trainprobe_tools_diagnose(runs: DiagnoseRuns) -> None:
+    import trainprobe.tools
+
+    result = trainprobe.tools.diagnose(runs.v2, spike_factor=1e6)
+    assert result.first is not None and result.first.step == NAN_STEP
+    assert result.to_json()["spike_rule"]["factor"] == 1e6
+    with pytest.raises(ConfigError, match="--spike-factor"):
+        diagnose(runs.v2, spike_factor=1.0)
+
+
+def test_reference_layouts_no_tensor_rows_are_not_anomalies(tmp_path: Path) -> None:
+    """The reference msProbe's V1 files hold rows of ``nan`` where no tensor was computed
+    (``dtype`` ``nan``): not NaN/inf; its V2 files (``\\r\\n``, ``vpp_stage`` -1) are read too."""
+    from reference_layouts import write_reference_v1, write_reference_v2
+
+    for name, write in (("v1", write_reference_v1), ("v2", write_reference_v2)):
+        run = write(tmp_path / name, steps=3)
+        result = diagnose(run)
+        assert result.first is None, result.lines()
+        assert result.ranks == [0]

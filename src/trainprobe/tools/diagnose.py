@@ -27,6 +27,8 @@ from __future__ import annotations
 import importlib
 import math
 import re
+import sys
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -476,3 +478,14 @@ def _anomaly_json(anomaly: Anomaly | None) -> dict[str, Any] | None:
     out["ratio"] = ratio
     out["line"] = anomaly.describe()
     return out
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``trainprobe.tools.diagnose(run, ...)`` is :func:`diagnose` (the
+    package attribute ``trainprobe.tools.diagnose`` is this module once it is imported)."""
+
+    def __call__(self, run: str | Path, **options: Any) -> Diagnosis:
+        return diagnose(run, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
