@@ -115,6 +115,26 @@ def test_baseline_needs_diff(runs: DiagnoseRuns) -> None:
     assert "needs trainprobe diff" in done.stderr
 
 
+def test_baseline_seam_prints_the_diff_line(runs: DiagnoseRuns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seam the lead wires ``trainprobe diff`` into: ``trainprobe.tools.diff.diagnose_line``
+    (here a stand-in module: the real one is being written in parallel)."""
+    import types
+
+    seen: list[tuple[Path, Path]] = []
+    stand_in = types.ModuleType("trainprobe.tools.diff")
+
+    def diagnose_line(good: Path, bad: Path) -> str:
+        seen.append((good, bad))
+        return "first divergence: step 20 ..."
+
+    stand_in.diagnose_line = diagnose_line  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trainprobe.tools.diff", stand_in)
+    result = diagnose(runs.v2, baseline=runs.clean)
+    assert result.baseline == "first divergence: step 20 ..." and seen == [(runs.clean, runs.v2)]
+    assert result.lines()[1] == "against the baseline: first divergence: step 20 ..."
+    assert result.to_json()["baseline"] == "first divergence: step 20 ..."
+
+
 def _one_line_exit_2(folder: Path, match: str) -> None:
     done = _cli(str(folder))
     assert done.returncode == 2, done.stdout + done.stderr

@@ -247,6 +247,8 @@ def diagnose(
             malformed ``anomaly.json``; ``baseline`` without ``trainprobe diff``.
     """
     _check_options(spike_factor, window, warmup, limit)
+    if baseline is not None:
+        _diff_seam()  # before the work: a --baseline that cannot be answered fails at once
     root = Path(run).expanduser()
     _refuse_dump(root)
     from trainprobe.tools.query import connect, describe, first_nonfinite, require
@@ -305,6 +307,11 @@ def baseline_line(run: Path, baseline: Path) -> str:
     Raises:
         ConfigError: ``trainprobe diff`` is not there yet (one line saying so).
     """
+    return str(_diff_seam()(baseline, run))
+
+
+def _diff_seam() -> Any:
+    """``trainprobe.tools.diff.diagnose_line``, or a ConfigError saying it is not there yet."""
     try:
         module = importlib.import_module("trainprobe.tools.diff")
     except ImportError:
@@ -312,7 +319,7 @@ def baseline_line(run: Path, baseline: Path) -> str:
     line = getattr(module, "diagnose_line", None)
     if line is None:
         raise ConfigError("--baseline needs trainprobe diff, which this version does not have yet")
-    return str(line(baseline, run))
+    return line
 
 
 def _check_options(spike_factor: float, window: int, warmup: int, limit: int) -> None:
@@ -359,6 +366,8 @@ def _first_spikes(con: duckdb.DuckDBPyConnection, limit: int) -> list[Anomaly]:
     if not rows:
         return []
     starts: dict[tuple[str, int, int], tuple[int, str]] = {}
+    # file_row is the view's numbering (CSV: a count over the view's files, assigned before any
+    # filter); both queries read the same views of one connection, so they share it
     for table in sorted({r[0] for r in rows}):
         steps = sorted({r[2] for r in rows if r[0] == table})
         for rank, step, first_row, file in con.execute(step_starts_sql(table, steps)).fetchall():
