@@ -1,6 +1,6 @@
 """The ``trainprobe`` command.
 
-Exit codes: 0 success, 2 bad input (one line on stderr naming the file or option, no traceback),
+Exit codes: 0 success, 1 ``diagnose`` found an anomaly, 2 bad input (one line on stderr naming the file or option, no traceback),
 141 when the reader of the output went away (``trainprobe anomaly-analyse ... | head``: quietly,
 as a Unix tool killed by SIGPIPE).
 """
@@ -26,6 +26,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.tools.csv2db", "add_parser"),
     ("trainprobe.tools.report", "add_parser"),
     ("trainprobe.tools.query_cli", "add_parser"),
+    ("trainprobe.tools.diagnose_cli", "add_parser"),
 )
 
 

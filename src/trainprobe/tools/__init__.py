@@ -4,7 +4,9 @@ finds and reads the CSV files they share.
 
 These functions are importable from here (loaded on first use)::
 
-    from trainprobe.tools import analyse, csv2tensorboard_by_step, write_report
+    from trainprobe.tools import analyse, csv2tensorboard_by_step, diagnose, write_report
+
+``trainprobe.tools.diagnose(run, ...)`` works as well (the module is callable).
 
 csv2db is imported from ``trainprobe.core.monitor.csv2db`` (as the reference documents): here the
 name ``csv2db`` is its module.
@@ -18,6 +20,7 @@ from typing import Any
 _EXPORTS = {
     "analyse": "trainprobe.tools.anomaly_analyse",
     "csv2tensorboard_by_step": "trainprobe.tools.csv2tb",
+    "diagnose": "trainprobe.tools.diagnose",
     "write_report": "trainprobe.tools.report",
 }
 __all__ = sorted(_EXPORTS)

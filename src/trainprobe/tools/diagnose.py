@@ -1,0 +1,500 @@
+"""``trainprobe diagnose``: the first anomaly of a run, in execution order, across all ranks.
+
+One run folder in (Monitor V2 ``output_dir`` or Monitor V1 ``MONITOR_OUTPUT_DIR``, trainprobe's or
+the reference msProbe's files, CSV or Parquet: whatever :func:`trainprobe.tools.query.connect`
+reads); out, a :class:`Diagnosis`: the first anomalies in execution order and each rank's first
+anomalous step. An anomaly is
+
+* a NaN/inf (the query layer's :func:`~trainprobe.tools.query.first_nonfinite`), or
+* a spike (:mod:`trainprobe.tools.diagnose_sql`): an op value above ``spike_factor`` times the
+  median of its series' previous values, after a warm-up;
+* a Monitor V1 alert of ``anomaly_detected/rank<r>/anomaly.json``, read as ``anomaly-analyse``
+  reads them, where the run has them.
+
+All of them are ordered by :func:`trainprobe.tools.execution_order.execution_key`, the order every
+offline tool uses. The detection runs in DuckDB (memory bounded by the query, not the run).
+
+Example::
+
+    from trainprobe.tools.diagnose import diagnose
+    result = diagnose("monitor_output")
+    print(result.line())              # the one line: step, rank, table, tensor, op, value
+    result.first                      # Anomaly or None; result.anomalies: the first few
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import sys
+import types
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.diagnose_sql import (
+    DEFAULT_SPIKE_FACTOR,
+    DEFAULT_WARMUP,
+    DEFAULT_WINDOW,
+    SPIKE_OPS,
+    first_anomaly_by_rank_sql,
+    first_spikes_sql,
+    spike_rows_sql,
+    step_starts_sql,
+)
+from trainprobe.tools.execution_order import execution_key, phase_of_table, table_of
+
+if TYPE_CHECKING:
+    import duckdb
+
+DEFAULT_LIMIT = 6
+"""How many anomalies a diagnosis lists: the first and the next five."""
+MEMORY_LIMIT = "1GB"
+"""DuckDB's memory limit for a diagnosis (it spills to a temporary folder beyond it)."""
+_SPIKES = "__diagnose_spikes"
+_CANDIDATES = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """One anomaly.
+
+    Attributes:
+        kind: ``"nonfinite"`` (NaN/inf), ``"spike"`` or ``"alert"`` (a Monitor V1 alert whose row
+            the files do not show as a NaN/inf or spike).
+        step, rank, micro_step, vpp_stage: where.
+        table: the view (``weight_grad``, ``actv`` ...; for an alert the last part of its tag).
+        scope: the row's scope (V1: the table).
+        name: the tensor (module or parameter).
+        op: the statistic (``norm``, ``max`` ...); None when an alert does not say.
+        value: its value (NaN/inf kept); None when unknown (an alert alone).
+        median: for a spike, the running median it is compared with.
+        file: the data file of the row (None for an alert alone).
+        position: the row's place among its step's rows in its file (an alert alone: its call_id).
+        source: ``"files"``, ``"alert"`` or ``"files+alert"`` (found in both).
+        rule: the alert's rule (``AnomalyNan`` ...), else None.
+    """
+
+    kind: str
+    step: int
+    rank: int
+    table: str
+    scope: str
+    name: str
+    micro_step: int | None = None
+    vpp_stage: int | None = None
+    op: str | None = None
+    value: float | None = None
+    median: float | None = None
+    file: str | None = None
+    position: int = 0
+    source: str = "files"
+    rule: str | None = None
+
+    def order_key(self) -> tuple[int, ...]:
+        """Its :func:`~trainprobe.tools.execution_order.execution_key`."""
+        return execution_key(
+            self.step,
+            table_of(self.table, None if self.source == "alert" else self.scope),
+            target=self.name,
+            micro_step=self.micro_step,
+            position=self.position,
+            rank=self.rank,
+            vpp_stage=self.vpp_stage or 0,
+        )
+
+    def describe(self) -> str:
+        """One line: step, rank, table, tensor, op and value (and for a spike its median)."""
+        where = self.table if self.scope in (self.table, "") else f"{self.table}/{self.scope}"
+        once = phase_of_table(table_of(self.table, None if self.source == "alert" else self.scope), self.name)[1]
+        micro = f" micro_step {self.micro_step}" if self.micro_step is not None and not once else ""
+        if self.op is None:
+            what = "(the alert names no op)"
+        elif self.value is None:
+            what = f"{self.op} (the alert gives no value)"
+        else:
+            what = f"{self.op} = {_number(self.value)}"
+        text = f"step {self.step}{micro}, rank {self.rank}, {where} {self.name}: {what}"
+        if self.kind == "spike" and self.median:
+            text += f", {abs(self.value or 0) / self.median:.1f}x its running median {_number(self.median)} (spike)"
+        elif self.kind == "nonfinite":
+            text += " (NaN/inf)"
+        if self.rule:
+            text += f" [alert {self.rule}]"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """What :func:`diagnose` found.
+
+    Attributes:
+        run: the run folder.
+        anomalies: the first anomalies in execution order (at most ``limit``), up to the first
+            NaN/inf's step.
+        first_nonfinite: the first NaN/inf (the query layer's answer), also when a spike came first.
+        first_step_by_rank: each rank with an anomaly → its first anomalous step.
+        ranks: every rank of the run.
+        spike_factor, window, warmup: the spike rule used.
+        alerts: Monitor V1 alert events read (0 without ``anomaly_detected``).
+        baseline: the ``diff`` answer's first line with ``baseline``, else None.
+    """
+
+    run: str
+    anomalies: list[Anomaly]
+    first_nonfinite: Anomaly | None
+    first_step_by_rank: dict[int, int]
+    ranks: list[int]
+    spike_factor: float = DEFAULT_SPIKE_FACTOR
+    window: int = DEFAULT_WINDOW
+    warmup: int = DEFAULT_WARMUP
+    alerts: int = 0
+    baseline: str | None = None
+
+    @property
+    def first(self) -> Anomaly | None:
+        """The first anomaly, or None for a clean run."""
+        return self.anomalies[0] if self.anomalies else None
+
+    @property
+    def first_ranks(self) -> list[int]:
+        """The ranks whose first anomaly is at the first anomalous step."""
+        if not self.first_step_by_rank:
+            return []
+        start = min(self.first_step_by_rank.values())
+        return sorted(r for r, s in self.first_step_by_rank.items() if s == start)
+
+    def ranks_line(self) -> str:
+        """One rank alone first, or all ranks at once: the on-call's first question."""
+        if not self.first_step_by_rank:
+            return "ranks: none saw an anomaly"
+        first = self.first_ranks
+        start = min(self.first_step_by_rank.values())
+        later = sorted((s, r) for r, s in self.first_step_by_rank.items() if s != start)
+        if len(first) == len(self.ranks) and len(first) > 1:
+            head = f"ranks: all {len(first)} ranks at once (step {start})"
+        elif len(first) == 1:
+            head = f"ranks: rank {first[0]} alone first (step {start})"
+        else:
+            head = f"ranks: {len(first)} of {len(self.ranks)} ranks first (step {start}): {_ranks(first)}"
+        tail = "; then " + ", ".join(f"rank {r} at step {s}" for s, r in later[:8]) if later else ""
+        more = f" and {len(later) - 8} more" if len(later) > 8 else ""
+        clean = len(self.ranks) - len(self.first_step_by_rank)
+        none = f"; {clean} rank(s) clean" if clean else ""
+        return head + tail + more + none
+
+    def line(self) -> str:
+        """The one line: the first anomaly, or that none was found."""
+        if self.first is None:
+            return f"no anomaly: no NaN/inf and no spike above {self.spike_factor:g}x in {len(self.ranks)} rank(s)"
+        return "first anomaly: " + self.first.describe()
+
+    def lines(self) -> list[str]:
+        """What ``trainprobe diagnose`` prints."""
+        out = [self.line()]
+        if self.baseline is not None:
+            out.append(f"against the baseline: {self.baseline}")
+        if self.first is None:
+            return out
+        out += [f"  then: {a.describe()}" for a in self.anomalies[1:]]
+        if self.first_nonfinite is not None and self.first_nonfinite not in self.anomalies:
+            out.append(f"first NaN/inf: {self.first_nonfinite.describe()}")
+        out.append(self.ranks_line())
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``diagnosis.json`` document (schema in docs/diagnose.md); NaN/inf as strings."""
+        return {
+            "run": self.run,
+            "found": self.first is not None,
+            "line": self.line(),
+            "first": _anomaly_json(self.first),
+            "anomalies": [_anomaly_json(a) for a in self.anomalies],
+            "first_nonfinite": _anomaly_json(self.first_nonfinite),
+            "ranks": {
+                "all": self.ranks,
+                "first": self.first_ranks,
+                "first_step_by_rank": {str(r): s for r, s in sorted(self.first_step_by_rank.items())},
+                "summary": self.ranks_line(),
+            },
+            "spike_rule": {
+                "factor": self.spike_factor,
+                "window": self.window,
+                "warmup": self.warmup,
+                "ops": list(SPIKE_OPS),
+            },
+            "alerts": self.alerts,
+            "baseline": self.baseline,
+        }
+
+
+def diagnose(
+    run: str | Path,
+    *,
+    spike_factor: float = DEFAULT_SPIKE_FACTOR,
+    window: int = DEFAULT_WINDOW,
+    warmup: int = DEFAULT_WARMUP,
+    limit: int = DEFAULT_LIMIT,
+    baseline: str | Path | None = None,
+) -> Diagnosis:
+    """Diagnose ``run`` (see the module docstring).
+
+    Raises:
+        ConfigError: bad input, one line: not a folder, no monitor data (an empty folder, unrelated
+            CSV files), a precision dump folder (use ``trainprobe compare``), a bad option, a
+            malformed ``anomaly.json``; ``baseline`` without ``trainprobe diff``.
+    """
+    _check_options(spike_factor, window, warmup, limit)
+    if baseline is not None:
+        _diff_seam()  # before the work: a --baseline that cannot be answered fails at once
+    root = Path(run).expanduser()
+    _refuse_dump(root)
+    from trainprobe.tools.query import connect, describe, first_nonfinite, require
+    from trainprobe.tools.query_files import csv_header, find_run_files
+
+    duck = require("duckdb")
+    files = find_run_files(root)
+    if all(f.format == "csv" and csv_header(f.path) is None for f in files):
+        raise ConfigError(
+            f"run: {str(root)!r}: no data file has a complete header line yet (torn: a run killed as it started?)"
+        )
+    ranks = sorted({f.rank for f in files})
+    own = duck.connect(config={"memory_limit": MEMORY_LIMIT})
+    own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
+    con = connect(root, connection=own)
+    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    if not views:
+        raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
+    try:
+        nonfinite = [_from_nonfinite(row) for row in first_nonfinite(root, limit=_CANDIDATES)]
+        last = nonfinite[0].step if nonfinite else None
+        con.execute(f"CREATE TEMP TABLE {_SPIKES} AS {spike_rows_sql(views, spike_factor, window, warmup, last)}")
+        spikes = _first_spikes(con, limit)
+        by_rank = dict(con.execute(first_anomaly_by_rank_sql(views, _SPIKES, _nonfinite_conditions(views))).fetchall())
+    except duck.Error as exc:
+        raise ConfigError(f"run: {str(root)!r}: the data could not be read: {' '.join(str(exc).split())[:300]}") from None
+    alerts = _alerts(root)
+    found = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
+    for event in alerts:
+        by_rank[event.rank] = min(by_rank.get(event.rank, event.step), event.step)
+    return Diagnosis(
+        run=str(root),
+        anomalies=sorted(found, key=Anomaly.order_key)[:limit],
+        first_nonfinite=min(nonfinite, key=Anomaly.order_key) if nonfinite else None,
+        first_step_by_rank={int(r): int(s) for r, s in by_rank.items()},
+        ranks=ranks,
+        spike_factor=spike_factor,
+        window=window,
+        warmup=warmup,
+        alerts=len(alerts),
+        baseline=baseline_line(root, Path(baseline)) if baseline is not None else None,
+    )
+
+
+def diagnosis_summary(run: str | Path, **options: Any) -> dict[str, Any]:
+    """What ``trainprobe report``'s "Diagnosis" section shows: :meth:`Diagnosis.to_json` of
+    :func:`diagnose` (``options`` as its keywords) plus ``lines``, the command's text."""
+    result = diagnose(run, **options)
+    return {**result.to_json(), "lines": result.lines()}
+
+
+def baseline_line(run: Path, baseline: Path) -> str:
+    """The seam to ``trainprobe diff``: the first line of its answer for ``baseline`` (good) vs
+    ``run``, from ``trainprobe.tools.diff.diagnose_line(baseline, run) -> str``.
+
+    Raises:
+        ConfigError: ``trainprobe diff`` is not there yet (one line saying so).
+    """
+    return str(_diff_seam()(baseline, run))
+
+
+def _diff_seam() -> Any:
+    """``trainprobe.tools.diff.diagnose_line``, or a ConfigError saying it is not there yet."""
+    try:
+        module = importlib.import_module("trainprobe.tools.diff")
+    except ImportError:
+        module = None
+    line = getattr(module, "diagnose_line", None)
+    if line is None:
+        raise ConfigError("--baseline needs trainprobe diff, which this version does not have yet")
+    return line
+
+
+def _check_options(spike_factor: float, window: int, warmup: int, limit: int) -> None:
+    if not (isinstance(spike_factor, (int, float)) and math.isfinite(spike_factor) and spike_factor > 1):
+        raise ConfigError(f"--spike-factor: {spike_factor!r}; give a number above 1 (default {DEFAULT_SPIKE_FACTOR:g})")
+    if not 1 <= warmup <= window:
+        raise ConfigError(f"warm-up {warmup} and window {window}: need 1 <= warm-up <= window")
+    if limit < 1:
+        raise ConfigError(f"limit: {limit}; need at least 1")
+
+
+def _refuse_dump(root: Path) -> None:
+    """A precision dump folder is not a monitor run: say which command reads it."""
+    if not root.is_dir():
+        return  # find_run_files names the problem
+    for pattern in ("dump.json", "debug.json", "*/dump.json", "*/*/dump.json", "*/debug.json", "*/*/debug.json"):
+        if next(root.glob(pattern), None) is not None:
+            raise ConfigError(
+                f"run: {str(root)!r} is a precision dump (dump.json), not monitor output; "
+                "compare two dumps with `trainprobe compare`"
+            )
+
+
+def _from_nonfinite(row: dict[str, Any]) -> Anomaly:
+    return Anomaly(
+        kind="nonfinite",
+        step=int(row["step"]),
+        rank=int(row["rank"]),
+        table=str(row["table"]),
+        scope=str(row["scope"]),
+        name=str(row["name"]),
+        micro_step=row["micro_step"],
+        vpp_stage=row["vpp_stage"],
+        op=row["op"],
+        value=row["value"],
+        file=row["file"],
+        position=int(row["position"] or 0),
+    )
+
+
+def _first_spikes(con: duckdb.DuckDBPyConnection, limit: int) -> list[Anomaly]:
+    """The spike candidates (first of each group in the first ``limit`` spike steps), placed."""
+    rows = con.execute(first_spikes_sql(_SPIKES, steps=limit, limit=_CANDIDATES)).fetchall()
+    if not rows:
+        return []
+    starts: dict[tuple[str, int, int], tuple[int, str]] = {}
+    # file_row is the view's numbering (CSV: a count over the view's files, assigned before any
+    # filter); both queries read the same views of one connection, so they share it
+    for table in sorted({r[0] for r in rows}):
+        steps = sorted({r[2] for r in rows if r[0] == table})
+        for rank, step, first_row, file in con.execute(step_starts_sql(table, steps)).fetchall():
+            starts[(table, rank, step)] = (first_row, file)
+    found = []
+    for table, rank, step, micro, vpp, scope, name, op, value, median, file_row in rows:
+        first_row, file = starts.get((table, rank, step), (file_row, None))
+        found.append(
+            Anomaly("spike", step, rank, table, scope, name, micro, vpp, op, value, median, file, file_row - first_row)
+        )
+    return found
+
+
+def _nonfinite_conditions(views: dict[str, list[str]]) -> dict[str, str]:
+    """Per view, SQL true for its non-finite rows: the query layer's test (NaN/inf op, ``nans``
+    above 0), the reference's "no tensor" rows (``dtype`` ``nan``) aside, as the layer counts."""
+    from trainprobe.tools.query_sql import nonfinite_sql, ops_of
+
+    out = {}
+    for table, columns in views.items():
+        skip = " AND dtype IS DISTINCT FROM 'nan'" if "dtype" in columns else ""
+        out[table] = f"COALESCE(({nonfinite_sql(ops_of(columns))}){skip}, FALSE)"
+    return out
+
+
+_OP_IN_MESSAGE = re.compile(r"\(\s*'[^']*'\s*,\s*'([A-Za-z_]+)'\s*\)")
+_VALUE_IN_MESSAGE = re.compile(r"\b([A-Za-z_]+) = (-?(?:[0-9][0-9.eE+-]*|nan|inf))(?:,|\s|$)")
+
+
+def _alerts(root: Path) -> list[Anomaly]:
+    """Monitor V1's alert events under ``root/anomaly_detected`` (none without it), as anomalies,
+    in execution order (``anomaly-analyse``'s)."""
+    if not (root / "anomaly_detected").is_dir():
+        return []
+    from trainprobe.tools.anomaly_analyse import load_anomalies, order_events
+
+    _, _, events = load_anomalies(root)
+    out = []
+    for event in order_events(events):
+        tag = str(event["tag_name"])
+        name, _, table = tag.rpartition("/")
+        name = name.rsplit("/rank", 1)[0] if "/rank" in name else name
+        name = re.sub(r"^[0-9]+:", "", name)
+        message = str(event["message"])
+        op, value = _op_and_value(message)
+        out.append(
+            Anomaly(
+                kind="alert",
+                step=int(event["step"]),
+                rank=int(event["rank"]),
+                table=table,
+                scope=table,
+                name=name,
+                micro_step=int(event["micro_step"]),
+                vpp_stage=int(event["vpp_stage"]),
+                op=op,
+                value=value,
+                position=int(event["call_id"]),
+                source="alert",
+                rule=event.rule or None,
+            )
+        )
+    return out
+
+
+def _op_and_value(message: str) -> tuple[str | None, float | None]:
+    """The op and value an alert's message names (``... norm = nan, ...`` as trainprobe writes;
+    ``('<tag>', 'min')`` as the reference writes, without a value), else None."""
+    found = _VALUE_IN_MESSAGE.search(message)
+    if found:
+        return found.group(1), float(found.group(2))
+    named = _OP_IN_MESSAGE.search(message)
+    return (named.group(1) if named else None), None
+
+
+def _merge(found: list[Anomaly], alerts: list[Anomaly]) -> list[Anomaly]:
+    """``found`` with the alerts: an alert on a row found in the files marks that row
+    (``files+alert``, its rule); the other alerts are anomalies of their own (kind ``alert``,
+    ordered by their call_id)."""
+    from trainprobe.tools.execution_order import table_rank
+
+    def key(a: Anomaly, scope: str | None) -> tuple[int, int, str, int]:
+        return a.step, a.rank, a.name, table_rank(table_of(a.table, scope), a.name)
+
+    index = {key(a, a.scope): i for i, a in enumerate(found)}
+    out = list(found)
+    for alert in alerts:
+        i = index.get(key(alert, None))
+        if i is None:
+            out.append(alert)
+        elif out[i].source == "files":
+            out[i] = Anomaly(**{**asdict(out[i]), "source": "files+alert", "rule": alert.rule})
+    return out
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "?"
+    if math.isnan(value) or math.isinf(value):
+        return repr(value)
+    return f"{value:.6g}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks[:16]) + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
+
+
+def _anomaly_json(anomaly: Anomaly | None) -> dict[str, Any] | None:
+    if anomaly is None:
+        return None
+    out = asdict(anomaly)
+    for key in ("value", "median"):
+        value = out[key]
+        if isinstance(value, float) and not math.isfinite(value):
+            out[key] = repr(value)
+    ratio = abs(anomaly.value) / anomaly.median if anomaly.kind == "spike" and anomaly.value and anomaly.median else None
+    out["ratio"] = ratio
+    out["line"] = anomaly.describe()
+    return out
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``trainprobe.tools.diagnose(run, ...)`` is :func:`diagnose` (the
+    package attribute ``trainprobe.tools.diagnose`` is this module once it is imported)."""
+
+    def __call__(self, run: str | Path, **options: Any) -> Diagnosis:
+        return diagnose(run, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

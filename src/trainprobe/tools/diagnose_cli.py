@@ -1,0 +1,56 @@
+"""``trainprobe diagnose RUN [--baseline GOOD_RUN] [--spike-factor F] [--out DIR]``.
+
+Prints the first anomaly of the run in execution order on one line, then the next few and which
+ranks saw something first (:mod:`trainprobe.tools.diagnose`); ``--out DIR`` writes
+``DIR/diagnosis.json``. Exit status: 0 nothing found, 1 an anomaly found, 2 bad input (one line
+on stderr, no traceback). Nothing heavy is imported until the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+FOUND = 1
+"""Exit status when an anomaly was found."""
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``diagnose`` sub-command to ``sub``."""
+    parser = sub.add_parser(
+        "diagnose",
+        help="the first NaN/inf or spike of a run, in execution order across all ranks",
+        description="Find the first anomaly of a monitor run (V1 or V2, CSV or Parquet): a NaN/inf, or a spike "
+        "(a value above --spike-factor times the median of its previous values, after a warm-up), and Monitor "
+        "V1's alerts where the run has them; print it on one line, then the next few and which ranks saw "
+        "something first. Exit 0: nothing found; 1: an anomaly found; 2: bad input. See docs/diagnose.md. "
+        "Needs: pip install 'trainprobe[query]'.",
+    )
+    parser.add_argument("run_folder", metavar="RUN", help="the run folder (V2 output_dir or V1 MONITOR_OUTPUT_DIR)")
+    parser.add_argument("--baseline", metavar="GOOD_RUN", help="a good run to compare with (trainprobe diff)")
+    parser.add_argument(
+        "--spike-factor", type=float, default=None, metavar="F",
+        help="a spike is a value above F times its running median (default 10)",
+    )
+    parser.add_argument("--out", metavar="DIR", help="write DIR/diagnosis.json")
+    parser.set_defaults(run=_diagnose_command)
+
+
+def _diagnose_command(args: argparse.Namespace) -> int:
+    from trainprobe.engine.errors import ConfigError
+    from trainprobe.engine.sinks.files import write_json_atomically
+    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnose_sql import DEFAULT_SPIKE_FACTOR
+
+    factor = DEFAULT_SPIKE_FACTOR if args.spike_factor is None else args.spike_factor
+    result = diagnose(args.run_folder, spike_factor=factor, baseline=args.baseline)
+    if args.out:
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            write_json_atomically(out / "diagnosis.json", result.to_json(), indent=2)
+        except OSError as exc:
+            raise ConfigError(f"--out: cannot write {str(out / 'diagnosis.json')!r}: {exc.strerror or exc}") from None
+    print("\n".join(result.lines()), flush=True)
+    return FOUND if result.first is not None else 0

@@ -1,0 +1,224 @@
+"""``trainprobe diagnose``: real 2-rank gloo runs of a tiny GPT (``diagnose_runs.py``) with a 50x
+gradient spike at step 20 and a NaN at step 30 on rank 1, under Monitor V2 and Monitor V1
+(alerts on); a clean run and the demo's run give nothing; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diagnose_runs import BAD_RANK, NAN_PARAM, NAN_STEP, SPIKE_PARAM, SPIKE_STEP, DiagnoseRuns, make_diagnose_runs
+from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.diagnose import baseline_line, diagnose, diagnosis_summary
+from trainprobe.tools.query import first_nonfinite
+
+pytest.importorskip("duckdb")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> DiagnoseRuns:
+    return make_diagnose_runs(tmp_path_factory.mktemp("diagnose"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainprobe", "diagnose", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_v2_spike_is_found_first_and_the_nan_named(runs: DiagnoseRuns) -> None:
+    result = diagnose(runs.v2)
+    first = result.first
+    assert first is not None
+    assert (first.kind, first.step, first.rank, first.name) == ("spike", SPIKE_STEP, BAD_RANK, SPIKE_PARAM)
+    assert (first.table, first.scope) == ("weight_grad", "reduced")
+    assert first.value is not None and first.median is not None and abs(first.value) > 10 * first.median
+    nan = result.first_nonfinite
+    assert nan is not None
+    assert (nan.step, nan.rank, nan.name, nan.table, nan.scope) == (NAN_STEP, BAD_RANK, NAN_PARAM, "weight_grad", "reduced")
+    # the query layer's own answer, the same row
+    [layer] = first_nonfinite(runs.v2)
+    assert (layer["step"], layer["rank"], layer["name"]) == (nan.step, nan.rank, nan.name)
+    # rank 1 alone first; rank 0 only once the NaN crosses the all-reduce
+    assert result.first_ranks == [BAD_RANK]
+    assert result.first_step_by_rank[0] > SPIKE_STEP
+    assert "rank 1 alone first (step 20)" in result.ranks_line()
+    assert [a.order_key() for a in result.anomalies] == sorted(a.order_key() for a in result.anomalies)
+
+
+def test_without_spikes_the_nan_is_named_first(runs: DiagnoseRuns) -> None:
+    result = diagnose(runs.v2, spike_factor=1e6)
+    first = result.first
+    assert first is not None
+    assert (first.kind, first.step, first.rank, first.name, first.op) == (
+        "nonfinite", NAN_STEP, BAD_RANK, NAN_PARAM, "min"
+    )
+    assert result.line().startswith(f"first anomaly: step {NAN_STEP}, rank {BAD_RANK}, weight_grad/reduced {NAN_PARAM}")
+
+
+def test_v1_with_alerts_gives_the_same_first_anomaly(runs: DiagnoseRuns) -> None:
+    assert (runs.v1 / "anomaly_detected").is_dir()
+    v1, v2 = diagnose(runs.v1), diagnose(runs.v2)
+    assert v1.alerts > 0
+    assert v1.first is not None and v2.first is not None
+    assert (v1.first.step, v1.first.rank, v1.first.name) == (v2.first.step, v2.first.rank, v2.first.name)
+    assert v1.first.table == "grad_reduced"
+    nan = v1.first_nonfinite
+    assert nan is not None and (nan.step, nan.rank, nan.name) == (NAN_STEP, BAD_RANK, NAN_PARAM)
+    only_nans = diagnose(runs.v1, spike_factor=1e6)
+    assert only_nans.first is not None
+    assert (only_nans.first.step, only_nans.first.rank, only_nans.first.name) == (NAN_STEP, BAD_RANK, NAN_PARAM)
+    assert only_nans.first.source == "files+alert" and only_nans.first.rule == "AnomalyNan"
+
+
+def test_cli_prints_the_line_and_writes_diagnosis_json(runs: DiagnoseRuns, tmp_path: Path) -> None:
+    done = _cli(str(runs.v2), "--out", str(tmp_path / "out"))
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"first anomaly: step {SPIKE_STEP}, rank {BAD_RANK}, weight_grad/reduced {SPIKE_PARAM}: ")
+    assert "(spike)" in lines[0]
+    assert any(line.startswith(f"first NaN/inf: step {NAN_STEP}, rank {BAD_RANK}") for line in lines)
+    doc = json.loads((tmp_path / "out" / "diagnosis.json").read_text())
+    assert doc["found"] is True and doc["line"] == lines[0]
+    assert doc["first"]["step"] == SPIKE_STEP and doc["first"]["kind"] == "spike" and doc["first"]["ratio"] > 10
+    assert doc["first_nonfinite"]["value"] == "nan"
+    assert doc["ranks"]["first"] == [BAD_RANK] and doc["ranks"]["all"] == [0, 1]
+    assert doc["spike_rule"] == {"factor": 10.0, "window": 20, "warmup": 10, "ops": ["norm", "max", "min"]}
+
+
+def test_clean_tiny_gpt_run_exits_0(runs: DiagnoseRuns, tmp_path: Path) -> None:
+    done = _cli(str(runs.clean), "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("no anomaly: no NaN/inf and no spike above 10x in 2 rank(s)")
+    assert json.loads((tmp_path / "diagnosis.json").read_text())["first"] is None
+    # the warm-up is what keeps the early steps quiet: without it they cry wolf
+    assert diagnose(runs.clean, warmup=1, window=20, spike_factor=3).first is not None
+
+
+def test_report_summary(runs: DiagnoseRuns) -> None:
+    summary = diagnosis_summary(runs.v2)
+    assert summary["found"] and summary["lines"][0] == summary["line"]
+    assert summary["first"]["name"] == SPIKE_PARAM
+
+
+def test_baseline_needs_diff(runs: DiagnoseRuns) -> None:
+    with pytest.raises(ConfigError, match="needs trainprobe diff"):
+        baseline_line(runs.v2, runs.clean)
+    done = _cli(str(runs.v2), "--baseline", str(runs.clean))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "needs trainprobe diff" in done.stderr
+
+
+def test_baseline_seam_prints_the_diff_line(runs: DiagnoseRuns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seam the lead wires ``trainprobe diff`` into: ``trainprobe.tools.diff.diagnose_line``
+    (here a stand-in module: the real one is being written in parallel)."""
+    import types
+
+    seen: list[tuple[Path, Path]] = []
+    stand_in = types.ModuleType("trainprobe.tools.diff")
+
+    def diagnose_line(good: Path, bad: Path) -> str:
+        seen.append((good, bad))
+        return "first divergence: step 20 ..."
+
+    stand_in.diagnose_line = diagnose_line  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trainprobe.tools.diff", stand_in)
+    result = diagnose(runs.v2, baseline=runs.clean)
+    assert result.baseline == "first divergence: step 20 ..." and seen == [(runs.clean, runs.v2)]
+    assert result.lines()[1] == "against the baseline: first divergence: step 20 ..."
+    assert result.to_json()["baseline"] == "first divergence: step 20 ..."
+
+
+def _one_line_exit_2(folder: Path, match: str) -> None:
+    done = _cli(str(folder))
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("trainprobe diagnose: error: ") and match in err, err
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line_exit_2(empty, "no monitor data file")
+    _one_line_exit_2(tmp_path / "missing", "does not exist")
+    dump = tmp_path / "dump" / "step0" / "rank0"
+    dump.mkdir(parents=True)
+    (dump / "dump.json").write_text("{}")
+    _one_line_exit_2(tmp_path / "dump", "trainprobe compare")
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "sales.csv").write_text("region,total\nnorth,3\n")
+    (unrelated / "rank_0").mkdir()
+    (unrelated / "rank_0" / "prices_2024.csv").write_text("a,b\n1,2\n")
+    _one_line_exit_2(unrelated, "no monitor data file")
+    torn = tmp_path / "torn" / "rank_0"
+    torn.mkdir(parents=True)
+    (torn / "weight_grad_step0-9.csv").write_text("vpp_stage,step,modu")  # a header cut short
+    _one_line_exit_2(tmp_path / "torn", "no data file has a complete header line")
+    wrong = tmp_path / "wrong" / "rank_0"
+    wrong.mkdir(parents=True)
+    (wrong / "weight_grad_step0-9.csv").write_text("vpp_stage,step,x,y\n0,1,2,3\n")
+    _one_line_exit_2(tmp_path / "wrong", "is this a monitor file?")
+    done = _cli(str(tmp_path / "wrong"), "--spike-factor", "0.5")
+    assert done.returncode == 2 and "--spike-factor" in done.stderr
+
+
+def test_a_torn_last_row_is_left_out_and_the_run_diagnosed(runs: DiagnoseRuns, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs.clean, run)
+    last = max(run.glob("rank_1/weight_grad_step*.csv"))
+    with last.open("a") as handle:
+        handle.write("0,35,layers.0.attn.qkv.weight,reduced,,-1e9")  # killed mid-row: a torn record
+    done = _cli(str(run))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "torn" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_demo_run_is_clean(tmp_path: Path) -> None:
+    """The documented demo (``trainprobe demo``, a tiny GPT with a normal loss curve): no wolf."""
+    demo = subprocess.run(
+        [sys.executable, "-m", "trainprobe", "demo", "--out", str(tmp_path), "--steps", "25"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert demo.returncode == 0, demo.stderr
+    done = _cli(str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("no anomaly")
+
+
+def test_help_does_not_import_duckdb() -> None:
+    code = (
+        "import sys; from trainprobe.cli import build_parser; build_parser(); "
+        "print([m for m in ('duckdb', 'pyarrow', 'trainprobe.tools.diagnose') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_python_api_trainprobe_tools_diagnose(runs: DiagnoseRuns) -> None:
+    import trainprobe.tools
+
+    result = trainprobe.tools.diagnose(runs.v2, spike_factor=1e6)
+    assert result.first is not None and result.first.step == NAN_STEP
+    assert result.to_json()["spike_rule"]["factor"] == 1e6
+    with pytest.raises(ConfigError, match="--spike-factor"):
+        diagnose(runs.v2, spike_factor=1.0)
+
+
+def test_reference_layouts_no_tensor_rows_are_not_anomalies(tmp_path: Path) -> None:
+    """The reference msProbe's V1 files hold rows of ``nan`` where no tensor was computed
+    (``dtype`` ``nan``): not NaN/inf; its V2 files (``\\r\\n``, ``vpp_stage`` -1) are read too."""
+    from reference_layouts import write_reference_v1, write_reference_v2
+
+    for name, write in (("v1", write_reference_v1), ("v2", write_reference_v2)):
+        run = write(tmp_path / name, steps=3)
+        result = diagnose(run)
+        assert result.first is None, result.lines()
+        assert result.ranks == [0]
