@@ -47,7 +47,6 @@ from trainprobe.tools.execution_order import (
     PHASE_ORDER,
     V2_DEFAULT_TABLE,
     V2_TABLE_OF,
-    row_positions,
     table_rank,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES
@@ -214,7 +213,8 @@ class ReportData:
 
 @dataclass
 class _Block:
-    """The rows of one file that belong to one group, as arrays."""
+    """The rows of one file that belong to one group, as arrays (once digested and kept for the
+    matrices, ``micro``, ``vpp``, ``line`` and ``pos`` are empty: :func:`_slim`)."""
 
     ops: tuple[str, ...]
     source: Path
@@ -335,7 +335,7 @@ class _Reading:
             digest = self.digests[name, rank] = _Digest(shares=TopShares() if table in GRADIENT_TABLES else None)
         _digest(self, name, rank, block, digest)
         if len(self.names[name]) <= MAX_TARGETS:
-            self.blocks.setdefault((name, rank), []).append(block)
+            self.blocks.setdefault((name, rank), []).append(_slim(block))
         elif name not in self.sampled:
             self.sampled[name] = np.zeros(0, dtype=np.int64)
             self.blocks = {key: kept for key, kept in self.blocks.items() if key[0] != name}
@@ -414,21 +414,22 @@ def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Re
         "micro": table.micro,
         "vpp": table.vpp,
         "line": np.arange(n),
-        "pos": np.array(row_positions(table.steps.tolist()), dtype=np.int64),
+        "pos": step_positions(table.steps),
         "values": values,
     }
     keep = _real_rows(table.shapes, values)
     target_texts = table.targets
     if reading.alert_rows and not second and file.layout == "v1":
         _place_alerts(reading, file, target_texts, columns)
-    scopes: list[str | None] = list(table.scopes) if table.scopes is not None else [None] * n
-    for scope in dict.fromkeys(scopes):
+    names = np.array(target_texts, dtype=object)
+    scopes = None if table.scopes is None else np.array(table.scopes, dtype=object)
+    for scope in [None] if table.scopes is None else dict.fromkeys(table.scopes):
         name, v1_table = _group_of(file, scope)
         if second and name not in reading.sampled:
             continue
         index = reading.names.setdefault(name, {})
-        mine = keep & np.fromiter((s == scope for s in scopes), dtype=bool, count=n)
-        ids = np.fromiter((index.setdefault(t, len(index)) for t, m in zip(target_texts, mine) if m), dtype=np.int64)
+        mine = keep & (scopes == scope) if scopes is not None else keep.copy()
+        ids = target_ids(index, names[mine])
         if not ids.size:
             continue
         if second:
@@ -440,10 +441,41 @@ def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Re
                 continue
         block = _Block(ops=table.ops, source=file.path, targets=ids, **{k: v[mine] for k, v in columns.items()})
         if second:
-            reading.blocks.setdefault((name, file.rank), []).append(block)
+            reading.blocks.setdefault((name, file.rank), []).append(_slim(block))
         else:
             reading.add(name, v1_table, file.rank, block)
     return table.torn
+
+
+def target_ids(index: dict[str, int], names: np.ndarray) -> np.ndarray:
+    """Each of ``names`` as its id in ``index``; names not in it yet are added in the order they
+    first appear (model order). Works per distinct name, not per row."""
+    if not len(names):
+        return np.zeros(0, dtype=np.int64)
+    unique, first, inverse = np.unique(names, return_index=True, return_inverse=True)
+    for new in unique[np.argsort(first)].tolist():
+        index.setdefault(new, len(index))
+    lookup = np.fromiter((index[u] for u in unique.tolist()), dtype=np.int64, count=len(unique))
+    return lookup[inverse.reshape(-1)]
+
+
+def step_positions(steps: np.ndarray) -> np.ndarray:
+    """For rows in file order with these ``steps``, each row's place among the rows of its step:
+    :func:`~trainprobe.tools.execution_order.row_positions` with numpy."""
+    order = np.argsort(steps, kind="stable")
+    ordered = steps[order]
+    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
+    first_of_run = np.repeat(starts, np.diff(np.r_[starts, len(ordered)]))
+    positions = np.empty(len(steps), dtype=np.int64)
+    positions[order] = np.arange(len(steps)) - first_of_run
+    return positions
+
+
+def _slim(block: _Block) -> _Block:
+    """``block`` as kept for the matrices once digested: targets, steps and values only (the
+    micro-step, stage, line and position columns served the onsets and are dropped)."""
+    none = np.zeros(0, dtype=np.int64)
+    return replace(block, micro=none, vpp=none, line=none, pos=none)
 
 
 def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Digest) -> None:

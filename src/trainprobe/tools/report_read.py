@@ -122,8 +122,8 @@ def read_file(con: duckdb.DuckDBPyConnection, file: ReportFile) -> FileRows:
             "step",
             "coalesce(micro_step, -1) AS micro",
             "vpp_stage",
-            "name",
-            "scope",
+            "coalesce(name, '') AS name",
+            "coalesce(scope, '') AS scope",
             *(f"coalesce({quote(op)}, CAST('nan' AS DOUBLE)) AS {quote('op_' + op)}" for op in ops),
             *(["shape"] if "shape" in names else []),
         ]
