@@ -8,6 +8,8 @@
    within 2x of the bare scan.
 2. The run converted to Parquet (``trainprobe convert``), the same question again: target, at
    least 10x faster than from CSV.
+   ``trainprobe report`` on the same CSV run (written to a temporary HTML page, the page's size
+   printed): target, within 5x of the bare scan and at most 500 MB RSS.
 3. 256 ranks x 2,000 steps x 100 parameters x 2 scopes = 102.4 M rows generated as Parquet:
    target, first NaN/inf in at most 30 s and 2 GB RSS (the query runs in a child process whose
    peak RSS is read from ``wait4``); rows/s printed.
@@ -82,6 +84,52 @@ def measure(kind: str, run: Path, repeats: int = 2) -> dict[str, object]:
     return best
 
 
+REPORT_CHILD = r"""
+import json, sys, tempfile, time
+from pathlib import Path
+run = sys.argv[2]
+import duckdb
+from trainprobe.tools.report import write_report
+start = time.perf_counter()  # after the imports, as for the queries
+with tempfile.TemporaryDirectory() as out:
+    page = write_report(run, Path(out) / "report.html")
+    size = page.stat().st_size
+print(json.dumps({"seconds": time.perf_counter() - start, "answer": [size]}))
+"""
+
+
+def measure_report(run: Path, repeats: int = 2) -> dict[str, object]:
+    """``trainprobe report`` on ``run`` in a child process: the fastest of ``repeats`` runs, with
+    its peak RSS (MB) and the page's size in bytes (``answer``)."""
+    best: dict[str, object] | None = None
+    for _ in range(repeats):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", REPORT_CHILD, "report", str(run)], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"report failed on {run}")
+        result = json.loads(out.strip().splitlines()[-1])
+        result["rss_mb"] = usage.ru_maxrss / 1024
+        if best is None or float(result["seconds"]) < float(best["seconds"]):  # type: ignore[arg-type]
+            best = result
+    assert best is not None
+    return best
+
+
+def print_report_row(run: Path, bare: dict[str, object]) -> None:
+    """The ``report`` row: its time against the bare scan's (target <= 5x) and its RSS (<= 500 MB)."""
+    report = measure_report(run)
+    ratio = float(report["seconds"]) / float(bare["seconds"])  # type: ignore[arg-type]
+    pages = report["answer"][0] / 1e6  # type: ignore[index]
+    print(
+        f"  report:            {report['seconds']:.2f} s, {report['rss_mb']:.0f} MB RSS, a {pages:.1f} MB page; "
+        f"report / bare: {ratio:.1f}x (targets <= 5x, <= 500 MB)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
@@ -106,6 +154,7 @@ def main() -> None:
         ratio = float(layer["seconds"]) / float(bare["seconds"])  # type: ignore[arg-type]
         print(f"  layer / bare: {ratio:.2f}x (target <= 2x)")
         print(csv2db_line(csv_run))
+        print_report_row(csv_run, bare)
         parquet_run = base / "parquet"
         if not parquet_run.exists():
             shutil.copytree(csv_run, parquet_run)

@@ -14,7 +14,7 @@ import torch
 
 from test_v1_support import make_v1
 from trainprobe.demo.gpt import GPTConfig, TinyGPT
-from trainprobe.tools.anomaly_analyse import analyse
+from trainprobe.tools.anomaly_analyse import AnomalyEvent, analyse
 from trainprobe.tools.anomaly_analyse import execution_key as event_key
 from trainprobe.tools.execution_order import (
     BACKWARD,
@@ -47,6 +47,22 @@ STEP_ORDER = [
 
 
 # --------------------------------------------------------------------------- the key on plain fields
+
+
+def _event(tag: str, position: int, micro: int = 0) -> AnomalyEvent:
+    data = {"rank": 0, "step": 3, "micro_step": micro, "pp_stage": 0, "vpp_stage": -1, "call_id": position}
+    return AnomalyEvent(key=tag, data={**data, "tag_name": tag}, source=Path("x"), phase="", once_per_step=False)
+
+
+def test_v2_group_events_take_their_monitor_and_scope_phase(caplog):
+    """The report names V2 onsets ``<target>/rank<r>/<monitor>/<scope>``: the group decides, not
+    the scope alone (``reduced`` was an unknown table: ordered before the forward phase)."""
+    forward = _event("fc1/rank0/module/forward", position=5, micro=1)
+    reduced = _event("fc1.weight/rank0/weight_grad/reduced", position=0, micro=1)
+    backward = _event("fc1/rank0/module/backward", position=9, micro=1)
+    assert event_key(forward) < event_key(backward) < event_key(reduced)
+    assert event_key(reduced) == execution_key(3, "grad_reduced", vpp_stage=-1)
+    assert "no known phase" not in caplog.text
 
 
 def test_key_orders_tables_as_training_computes_them():

@@ -61,6 +61,7 @@ TOOLS = (
     "trainprobe.tools.report_data",
     "trainprobe.tools.report_figures",
     "trainprobe.tools.report_html",
+    "trainprobe.tools.report_read",
 )
 TORCH_FREE = ("trainprobe", "trainprobe.cli", "trainprobe.engine.layout", "trainprobe.dump.cli", *TOOLS)
 

@@ -23,7 +23,7 @@ from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.tools.query import connect, describe  # noqa: E402
 from trainprobe.tools.query_convert import convert_run  # noqa: E402
 from trainprobe.tools.query_spark import register_views, spark_session, to_spark  # noqa: E402
-from trainprobe.tools.query_sql import first_bad_step_sql, first_nonfinite_sql  # noqa: E402
+from trainprobe.tools.query_sql import STAGES, first_bad_step_sql, first_nonfinite_sql  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -75,4 +75,4 @@ def test_cli_engine_spark_and_csv_only_runs(
     assert main(["query", str(run), "--first-nonfinite", "--engine", "spark", "--csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("table,stage,step,micro_step,rank,vpp_stage,name")
-    assert lines[1].split(",")[:7] == ["weight_grad", "5", str(NAN_STEP), "1", str(NAN_RANK), "0", "fc2.bias"]
+    assert lines[1].split(",")[:7] == ["weight_grad", str(STAGES["weight_grad", "reduced"]), str(NAN_STEP), "1", str(NAN_RANK), "0", "fc2.bias"]

@@ -298,17 +298,27 @@ def load_anomalies(data_path: str | Path) -> tuple[Path, list[Path], list[Anomal
 # --------------------------------------------------------------------------- ordering
 
 
+#: ``<target>/rank<r>/<table>``: the table may be a V2 ``<monitor>/<scope>`` group.
+_RANK_TAG = re.compile(r"^(.*)/rank\d+/(.+)$", re.DOTALL)
+
+
 def execution_key(event: AnomalyEvent) -> tuple[int, ...]:
     """Sort key of execution order (see the module docstring): the shared
-    :func:`trainprobe.tools.execution_order.execution_key` of the event's step, table (the last
-    ``/`` part of ``tag_name``), target, micro-step, position (``call_id`` unless a tool set
+    :func:`trainprobe.tools.execution_order.execution_key` of the event's step, table (what
+    follows ``/rank<r>/`` in ``tag_name``: a V1 table or tag suffix, or a V2 ``monitor/scope``
+    group as the report names its onsets), target, micro-step, position (``call_id`` unless a tool set
     :attr:`AnomalyEvent.position`), rank and pipeline stages."""
     data = event.data
-    name, _, table = data["tag_name"].rpartition("/")
+    tagged = _RANK_TAG.match(data["tag_name"])  # a V2 group has a '/' too: weight_grad/reduced
+    if tagged:
+        target, table = tagged.groups()
+    else:
+        name, _, table = data["tag_name"].rpartition("/")
+        target = name.rpartition("/")[0]
     return row_execution_key(
         data["step"],
         table,
-        target=name.rpartition("/")[0],
+        target=target,
         micro_step=data["micro_step"],
         position=data["call_id"] if event.position is None else event.position,
         rank=data["rank"],

@@ -267,7 +267,7 @@ def _csv_part(group: Sequence[RunFile], header: tuple[str, ...], layout: str, ta
 
 def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ...], cut: int) -> str:
     """A temporary table holding the complete records of a CSV file whose last one is torn."""
-    warn_once(f"query-torn:{f.path}", f"{f.path}: its last row is torn (a run killed or still writing); left out")
+    warn_once(f"torn:{f.path}", f"{f.path}: skipped 1 torn row(s) (a run killed while writing?)")
     with open(f.path, "rb") as handle:
         data = handle.read(cut)
     fd, temp = tempfile.mkstemp(suffix=".csv", prefix="trainprobe-torn-")

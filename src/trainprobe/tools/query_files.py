@@ -9,7 +9,9 @@ A *run* is a folder holding any mix of:
 
 or one such rank / run folder itself. Both tools' layouts are recognised (trainprobe's and the
 reference msProbe's: same names, see :mod:`trainprobe.tools.monitor_output`). Entries that are
-not regular files, and names no monitor writes, are left out.
+not regular files, and names no monitor writes, are left out; so is a link to a file outside the
+run folder given (never opened; one warning names it), the rule of
+:func:`trainprobe.tools.monitor_output.find_csv_files`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Literal
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
-from trainprobe.engine.safe_files import bounded_int, is_regular_file
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
 from trainprobe.tools.monitor_output import V1_DATA_TYPES, V2_DATA_TYPES
 
 Layout = Literal["v1", "v2"]
@@ -63,12 +66,21 @@ def find_run_files(run: str | Path) -> list[RunFile]:
         raise ConfigError(f"run: {str(root)!r} does not exist")
     if not root.is_dir():
         raise ConfigError(f"run: {str(root)!r} is not a folder")
-    files = [f for folder, layout, rank in _folders(root) for f in _files_of(folder, layout, rank)]
+    outside: list[str] = []
+    files = [f for folder, layout, rank in _folders(root) for f in _files_of(folder, layout, rank, root, outside)]
+    if outside:
+        warn_once(
+            f"outside:{root}",
+            f"{outside[0]}: a link to a file outside {str(root)!r}, skipped (not read)"
+            + (f", and {len(outside) - 1} more such links" if len(outside) > 1 else ""),
+        )
     converted = {f.path.with_suffix("") for f in files if f.format == "parquet"}
     files = [f for f in files if f.format == "parquet" or f.path.with_suffix("") not in converted]
     if not files:
         raise ConfigError(
-            f"run: no monitor data file (.csv or .parquet) under {str(root)!r}; looked for Monitor V2 "
+            f"run: no monitor data file (.csv or .parquet) under {str(root)!r}"
+            + (f" (skipped {len(outside)} links to files outside the folder)" if outside else "")
+            + "; looked for Monitor V2 "
             "'rank_<r>/<monitor>_step<a>-<b>.csv' and Monitor V1 '<MonDD_HH-MM-SS>-rank<r>-<id>/<table>_<a>-<b>.csv'"
         )
     return sorted(files, key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
@@ -88,7 +100,9 @@ def _folders(root: Path) -> Iterator[tuple[Path, Layout, int]]:
             yield folder, "v2", bounded_int(v2["rank"], "rank", f"rank folder {str(folder)!r}")
 
 
-def _files_of(folder: Path, layout: Layout, rank: int) -> Iterator[RunFile]:
+def _files_of(folder: Path, layout: Layout, rank: int, root: Path, outside: list[str]) -> Iterator[RunFile]:
+    """The data files of one rank or run folder; links to files outside ``root`` go to ``outside``."""
+    folder_inside = is_inside(folder, root)  # a plain file of the folder is inside iff the folder is
     pattern = V1_DATA_FILE if layout == "v1" else V2_DATA_FILE
     known = V1_DATA_TYPES if layout == "v1" else V2_DATA_TYPES
     try:
@@ -101,6 +115,9 @@ def _files_of(folder: Path, layout: Layout, rank: int) -> Iterator[RunFile]:
             continue
         path = folder / name
         if not is_regular_file(path):
+            continue
+        if not (folder_inside and not path.is_symlink()) and not is_inside(path, root):
+            outside.append(str(path))
             continue
         first = bounded_int(match["first"], "first step", str(path))
         last = bounded_int(match["last"], "last step", str(path))

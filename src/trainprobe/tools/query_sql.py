@@ -1,53 +1,36 @@
 """Questions asked of the query layer's views, each defined once as SQL (DuckDB's dialect) and
 run on DuckDB as it is or on Spark transpiled by sqlglot (:mod:`trainprobe.tools.query_spark`).
 
-Execution order (the one place it is defined here; to be aligned with
-``trainprobe.tools.execution_order``): rows are ordered by
+Execution order is not defined here: the SQL is generated from
+:mod:`trainprobe.tools.execution_order` (:data:`~trainprobe.tools.execution_order.TABLE_ORDER`,
+the phases, the once-per-step tables, the pipeline-stage rule), so that a query orders rows
+exactly as :func:`~trainprobe.tools.execution_order.execution_key` does. Per row,
+:func:`order_columns_sql` gives the key's columns, smallest first:
 
-1. ``step``;
-2. the *stage* of the row's table and scope within a step (:data:`STAGES`): parameters before
-   the step, forward activations, backward, unreduced gradients, collectives, reduced
-   gradients, optimizer state, updated parameters;
-3. ``micro_step`` (NULL first);
-4. the row's position among that step's rows in its file (call order, as the monitors write);
-5. ``rank``.
+``step``, ``x_once`` (1 for a table written once per step, after every micro-step),
+``x_micro`` (the micro-step; 0 for once-per-step tables and an empty cell), ``x_phase``
+(:data:`~trainprobe.tools.execution_order.PHASE_ORDER`), ``x_stage`` (``vpp_stage``; negated
+outside the forward phase), ``x_table`` (the table's place in ``TABLE_ORDER``), ``position``
+(the row's place among the rows of its step in its file, 0 first: ``row_positions``), ``rank``.
 
 Standard library only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-STAGES: Mapping[tuple[str, str | None], int] = {
-    ("param_origin", None): 0,
-    ("param", "param_origin"): 0,
-    ("module", "forward"): 1,
-    ("actv", None): 1,
-    ("linear_hook", None): 1,
-    ("attention_hook", None): 1,
-    ("moe_router_weight_hook", None): 1,
-    ("moe_router_logit_hook", None): 1,
-    ("module", "backward"): 2,
-    ("actv_grad", None): 2,
-    ("weight_grad", "unreduced"): 3,
-    ("grad_unreduced", None): 3,
-    ("cc", None): 4,
-    ("weight_grad", "reduced"): 5,
-    ("grad_reduced", None): 5,
-    ("optimizer", None): 6,
-    ("exp_avg", None): 6,
-    ("exp_avg_sq", None): 6,
-    ("adam_update", None): 6,
-    ("adam_ratio", None): 6,
-    ("param", "param_updated"): 7,
-    ("param", None): 7,
-    ("param_updated", None): 7,
-    ("other", None): 8,
-}
-"""Stage of a table (any scope: ``None``) or of one scope of a table, within a step."""
-LATE_STAGE = 9
-"""The stage of anything :data:`STAGES` does not name."""
+from trainprobe.tools.execution_order import (
+    FORWARD,
+    OTHER_TABLE,
+    PHASE_ORDER,
+    UNKNOWN,
+    V2_DEFAULT_TABLE,
+    V2_TABLE_OF,
+    phase_of_table,
+    table_rank,
+)
+
 KEY_COLUMNS: tuple[str, ...] = ("rank", "step", "micro_step", "vpp_stage", "name", "scope")
 """The key columns every view starts with, in this order."""
 TEXT_COLUMNS: tuple[str, ...] = ("shape", "dtype")
@@ -56,17 +39,97 @@ META_COLUMNS: tuple[str, ...] = ("file", "file_row")
 """Provenance columns every view ends with."""
 COUNT_OPS: tuple[str, ...] = ("nans",)
 """Ops that count non-finite elements: a row with a count above 0 is non-finite too."""
+ORDER_COLUMNS: tuple[str, ...] = ("step", "x_once", "x_micro", "x_phase", "x_stage", "x_table", "position", "rank")
+"""The columns of the execution key (:func:`order_columns_sql`), in sort order."""
+MG_DIRECTION = "%.mg_direction"
+"""``name LIKE`` pattern of the ``mg_direction`` rows of the V1 ``other`` table (optimizer phase)."""
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _place(table: str, target: str = "") -> tuple[int, int, int, bool]:
+    """``(once, phase, table rank, forward-like)`` of a row of V1 ``table`` (execution_order's rules)."""
+    phase, once = phase_of_table(table, target)
+    return int(once), PHASE_ORDER[phase], table_rank(table, target), phase in (FORWARD, UNKNOWN)
+
+
+def _cases(view: str) -> list[tuple[str, str, str]]:
+    """``(condition, V1 table, target)`` alternatives for the rows of ``view``: a V2 monitor's
+    scopes map onto V1 tables; the ``other`` table splits on ``mg_direction`` names. The last
+    alternative has condition ``""`` (ELSE)."""
+    if view in V2_DEFAULT_TABLE:
+        scoped = [(f"scope = {_sql_text(scope)}", table) for (m, scope), table in V2_TABLE_OF.items() if m == view]
+        tables = [*scoped, ("", V2_DEFAULT_TABLE[view])]
+    else:
+        tables = [("", view)]
+    out: list[tuple[str, str, str]] = []
+    for condition, table in tables:
+        if table == OTHER_TABLE:
+            mg = f"name LIKE {_sql_text(MG_DIRECTION)}"
+            out.append((f"{condition} AND {mg}" if condition else mg, table, "x.mg_direction"))
+        out.append((condition, table, ""))
+    return out
+
+
+def _case(view: str, value: Callable[[str, str], object]) -> str:
+    """A SQL expression over ``scope``/``name`` giving ``value(table, target)`` for a row of ``view``."""
+    alternatives = [(c, value(t, target)) for c, t, target in _cases(view)]
+    default = alternatives[-1][1]
+    branches = [(c, v) for c, v in alternatives[:-1] if v != default]
+    if not branches:
+        return str(default)
+    return "CASE " + " ".join(f"WHEN {c} THEN {v}" for c, v in branches) + f" ELSE {default} END"
+
+
+def order_columns_sql(table: str) -> list[str]:
+    """The execution-key columns (:data:`ORDER_COLUMNS` but ``step`` and ``rank``, which the
+    view has) of a row of view ``table``, as SQL ``<expr> AS <name>`` items over the view's
+    columns. ``position`` is a window over the view's rows of the row's file and step (the
+    rows the SELECT reads: give it every row of a step)."""
+    once = _case(table, lambda t, g: _place(t, g)[0])
+    forward = _case(table, lambda t, g: "TRUE" if _place(t, g)[3] else "FALSE")
+    return [
+        f"{once} AS x_once",
+        f"CASE WHEN {once} = 1 THEN 0 ELSE coalesce(micro_step, 0) END AS x_micro",
+        f"{_case(table, lambda t, g: _place(t, g)[1])} AS x_phase",
+        f"CASE WHEN {forward} THEN vpp_stage ELSE -vpp_stage END AS x_stage",
+        f"{_case(table, lambda t, g: _place(t, g)[2])} AS x_table",
+        "row_number() OVER (PARTITION BY file, step ORDER BY file_row) - 1 AS position",
+    ]
 
 
 def stage_sql(table: str) -> str:
-    """The stage of a row of ``table`` as a SQL expression over its ``scope`` column."""
-    scoped = [(scope, stage) for (t, scope), stage in STAGES.items() if t == table and scope is not None]
-    default = STAGES.get((table, None), LATE_STAGE)
-    if not scoped:
-        return str(default)
-    cases = " ".join(f"WHEN scope = '{scope}' THEN {stage}" for scope, stage in scoped)
-    return f"CASE {cases} ELSE {default} END"
+    """The place of a row of ``table`` within its step, for a given micro-step and pipeline stage,
+    as one integer SQL expression over its ``scope`` (and ``name``): ``once * 10000 +
+    (phase + 1) * 100 + table rank + 1``, from :mod:`trainprobe.tools.execution_order`."""
+    return _case(table, lambda t, g: _stage_number(*_place(t, g)[:3]))
 
+
+def _stage_number(once: int, phase: int, rank: int) -> int:
+    return once * 10000 + (phase + 1) * 100 + rank + 1
+
+
+def _stages() -> dict[tuple[str, str | None], int]:
+    stages: dict[tuple[str, str | None], int] = {}
+    for (monitor, scope), table in V2_TABLE_OF.items():
+        stages[monitor, scope] = _stage_number(*_place(table)[:3])
+    for monitor, table in V2_DEFAULT_TABLE.items():
+        stages[monitor, None] = _stage_number(*_place(table)[:3])
+    from trainprobe.tools.execution_order import PHASE_OF_SUFFIX
+
+    for table in (*PHASE_OF_SUFFIX, OTHER_TABLE):
+        stages.setdefault((table, None), _stage_number(*_place(table)[:3]))
+    return stages
+
+
+STAGES: Mapping[tuple[str, str | None], int] = _stages()
+"""Stage number (:func:`stage_sql`) of a table (any scope: ``None``) or of one V2 monitor's
+scope, derived from :mod:`trainprobe.tools.execution_order` (``other``: its collective calls)."""
+LATE_STAGE = _stage_number(0, PHASE_ORDER[UNKNOWN], -1)
+"""The stage of a table execution_order does not know: before the forward phase of its
+micro-step, as there (the name is kept from when unknown tables came last)."""
 
 INF = "CAST('inf' AS DOUBLE)"
 """Infinity, written so that DuckDB and Spark (through sqlglot) both read it."""
@@ -89,8 +152,9 @@ def ops_of(columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS]
 
 
-def _bad_rows(table: str, columns: Sequence[str]) -> str:
-    """SQL true for the non-finite rows of ``table`` (the reference's "no tensor" rows aside)."""
+def bad_rows_sql(columns: Sequence[str]) -> str:
+    """SQL true for the non-finite rows of a view with ``columns`` (the reference's "no tensor"
+    rows, ``dtype = 'nan'``, aside)."""
     skip = " AND dtype IS DISTINCT FROM 'nan'" if "dtype" in columns else ""
     return f"COALESCE(({nonfinite_sql(ops_of(columns))}){skip}, FALSE)"
 
@@ -98,16 +162,36 @@ def _bad_rows(table: str, columns: Sequence[str]) -> str:
 def first_bad_step_sql(views: Mapping[str, Sequence[str]]) -> str:
     """The first step with a non-finite row in any view (NULL when none): the first of the two
     queries of "first NaN/inf" (a filtered scan of ``step`` and the ops only)."""
-    parts = [f'SELECT min(step) AS step FROM "{t}" WHERE {_bad_rows(t, cols)}' for t, cols in views.items()]
+    parts = [f'SELECT min(step) AS step FROM "{t}" WHERE {bad_rows_sql(cols)}' for t, cols in views.items()]
     return "SELECT min(step) AS step FROM (" + " UNION ALL ".join(parts) + ")"
 
 
+def _keyed(table: str, extra: Sequence[str], where: str) -> str:
+    """The rows of view ``table`` matching ``where`` with its name, stage, key columns, ``extra``
+    items and the execution-key columns."""
+    items = [f"{_sql_text(table)} AS tbl", f"{stage_sql(table)} AS stage", *(f'"{c}"' for c in KEY_COLUMNS)]
+    items += ["file", "file_row", *extra, *order_columns_sql(table)]
+    return f'SELECT {", ".join(items)} FROM "{table}" WHERE {where}'
+
+
+def _order_by() -> str:
+    return ", ".join([*ORDER_COLUMNS, "tbl", "name"])
+
+
+def ordered_rows_sql(views: Mapping[str, Sequence[str]], step: int | None = None) -> str:
+    """Every row of ``views`` (of ``step`` only, when given) in execution order, as ``tbl, stage,
+    rank, step, micro_step, vpp_stage, name, scope, file, file_row`` and the execution-key
+    columns (:data:`ORDER_COLUMNS`); rows with equal keys by view and name."""
+    where = "TRUE" if step is None else f"step = {int(step)}"
+    rows = "\nUNION ALL\n".join(_keyed(t, [], where) for t in views)
+    return f"SELECT * FROM ({rows})\nORDER BY {_order_by()}"
+
+
 def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int, limit: int = 1) -> str:
-    """The non-finite rows of ``step`` (from :func:`first_bad_step_sql`) in execution order
-    (module docstring): the first one of each table, rank, stage and micro-step, earliest first,
-    ``limit`` of them, as ``table, stage, step, micro_step, rank, vpp_stage, name, scope, op,
-    value, file, position`` (``position``: the row's place among its file's rows of that step,
-    0 first, comparable between ranks).
+    """The first ``limit`` non-finite rows of ``step`` (from :func:`first_bad_step_sql`) in
+    execution order (module docstring), as ``table, stage, step, micro_step, rank, vpp_stage,
+    name, scope, op, value, file, position`` (``op``: the first non-finite op, ``value`` its
+    value; ``position``: the row's place among its file's rows of that step, 0 first).
 
     ``views`` maps each view to its columns. Rows the reference V1 writer fills with ``nan``
     because there was no tensor (``dtype = 'nan'``) are not counted. Only rows of ``step`` are
@@ -119,33 +203,17 @@ def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int, limit: in
     for table, columns in views.items():
         ops = ops_of(columns)
         value_ops = [op for op in ops if op not in COUNT_OPS] or list(ops)
-        op_case = " ".join(f"WHEN {is_nonfinite(o)} THEN '{o}'" for o in value_ops)
-        val_case = " ".join(f'WHEN {is_nonfinite(o)} THEN "{o}"' for o in value_ops)
-        selects.append(
-            f"SELECT '{table}' AS tbl, {stage_sql(table)} AS stage, step, micro_step, rank, vpp_stage, name, "
-            f"scope, file, file_row, bad, "
-            f"CASE WHEN bad THEN CASE {op_case or 'WHEN FALSE THEN NULL'} ELSE NULL END END AS op, "
-            f"CAST(CASE WHEN bad THEN CASE {val_case or 'WHEN FALSE THEN NULL'} ELSE NULL END END AS DOUBLE) AS val "
-            f"FROM (SELECT *, {_bad_rows(table, columns)} AS bad FROM \"{table}\" WHERE step = {int(step)})"
-        )
+        op_case = " ".join(f"WHEN {is_nonfinite(o)} THEN '{o}'" for o in value_ops) or "WHEN FALSE THEN NULL"
+        val_case = " ".join(f'WHEN {is_nonfinite(o)} THEN "{o}"' for o in value_ops) or "WHEN FALSE THEN NULL"
+        extra = [
+            f"{bad_rows_sql(columns)} AS bad",
+            f"CASE {op_case} ELSE NULL END AS op",
+            f"CAST(CASE {val_case} ELSE NULL END AS DOUBLE) AS val",
+        ]
+        selects.append(_keyed(table, extra, f"step = {int(step)}"))
     rows = "\nUNION ALL\n".join(selects)
-    return f"""WITH all_rows AS ({rows}),
-groups AS (
-  SELECT tbl, rank, step, stage, micro_step,
-    min(file_row) AS group_first,
-    min(file_row) FILTER (WHERE bad) AS bad_row,
-    arg_min(file, file_row) FILTER (WHERE bad) AS file,
-    arg_min(vpp_stage, file_row) FILTER (WHERE bad) AS vpp_stage,
-    arg_min(name, file_row) FILTER (WHERE bad) AS name,
-    arg_min(scope, file_row) FILTER (WHERE bad) AS scope,
-    arg_min(op, file_row) FILTER (WHERE bad) AS op,
-    arg_min(val, file_row) FILTER (WHERE bad) AS val
-  FROM all_rows GROUP BY tbl, rank, step, stage, micro_step
-),
-placed AS (
-  SELECT *, bad_row - min(group_first) OVER (PARTITION BY tbl, rank, step) AS position FROM groups
-)
+    return f"""WITH all_rows AS ({rows})
 SELECT tbl AS "table", stage, step, micro_step, rank, vpp_stage, name, scope, op, val AS value, file, position
-FROM placed WHERE bad_row IS NOT NULL
-ORDER BY step, stage, micro_step NULLS FIRST, position, rank, tbl, name
+FROM all_rows WHERE bad
+ORDER BY {_order_by()}
 LIMIT {int(limit)}"""

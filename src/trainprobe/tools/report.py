@@ -20,7 +20,8 @@ Python::
     from trainprobe.tools.report import write_report
     path = write_report("monitor_output", "run42.html")
 
-Needs the ``report`` extra (plotly).
+Needs the ``report`` extra (plotly, and DuckDB through ``[query]``: the runs are read by the query
+layer, so Parquet runs work too); without DuckDB one line says how to install it.
 """
 
 from __future__ import annotations

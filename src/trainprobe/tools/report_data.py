@@ -30,6 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,10 +47,10 @@ from trainprobe.tools.execution_order import (
     PHASE_ORDER,
     V2_DEFAULT_TABLE,
     V2_TABLE_OF,
-    row_positions,
     table_rank,
 )
-from trainprobe.tools.monitor_output import V1_DATA_TYPES, MonitorCsv, find_csv_files, read_table
+from trainprobe.tools.monitor_output import V1_DATA_TYPES
+from trainprobe.tools.report_read import ReportFile, connection, find_report_files, read_file
 from trainprobe.tools.report_run import (
     Offenders,
     TopShares,
@@ -60,6 +61,9 @@ from trainprobe.tools.report_run import (
     read_event_files,
     read_training_state,
 )
+
+if TYPE_CHECKING:
+    import duckdb
 
 _TAG = re.compile(r"^(.*)/rank\d+/(.+)$")
 #: ``{vpp_stage}:`` before and ``:{micro_step}`` after the target in a V1 tag (the spec's tag form).
@@ -209,7 +213,8 @@ class ReportData:
 
 @dataclass
 class _Block:
-    """The rows of one file that belong to one group, as arrays."""
+    """The rows of one file that belong to one group, as arrays (once digested and kept for the
+    matrices, ``micro``, ``vpp``, ``line`` and ``pos`` are empty: :func:`_slim`)."""
 
     ops: tuple[str, ...]
     source: Path
@@ -264,18 +269,20 @@ def load_report_data(
             ``tensorboard`` that is missing or holds no event file (or an unreadable one).
     """
     root = Path(monitor_dir).expanduser()
-    files = find_csv_files(root)
+    files = find_report_files(root)
+    con = connection()
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     anomaly_files, alerts = _alerts(root, files)
     reading = _Reading(alert_rows=_alert_rows(alerts))
-    torn = sum(_collect_file(file, reading) for file in files)
+    torn = sum(_collect_file(con, file, reading) for file in files)
     if not reading.tables:
         raise ConfigError(
-            f"monitor_path: the {len(files)} monitor CSV file(s) under {str(root)!r} hold no complete row "
+            f"monitor_path: the {len(files)} monitor file(s) under {str(root)!r} hold no complete row "
             "(all torn or header only); let the run write at least one step"
         )
-    reading.reread_sampled(files)
+    reading.reread_sampled(con, files)
+    con.close()
     built = [_build_group(name, reading) for name in _group_order(reading.tables)]
     groups = [group for group, _ in built]
     onsets = order_events(event for _, events in built for event in events)[:MAX_ONSETS]
@@ -328,19 +335,19 @@ class _Reading:
             digest = self.digests[name, rank] = _Digest(shares=TopShares() if table in GRADIENT_TABLES else None)
         _digest(self, name, rank, block, digest)
         if len(self.names[name]) <= MAX_TARGETS:
-            self.blocks.setdefault((name, rank), []).append(block)
+            self.blocks.setdefault((name, rank), []).append(_slim(block))
         elif name not in self.sampled:
             self.sampled[name] = np.zeros(0, dtype=np.int64)
             self.blocks = {key: kept for key, kept in self.blocks.items() if key[0] != name}
 
-    def reread_sampled(self, files: Sequence[MonitorCsv]) -> None:
+    def reread_sampled(self, con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> None:
         """Pick the targets each sampled group draws and read its files again for their rows."""
         for name in self.sampled:
             self.sampled[name] = pick_targets(self.peaks[name], self.bad[name], MAX_TARGETS)
         wanted = {name.split("/")[0] for name in self.sampled}
         for file in files:
             if file.data_type in wanted:
-                _collect_file(file, self, second=True)
+                _collect_file(con, file, self, second=True)
 
 
 def _alert_rows(alerts: Sequence[AnomalyEvent]) -> dict[tuple[int, str, int, int, int, str], list[int]]:
@@ -355,7 +362,7 @@ def _alert_rows(alerts: Sequence[AnomalyEvent]) -> dict[tuple[int, str, int, int
     return found
 
 
-def _place_alerts(reading: _Reading, file: MonitorCsv, targets: list[str], columns: dict[str, np.ndarray]) -> None:
+def _place_alerts(reading: _Reading, file: ReportFile, targets: list[str], columns: dict[str, np.ndarray]) -> None:
     """Give the alerts that name a row of ``file`` that row's position (see the module docstring):
     the k-th alert of a key takes the k-th row of that key."""
     wanted = {key[2] for key in reading.alert_rows if key[:2] == (file.rank, file.data_type)}
@@ -379,7 +386,7 @@ def _bare_target(name: str) -> str:
     return bare.group(1) if bare else name
 
 
-def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
+def _group_of(file: ReportFile, scope: str | None) -> tuple[str, str]:
     """(group name, V1 table) of a row."""
     if file.layout == "v1" or scope is None:
         return file.data_type, file.data_type if file.data_type in V1_DATA_TYPES else "other"
@@ -387,44 +394,42 @@ def _group_of(file: MonitorCsv, scope: str | None) -> tuple[str, str]:
     return f"{file.data_type}/{scope}", table
 
 
-def _collect_file(file: MonitorCsv, reading: _Reading, second: bool = False) -> int:
+def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Reading, second: bool = False) -> int:
     """Hand the complete rows of ``file`` to ``reading`` as one block of numbers per group
     (targets as ids, in model order); returns the torn rows. The second pass keeps only the rows
     of the targets that sampled groups draw.
 
-    Numbers come from the reader's converted columns (:meth:`CsvTable.value_columns`); the
+    Numbers come from the query layer (:func:`~trainprobe.tools.report_read.read_file`); the
     reference writer's trailing ``shape,dtype`` text columns are not ops. A row the reference
     wrote for a tensor that did not exist (every value and its ``shape`` ``nan``, e.g. the
     gradient of an input that needs none) is no row: it is neither drawn nor an anomaly.
     """
-    table = read_table(file)
-    rows = table.rows
-    if not rows:
+    table = read_file(con, file)
+    n = len(table.steps)
+    if not n:
         return table.torn
-    n = len(rows)
-    values = np.array(table.value_columns(), dtype=np.float64).reshape(len(table.ops), n).T
-    micro = np.fromiter((-1 if m is None else m for m in table.micro_column()), dtype=np.int64, count=n)
-    steps = table.int_column(table.step_col)
+    values = table.values
     columns = {
-        "steps": np.array(steps, dtype=np.int64),
-        "micro": micro,
-        "vpp": np.array(table.int_column(table.vpp_col), dtype=np.int64),
+        "steps": table.steps,
+        "micro": table.micro,
+        "vpp": table.vpp,
         "line": np.arange(n),
-        "pos": np.array(row_positions(steps), dtype=np.int64),
+        "pos": step_positions(table.steps),
         "values": values,
     }
-    keep = _real_rows(table.text_column("shape"), values)
-    target_texts = [row[table.target_col] for row in rows]
+    keep = _real_rows(table.shapes, values)
+    target_texts = table.targets
     if reading.alert_rows and not second and file.layout == "v1":
         _place_alerts(reading, file, target_texts, columns)
-    scopes = [row[table.scope_col] for row in rows] if table.scope_col >= 0 else [None] * n
-    for scope in dict.fromkeys(scopes):
+    names = np.array(target_texts, dtype=object)
+    scopes = None if table.scopes is None else np.array(table.scopes, dtype=object)
+    for scope in [None] if table.scopes is None else dict.fromkeys(table.scopes):
         name, v1_table = _group_of(file, scope)
         if second and name not in reading.sampled:
             continue
         index = reading.names.setdefault(name, {})
-        mine = keep & np.fromiter((s == scope for s in scopes), dtype=bool, count=n)
-        ids = np.fromiter((index.setdefault(t, len(index)) for t, m in zip(target_texts, mine) if m), dtype=np.int64)
+        mine = keep & (scopes == scope) if scopes is not None else keep.copy()
+        ids = target_ids(index, names[mine])
         if not ids.size:
             continue
         if second:
@@ -436,10 +441,41 @@ def _collect_file(file: MonitorCsv, reading: _Reading, second: bool = False) -> 
                 continue
         block = _Block(ops=table.ops, source=file.path, targets=ids, **{k: v[mine] for k, v in columns.items()})
         if second:
-            reading.blocks.setdefault((name, file.rank), []).append(block)
+            reading.blocks.setdefault((name, file.rank), []).append(_slim(block))
         else:
             reading.add(name, v1_table, file.rank, block)
     return table.torn
+
+
+def target_ids(index: dict[str, int], names: np.ndarray) -> np.ndarray:
+    """Each of ``names`` as its id in ``index``; names not in it yet are added in the order they
+    first appear (model order). Works per distinct name, not per row."""
+    if not len(names):
+        return np.zeros(0, dtype=np.int64)
+    unique, first, inverse = np.unique(names, return_index=True, return_inverse=True)
+    for new in unique[np.argsort(first)].tolist():
+        index.setdefault(new, len(index))
+    lookup = np.fromiter((index[u] for u in unique.tolist()), dtype=np.int64, count=len(unique))
+    return lookup[inverse.reshape(-1)]
+
+
+def step_positions(steps: np.ndarray) -> np.ndarray:
+    """For rows in file order with these ``steps``, each row's place among the rows of its step:
+    :func:`~trainprobe.tools.execution_order.row_positions` with numpy."""
+    order = np.argsort(steps, kind="stable")
+    ordered = steps[order]
+    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
+    first_of_run = np.repeat(starts, np.diff(np.r_[starts, len(ordered)]))
+    positions = np.empty(len(steps), dtype=np.int64)
+    positions[order] = np.arange(len(steps)) - first_of_run
+    return positions
+
+
+def _slim(block: _Block) -> _Block:
+    """``block`` as kept for the matrices once digested: targets, steps and values only (the
+    micro-step, stage, line and position columns served the onsets and are dropped)."""
+    none = np.zeros(0, dtype=np.int64)
+    return replace(block, micro=none, vpp=none, line=none, pos=none)
 
 
 def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Digest) -> None:
@@ -727,7 +763,7 @@ def describe_values(ops: Sequence[str], values: np.ndarray, known: np.ndarray) -
     return "; ".join(parts) or "non-finite"
 
 
-def _alerts(root: Path, csvs: Sequence[MonitorCsv]) -> tuple[list[Path], list[AnomalyEvent]]:
+def _alerts(root: Path, csvs: Sequence[ReportFile]) -> tuple[list[Path], list[AnomalyEvent]]:
     """The events of ``root/anomaly_detected/rank*/anomaly.json`` in file order ([] without).
     When ``root`` is one V1 run folder, its parent's ``anomaly_detected`` and that rank's events."""
     folder, ranks = root / ANOMALY_FOLDER, None
