@@ -51,7 +51,7 @@ def _parquet_files(
     root: Path, time_start: str | None, time_end: str | None, types: tuple[str, ...] | None
 ) -> list[MonitorCsv]:
     try:
-        found = find_run_files(root)
+        found = find_run_files(root, warn_links=False)  # find_csv_files warned already
     except ConfigError:
         return []
     lo = parse_time(time_start, "time_start") if time_start is not None else None

@@ -54,8 +54,10 @@ class RunFile:
     last_step: int
 
 
-def find_run_files(run: str | Path) -> list[RunFile]:
-    """Every data file of ``run``, ordered by table, rank and first step.
+def find_run_files(run: str | Path, warn_links: bool = True) -> list[RunFile]:
+    """Every data file of ``run``, ordered by table, rank and first step. Links to files outside
+    ``run`` are skipped, with one warning unless ``warn_links`` is False (a caller that found
+    the same files already and said so).
 
     Raises:
         ConfigError: ``run`` does not exist or is not a folder, or holds no monitor data file
@@ -68,7 +70,7 @@ def find_run_files(run: str | Path) -> list[RunFile]:
         raise ConfigError(f"run: {str(root)!r} is not a folder")
     outside: list[str] = []
     files = [f for folder, layout, rank in _folders(root) for f in _files_of(folder, layout, rank, root, outside)]
-    if outside:
+    if outside and warn_links:
         warn_once(
             f"outside:{root}",
             f"{outside[0]}: a link to a file outside {str(root)!r}, skipped (not read)"

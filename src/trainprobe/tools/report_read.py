@@ -113,10 +113,10 @@ def read_file(con: duckdb.DuckDBPyConnection, file: ReportFile) -> FileRows:
 
     torn = int(file.source.format == "csv" and (clean_length(file.path) or 0) > 0)
     try:
-        view = table_sql(con, file.data_type, [file.source])
-        if view is None:
+        made = table_sql(con, file.data_type, [file.source])
+        if made is None:
             return _empty(torn)
-        names = [str(row[0]) for row in con.execute(f"DESCRIBE {view}").fetchall()]
+        view, names = made
         ops = tuple(c for c in names if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS)
         items = [
             "step",
