@@ -26,6 +26,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.tools.csv2db", "add_parser"),
     ("trainprobe.tools.report", "add_parser"),
     ("trainprobe.tools.query_cli", "add_parser"),
+    ("trainprobe.tools.diff_cli", "add_parser"),
 )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,9 @@ class DiffResult:
         tables: the same counts per table.
         first: the first divergence in execution order, or None.
         divergences: the earliest ones, in execution order (at most ``limit``).
+        largest: the diverged rows of the tensors that differ most (at most ``limit``): by the
+            relative difference of ``norm`` where the table has it, else of the worst op; ties
+            in execution order.
         only_baseline, only_candidate: the earliest rows present in one run only.
         tables_only: tables one run has and the other has not (``{"baseline": [...], ...}``).
     """
@@ -113,6 +116,7 @@ class DiffResult:
     tables: dict[str, dict[str, int]] = field(default_factory=dict)
     first: Divergence | None = None
     divergences: list[Divergence] = field(default_factory=list)
+    largest: list[Divergence] = field(default_factory=list)
     only_baseline: list[Divergence] = field(default_factory=list)
     only_candidate: list[Divergence] = field(default_factory=list)
     tables_only: dict[str, list[str]] = field(default_factory=dict)
@@ -150,6 +154,7 @@ class DiffResult:
             "tables": self.tables,
             "ops": self.ops,
             "divergences": [_json_row(d) for d in self.divergences],
+            "largest": [_json_row(d) for d in self.largest],
             "only_baseline": [_json_row(d) for d in self.only_baseline],
             "only_candidate": [_json_row(d) for d in self.only_candidate],
             "tables_only": self.tables_only,
@@ -238,7 +243,7 @@ def diff(
         unknown = sorted(wanted - known)
         if unknown:
             raise ConfigError(f"--ops: {unknown} in no table of the baseline (its ops: {sorted(known)})")
-    sources = []
+    sources: list[str] = []
     for table in common:
         table_ops = [o for o in ops_of(views["b"][table]) if o in views["c"][table]]
         if wanted is not None:
@@ -265,6 +270,7 @@ def diff(
     if sources:
         result.divergences = _rows(con, DIVERGED, limit)
         result.first = result.divergences[0] if result.divergences else None
+        result.largest = _largest(con, limit, any("norm" in o for o in result.ops.values()))
         result.only_baseline = _rows(con, ONLY_BASELINE, EXAMPLES)
         result.only_candidate = _rows(con, ONLY_CANDIDATE, EXAMPLES)
     if out is not None:
@@ -289,7 +295,7 @@ def _kind(run: str | Path, side: str) -> str:
                 f"{side} {run} is a precision dump folder, not monitor output: compare dumps with "
                 "`trainprobe compare`"
             ) from None
-        raise ConfigError(f"{side}: {exc}") from None
+        raise ConfigError(f"{side} {exc}") from None
     layouts = sorted({f.layout for f in files})
     if len(layouts) > 1:
         raise ConfigError(f"{side} {run} holds both Monitor V1 and Monitor V2 files; give one of them")
@@ -329,11 +335,13 @@ def _shift(steps: tuple[int, int] | None, by: int) -> tuple[int, int] | None:
     return None if steps is None else (steps[0] + by, steps[1] + by)
 
 
-def _rows(con: Any, status: int, limit: int) -> list[Divergence]:
-    """The first ``limit`` kept rows of ``status`` in execution order."""
+def _rows(
+    con: Any, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows"
+) -> list[Divergence]:
+    """The first ``limit`` kept rows of ``status`` in ``order`` (execution order)."""
     rows = con.execute(
         "SELECT tbl, k_step, k_micro, k_rank, k_vpp, COALESCE(b_name, c_name), k_scope, worst_op, rel, c_name, "
-        f"* FROM diverged_rows WHERE status = {status} ORDER BY {ORDER} LIMIT {int(limit)}"
+        f"* FROM {source} WHERE status = {status} ORDER BY {order} LIMIT {int(limit)}"
     )
     names = [d[0] for d in rows.description]
     out = []
@@ -346,6 +354,31 @@ def _rows(con: Any, status: int, limit: int) -> list[Divergence]:
             baseline=record.get(f"b_{op}") if op else None, candidate=record.get(f"c_{op}") if op else None,
             rel_diff=row[8], candidate_name=row[9],
         ))
+    return out
+
+
+def _largest(con: Any, limit: int, has_norm: bool) -> list[Divergence]:
+    """One diverged row per tensor (table, scope, name), the tensors that differ most first: by the relative difference of ``norm`` where
+    the table has it (the most robust summary of a tensor: a ``mean`` near 0 swings widely),
+    else of the row's worst op; shown with that op."""
+    key = "COALESCE(r_norm, rel)" if has_norm else "rel"
+    per_tensor = (
+        f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY tbl, k_scope, k_name ORDER BY {key} DESC, "
+        f"{ORDER}) AS tensor_rank FROM diverged_rows WHERE status = {DIVERGED}) WHERE tensor_rank = 1)"
+    )
+    rows = _rows(con, DIVERGED, limit, order=f"{key} DESC, {ORDER}", source=per_tensor)
+    if not has_norm:
+        return rows
+    out = []
+    for row in rows:
+        norm = con.execute(
+            "SELECT b_norm, c_norm, r_norm FROM diverged_rows WHERE tbl = ? AND k_step = ? AND k_rank = ? "
+            "AND k_scope = ? AND COALESCE(b_name, c_name) = ? AND status = ? ORDER BY r_norm DESC LIMIT 1",
+            [row.table, row.step, row.rank, row.scope, row.name, DIVERGED],
+        ).fetchone()
+        if norm is not None and norm[2] is not None:
+            row = replace(row, op="norm", baseline=norm[0], candidate=norm[1], rel_diff=norm[2])
+        out.append(row)
     return out
 
 
