@@ -93,6 +93,7 @@ class DiffResult:
         baseline, candidate: the two runs.
         rtol, exact, offset, steps: the comparison's settings.
         ops: per table, the ops compared.
+        micro: per table, whether ``micro_step`` was part of the key (not when one run lacks it).
         counts: ``compared`` (rows matched), ``equal`` (every op bit-equal), ``within_tolerance``,
             ``diverged``, ``only_baseline``, ``only_candidate``.
         tables: the same counts per table.
@@ -112,6 +113,7 @@ class DiffResult:
     offset: int
     steps: tuple[int, int] | None
     ops: dict[str, list[str]] = field(default_factory=dict)
+    micro: dict[str, bool] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     tables: dict[str, dict[str, int]] = field(default_factory=dict)
     first: Divergence | None = None
@@ -153,6 +155,7 @@ class DiffResult:
             "counts": self.counts,
             "tables": self.tables,
             "ops": self.ops,
+            "micro_step_matched": self.micro,
             "divergences": [_json_row(d) for d in self.divergences],
             "largest": [_json_row(d) for d in self.largest],
             "only_baseline": [_json_row(d) for d in self.only_baseline],
@@ -249,7 +252,11 @@ def diff(
         if wanted is not None:
             table_ops = [o for o in table_ops if o in wanted]
         result.ops[table] = table_ops
-        joined = joined_sql(table, table_ops, rtol=rtol, exact=exact, offset=offset, mapping=pairs, steps=steps)
+        micro = all(_has_micro(con, schema, table) for schema in ("b", "c"))
+        result.micro[table] = micro
+        joined = joined_sql(
+            table, table_ops, rtol=rtol, exact=exact, offset=offset, mapping=pairs, steps=steps, micro=micro
+        )
         kept = f"kept_{len(sources)}"
         con.execute(f"CREATE TEMP TABLE {kept} AS SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
         counts = dict(con.execute(f"SELECT status, count(*) FROM ({joined}) GROUP BY status").fetchall())
@@ -280,6 +287,11 @@ def diff(
 
         write_html(con, result, Path(html), common, pairs)
     return result
+
+
+def _has_micro(con: Any, schema: str, table: str) -> bool:
+    """Whether a row of ``schema.table`` has a ``micro_step`` (the scan stops at the first)."""
+    return con.execute(f"SELECT 1 FROM {schema}.{q(table)} WHERE micro_step IS NOT NULL LIMIT 1").fetchone() is not None
 
 
 def _kind(run: str | Path, side: str) -> str:

@@ -55,7 +55,8 @@ def _cells(con: Any, table: str, result: Any, mapping: Sequence[tuple[str, str]]
     """``(scope, name, step, rel, only, order)`` per tensor and step: the largest relative
     difference, whether a row is in one run only, the tensor's place in execution order."""
     joined = joined_sql(table, result.ops.get(table, []), rtol=result.rtol, exact=result.exact,
-                        offset=result.offset, mapping=mapping, steps=result.steps)
+                        offset=result.offset, mapping=mapping, steps=result.steps,
+                        micro=result.micro.get(table, True))
     from trainprobe.tools.query_sql import stage_sql
 
     sql = f"""WITH j AS ({joined}), first AS (SELECT arg_min(COALESCE(b_file, c_file), k_step) AS file FROM j)

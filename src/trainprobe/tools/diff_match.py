@@ -4,7 +4,9 @@ and the user's ``--map`` file (standard library only; the SQL runs in DuckDB).
 Rows are matched on ``(table, rank, step, micro_step, vpp_stage, name, scope)`` after:
 
 * ``vpp_stage``: a negative chunk (the reference's V2 writes -1 without chunks) counts as 0;
-* ``micro_step``: NULL (a table without micro-batches) counts as -1 on both sides;
+* ``micro_step``: NULL (a table without micro-batches) counts as -1 on both sides; a table whose
+  ``micro_step`` is empty in one run (the reference's V2 ``module`` CSV has no such column,
+  trainprobe's has) is matched without it;
 * ``name`` (both runs): a V1 ``<chunk>:`` prefix removed (``0:layers.0`` → ``layers.0``), every
   wrapper part removed wherever it is (``_orig_mod.`` of ``torch.compile``,
   ``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``) and leading ``module.`` parts
@@ -48,11 +50,12 @@ def normalised_name_sql(column: str = "name", mapping: Sequence[tuple[str, str]]
     return expr
 
 
-def key_sql(step_offset: int = 0, mapping: Sequence[tuple[str, str]] = ()) -> str:
-    """The SELECT list of the match key over a view's columns (``k_*`` columns)."""
+def key_sql(step_offset: int = 0, mapping: Sequence[tuple[str, str]] = (), micro: bool = True) -> str:
+    """The SELECT list of the match key over a view's columns (``k_*`` columns); without
+    ``micro``, ``micro_step`` is left out of the key (-1 for every row)."""
     step = f"step + {int(step_offset)}" if step_offset else "step"
     return (
-        f"rank AS k_rank, {step} AS k_step, COALESCE(micro_step, -1) AS k_micro, "
+        f"rank AS k_rank, {step} AS k_step, {'COALESCE(micro_step, -1)' if micro else '-1'} AS k_micro, "
         f"greatest(COALESCE(vpp_stage, 0), 0) AS k_vpp, {normalised_name_sql('name', mapping)} AS k_name, "
         "scope AS k_scope"
     )

@@ -54,6 +54,7 @@ def side_sql(
     offset: int = 0,
     mapping: Sequence[tuple[str, str]] = (),
     steps: tuple[int, int] | None = None,
+    micro: bool = True,
 ) -> str:
     """One run's rows of ``table`` with the match key (``k_*``), an occurrence number (a key
     that appears twice in a run, a module called twice, pairs first with first), the raw name,
@@ -63,7 +64,7 @@ def side_sql(
         where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}"
     values = "".join(f", {q(o)}" for o in ops)
     inner = (
-        f"SELECT {key_sql(offset, mapping)}, name, step, file, file_row{values} "
+        f"SELECT {key_sql(offset, mapping, micro)}, name, step, file, file_row{values} "
         f"FROM {schema}.{q(table)} {where}"
     )
     return (
@@ -94,11 +95,13 @@ def joined_sql(
     offset: int = 0,
     mapping: Sequence[tuple[str, str]] = (),
     steps: tuple[int, int] | None = None,
+    micro: bool = True,
 ) -> str:
     """Every row of ``table`` in either run with its status, its largest relative difference
-    ``rel``, the op having it ``worst_op``, both values and the difference per op."""
-    b_side = side_sql("b", table, ops, steps=steps)
-    c_side = side_sql("c", table, ops, offset=offset, mapping=mapping, steps=steps)
+    ``rel``, the op having it ``worst_op``, both values and the difference per op; ``micro``:
+    whether ``micro_step`` is part of the key (see :mod:`trainprobe.tools.diff_match`)."""
+    b_side = side_sql("b", table, ops, steps=steps, micro=micro)
+    c_side = side_sql("c", table, ops, offset=offset, mapping=mapping, steps=steps, micro=micro)
     on = " AND ".join(f"b.{k} = c.{k}" for k in (*KEY, "k_occ"))
     scale = None
     if "min" in ops and "max" in ops:
