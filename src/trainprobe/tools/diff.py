@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -48,6 +49,9 @@ DEFAULT_LIMIT = 20
 """Divergences listed in the answer (``--limit``)."""
 EXAMPLES = 5
 """Rows present in one run only kept as examples, per side."""
+MEMORY_LIMIT = "1GB"
+"""DuckDB's memory for the join (it spills to the temporary folder beyond): the process stays
+under 2 GB with runs of any size."""
 SUMMARY_SCHEMA = 1
 """Version of ``diff_summary.json``'s layout (docs/diff.md)."""
 
@@ -232,6 +236,8 @@ def diff(
     duck = require("duckdb")
     con = duck.connect()
     con.execute("SET preserve_insertion_order = false")
+    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    con.execute(f"SET temp_directory = '{_sql_path(Path(tempfile.gettempdir()) / 'trainprobe-diff')}'")
     check_mapping(con, pairs)
     views = _attach(con, baseline, candidate, steps, offset)
     common = [t for t in views["b"] if t in views["c"] and (tables is None or t in tables)]
