@@ -54,7 +54,9 @@ def main() -> None:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit("diff failed")
     result = json.loads(out.strip().splitlines()[-1])
-    print(f"diff: {result['seconds']:.1f} s, peak RSS {usage.ru_maxrss / 1024:.0f} MB")
+    cpu = usage.ru_utime + usage.ru_stime
+    print(f"diff: {result['seconds']:.1f} s wall, {cpu:.1f} s CPU (the process, imports included), "
+          f"peak RSS {usage.ru_maxrss / 1024:.0f} MB; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(result["answer"])
     print(json.dumps(result["counts"]))
 

@@ -245,3 +245,21 @@ def test_html_page_renders_in_chromium(runs, tmp_path):
     page = diff(runs["base"], runs["bf16"], html=tmp_path / "diff.html")
     assert page.exit_code == 1
     assert_page_ok(render(tmp_path / "diff.html", tmp_path / "chromium", height=2000))
+
+
+def test_a_key_twice_in_a_run_pairs_first_with_first(runs, tmp_path):
+    # a module called twice in a step writes two rows with one key: the second call's row of the
+    # candidate differs; it must be compared with the baseline's second row, not with both
+    def twice(dst: Path, change: bool) -> Path:
+        shutil.copytree(runs["base"], dst)
+        path = dst / "rank_0" / "param_step0-3.csv"
+        lines = path.read_text().splitlines()
+        extra = lines[1].split(",")
+        if change:
+            extra[-2] = str(float(extra[-2]) * 2)  # norm
+        path.write_text("\n".join([*lines[:2], ",".join(extra), *lines[2:]]) + "\n")
+        return dst
+
+    result = diff(twice(tmp_path / "b", False), twice(tmp_path / "c", True), exact=True)
+    assert result.counts["diverged"] == 1 and result.counts["only_baseline"] == result.counts["only_candidate"] == 0
+    assert result.first is not None and result.first.op == "norm" and result.first.step == 0

@@ -30,13 +30,16 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
 from trainprobe.tools.diff_sql import (
     DIVERGED,
+    EQUAL,
     ONLY_BASELINE,
     ONLY_CANDIDATE,
     ORDER,
     STATUS_NAMES,
+    WITHIN,
     joined_sql,
     ordered_sql,
     q,
+    rows_sql,
 )
 from trainprobe.tools.query import connect, require
 from trainprobe.tools.query_files import find_run_files
@@ -260,12 +263,14 @@ def diff(
         result.ops[table] = table_ops
         micro = all(_has_micro(con, schema, table) for schema in ("b", "c"))
         result.micro[table] = micro
-        joined = joined_sql(
-            table, table_ops, rtol=rtol, exact=exact, offset=offset, mapping=pairs, steps=steps, micro=micro
-        )
+        settings = {"rtol": rtol, "exact": exact, "offset": offset, "mapping": pairs, "steps": steps, "micro": micro}
+        joined = joined_sql(table, table_ops, **settings)  # type: ignore[arg-type]
+        counts = _counts(con, joined)
+        if _repeats(con, table, counts, offset, steps):
+            joined = joined_sql(table, table_ops, occurrence=True, **settings)  # type: ignore[arg-type]
+            counts = _counts(con, joined)
         kept = f"kept_{len(sources)}"
         con.execute(f"CREATE TEMP TABLE {kept} AS SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
-        counts = dict(con.execute(f"SELECT status, count(*) FROM ({joined}) GROUP BY status").fetchall())
         result.tables[table] = {name: int(counts.get(code, 0)) for code, name in STATUS_NAMES.items()}
         con.execute(f"CREATE TEMP VIEW ord_{len(sources)} AS {ordered_sql(table, kept)}")
         sources.append(f"ord_{len(sources)}")
@@ -293,6 +298,21 @@ def diff(
 
         write_html(con, result, Path(html), common, pairs)
     return result
+
+
+def _counts(con: Any, joined: str) -> dict[int, int]:
+    """Rows per status of a join."""
+    return {int(k): int(v) for k, v in con.execute(f"SELECT status, count(*) FROM ({joined}) GROUP BY status").fetchall()}
+
+
+def _repeats(con: Any, table: str, counts: dict[int, int], offset: int, steps: tuple[int, int] | None) -> bool:
+    """Whether a key repeats in either run: the join then counts some of its rows twice."""
+    matched = sum(counts.get(s, 0) for s in (EQUAL, WITHIN, DIVERGED))
+    for schema, only, shift in (("b", ONLY_BASELINE, 0), ("c", ONLY_CANDIDATE, offset)):
+        [(rows,)] = con.execute(rows_sql(schema, table, shift, steps)).fetchall()
+        if matched + counts.get(only, 0) != rows:
+            return True
+    return False
 
 
 def _has_micro(con: Any, schema: str, table: str) -> bool:

@@ -55,10 +55,13 @@ def side_sql(
     mapping: Sequence[tuple[str, str]] = (),
     steps: tuple[int, int] | None = None,
     micro: bool = True,
+    occurrence: bool = False,
 ) -> str:
-    """One run's rows of ``table`` with the match key (``k_*``), an occurrence number (a key
-    that appears twice in a run, a module called twice, pairs first with first), the raw name,
-    step, file, file row and the ``ops``; with ``steps`` (in the baseline's numbering) only those."""
+    """One run's rows of ``table`` with the match key (``k_*``), the raw name, step, file, file
+    row and the ``ops``; with ``steps`` (in the baseline's numbering) only those. With
+    ``occurrence``, an occurrence number ``k_occ`` too (a key that appears twice in a run, a
+    module called twice, pairs first with first): a window over every row, costly at 10^7 rows,
+    so :func:`trainprobe.tools.diff.diff` asks for it only when the join shows repeated keys."""
     where = ""
     if steps is not None:
         where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}"
@@ -67,6 +70,8 @@ def side_sql(
         f"SELECT {key_sql(offset, mapping, micro)}, name, step, file, file_row{values} "
         f"FROM {schema}.{q(table)} {where}"
     )
+    if not occurrence:
+        return f"SELECT *, 1 AS k_occ FROM ({inner})"
     return (
         f"SELECT *, row_number() OVER (PARTITION BY {', '.join(KEY)} ORDER BY file, file_row) AS k_occ "
         f"FROM ({inner})"
@@ -96,12 +101,14 @@ def joined_sql(
     mapping: Sequence[tuple[str, str]] = (),
     steps: tuple[int, int] | None = None,
     micro: bool = True,
+    occurrence: bool = False,
 ) -> str:
     """Every row of ``table`` in either run with its status, its largest relative difference
     ``rel``, the op having it ``worst_op``, both values and the difference per op; ``micro``:
-    whether ``micro_step`` is part of the key (see :mod:`trainprobe.tools.diff_match`)."""
-    b_side = side_sql("b", table, ops, steps=steps, micro=micro)
-    c_side = side_sql("c", table, ops, offset=offset, mapping=mapping, steps=steps, micro=micro)
+    whether ``micro_step`` is part of the key (see :mod:`trainprobe.tools.diff_match`);
+    ``occurrence``: see :func:`side_sql`."""
+    b_side = side_sql("b", table, ops, steps=steps, micro=micro, occurrence=occurrence)
+    c_side = side_sql("c", table, ops, offset=offset, mapping=mapping, steps=steps, micro=micro, occurrence=occurrence)
     on = " AND ".join(f"b.{k} = c.{k}" for k in (*KEY, "k_occ"))
     scale = None
     if "min" in ops and "max" in ops:
@@ -122,6 +129,13 @@ def joined_sql(
   b.name AS b_name, c.name AS c_name, b.step AS b_step, c.step AS c_step,
   b.file AS b_file, b.file_row AS b_row, c.file AS c_file, c.file_row AS c_row{values}
 FROM ({b_side}) b FULL OUTER JOIN ({c_side}) c ON {on}"""
+
+
+def rows_sql(schema: str, table: str, offset: int = 0, steps: tuple[int, int] | None = None) -> str:
+    """How many rows of ``table`` one run has (in ``steps``): with the join's counts, whether a
+    key repeats (a matched row counted more than once)."""
+    where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}" if steps else ""
+    return f"SELECT count(*) FROM {schema}.{q(table)} {where}"
 
 
 def ordered_sql(table: str, source: str) -> str:
