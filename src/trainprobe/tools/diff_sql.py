@@ -57,8 +57,9 @@ def side_sql(
     micro: bool = True,
     occurrence: bool = False,
 ) -> str:
-    """One run's rows of ``table`` with the match key (``k_*``), the raw name, step, file, file
-    row and the ``ops``; with ``steps`` (in the baseline's numbering) only those. With
+    """One run's rows of ``table`` with the match key (``k_*``), the raw name (with a ``mapping``
+    only), step, the file (its hash: 8 bytes a row in the join rather than the path), file row
+    and the ``ops``; with ``steps`` (in the baseline's numbering) only those. With
     ``occurrence``, an occurrence number ``k_occ`` too (a key that appears twice in a run, a
     module called twice, pairs first with first): a window over every row, costly at 10^7 rows,
     so :func:`trainprobe.tools.diff.diff` asks for it only when the join shows repeated keys."""
@@ -67,7 +68,8 @@ def side_sql(
         where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}"
     values = "".join(f", {q(o)}" for o in ops)
     inner = (
-        f"SELECT {key_sql(offset, mapping, micro)}, name, step, file, file_row{values} "
+        f"SELECT {key_sql(offset, mapping, micro)}, {'name, ' if mapping else ''}step, hash(file) AS file, "
+        f"file_row{values} "
         f"FROM {schema}.{q(table)} {where}"
     )
     if not occurrence:
@@ -126,7 +128,7 @@ def joined_sql(
        WHEN {equal} THEN {EQUAL} WHEN {diverged.replace("rel", "rel_all")} THEN {DIVERGED} ELSE {WITHIN} END AS status,
   CASE WHEN b.k_rank IS NULL OR c.k_rank IS NULL THEN NULL ELSE rel_all END AS rel,
   CASE WHEN b.k_rank IS NULL OR c.k_rank IS NULL THEN NULL ELSE CASE {worst or "WHEN FALSE THEN NULL"} END END AS worst_op,
-  b.name AS b_name, c.name AS c_name, b.step AS b_step, c.step AS c_step,
+  b.k_name AS b_name, {'c.name' if mapping else 'c.k_name'} AS c_name, b.step AS b_step, c.step AS c_step,
   b.file AS b_file, b.file_row AS b_row, c.file AS c_file, c.file_row AS c_row{values}
 FROM ({b_side}) b FULL OUTER JOIN ({c_side}) c ON {on}"""
 
@@ -143,10 +145,10 @@ def ordered_sql(table: str, source: str) -> str:
     added (the row's place among its file's rows of its step: the baseline's file, the
     candidate's for a row only it has)."""
     firsts = (
-        f"SELECT 'b' AS side, file, step, min(file_row) AS first FROM b.{q(table)} "
-        f"WHERE file IN (SELECT DISTINCT b_file FROM {source}) GROUP BY ALL UNION ALL "
-        f"SELECT 'c', file, step, min(file_row) FROM c.{q(table)} "
-        f"WHERE file IN (SELECT DISTINCT c_file FROM {source} WHERE b_file IS NULL) GROUP BY ALL"
+        f"SELECT 'b' AS side, hash(file) AS file, step, min(file_row) AS first FROM b.{q(table)} "
+        f"WHERE step IN (SELECT DISTINCT b_step FROM {source}) GROUP BY ALL UNION ALL "
+        f"SELECT 'c', hash(file), step, min(file_row) FROM c.{q(table)} "
+        f"WHERE step IN (SELECT DISTINCT c_step FROM {source} WHERE b_file IS NULL) GROUP BY ALL"
     )
     return f"""SELECT * EXCLUDE (scope), {stage_sql(table)} AS stage FROM (
 SELECT d.*, d.k_scope AS scope, COALESCE(d.b_row - fb.first, d.c_row - fc.first) AS position
