@@ -36,6 +36,7 @@ from trainprobe.tools.diff_sql import (
     ORDER,
     STATUS_NAMES,
     WITHIN,
+    fmt,
     joined_sql,
     ordered_sql,
     q,
@@ -169,15 +170,6 @@ class DiffResult:
             "only_candidate": [_json_row(d) for d in self.only_candidate],
             "tables_only": self.tables_only,
         }
-
-
-def fmt(value: float | None) -> str:
-    """A value as the answer prints it (``1.23e-02``, ``nan``, ``inf``, ``NULL``)."""
-    if value is None:
-        return "NULL"
-    if not math.isfinite(value):
-        return str(value)
-    return f"{value:.6g}" if value == int(value) and abs(value) < 1e6 else f"{value:.3e}"
 
 
 def _json_row(row: Divergence | None) -> dict[str, Any] | None:

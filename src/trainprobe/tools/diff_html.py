@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainprobe.tools.diff_sql import ONLY_BASELINE, ONLY_CANDIDATE, joined_sql
+from trainprobe.tools.diff_sql import ONLY_BASELINE, ONLY_CANDIDATE, fmt, joined_sql
 from trainprobe.tools.report_html import SCRIPT, STYLE, PageBuilder
 
 MAX_COLUMNS = 400
@@ -141,8 +141,6 @@ def _e(value: object) -> str:
 
 def summary_html(result: Any) -> str:
     """The answer, the counts, the earliest divergences and the rows in one run only."""
-    from trainprobe.tools.diff import fmt
-
     c = result.counts
     state = "bad" if result.diverged else "ok"
     parts = [

@@ -19,6 +19,7 @@ position among its file's rows of that step, rank.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from trainprobe.tools.diff_match import KEY, key_sql
@@ -159,3 +160,12 @@ LEFT JOIN ({firsts}) fc ON fc.side = 'c' AND fc.file = d.c_file AND fc.step = d.
 
 ORDER = "k_step, stage, k_micro, position, k_rank, tbl, k_name"
 """Execution order of :func:`ordered_sql`'s rows (the module docstring)."""
+
+
+def fmt(value: float | None) -> str:
+    """A value as the answer prints it (``1.23e-02``, ``nan``, ``inf``, ``NULL``)."""
+    if value is None:
+        return "NULL"
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.6g}" if value == int(value) and abs(value) < 1e6 else f"{value:.3e}"
