@@ -27,6 +27,7 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.tools.report", "add_parser"),
     ("trainprobe.tools.query_cli", "add_parser"),
     ("trainprobe.tools.diagnose_cli", "add_parser"),
+    ("trainprobe.tools.diff_cli", "add_parser"),
 )
 
 

@@ -1,0 +1,453 @@
+"""``trainprobe diff``: where two runs' monitor outputs part, first in execution order (public API).
+
+Example::
+
+    from trainprobe.tools.diff import diff
+    result = diff("run_fp32", "run_bf16", rtol=1e-3)
+    print(result.answer())            # first divergence: step 0, rank 0, module forward head ...
+    result.first                      # Divergence(table='module', step=0, ...) or None
+    result.counts                     # {'compared': ..., 'equal': ..., 'diverged': ..., ...}
+    result.exit_code                  # 0 within tolerance, 1 diverged
+
+Both inputs are monitor outputs of the same kind, as the query layer reads them
+(:func:`trainprobe.tools.query.connect`): a Monitor V2 ``output_dir``, a Monitor V1
+``MONITOR_OUTPUT_DIR``, or one rank's folder, written by trainprobe or by the reference tool,
+CSV or Parquet. Rows are matched as :mod:`trainprobe.tools.diff_match` says and compared as
+:mod:`trainprobe.tools.diff_sql` says; everything is joined in DuckDB. See docs/diff.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
+from trainprobe.tools.diff_sql import (
+    DIVERGED,
+    EQUAL,
+    ONLY_BASELINE,
+    ONLY_CANDIDATE,
+    ORDER,
+    STATUS_NAMES,
+    WITHIN,
+    fmt,
+    joined_sql,
+    ordered_sql,
+    q,
+    rows_sql,
+)
+from trainprobe.tools.query import connect, require
+from trainprobe.tools.query_files import find_run_files
+from trainprobe.tools.query_sql import ops_of
+
+DEFAULT_RTOL = 1e-3
+"""Default tolerance: above the noise of fp32 reruns (reduction order, kernels chosen at run
+time, a few steps of chaotic growth) and below bf16's rounding (2⁻⁸ ≈ 3.9e-3)."""
+DEFAULT_LIMIT = 20
+"""Divergences listed in the answer (``--limit``)."""
+EXAMPLES = 5
+"""Rows present in one run only kept as examples, per side."""
+MEMORY_LIMIT = "1GB"
+"""DuckDB's memory for the join (it spills to the temporary folder beyond): the process stays
+under 2 GB with runs of any size."""
+SUMMARY_SCHEMA = 1
+"""Version of ``diff_summary.json``'s layout (docs/diff.md)."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One diverged row (its worst op), or a row present in one run only (``op`` None).
+
+    ``step`` is in the baseline's numbering (candidate step + offset); ``name`` the baseline's
+    name (the candidate's for a row only it has), ``candidate_name`` the candidate's raw name."""
+
+    table: str
+    step: int
+    micro_step: int | None
+    rank: int
+    vpp_stage: int
+    name: str
+    scope: str
+    op: str | None = None
+    baseline: float | None = None
+    candidate: float | None = None
+    rel_diff: float | None = None
+    candidate_name: str | None = None
+
+    def where(self) -> str:
+        """``step 5, rank 0, weight_grad reduced layers.0.fc.weight`` (micro-step when there is one)."""
+        micro = f", micro-step {self.micro_step}" if self.micro_step is not None else ""
+        scope = "" if self.scope == self.table else f" {self.scope}"
+        return f"step {self.step}{micro}, rank {self.rank}, {self.table}{scope} {self.name}"
+
+    def describe(self) -> str:
+        """:meth:`where` and the op: ``... norm 1.23e-02 vs nan``."""
+        if self.op is None:
+            return self.where()
+        return f"{self.where()} {self.op} {fmt(self.baseline)} vs {fmt(self.candidate)}"
+
+
+@dataclass
+class DiffResult:
+    """What :func:`diff` found.
+
+    Attributes:
+        baseline, candidate: the two runs.
+        rtol, exact, offset, steps: the comparison's settings.
+        ops: per table, the ops compared.
+        micro: per table, whether ``micro_step`` was part of the key (not when one run lacks it).
+        counts: ``compared`` (rows matched), ``equal`` (every op bit-equal), ``within_tolerance``,
+            ``diverged``, ``only_baseline``, ``only_candidate``.
+        tables: the same counts per table.
+        first: the first divergence in execution order, or None.
+        divergences: the earliest ones, in execution order (at most ``limit``).
+        largest: the diverged rows of the tensors that differ most (at most ``limit``): by the
+            relative difference of ``norm`` where the table has it, else of the worst op; ties
+            in execution order.
+        only_baseline, only_candidate: the earliest rows present in one run only.
+        tables_only: tables one run has and the other has not (``{"baseline": [...], ...}``).
+    """
+
+    baseline: str
+    candidate: str
+    rtol: float
+    exact: bool
+    offset: int
+    steps: tuple[int, int] | None
+    ops: dict[str, list[str]] = field(default_factory=dict)
+    micro: dict[str, bool] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    tables: dict[str, dict[str, int]] = field(default_factory=dict)
+    first: Divergence | None = None
+    divergences: list[Divergence] = field(default_factory=list)
+    largest: list[Divergence] = field(default_factory=list)
+    only_baseline: list[Divergence] = field(default_factory=list)
+    only_candidate: list[Divergence] = field(default_factory=list)
+    tables_only: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def diverged(self) -> bool:
+        """Whether any matched row is out of tolerance."""
+        return self.counts.get("diverged", 0) > 0
+
+    @property
+    def exit_code(self) -> int:
+        """The command's exit status: 1 when the runs diverge, else 0."""
+        return 1 if self.diverged else 0
+
+    def answer(self) -> str:
+        """The answer in one line."""
+        if self.first is not None:
+            return f"first divergence: {self.first.describe()}"
+        rule = "bit-equal" if self.exact else f"within rtol {self.rtol:g}"
+        return f"no divergence: {self.counts['compared']:,} matched rows, all {rule}"
+
+    def summary(self) -> dict[str, Any]:
+        """``diff_summary.json``'s content (schema in docs/diff.md)."""
+        return {
+            "schema": SUMMARY_SCHEMA,
+            "answer": self.answer(),
+            "diverged": self.diverged,
+            "exit_code": self.exit_code,
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "settings": {"rtol": self.rtol, "exact": self.exact, "offset": self.offset,
+                         "steps": list(self.steps) if self.steps else None},
+            "first": _json_row(self.first),
+            "counts": self.counts,
+            "tables": self.tables,
+            "ops": self.ops,
+            "micro_step_matched": self.micro,
+            "divergences": [_json_row(d) for d in self.divergences],
+            "largest": [_json_row(d) for d in self.largest],
+            "only_baseline": [_json_row(d) for d in self.only_baseline],
+            "only_candidate": [_json_row(d) for d in self.only_candidate],
+            "tables_only": self.tables_only,
+        }
+
+
+def _json_row(row: Divergence | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(row).items()}
+
+
+def diff(
+    baseline: str | Path,
+    candidate: str | Path,
+    *,
+    rtol: float = DEFAULT_RTOL,
+    exact: bool = False,
+    ops: Sequence[str] | None = None,
+    mapping: str | Path | Mapping | dict[str, str] | None = None,
+    steps: tuple[int, int] | None = None,
+    offset: int = 0,
+    limit: int = DEFAULT_LIMIT,
+    out: str | Path | None = None,
+    html: str | Path | None = None,
+    tables: Sequence[str] | None = None,
+) -> DiffResult:
+    """Compare two runs' monitor outputs row by row; the first divergence in execution order.
+
+    Args:
+        baseline, candidate: the runs (folders; see the module docstring).
+        rtol: tolerance on the relative difference ``|a-b| / max(|a|, |b|, floor)``.
+        exact: demand bit-equal values (``rtol`` ignored).
+        ops: compare only these ops (default: every op both runs have, per table).
+        mapping: the candidate's renames: a ``--map`` file, or its pairs (``[(pattern, repl)]``).
+        steps: only baseline steps ``first..last`` (inclusive).
+        offset: candidate step ``s`` is baseline step ``s + offset``.
+        limit: divergences kept in :attr:`DiffResult.divergences`.
+        out: write ``diff.csv`` and ``diff_summary.json`` there.
+        html: write the page there (:mod:`trainprobe.tools.diff_html`).
+        tables: compare only these tables (views).
+
+    Raises:
+        ConfigError: an input is missing, empty, not monitor output (a precision dump: use
+            ``trainprobe compare``), the two are of different kinds (V1 and V2), they have no
+            row in common, or an option is invalid. The message is one line.
+    """
+    if not exact and not (rtol >= 0 and math.isfinite(rtol)):
+        raise ConfigError(f"--rtol: must be a finite number >= 0, got {rtol!r}")
+    if steps is not None and steps[0] > steps[1]:
+        raise ConfigError(f"--steps: the first step {steps[0]} is after the last {steps[1]}")
+    pairs: Mapping = []
+    if isinstance(mapping, (str, Path)):
+        pairs = load_mapping(mapping)
+    elif mapping is not None:
+        pairs = parse_mapping(mapping)
+    kinds = {side: _kind(run, side) for side, run in (("baseline", baseline), ("candidate", candidate))}
+    if kinds["baseline"] != kinds["candidate"]:
+        raise ConfigError(
+            f"the runs are of different kinds: baseline {baseline} is {kinds['baseline']} output, candidate "
+            f"{candidate} is {kinds['candidate']} output; diff compares V1 with V1 or V2 with V2"
+        )
+    duck = require("duckdb")
+    con = duck.connect()
+    con.execute("SET preserve_insertion_order = false")
+    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    con.execute(f"SET temp_directory = '{_sql_path(Path(tempfile.gettempdir()) / 'trainprobe-diff')}'")
+    check_mapping(con, pairs)
+    views = _attach(con, baseline, candidate, steps, offset)
+    common = [t for t in views["b"] if t in views["c"] and (tables is None or t in tables)]
+    result = DiffResult(str(baseline), str(candidate), rtol, exact, offset, steps)
+    result.tables_only = {
+        "baseline": sorted(set(views["b"]) - set(views["c"])),
+        "candidate": sorted(set(views["c"]) - set(views["b"])),
+    }
+    wanted = set(ops) if ops else None
+    if wanted is not None:
+        known = {o for cols in views["b"].values() for o in ops_of(cols)}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ConfigError(f"--ops: {unknown} in no table of the baseline (its ops: {sorted(known)})")
+    sources: list[str] = []
+    for table in common:
+        table_ops = [o for o in ops_of(views["b"][table]) if o in views["c"][table]]
+        if wanted is not None:
+            table_ops = [o for o in table_ops if o in wanted]
+        result.ops[table] = table_ops
+        micro = all(_has_micro(con, schema, table) for schema in ("b", "c"))
+        result.micro[table] = micro
+        settings = {"rtol": rtol, "exact": exact, "offset": offset, "mapping": pairs, "steps": steps, "micro": micro}
+        joined = joined_sql(table, table_ops, **settings)  # type: ignore[arg-type]
+        counts = _counts(con, joined)
+        if _repeats(con, table, counts, offset, steps):
+            joined = joined_sql(table, table_ops, occurrence=True, **settings)  # type: ignore[arg-type]
+            counts = _counts(con, joined)
+        kept = f"kept_{len(sources)}"
+        con.execute(f"CREATE TEMP TABLE {kept} AS SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
+        result.tables[table] = {name: int(counts.get(code, 0)) for code, name in STATUS_NAMES.items()}
+        con.execute(f"CREATE TEMP VIEW ord_{len(sources)} AS {ordered_sql(table, kept)}")
+        sources.append(f"ord_{len(sources)}")
+    if sources:
+        con.execute("CREATE TEMP VIEW diverged_rows AS " + " UNION ALL BY NAME ".join(f"SELECT * FROM {s}" for s in sources))
+    totals = {name: sum(t[name] for t in result.tables.values()) for name in STATUS_NAMES.values()}
+    compared = totals["equal"] + totals["within_tolerance"] + totals["diverged"]
+    result.counts = {"compared": compared, **totals}
+    if compared == 0:
+        raise ConfigError(
+            f"the runs have no row in common: baseline {baseline} has tables {sorted(views['b'])}, candidate "
+            f"{candidate} has {sorted(views['c'])}; {totals['only_baseline']} rows only in the baseline, "
+            f"{totals['only_candidate']} only in the candidate (different models? a --map or --offset needed?)"
+        )
+    if sources:
+        result.divergences = _rows(con, DIVERGED, limit)
+        result.first = result.divergences[0] if result.divergences else None
+        result.largest = _largest(con, limit, any("norm" in o for o in result.ops.values()))
+        result.only_baseline = _rows(con, ONLY_BASELINE, EXAMPLES)
+        result.only_candidate = _rows(con, ONLY_CANDIDATE, EXAMPLES)
+    if out is not None:
+        write_outputs(con, result, Path(out), bool(sources))
+    if html is not None:
+        from trainprobe.tools.diff_html import write_html
+
+        write_html(con, result, Path(html), common, pairs)
+    return result
+
+
+def _counts(con: Any, joined: str) -> dict[int, int]:
+    """Rows per status of a join."""
+    return {int(k): int(v) for k, v in con.execute(f"SELECT status, count(*) FROM ({joined}) GROUP BY status").fetchall()}
+
+
+def _repeats(con: Any, table: str, counts: dict[int, int], offset: int, steps: tuple[int, int] | None) -> bool:
+    """Whether a key repeats in either run: the join then counts some of its rows twice."""
+    matched = sum(counts.get(s, 0) for s in (EQUAL, WITHIN, DIVERGED))
+    for schema, only, shift in (("b", ONLY_BASELINE, 0), ("c", ONLY_CANDIDATE, offset)):
+        [(rows,)] = con.execute(rows_sql(schema, table, shift, steps)).fetchall()
+        if matched + counts.get(only, 0) != rows:
+            return True
+    return False
+
+
+def _has_micro(con: Any, schema: str, table: str) -> bool:
+    """Whether a row of ``schema.table`` has a ``micro_step`` (the scan stops at the first)."""
+    return con.execute(f"SELECT 1 FROM {schema}.{q(table)} WHERE micro_step IS NOT NULL LIMIT 1").fetchone() is not None
+
+
+def _kind(run: str | Path, side: str) -> str:
+    """``"Monitor V1"`` or ``"Monitor V2"``; a ConfigError for a dump, an empty or unrelated folder."""
+    path = Path(run)
+    if not path.is_dir():
+        raise ConfigError(f"{side} {run}: not a folder (give a monitor output folder)")
+    try:
+        files = find_run_files(path)
+    except ConfigError as exc:
+        if _is_dump(path):
+            raise ConfigError(
+                f"{side} {run} is a precision dump folder, not monitor output: compare dumps with "
+                "`trainprobe compare`"
+            ) from None
+        raise ConfigError(f"{side} {exc}") from None
+    layouts = sorted({f.layout for f in files})
+    if len(layouts) > 1:
+        raise ConfigError(f"{side} {run} holds both Monitor V1 and Monitor V2 files; give one of them")
+    return "Monitor " + layouts[0].upper()
+
+
+def _is_dump(path: Path, depth: int = 4) -> bool:
+    """Whether ``path`` looks like a precision dump (a ``dump.json`` within a few levels)."""
+    level = [path]
+    for _ in range(depth):
+        if any((p / "dump.json").is_file() for p in level):
+            return True
+        level = [c for p in level for c in sorted(p.iterdir())[:64] if c.is_dir()]
+    return False
+
+
+def _attach(
+    con: Any, baseline: str | Path, candidate: str | Path, steps: tuple[int, int] | None, offset: int
+) -> dict[str, dict[str, list[str]]]:
+    """Both runs' views under schemas ``b`` and ``c``; their columns per view."""
+    for schema, run, window in (("b", baseline, steps), ("c", candidate, _shift(steps, -offset))):
+        con.execute(f"CREATE SCHEMA {schema}")
+        con.execute(f"USE {schema}")
+        connect(run, con, steps=window)
+    con.execute("USE main")
+    found: dict[str, dict[str, list[str]]] = {"b": {}, "c": {}}
+    for schema, view in con.execute(
+        "SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal AND schema_name IN ('b', 'c') ORDER BY 2"
+    ).fetchall():
+        cols = con.execute(f"SELECT column_name FROM duckdb_columns() WHERE schema_name = '{schema}' "
+                           f"AND table_name = '{view}' ORDER BY column_index").fetchall()
+        found[schema][view] = [c[0] for c in cols]
+    return found
+
+
+def _shift(steps: tuple[int, int] | None, by: int) -> tuple[int, int] | None:
+    return None if steps is None else (steps[0] + by, steps[1] + by)
+
+
+def _rows(
+    con: Any, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows"
+) -> list[Divergence]:
+    """The first ``limit`` kept rows of ``status`` in ``order`` (execution order)."""
+    rows = con.execute(
+        "SELECT tbl, k_step, k_micro, k_rank, k_vpp, COALESCE(b_name, c_name), k_scope, worst_op, rel, c_name, "
+        f"* FROM {source} WHERE status = {status} ORDER BY {order} LIMIT {int(limit)}"
+    )
+    names = [d[0] for d in rows.description]
+    out = []
+    for row in rows.fetchall():
+        record = dict(zip(names[10:], row[10:]))
+        op = row[7]
+        out.append(Divergence(
+            table=row[0], step=int(row[1]), micro_step=None if row[2] < 0 else int(row[2]), rank=int(row[3]),
+            vpp_stage=int(row[4]), name=row[5], scope=row[6], op=op,
+            baseline=record.get(f"b_{op}") if op else None, candidate=record.get(f"c_{op}") if op else None,
+            rel_diff=row[8], candidate_name=row[9],
+        ))
+    return out
+
+
+def _largest(con: Any, limit: int, has_norm: bool) -> list[Divergence]:
+    """One diverged row per tensor (table, scope, name), the tensors that differ most first: by the relative difference of ``norm`` where
+    the table has it (the most robust summary of a tensor: a ``mean`` near 0 swings widely),
+    else of the row's worst op; shown with that op."""
+    key = "COALESCE(r_norm, rel)" if has_norm else "rel"
+    per_tensor = (
+        f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY tbl, k_scope, k_name ORDER BY {key} DESC, "
+        f"{ORDER}) AS tensor_rank FROM diverged_rows WHERE status = {DIVERGED}) WHERE tensor_rank = 1)"
+    )
+    rows = _rows(con, DIVERGED, limit, order=f"{key} DESC, {ORDER}", source=per_tensor)
+    if not has_norm:
+        return rows
+    out = []
+    for row in rows:
+        norm = con.execute(
+            "SELECT b_norm, c_norm, r_norm FROM diverged_rows WHERE tbl = ? AND k_step = ? AND k_rank = ? "
+            "AND k_scope = ? AND COALESCE(b_name, c_name) = ? AND status = ? ORDER BY r_norm DESC LIMIT 1",
+            [row.table, row.step, row.rank, row.scope, row.name, DIVERGED],
+        ).fetchone()
+        if norm is not None and norm[2] is not None:
+            row = replace(row, op="norm", baseline=norm[0], candidate=norm[1], rel_diff=norm[2])
+        out.append(row)
+    return out
+
+
+def write_outputs(con: Any, result: DiffResult, out: Path, any_rows: bool) -> list[Path]:
+    """``diff.csv`` (every diverged row, execution order) and ``diff_summary.json`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, summary_path = out / "diff.csv", out / "diff_summary.json"
+    op_names = list(dict.fromkeys(o for ops in result.ops.values() for o in ops))
+    per_op = ", ".join(f"{q('b_' + o)} AS {q(o + '_baseline')}, {q('c_' + o)} AS {q(o + '_candidate')}, "
+                       f"{q('r_' + o)} AS {q(o + '_rel_diff')}" for o in op_names)
+    select = (
+        "tbl AS \"table\", k_step AS step, CASE WHEN k_micro < 0 THEN NULL ELSE k_micro END AS micro_step, "
+        "k_rank AS rank, k_vpp AS vpp_stage, b_name AS name, c_name AS candidate_name, k_scope AS scope, "
+        f"worst_op, rel AS rel_diff{', ' + per_op if per_op else ''}"
+    )
+    if any_rows:
+        # a table without an op lacks its columns: UNION ALL BY NAME gave NULLs
+        con.execute(
+            f"COPY (SELECT {select} FROM diverged_rows WHERE status = {DIVERGED} ORDER BY {ORDER}) "
+            f"TO '{_sql_path(csv_path)}' (HEADER, DELIMITER ',')"
+        )
+    else:
+        header = select.replace('"', "")
+        csv_path.write_text(",".join(part.rsplit(" AS ", 1)[-1].strip() for part in _split(header)) + "\n")
+    summary_path.write_text(json.dumps(result.summary(), indent=2) + "\n", encoding="utf-8")
+    return [csv_path, summary_path]
+
+
+def _split(select: str) -> list[str]:
+    """The items of a SELECT list without nested commas (CASE ... END kept whole)."""
+    parts, depth, current = [], 0, ""
+    for token in select.split(", "):
+        current = f"{current}, {token}" if current else token
+        depth += token.count("CASE") - token.count("END")
+        if depth == 0:
+            parts.append(current)
+            current = ""
+    return parts
+
+
+def _sql_path(path: Path) -> str:
+    return str(path).replace("'", "''")

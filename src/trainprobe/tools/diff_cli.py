@@ -1,0 +1,108 @@
+"""``trainprobe diff BASELINE CANDIDATE``: the command line of :func:`trainprobe.tools.diff.diff`.
+
+Prints the answer first (one line), then the earliest divergences in execution order, the
+largest relative differences, and the counts (with examples of rows present in one run only).
+Exit status: 0 every matched row within tolerance, 1 the runs diverge, 2 bad input (one line on
+stderr, from :func:`trainprobe.cli.main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from trainprobe.engine.errors import ConfigError
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``diff`` sub-command to ``sub`` (nothing heavy imported)."""
+    p = sub.add_parser(
+        "diff",
+        help="compare two runs' monitor outputs row by row: the first divergence in execution order",
+        description="Match the rows of two Monitor V2 (or two V1) outputs on table, rank, step, micro-step, "
+        "name and scope, compare every op, and print the first divergence in execution order, the earliest "
+        "ones, and the counts. Exit 0: within tolerance; 1: diverged; 2: bad input. See docs/diff.md. "
+        "Needs: pip install 'trainprobe[query]'.",
+    )
+    p.add_argument("baseline", metavar="BASELINE", help="the reference run (V2 output_dir, V1 MONITOR_OUTPUT_DIR, or one rank's folder)")
+    p.add_argument("candidate", metavar="CANDIDATE", help="the run compared with it (same kind)")
+    p.add_argument("--rtol", type=float, default=None, help="tolerance on the relative difference (default 1e-3)")
+    p.add_argument("--exact", action="store_true", help="demand bit-equal values (deterministic reruns, CI)")
+    p.add_argument("--ops", help="compare only these ops, comma-separated (default: every op both runs have)")
+    p.add_argument("--map", dest="mapping", metavar="FILE", help="YAML/JSON regex -> replacement pairs for the candidate's names")
+    p.add_argument("--steps", help="only baseline steps A:B (inclusive; A: or :B open)")
+    p.add_argument("--offset", type=int, default=0, help="candidate step s is baseline step s+K (a resumed or shifted run)")
+    p.add_argument("--limit", type=int, default=20, help="divergences listed (default 20)")
+    p.add_argument("--tables", help="compare only these tables/monitors, comma-separated")
+    p.add_argument("--out", metavar="DIR", help="write diff.csv and diff_summary.json there")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained page with the heatmap of differences")
+    p.set_defaults(run=_command)
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """``"A:B"`` (inclusive), ``"A:"``, ``":B"`` or ``"A"`` as ``(first, last)``."""
+    if text is None:
+        return None
+    try:
+        if ":" not in text:
+            return int(text), int(text)
+        first, last = text.split(":", 1)
+        return (int(first) if first.strip() else 0, int(last) if last.strip() else 2**62)
+    except ValueError:
+        raise ConfigError(f"--steps: {text!r} is not A:B (two step numbers, inclusive)") from None
+
+
+def _command(args: argparse.Namespace) -> int:
+    from trainprobe.tools.diff import DEFAULT_RTOL, diff
+
+    if args.exact and args.rtol is not None:
+        raise ConfigError("--exact and --rtol: give one (--exact demands bit-equal values)")
+    if args.limit < 0:
+        raise ConfigError("--limit: must be >= 0")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
+    result = diff(
+        args.baseline, args.candidate, rtol=DEFAULT_RTOL if args.rtol is None else args.rtol, exact=args.exact,
+        ops=ops, mapping=args.mapping, steps=parse_steps(args.steps), offset=args.offset, limit=args.limit,
+        out=args.out, html=args.html, tables=tables,
+    )
+    print_result(result, sys.stdout)
+    return result.exit_code
+
+
+def print_result(result: Any, out: TextIO) -> None:
+    """The report of a :class:`~trainprobe.tools.diff.DiffResult` (see the module docstring)."""
+    from trainprobe.tools.diff import fmt
+
+    out.write(result.answer() + "\n")
+    c = result.counts
+    if result.divergences:
+        out.write(f"\nearliest divergences ({len(result.divergences)} of {c['diverged']:,}, execution order):\n")
+        _table(out, result.divergences, fmt)
+    if result.largest and c["diverged"] > 1:
+        out.write("\nlargest relative differences:\n")
+        _table(out, result.largest, fmt)
+    out.write(
+        f"\nrows compared {c['compared']:,}: equal {c['equal']:,}, within tolerance {c['within_tolerance']:,}, "
+        f"diverged {c['diverged']:,}; only in baseline {c['only_baseline']:,}, only in candidate {c['only_candidate']:,}\n"
+    )
+    for side, rows in (("baseline", result.only_baseline), ("candidate", result.only_candidate)):
+        if rows:
+            out.write(f"only in {side}, e.g.: " + "; ".join(r.where() for r in rows[:3]) + "\n")
+        if result.tables_only.get(side):
+            out.write(f"tables only in {side}: {', '.join(result.tables_only[side])}\n")
+
+
+def _table(out: TextIO, rows: Sequence[Any], fmt: Any) -> None:
+    head = ("step", "rank", "table", "tensor", "op", "baseline", "candidate", "rel_diff")
+    cells = [
+        (str(r.step), str(r.rank), r.table if r.scope == r.table else f"{r.table} {r.scope}", r.name, r.op or "",
+         fmt(r.baseline), fmt(r.candidate), f"{r.rel_diff:.2e}" if r.rel_diff is not None else "")
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(head)]
+    out.write("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip() + "\n")
+    for row in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")

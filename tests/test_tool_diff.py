@@ -1,0 +1,265 @@
+"""``trainprobe diff`` on real trainings of the demo GPT (tests/diff_runs.py): reruns, a perturbed
+weight, bf16 autocast, renamed and shifted runs, Parquet, the output files and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("duckdb")
+
+from diff_runs import SCALED, train  # noqa: E402
+from reference_layouts import write_reference_v1  # noqa: E402
+from trainprobe.cli import main  # noqa: E402
+from trainprobe.engine.errors import ConfigError  # noqa: E402
+from trainprobe.tools.diff import diff  # noqa: E402
+from trainprobe.tools.diff_cli import parse_steps  # noqa: E402
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Four trainings, 8 steps each: ``base``, ``same`` (same seed), ``scaled`` (SCALED x1.001 after
+    step 5), ``bf16`` (bf16 autocast)."""
+    root = tmp_path_factory.mktemp("diff_runs")
+    return {
+        "base": train(root / "base"),
+        "same": train(root / "same"),
+        "scaled": train(root / "scaled", scale_after=5),
+        "bf16": train(root / "bf16", bf16=True),
+    }
+
+
+def rewrite(src: Path, dst: Path, step_shift: int = 0, rename: tuple[str, str] | None = None) -> Path:
+    """A copy of the V2 run ``src`` with every step moved by ``step_shift`` (rows below 0 dropped) and
+    ``module_name`` prefixed/renamed (``rename``: old part, new part)."""
+    for path in sorted(src.glob("rank_*/*.csv")):
+        with path.open(newline="") as fh:
+            rows = list(csv.reader(fh))
+        header, body = rows[0], rows[1:]
+        step, name = header.index("step"), header.index("module_name")
+        out_rows = []
+        for row in body:
+            row = list(row)
+            row[step] = str(int(row[step]) + step_shift)
+            if int(row[step]) < 0:
+                continue
+            if rename is not None:
+                row[name] = row[name].replace(*rename) if rename[0] else rename[1] + row[name]
+            out_rows.append(row)
+        target = dst / path.parent.name / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("w", newline="") as fh:
+            csv.writer(fh, lineterminator="\n").writerows([header, *out_rows])
+    return dst
+
+
+def test_same_seed_is_bit_equal_and_the_command_exits_0(runs, capsys):
+    result = diff(runs["base"], runs["same"], exact=True)
+    assert result.exit_code == 0 and result.first is None
+    assert result.counts["compared"] == result.counts["equal"] > 1000
+    assert result.counts["only_baseline"] == result.counts["only_candidate"] == 0
+    assert main(["diff", str(runs["base"]), str(runs["same"]), "--exact"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"no divergence: {result.counts['compared']:,} matched rows, all bit-equal"
+
+
+def test_a_weight_scaled_after_step_5_diverges_at_step_6_on_that_tensor(runs, capsys):
+    # scaled once step 5 is over (after its optimizer step, whose param_updated row was already
+    # written): the first row that can differ is step 6's, and the first one in execution order
+    # is that weight (its parameter row before the step) or its module's forward output
+    result = diff(runs["base"], runs["scaled"], exact=True)
+    assert result.exit_code == 1
+    assert result.first is not None and result.first.step == 6
+    assert result.first.name.startswith(SCALED.rsplit(".", 1)[0]), result.first
+    assert diff(runs["base"], runs["scaled"], exact=True, steps=(0, 5)).exit_code == 0
+    default = diff(runs["base"], runs["scaled"])  # 1.001 is a 1e-3 change: the default rtol flags its effects
+    assert default.first is not None and default.first.step >= 6
+    assert main(["diff", str(runs["base"]), str(runs["scaled"]), "--exact"]) == 1
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("first divergence: step 6, ") and SCALED.rsplit(".", 1)[0] in line
+
+
+def test_bf16_autocast_diverges_at_step_0_at_the_first_bf16_matmul(runs, tmp_path):
+    result = diff(runs["base"], runs["bf16"], out=tmp_path / "out")
+    assert result.exit_code == 1
+    first = result.first
+    assert first is not None and (first.step, first.table, first.scope) == (0, "module", "forward")
+    # embeddings and LayerNorm stay fp32 under autocast: the first bf16 op is the qkv projection
+    assert first.name == "layers.0.attn.qkv.output.0"
+    assert [d.step for d in result.divergences] == sorted(d.step for d in result.divergences)
+    assert result.largest and result.largest[0].op == "norm"
+    assert result.largest[0].rel_diff == max(d.rel_diff for d in result.largest)  # type: ignore[type-var]
+    with (tmp_path / "out" / "diff.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == result.counts["diverged"]
+    assert (rows[0]["step"], rows[0]["name"], rows[0]["worst_op"]) == ("0", first.name, first.op)
+    assert float(rows[0][f"{first.op}_rel_diff"]) == pytest.approx(first.rel_diff)
+    assert [int(r["step"]) for r in rows] == sorted(int(r["step"]) for r in rows)
+    summary = json.loads((tmp_path / "out" / "diff_summary.json").read_text())
+    assert summary["schema"] == 1 and summary["answer"] == result.answer() and summary["exit_code"] == 1
+    assert summary["counts"] == result.counts and summary["first"]["name"] == first.name
+
+
+def test_rtol_decides_and_exact_rejects_within_tolerance_rows(runs):
+    loose = diff(runs["base"], runs["bf16"], rtol=10.0)
+    assert loose.exit_code == 0 and loose.counts["within_tolerance"] > 0
+    assert diff(runs["base"], runs["bf16"], ops=["nans"]).exit_code == 0  # no NaN in either
+    with pytest.raises(ConfigError, match="--ops: \\['nrom'\\] in no table"):
+        diff(runs["base"], runs["same"], ops=["nrom"])
+    with pytest.raises(ConfigError, match="--rtol: must be a finite number"):
+        diff(runs["base"], runs["same"], rtol=-1)
+
+
+def test_wrapper_prefixes_are_normalised_and_a_map_renames(runs, tmp_path):
+    wrapped = rewrite(runs["base"], tmp_path / "wrapped", rename=("", "module._orig_mod."))
+    assert diff(runs["base"], wrapped, exact=True).exit_code == 0
+    renamed = rewrite(runs["base"], tmp_path / "renamed", rename=("layers.", "blocks."))
+    mapping = tmp_path / "names.yaml"
+    mapping.write_text("# blocks.<i> in the candidate is layers.<i> in the baseline\n'^blocks\\.': 'layers.'\n")
+    assert diff(runs["base"], renamed, exact=True, mapping=mapping).exit_code == 0
+    without = diff(runs["base"], renamed, exact=True)
+    assert without.counts["only_baseline"] == without.counts["only_candidate"] > 0
+    assert without.only_candidate[0].name.startswith("blocks.")
+    (tmp_path / "bad.json").write_text('[["(unclosed", "x"]]')
+    with pytest.raises(ConfigError, match="--map: pattern '\\(unclosed'"):
+        diff(runs["base"], renamed, mapping=tmp_path / "bad.json")
+
+
+def test_offset_aligns_a_shifted_run(runs, tmp_path):
+    shifted = rewrite(runs["base"], tmp_path / "shifted", step_shift=-2)  # its step 0 is the baseline's 2
+    result = diff(runs["base"], shifted, exact=True, offset=2)
+    assert result.exit_code == 0 and result.counts["only_candidate"] == 0
+    assert {r.step for r in result.only_baseline} == {0}  # the earliest examples; steps 0-1 are missing
+    assert result.counts["only_baseline"] == 2 * result.counts["compared"] // 6
+    assert diff(runs["base"], shifted, exact=True).exit_code == 1
+
+
+def test_csv_against_parquet_of_the_same_run_is_bit_equal(runs, tmp_path):
+    from trainprobe.tools.query_convert import convert_run
+
+    parquet = tmp_path / "parquet"
+    shutil.copytree(runs["base"], parquet)
+    convert_run(parquet, remove_csv=True)
+    assert not list(parquet.rglob("*.csv"))
+    assert diff(runs["base"], parquet, exact=True).exit_code == 0
+
+
+def test_a_torn_last_line_is_a_row_in_one_run_only_not_a_crash(runs, tmp_path):
+    torn = tmp_path / "torn"
+    shutil.copytree(runs["base"], torn)
+    path = torn / "rank_0" / "param_step4-7.csv"
+    path.write_bytes(path.read_bytes()[:-7])  # the last record cut mid-way
+    result = diff(runs["base"], torn, exact=True)
+    assert result.exit_code == 0 and result.counts["only_baseline"] == 1
+    assert result.only_baseline[0].step == 7
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("empty", "run: no monitor data file"),
+        ("dump", "is a precision dump folder, not monitor output: compare dumps with `trainprobe compare`"),
+        ("unrelated", "run: no monitor data file"),
+        ("v1", "the runs are of different kinds"),
+        ("nothing_in_common", "the runs have no row in common"),
+        ("missing", "not a folder"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, case, message):
+    candidate = tmp_path / case
+    if case == "empty":
+        candidate.mkdir()
+    elif case == "dump":
+        (candidate / "step0" / "rank0").mkdir(parents=True)
+        (candidate / "step0" / "rank0" / "dump.json").write_text('{"task": "statistics", "data": {}}')
+    elif case == "unrelated":
+        candidate.mkdir()
+        (candidate / "losses.csv").write_text("step,loss\n0,1.5\n")
+        (candidate / "rank_0").mkdir()
+        (candidate / "rank_0" / "metrics.csv").write_text("a,b\n1,2\n")
+    elif case == "v1":
+        write_reference_v1(candidate)
+    elif case == "nothing_in_common":
+        rewrite(runs["base"], candidate, rename=("", "other."))
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainprobe", "diff", str(runs["base"]), str(candidate)],
+        capture_output=True, text=True, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainprobe diff: error: ") and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_steps_option_parses_ranges():
+    assert parse_steps("0:1000") == (0, 1000)
+    assert parse_steps("5") == (5, 5)
+    assert parse_steps(":3") == (0, 3)
+    assert parse_steps("7:")[0] == 7  # type: ignore[index]
+    with pytest.raises(ConfigError, match="--steps: 'a:b' is not A:B"):
+        parse_steps("a:b")
+    with pytest.raises(ConfigError, match="--steps: the first step 5 is after the last 2"):
+        diff(".", ".", steps=(5, 2))
+
+
+def test_help_does_not_import_duckdb():
+    code = "import sys; from trainprobe.cli import build_parser; build_parser(); print('duckdb' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_html_page_marks_the_first_divergence(runs, tmp_path):
+    page = tmp_path / "diff.html"
+    result = diff(runs["base"], runs["scaled"], exact=True, html=page)
+    text = page.read_text()
+    from test_tool_report import DomFacts
+
+    facts = DomFacts()
+    facts.feed(text)
+    assert facts.external == [] and len(text) > 1_000_000  # self-contained: Plotly's JavaScript inlined
+    assert text.count('class="plotly-graph-div"') == len(result.ops)  # one heatmap per table
+    assert f'"x":["{result.first.step}"],"y":["param_origin {SCALED}"]' in text  # type: ignore[union-attr]
+    assert html_escape(result.answer()) in text
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium (apt-get install -y chromium)")
+def test_html_page_renders_in_chromium(runs, tmp_path):
+    from test_tool_report import assert_page_ok, render
+
+    page = diff(runs["base"], runs["bf16"], html=tmp_path / "diff.html")
+    assert page.exit_code == 1
+    assert_page_ok(render(tmp_path / "diff.html", tmp_path / "chromium", height=2000))
+
+
+def test_a_key_twice_in_a_run_pairs_first_with_first(runs, tmp_path):
+    # a module called twice in a step writes two rows with one key: the second call's row of the
+    # candidate differs; it must be compared with the baseline's second row, not with both
+    def twice(dst: Path, change: bool) -> Path:
+        shutil.copytree(runs["base"], dst)
+        path = dst / "rank_0" / "param_step0-3.csv"
+        lines = path.read_text().splitlines()
+        extra = lines[1].split(",")
+        if change:
+            extra[-2] = str(float(extra[-2]) * 2)  # norm
+        path.write_text("\n".join([*lines[:2], ",".join(extra), *lines[2:]]) + "\n")
+        return dst
+
+    result = diff(twice(tmp_path / "b", False), twice(tmp_path / "c", True), exact=True)
+    assert result.counts["diverged"] == 1 and result.counts["only_baseline"] == result.counts["only_candidate"] == 0
+    assert result.first is not None and result.first.op == "norm" and result.first.step == 0
