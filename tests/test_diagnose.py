@@ -106,33 +106,21 @@ def test_report_summary(runs: DiagnoseRuns) -> None:
     assert summary["first"]["name"] == SPIKE_PARAM
 
 
-def test_baseline_needs_diff(runs: DiagnoseRuns) -> None:
-    with pytest.raises(ConfigError, match="needs trainprobe diff"):
-        baseline_line(runs.v2, runs.clean)
-    done = _cli(str(runs.v2), "--baseline", str(runs.clean))
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
-    assert "needs trainprobe diff" in done.stderr
-
-
-def test_baseline_seam_prints_the_diff_line(runs: DiagnoseRuns, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seam the lead wires ``trainprobe diff`` into: ``trainprobe.tools.diff.diagnose_line``
-    (here a stand-in module: the real one is being written in parallel)."""
-    import types
-
-    seen: list[tuple[Path, Path]] = []
-    stand_in = types.ModuleType("trainprobe.tools.diff")
-
-    def diagnose_line(good: Path, bad: Path) -> str:
-        seen.append((good, bad))
-        return "first divergence: step 20 ..."
-
-    stand_in.diagnose_line = diagnose_line  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "trainprobe.tools.diff", stand_in)
+def test_baseline_adds_the_diff_answer(runs: DiagnoseRuns, tmp_path: Path) -> None:
+    """``--baseline GOOD_RUN`` adds ``trainprobe diff``'s answer: the clean run (same seed) against
+    the run whose rank 1 got a 50x gradient at step 20 parts at step 20 on rank 1."""
     result = diagnose(runs.v2, baseline=runs.clean)
-    assert result.baseline == "first divergence: step 20 ..." and seen == [(runs.clean, runs.v2)]
-    assert result.lines()[1] == "against the baseline: first divergence: step 20 ..."
-    assert result.to_json()["baseline"] == "first divergence: step 20 ..."
+    assert result.baseline is not None and result.baseline.startswith("first divergence: step 20, "), result.baseline
+    assert "rank 1" in result.baseline
+    assert result.lines()[1] == f"against the baseline: {result.baseline}"
+    assert result.to_json()["baseline"] == result.baseline
+    done = _cli(str(runs.v2), "--baseline", str(runs.clean))
+    assert done.returncode == 1 and f"against the baseline: {result.baseline}" in done.stdout
+
+
+def test_baseline_diff_cannot_compare_is_said_in_the_line(runs: DiagnoseRuns, tmp_path: Path) -> None:
+    result = diagnose(runs.v2, baseline=tmp_path / "missing")
+    assert result.baseline is not None and result.baseline.startswith("diff: "), result.baseline
 
 
 def _one_line_exit_2(folder: Path, match: str) -> None:

@@ -228,7 +228,10 @@ def test_html_page_marks_the_first_divergence(runs, tmp_path):
     facts.feed(text)
     assert facts.external == [] and len(text) > 1_000_000  # self-contained: Plotly's JavaScript inlined
     assert text.count('class="plotly-graph-div"') == len(result.ops)  # one heatmap per table
-    assert f'"x":["{result.first.step}"],"y":["param_origin {SCALED}"]' in text  # type: ignore[union-attr]
+    first = result.first
+    assert first is not None and first.step == 6 and first.name.startswith(SCALED.rsplit(".", 1)[0])
+    label = first.name if first.scope == first.table else f"{first.scope} {first.name}"
+    assert f'"x":["{first.step}"],"y":["{label}"]' in text  # the first divergence is ringed
     assert html_escape(result.answer()) in text
 
 

@@ -244,7 +244,7 @@ def diagnose(
     Raises:
         ConfigError: bad input, one line: not a folder, no monitor data (an empty folder, unrelated
             CSV files), a precision dump folder (use ``trainprobe compare``), a bad option, a
-            malformed ``anomaly.json``; ``baseline`` without ``trainprobe diff``.
+            malformed ``anomaly.json``.
     """
     _check_options(spike_factor, window, warmup, limit)
     if baseline is not None:

@@ -178,6 +178,17 @@ def _json_row(row: Divergence | None) -> dict[str, Any] | None:
     return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(row).items()}
 
 
+def diagnose_line(baseline: str | Path, candidate: str | Path) -> str:
+    """The one line ``trainprobe diagnose --baseline`` prints: :meth:`DiffResult.answer` of
+    ``diff(baseline, candidate)`` with the default tolerance, e.g. ``first divergence: step 20,
+    rank 1, weight_grad reduced layers.0.fc.weight norm 1.2e-01 vs 6.1e+00``; a pair of runs diff
+    cannot compare gives ``diff: <why>`` instead of failing the diagnosis."""
+    try:
+        return diff(baseline, candidate).answer()
+    except ConfigError as exc:
+        return f"diff: {exc}"
+
+
 def diff(
     baseline: str | Path,
     candidate: str | Path,

@@ -12,9 +12,11 @@ tensor), else 0. Equal values (NaN and NaN, inf and inf included) differ by 0; N
 against anything else, or a value against an empty cell, by +inf (always a divergence).
 
 Row statuses: :data:`EQUAL`, :data:`WITHIN`, :data:`DIVERGED`, :data:`ONLY_BASELINE`,
-:data:`ONLY_CANDIDATE`. Execution order is the query layer's (``stage_sql`` of
-:mod:`trainprobe.tools.query_sql`): step, stage of the table and scope, micro-step, the row's
-position among its file's rows of that step, rank.
+:data:`ONLY_CANDIDATE`. Execution order is the one of
+:mod:`trainprobe.tools.execution_order` (its stages through ``stage_sql`` of
+:mod:`trainprobe.tools.query_sql`, see :data:`ORDER`): step; per micro-batch its forward,
+backward and unreduced gradients, then the once-per-step tables; the row's position among its
+file's rows of that step; rank.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import math
 from collections.abc import Sequence
 
 from trainprobe.tools.diff_match import KEY, key_sql
-from trainprobe.tools.query_sql import COUNT_OPS, stage_sql
+from trainprobe.tools.query_sql import COUNT_OPS, ONCE_STAGE, stage_sql
 
 EQUAL, WITHIN, DIVERGED, ONLY_BASELINE, ONLY_CANDIDATE = 0, 1, 2, 3, 4
 STATUS_NAMES = {
@@ -158,8 +160,14 @@ LEFT JOIN ({firsts}) fb ON fb.side = 'b' AND fb.file = d.b_file AND fb.step = d.
 LEFT JOIN ({firsts}) fc ON fc.side = 'c' AND fc.file = d.c_file AND fc.step = d.c_step)"""
 
 
-ORDER = "k_step, stage, k_micro, position, k_rank, tbl, k_name"
-"""Execution order of :func:`ordered_sql`'s rows (the module docstring)."""
+ORDER = (
+    f"k_step, stage >= {ONCE_STAGE}, CASE WHEN stage >= {ONCE_STAGE} THEN 0 ELSE coalesce(k_micro, 0) END, "
+    "stage, k_micro, position, k_rank, tbl, k_name"
+)
+"""Execution order of :func:`ordered_sql`'s rows, as :func:`trainprobe.tools.execution_order.execution_key`
+orders them: step; per micro-batch (forward, backward, unreduced gradients), then the
+once-per-step tables (reduced gradients, collectives, optimizer, parameters); the table's stage;
+the row's position in its file's step; rank."""
 
 
 def fmt(value: float | None) -> str:

@@ -107,8 +107,12 @@ def stage_sql(table: str) -> str:
     return _case(table, lambda t, g: _stage_number(*_place(t, g)[:3]))
 
 
+ONCE_STAGE = 10000
+"""Stages from :data:`ONCE_STAGE` up are once-per-step tables (after every micro-batch)."""
+
+
 def _stage_number(once: int, phase: int, rank: int) -> int:
-    return once * 10000 + (phase + 1) * 100 + rank + 1
+    return once * ONCE_STAGE + (phase + 1) * 100 + rank + 1
 
 
 def _stages() -> dict[tuple[str, str | None], int]:
