@@ -14,7 +14,7 @@ import pytest
 
 from diagnose_runs import BAD_RANK, NAN_PARAM, NAN_STEP, SPIKE_PARAM, SPIKE_STEP, DiagnoseRuns, make_diagnose_runs
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.diagnose import baseline_line, diagnose, diagnosis_summary
+from trainprobe.tools.diagnose import diagnose, diagnosis_summary
 from trainprobe.tools.query import first_nonfinite
 
 pytest.importorskip("duckdb")
