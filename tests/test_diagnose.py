@@ -4,6 +4,7 @@ gradient spike at step 20 and a NaN at step 30 on rank 1, under Monitor V2 and M
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import subprocess
@@ -210,3 +211,30 @@ def test_reference_layouts_no_tensor_rows_are_not_anomalies(tmp_path: Path) -> N
         result = diagnose(run)
         assert result.first is None, result.lines()
         assert result.ranks == [0]
+
+
+def test_report_has_the_diagnosis_and_the_baseline_diff(runs: DiagnoseRuns, tmp_path: Path) -> None:
+    """``trainprobe report`` shows diagnose's answer first; ``--baseline`` adds diff's answer and
+    heatmaps (the page renders in headless Chromium where it is installed)."""
+    pytest.importorskip("plotly")
+    from trainprobe.tools.diff import diff
+    from trainprobe.tools.report import write_report
+
+    page = write_report(runs.v2, tmp_path / "report.html", baseline=runs.clean)
+    text = page.read_text(encoding="utf-8")
+    first = diagnose(runs.v2).line()
+    assert f'<p class="bad" id="tp-diagnosis">{html.escape(first)}</p>' in text
+    assert '<section id="baseline">' in text and html.escape(diff(runs.clean, runs.v2).answer()) in text
+    assert text.index('id="diagnosis"') < text.index('id="baseline"') < text.index('id="timeline"')
+    clean = write_report(runs.clean, tmp_path / "clean.html").read_text(encoding="utf-8")
+    assert '<p class="ok" id="tp-diagnosis">no anomaly' in clean and 'id="baseline"' not in clean
+    done = _cli_report(str(runs.v2), "-o", str(tmp_path / "cli.html"), "--baseline", str(runs.clean))
+    assert done.returncode == 0 and '<section id="baseline">' in (tmp_path / "cli.html").read_text(encoding="utf-8")
+    if Path("/usr/bin/chromium").exists():
+        from test_tool_report import assert_page_ok, render
+
+        assert_page_ok(render(page, tmp_path / "chromium", height=2000))
+
+
+def _cli_report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainprobe", "report", *args], capture_output=True, text=True, timeout=300)

@@ -203,6 +203,7 @@ def diff(
     out: str | Path | None = None,
     html: str | Path | None = None,
     tables: Sequence[str] | None = None,
+    page: Any = None,
 ) -> DiffResult:
     """Compare two runs' monitor outputs row by row; the first divergence in execution order.
 
@@ -300,6 +301,10 @@ def diff(
         from trainprobe.tools.diff_html import write_html
 
         write_html(con, result, Path(html), common, pairs)
+    if page is not None:
+        from trainprobe.tools.diff_html import add_sections
+
+        add_sections(page, con, result, common, pairs)
     return result
 
 

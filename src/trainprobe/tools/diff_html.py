@@ -33,11 +33,7 @@ LOG_CEIL = 1.0
 def write_html(con: Any, result: Any, path: Path, tables: Sequence[str], mapping: Sequence[tuple[str, str]]) -> Path:
     """Write the page for ``result`` (a :class:`~trainprobe.tools.diff.DiffResult`) to ``path``."""
     page = PageBuilder()
-    for table in tables:
-        cells = _cells(con, table, result, mapping)
-        if cells:
-            page.add(f"<h2>{_e(table)}</h2>")
-            page.add_figure(heatmap(table, cells, result))
+    add_heatmaps(page, con, result, tables, mapping)
     path.parent.mkdir(parents=True, exist_ok=True)
     title = f"trainprobe diff: {Path(result.baseline).name} vs {Path(result.candidate).name}"
     path.write_text(
@@ -49,6 +45,25 @@ def write_html(con: Any, result: Any, path: Path, tables: Sequence[str], mapping
         encoding="utf-8",
     )
     return path
+
+
+def add_heatmaps(
+    page: PageBuilder, con: Any, result: Any, tables: Sequence[str], mapping: Sequence[tuple[str, str]], level: int = 2
+) -> None:
+    """Add one heatmap per table (with a heading of ``level``) to ``page``."""
+    for table in tables:
+        cells = _cells(con, table, result, mapping)
+        if cells:
+            page.add(f"<h{level}>{_e(table)}</h{level}>")
+            page.add_figure(heatmap(table, cells, result))
+
+
+def add_sections(page: PageBuilder, con: Any, result: Any, tables: Sequence[str], mapping: Sequence[tuple[str, str]]) -> None:
+    """The diff as a section of another page (``trainprobe report --baseline``): its summary and
+    heatmaps under ``<section id="baseline">``."""
+    page.add('<section id="baseline"><h2>Against the baseline (trainprobe diff)</h2>' + summary_html(result))
+    add_heatmaps(page, con, result, tables, mapping, level=3)
+    page.add("</section>")
 
 
 def _cells(con: Any, table: str, result: Any, mapping: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:

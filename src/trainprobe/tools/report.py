@@ -66,6 +66,7 @@ def write_report(
     output: str | Path | None = None,
     training_state: str | Path | None = None,
     tensorboard: str | Path | None = None,
+    baseline: str | Path | None = None,
 ) -> Path:
     """Write the HTML report of the monitor output under ``monitor_dir`` (a V1 MONITOR_OUTPUT_DIR
     or run folder, or a V2 output_dir) to ``output`` (see :func:`output_path`) and return its path.
@@ -77,6 +78,9 @@ def write_report(
     metrics' ``tensorboard_dir``), else from event files in ``monitor_dir``'s ``rank_<id>`` folders.
 
     Torn rows of a killed run are skipped (a warning names each file once, the summary counts them).
+    The "Diagnosis" section holds ``trainprobe diagnose``'s answer for ``monitor_dir``; with
+    ``baseline`` (a good run of the same kind) the page also holds ``trainprobe diff``'s answer,
+    counts and heatmaps of ``baseline`` against ``monitor_dir``.
 
     Raises:
         ConfigError: ``monitor_dir`` missing or holding no monitor CSV, a CSV with a foreign
@@ -90,12 +94,35 @@ def write_report(
 
     data = load_report_data(monitor_dir, training_state, tensorboard)
     path = output_path(output)
-    text = render_page(data)
+    text = render_page(data, diagnosis=_diagnosis(monitor_dir), baseline=_baseline_adder(baseline, monitor_dir))
     try:
         write_atomically(path, text)
     except OSError as exc:
         raise ConfigError(f"output: cannot write {str(path)!r}: {exc.strerror or exc}") from None
     return path
+
+
+def _diagnosis(monitor_dir: str | Path) -> list[str]:
+    """``trainprobe diagnose``'s lines for the Diagnosis section (a run it cannot read: one line saying why)."""
+    from trainprobe.tools.diagnose import diagnosis_summary
+
+    try:
+        return list(diagnosis_summary(monitor_dir)["lines"])
+    except ConfigError as exc:
+        return [f"no diagnosis: {exc}"]
+
+
+def _baseline_adder(baseline: str | Path | None, monitor_dir: str | Path) -> Any:
+    """A callable adding the diff of ``baseline`` against ``monitor_dir`` to the report's page
+    (None without ``baseline``). Raises ConfigError (at the call) when diff cannot compare them."""
+    if baseline is None:
+        return None
+    from trainprobe.tools.diff import diff
+
+    def add(page: Any) -> None:
+        diff(baseline, monitor_dir, page=page)
+
+    return add
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: see :func:`write_report`.
     """
-    print(write_report(args.monitor_dir, args.output, args.training_state, args.tensorboard))
+    print(write_report(args.monitor_dir, args.output, args.training_state, args.tensorboard, args.baseline))
     return 0
 
 
@@ -132,6 +159,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="PATH",
         help="the training metrics' tensorboard_dir (or a rank_<id> folder or event file): loss, learning rate "
         "and grad-norm of the Run section (default: event files in MONITOR_DIR's rank_<id> folders)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="GOOD_RUN",
+        help="a good run of the same kind: adds trainprobe diff's answer and heatmaps of GOOD_RUN against MONITOR_DIR",
     )
     parser.set_defaults(run=run)
     return parser

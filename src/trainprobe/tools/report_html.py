@@ -491,8 +491,12 @@ def offenders_table(offenders: Offenders) -> str:
     return f'<table id="tp-offenders"><tr>{head}</tr>{body}</table>'
 
 
-def _nav(data: ReportData) -> str:
+def _nav(data: ReportData, diagnosis: bool = False, baseline: bool = False) -> str:
     links = [("summary", "Summary")]
+    if diagnosis:
+        links.append(("diagnosis", "Diagnosis"))
+    if baseline:
+        links.append(("baseline", "Baseline"))
     if run_series(data):
         links.append(("run", "Run"))
     if chosen_offenders(data) is not None:
@@ -503,9 +507,28 @@ def _nav(data: ReportData) -> str:
     return "<nav>" + "".join(f'<a href="#{key}">{label}</a>' for key, label in links) + "</nav>"
 
 
-def render_page(data: ReportData) -> str:
-    """The whole HTML document of the report."""
+def _diagnosis_section(page: PageBuilder, lines: Sequence[str], baseline: Any) -> None:
+    """``trainprobe diagnose``'s answer (its lines as the command prints them), then, with a
+    baseline, ``trainprobe diff``'s section (``baseline(page)`` adds it)."""
+    first = lines[0] if lines else ""
+    state = "ok" if first.startswith("no anomaly") else "bad"
+    rest = "\n".join(lines[1:])
+    page.add(
+        f'<section id="diagnosis"><h2>Diagnosis</h2><p class="{state}" id="tp-diagnosis">{_e(first)}</p>'
+        + (f"<pre>{_e(rest)}</pre>" if rest else "")
+        + "</section>"
+    )
+    if baseline is not None:
+        baseline(page)
+
+
+def render_page(data: ReportData, diagnosis: Sequence[str] = (), baseline: Any = None) -> str:
+    """The whole HTML document of the report: the Diagnosis section (``diagnosis``: the lines of
+    ``trainprobe diagnose``; ``baseline``: a callable adding ``trainprobe diff``'s section) first
+    when given, then the report's own sections."""
     page = PageBuilder()
+    if diagnosis or baseline is not None:
+        _diagnosis_section(page, diagnosis, baseline)
     _run_section(page, data)
     _offenders_section(page, data)
     _timeline_section(page, data)
@@ -520,7 +543,8 @@ def render_page(data: ReportData) -> str:
         f'<div id="tp-status" data-state="loading" data-rendered="0" data-expected="{page.figures}" '
         'data-errors="" hidden></div>'
         f'<h1>{_e(title)}</h1><p class="note">Generated {_e(stamp)} by trainprobe report from '
-        f"{_e(data.root)}. Self-contained: works offline.</p>{_nav(data)}{summary_html(data)}"
+        f"{_e(data.root)}. Self-contained: works offline.</p>{_nav(data, bool(diagnosis), baseline is not None)}"
+        f"{summary_html(data)}"
         + "".join(page.parts)
         + "</body></html>\n"
     )
