@@ -334,13 +334,11 @@ def test_compatibility_paths_still_import() -> None:
         from trainprobe.pytorch.monitor.csv2tb import csv2tensorboard_by_step
         from trainprobe.pytorch.precision_debugger import PrecisionDebugger as PD2
         from trainprobe.frontdoors.monitor_v2 import MonitorV2Config, load_monitor_v2_config
-        from trainprobe.metrics import TrainingMetricsMonitor as M2
-        from trainprobe.monitor_v1 import TrainerMon as V1c
         from trainprobe.frontdoors.metrics import TrainingMetricsConfig, load_training_metrics_config
         from trainprobe.engine.sinks import CsvSink, TableLayout, Writer
         from trainprobe.engine.stats import ALL_OPS, parse_ops
         from trainprobe.tools import analyse as a2, csv2tensorboard_by_step as c2, write_report
-        assert V2 is TrainerMonitorV2 and V1 is TrainerMon is V1b is V1c and M2 is TrainingMetricsMonitor and PD is PrecisionDebugger is PD2
+        assert V2 is TrainerMonitorV2 and V1 is TrainerMon is V1b and PD is PrecisionDebugger is PD2
         print("ok")
         """)
     assert out.strip() == "ok"
