@@ -275,6 +275,16 @@ class PrecisionDebugger:
             h.remove()
         self._flush()
 
+    def __enter__(self) -> PrecisionDebugger:
+        """``with PrecisionDebugger(...) as debugger:``: ``stop()`` runs when the block ends, also
+        when the training loop raises, so the patches and hooks are removed and the step's files so
+        far are written."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
+        self.stop()
+
     def _flush(self) -> None:
         store = self.store
         if store is None:

@@ -244,6 +244,15 @@ class TrainerMon:
             self._struct.detach()
             self._struct = None
 
+    def __enter__(self) -> TrainerMon:
+        """``with TrainerMon(...) as monitor:``: ``stop()`` runs when the block ends, also when
+        the training loop raises, so every hook is removed and the files are flushed."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
+        self.stop()
+
     # -- step hooks ----------------------------------------------------------------------
     def _step_begins(self, module: nn.Module, args: Any) -> None:
         self._control.step_begins()

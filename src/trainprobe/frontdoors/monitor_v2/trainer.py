@@ -160,6 +160,15 @@ class TrainerMonitorV2:
             self._session = None
         self._started = False
 
+    def __enter__(self) -> TrainerMonitorV2:
+        """``with TrainerMonitorV2(...) as monitor:``: ``stop()`` runs when the block ends, also
+        when the training loop raises, so every hook is removed and the files are flushed."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
+        self.stop()
+
     def _set_initial_step(self, step: Any) -> None:
         """Move the clock to ``start(initial_step=...)`` when given."""
         if step is None:
