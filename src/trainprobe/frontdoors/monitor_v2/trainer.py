@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainprobe.engine.backend import Backend, backend_for
+from trainprobe.backends import backend_for
+from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import V2_MONITORS, v2_file_name, v2_rank_folder
