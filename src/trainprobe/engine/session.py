@@ -36,7 +36,8 @@ from trainprobe.engine.optimizer_view import Removable, StepHooks
 from trainprobe.engine.probes.base import Probe, StepClock
 from trainprobe.engine.records import StepBatch
 from trainprobe.engine.schedule import Schedule
-from trainprobe.engine.sinks.background import Writer
+from trainprobe.engine.sinks.background import Sink, Writer
+from trainprobe.engine.sinks.fanout import FanOut
 
 SkipWatcher = Callable[[StepHooks, Callable[[], None]], "Removable | None"]
 """``watch(optimizer, on_skip)``: call ``on_skip()`` whenever a step of ``optimizer`` is skipped
@@ -56,17 +57,25 @@ class _Tail:
 
 
 class Session:
-    """Runs ``probes`` on ``schedule`` and writes their rows through ``writer``; ``trails``
-    (default: ``patch_step``) keeps trailing probes recording for the step that ended until the
-    next step's first forward (see the module doc): only right when :meth:`end_step` runs
-    right after ``optimizer.step()``."""
+    """Runs ``probes`` on ``schedule`` and writes their rows to ``sink``; ``trails`` (default:
+    ``patch_step``) keeps trailing probes recording for the step that ended until the next
+    step's first forward (see the module doc): only right when :meth:`end_step` runs right after
+    ``optimizer.step()``.
+
+    The session owns its :class:`~trainprobe.engine.sinks.background.Writer`: on a background
+    thread when ``background`` is true, else on the caller's; a sequence of sinks is fanned out
+    (:class:`~trainprobe.engine.sinks.fanout.FanOut`: a failing member is reported once and
+    skipped). A batch the sink fails to write disables that batch's monitor (one error line);
+    training goes on.
+    """
 
     def __init__(
         self,
         *,
         probes: Sequence[Probe],
         schedule: Schedule,
-        writer: Writer[StepBatch],
+        sink: Sink[StepBatch] | Sequence[Sink[StepBatch]],
+        background: bool,
         clock: StepClock,
         optimizer: StepHooks | None = None,
         patch_step: bool = False,
@@ -76,7 +85,9 @@ class Session:
     ) -> None:
         self.probes = list(probes)
         self.schedule = schedule
-        self.writer = writer
+        self.writer: Writer[StepBatch] = Writer(
+            FanOut(sink) if isinstance(sink, Sequence) else sink, background=background, on_error=self._on_write_error
+        )
         self.clock = clock
         self.optimizer = optimizer
         self.patch_step = patch_step
@@ -89,7 +100,6 @@ class Session:
         self._tail: _Tail | None = None
         self._trailing = patch_step if trails is None else trails
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
-        writer.on_error = self._on_write_error
         clock.collecting = schedule.collects(clock.step)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -287,6 +297,31 @@ class Session:
             probe.disabled = True
             message += f"; the {monitor} monitor is disabled for the rest of the run, training continues"
         error_once(f"write-failed-{monitor}-{id(self)}", message, traceback=not isinstance(exc, OSError))
+
+
+class NullSession:
+    """The session of a monitor that records nothing (a rank outside the config's ``rank``
+    list, or a stopped monitor): chosen once, so a front door never asks whether it has a
+    session. Its steps only move ``clock`` on; nothing is hooked or written."""
+
+    patch_step = False
+    closed = True
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def attach(self) -> None:
+        """Nothing to hook."""
+
+    def close(self) -> None:
+        """Nothing to write."""
+
+    def end_step(self) -> None:
+        """Move the clock to the next step."""
+        self.clock.step += 1
+
+    def optimizer_pre_step(self) -> None:
+        """Nothing recorded."""
 
 
 def _close_at_exit(ref: weakref.ref[Session]) -> None:

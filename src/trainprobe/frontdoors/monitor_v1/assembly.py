@@ -14,9 +14,8 @@ from __future__ import annotations
 from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, anomaly_rank_folder, v1_file_name
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.session import Session
-from trainprobe.engine.sinks.background import Sink, Writer
+from trainprobe.engine.sinks.background import Sink
 from trainprobe.engine.sinks.csv_sink import CsvSink
-from trainprobe.engine.sinks.fanout import FanOut
 from trainprobe.engine.sinks.memory import MemorySink
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.engine.sinks.tensorboard import TensorBoardSink
@@ -51,10 +50,16 @@ class SessionFactory:
         if not probes:
             return None
         sinks = self._sinks(cfg, schedule, shapes)
-        writer = Writer(FanOut(sinks), background=cfg.format != "api", on_error=_ignore)
         # trails: TrainerMon ends each step from the optimizer's post-step hook, so a collective
         # issued after optimizer.step() belongs to the step that trained, as in Monitor V2
-        session = Session(probes=probes, schedule=schedule, writer=writer, clock=self.att.clock, trails=True)
+        session = Session(
+            probes=probes,
+            schedule=schedule,
+            sink=sinks,
+            background=cfg.format != "api",
+            clock=self.att.clock,
+            trails=True,
+        )
         session.attach()
         return session
 
@@ -110,7 +115,3 @@ class SessionFactory:
 def _parquet_name(table: str, first: int, last: int) -> str:
     """``grad_reduced_0-4.parquet``."""
     return v1_file_name(table, first, last, PARQUET_SUFFIX)
-
-
-def _ignore(monitor: str, exc: BaseException) -> None:
-    """Placeholder error callback; the session installs its own."""
