@@ -131,8 +131,9 @@ class Backend(Protocol):
         """Whether the framework's distributed communication is initialised."""
         ...
 
-    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
-        """Names of the modules and parameters of ``model`` (a module or a list of chunks).
+    def model_view(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> ModelView:
+        """Names of the modules and parameters of ``model`` (a module or a list of chunks);
+        ``stage_prefix`` as :class:`~trainprobe.engine.probes.model_view.ModelView` takes it.
 
         Raises:
             ConfigError: naming ``where``, when ``model`` is not a module or a list of them.

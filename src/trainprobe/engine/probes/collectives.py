@@ -31,8 +31,8 @@ the monitors stop.
 
 ``cc_log_only`` prints each distinct call site once per rank (op, dtypes, shapes, group, then
 the stack, one indented ``<path>[<line>] in <function>: <source>`` line per frame, innermost
-last) and keeps them in ``rank_<r>/cc_log.json``; it records no statistics and does not interrupt
-training.
+last) and keeps them in the JSON file the front door names (``log_path``); it records no
+statistics and does not interrupt training.
 """
 
 from __future__ import annotations
@@ -395,14 +395,25 @@ class CollectiveProbe(Probe):
 
     name = "cc"
 
-    def __init__(self, clock: StepClock, config: CcSpec, rank: int, rank_dir: Path, *, backend: Backend) -> None:
+    def __init__(
+        self,
+        clock: StepClock,
+        config: CcSpec,
+        rank: int,
+        log_path: Path,
+        *,
+        backend: Backend,
+        models: Sequence[Any] = (),
+    ) -> None:
+        """``log_path``: where ``cc_log_only`` keeps the call sites; ``models``: the model chunks
+        whose DistributedDataParallel buckets ``ddp_comm_hook`` follows."""
         super().__init__(clock, config.ops, config.eps, backend=backend)
         api = self.backend.collective_api()
         assert api is not None, "the trainer refuses cc for a backend without collectives"
         self.api: CollectiveApi = api
         self.config = config
         self.rank = rank
-        self.log_path = rank_dir / "cc_log.json"
+        self.log_path = log_path
         self._counts: dict[str, int] = {}
         self._pending: list[Any] = []
         self._sites: dict[tuple[str, str], dict[str, Any]] = {}
@@ -410,7 +421,7 @@ class CollectiveProbe(Probe):
         self._tail: bool | None = None  # open tail: whether the step that ended was collected
         self._listening: Listening | None = None
         self.trails = not config.cc_log_only
-        self.models: list[Any] = []
+        self.models = list(models)
         self.before_call = self.guard(self._before)
         self.after_call = self.guard(self._after)
         self.bucket_call = self.guard(self._bucket_call)

@@ -28,8 +28,8 @@ _MAX_FRAMES = 64
 class V1CollectiveProbe(CollectiveProbe):
     """Collectives selected by the reference's ``cc_codeline`` patterns."""
 
-    def __init__(self, clock: StepClock, config: CcSpec, rank: int, rank_dir: Path, *, backend: Backend) -> None:
-        super().__init__(clock, config, rank, rank_dir, backend=backend)
+    def __init__(self, clock: StepClock, config: CcSpec, rank: int, log_path: Path, *, backend: Backend) -> None:
+        super().__init__(clock, config, rank, log_path, backend=backend)
         self._patterns = [re.compile(line) for line in config.cc_codeline]
 
     def _selected(self, full_site: str) -> bool:

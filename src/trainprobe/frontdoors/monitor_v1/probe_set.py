@@ -14,6 +14,7 @@ or parameter of the model is reported once, with the closest names.
 
 from __future__ import annotations
 
+from trainprobe.engine.layout import CC_LOG_FILE
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec
 from trainprobe.engine.probes.collectives import CcSpec
@@ -213,4 +214,4 @@ def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
     )
     # cc_log.json goes to the run folder, or with format api (no run folder) next to it
     folder = att.run_folder(cfg) if cfg.format != "api" else output.output_root() / f"cc_log-rank{att.rank}"
-    return [V1CollectiveProbe(att.clock, cc, att.rank, folder, backend=att.backend)]
+    return [V1CollectiveProbe(att.clock, cc, att.rank, folder / CC_LOG_FILE, backend=att.backend)]

@@ -17,7 +17,7 @@ from trainprobe.backends import backend_for
 from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folders import make_output_folder
-from trainprobe.engine.layout import V2_MONITORS, v2_file_name, v2_rank_folder
+from trainprobe.engine.layout import CC_LOG_FILE, V2_MONITORS, v2_file_name, v2_rank_folder
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.optimizer_view import OptimizerView
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
@@ -309,7 +309,6 @@ class TrainerMonitorV2:
                     cc_pre_hook=cc.cc_pre_hook,
                     ddp_comm_hook=cc.ddp_comm_hook,
                 )
-                probe = CollectiveProbe(clock, cc_spec, rank, rank_dir, backend=backend)
-                probe.models = list(view.chunks)  # for ddp_comm_hook
-                probes.append(probe)
+                log_path = rank_dir / CC_LOG_FILE
+                probes.append(CollectiveProbe(clock, cc_spec, rank, log_path, backend=backend, models=view.chunks))
         return probes
