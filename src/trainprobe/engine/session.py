@@ -46,7 +46,7 @@ framework has no such skips."""
 
 
 @dataclass
-class _Tail:
+class _TrailingStep:
     """The rows still arriving for ``step`` after the optimizer ended it (see the module doc)."""
 
     step: int
@@ -97,7 +97,7 @@ class Session:
         self._attached = False
         self._optimizer_handles: list[Removable] = []
         self._by_name = {p.name: p for p in self.probes}
-        self._tail: _Tail | None = None
+        self._tail: _TrailingStep | None = None
         self._trailing = patch_step if trails is None else trails
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         clock.collecting = schedule.collects(clock.step)
@@ -217,7 +217,7 @@ class Session:
         """Keep ``probes`` recording for ``step`` until the next step's first activity."""
         if not probes:
             return
-        tail = _Tail(step, self.clock.collecting, probes)
+        tail = _TrailingStep(step, self.clock.collecting, probes)
         for probe in probes:
             probe.guard(probe.open_tail)(tail.collecting)
         handle = probes[0].guard(probes[0].watch_next_step)(self._tail_trigger)
@@ -249,7 +249,7 @@ class Session:
         if tail.finish:
             self._finish(None)
 
-    def _drop_tail_trigger(self, tail: _Tail | None = None) -> None:
+    def _drop_tail_trigger(self, tail: _TrailingStep | None = None) -> None:
         tail = tail if tail is not None else self._tail
         if tail is None:
             return

@@ -34,10 +34,6 @@ from trainprobe.engine.tensor_walk import call_tensors
 from trainprobe.frontdoors.monitor_v1.config import L2Config
 from trainprobe.frontdoors.monitor_v1.naming import bare
 
-LINEAR_COLUMNS = ("sr", "kernel_norm")
-ATTENTION_COLUMNS = ("entropy", "softmax_max")
-
-
 LINEAR_SUFFIX = ".linear"
 """What a ``linear_hook`` row's name adds to its module's name."""
 
