@@ -114,7 +114,9 @@ def build_probes(cfg: MonitorV1Config, attachment: Attachment, shapes: ShapeBook
         probes += _l2(cfg, attachment)
     if cfg.mg_direction and torch_only("mg_direction", attachment):
         probes.append(
-            MgDirectionProbe(attachment.clock, cfg.ops, cfg.eps, attachment.optimizer, params, attachment.grad_of)
+            MgDirectionProbe(
+                attachment.clock, ProbeSpec(cfg.ops, cfg.eps), attachment.optimizer, params, attachment.grad_of
+            )
         )
     if cfg.cc.enable:
         probes += _collectives(cfg, attachment)
@@ -187,7 +189,7 @@ def _weight_grad(cfg: MonitorV1Config, attachment: Attachment, params: list[Name
 
 def _update_ratio(cfg: MonitorV1Config, attachment: Attachment, params: list[NamedParam]) -> list[Probe]:
     histograms = (
-        HistogramRows(attachment.clock, cfg.ops, cfg.eps, backend=attachment.backend)
+        HistogramRows(attachment.clock, ProbeSpec(cfg.ops, cfg.eps), backend=attachment.backend)
         if cfg.format == "tensorboard"
         else None
     )
@@ -197,7 +199,7 @@ def _update_ratio(cfg: MonitorV1Config, attachment: Attachment, params: list[Nam
             f"trainprobe: ur_distribution writes its update/ratio histograms only with format 'tensorboard'; "
             f"with format {cfg.format!r} only their statistics (adam_update, adam_ratio) are written",
         )
-    probe = UpdateRatioProbe(attachment.clock, cfg.ops, cfg.eps, attachment.optimizer, params, histograms)
+    probe = UpdateRatioProbe(attachment.clock, ProbeSpec(cfg.ops, cfg.eps), attachment.optimizer, params, histograms)
     return [probe] if histograms is None else [probe, histograms]
 
 
