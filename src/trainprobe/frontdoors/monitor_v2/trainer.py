@@ -222,7 +222,8 @@ class TrainerMonitorV2:
                 "v2-patch-no-optimizer", "trainprobe: patch_optimizer_step needs an optimizer; call step() yourself"
             )
             patch = False
-        layouts = {p.name: TableLayout(p.with_micro_step, p.stats.ops) for p in probes}
+        # the column order is the spec's (the config's ops), as in V1; each kernel computes in that order
+        layouts = {p.name: TableLayout(p.with_micro_step, p.spec.ops) for p in probes}
         sink: CsvSink | ParquetSink
         if cfg.format == "parquet":
             sink = ParquetSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
