@@ -33,7 +33,6 @@ from typing import Any
 
 from torch import nn
 
-from trainprobe.backends.torch.amp_skips import watch_skipped_steps
 from trainprobe.engine.fields import config_file
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.stats.ops import ALL_OPS, parse_ops
@@ -169,7 +168,9 @@ class TrainerMon:
         """The step hooks."""
         first, last = attachment.optimizers[0], attachment.optimizers[-1]
         # the skip watch first: its counting hook must run before _post_step, which may stop()
-        watch = watch_skipped_steps(last, lambda: self._post_step(last, (), {}))  # GradScaler skipped it
+        watch = attachment.backend.watch_skipped_steps(
+            last, lambda: self._post_step(last, (), {})
+        )  # GradScaler skipped it
         self._hooks = [watch] if watch is not None else []
         self._hooks += [first.register_step_pre_hook(self._pre_step), last.register_step_post_hook(self._post_step)]
         for chunk in attachment.view.chunks:
