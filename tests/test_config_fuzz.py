@@ -15,7 +15,7 @@ import pytest
 
 from test_dump_config import REFERENCE_SHIPPED
 from test_v1_config import FULL as V1_FULL
-from trainprobe.dump.config import parse_dump_config
+from trainprobe.dump.config import load_dump_config, parse_dump_config
 from trainprobe.engine.errors import ConfigError
 from trainprobe.frontdoors.metrics.config import load_training_metrics_config
 from trainprobe.frontdoors.monitor_v1.config import load_monitor_v1_config
@@ -104,6 +104,15 @@ DIALECTS: dict[str, tuple[dict[str, Any], Callable[[Any], Any]]] = {
 }
 
 
+FILE_LOADERS: dict[str, Callable[[Path], Any]] = {
+    "monitor_v2": load_monitor_v2_config,
+    "monitor_v1": load_monitor_v1_config,
+    "dump": load_dump_config,
+    "metrics": load_training_metrics_config,
+}
+"""Each dialect's loader of a file (the dump's ``parse_dump_config`` takes a dict only)."""
+
+
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
 def test_random_mutations_load_or_raise_config_error(dialect: str, tmp_path: Path) -> None:
     valid, load = DIALECTS[dialect]
@@ -122,12 +131,15 @@ def test_random_mutations_load_or_raise_config_error(dialect: str, tmp_path: Pat
     assert outcomes["loaded"] and outcomes["rejected"], outcomes  # the mutations reach both outcomes
 
 
-@pytest.mark.parametrize("dialect", ["monitor_v2", "monitor_v1", "metrics"])
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
 def test_random_mutations_through_files(dialect: str, tmp_path: Path) -> None:
-    """The same through JSON files (what users pass): text junk too."""
-    valid, load = DIALECTS[dialect]
+    """The same through JSON files (what users pass): text junk too. A file that is no longer
+    JSON is a ConfigError naming the file; one that still is loads or names a field."""
+    valid, _ = DIALECTS[dialect]
+    load = FILE_LOADERS[dialect]
     rng = random.Random(f"files-{dialect}")
     text = json.dumps(valid)
+    outcomes = {"loaded": 0, "not JSON": 0, "bad field": 0}
     for i in range(60):
         chars = list(text)
         for _ in range(rng.randint(1, 4)):
@@ -135,6 +147,21 @@ def test_random_mutations_through_files(dialect: str, tmp_path: Path) -> None:
         path = tmp_path / f"c{i}.json"
         path.write_text("".join(chars), encoding="utf-8")
         try:
+            json.loads(path.read_text(encoding="utf-8"))
+            is_json = True
+        except ValueError:
+            is_json = False
+        try:
             load(path)
-        except ConfigError:
-            pass
+            outcomes["loaded"] += 1
+            assert is_json, path.read_text(encoding="utf-8")
+        except ConfigError as exc:
+            message = str(exc)
+            assert "\n" not in message
+            if is_json:
+                outcomes["bad field"] += 1
+                assert str(path) not in message and not message.startswith("<top level>"), message
+            else:
+                outcomes["not JSON"] += 1
+                assert str(path) in message and "not valid JSON" in message, message
+    assert outcomes["not JSON"] and outcomes["loaded"] + outcomes["bad field"], outcomes

@@ -48,7 +48,7 @@ _V1_RUN = """
 import json, math, os, shutil, torch
 from pathlib import Path
 from torch import nn
-from trainprobe.monitor_v1 import TrainerMon
+from trainprobe import TrainerMon
 
 
 class MLP(nn.Module):
@@ -92,7 +92,7 @@ csv2tensorboard_by_step("monitor_output", None, None, process_num=1, data_type_l
 _METRICS_RUN = """
 import torch
 from torch import nn
-from trainprobe.metrics import TrainingMetricsMonitor
+from trainprobe import TrainingMetricsMonitor
 
 config = {"monitor_config": {"monitor_on": True, "dump_path": "./dump", "local_loss_format": ["tensorboard"]},
           "tensorboard": {"tensorboard_dir": "worker/tensorboard"}}

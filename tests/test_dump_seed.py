@@ -91,3 +91,27 @@ def test_seed_all_rejects_bad_arguments() -> None:
         seed_all(seed="1")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"seed_all\(mode=...\): expected True or False"):
         seed_all(mode=1)  # type: ignore[arg-type]
+
+
+def test_the_wrappers_are_patches_that_restore_exactly(tmp_path: Path) -> None:
+    """seed_all's and random_save's wrappers go through AttrPatch: restoring them leaves torch,
+    NumPy and ``random`` exactly as they were (a class gets back only what it held itself)."""
+    out = run_script(
+        """
+        import random, numpy as np, torch
+        import torch.nn.functional as F
+        from torch import nn
+        before = (F.dropout, torch.randn, torch.rand, np.random.rand, random.random, torch.Tensor.normal_,
+                  "__init__" in vars(nn.Dropout), nn.Dropout.__init__)
+        from trainprobe.dump.seed import PATCHES, random_save, seed_all
+        seed_all(seed=3, rm_dropout=True, is_enhanced=True)
+        random_save(output_path="./output")
+        assert F.dropout is not before[0] and torch.randn is not before[1] and np.random.rand is not before[3]
+        PATCHES.restore()
+        after = (F.dropout, torch.randn, torch.rand, np.random.rand, random.random, torch.Tensor.normal_,
+                 "__init__" in vars(nn.Dropout), nn.Dropout.__init__)
+        print(all(a is b for a, b in zip(before, after)) and before[6] == after[6])
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "True"

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event  # noqa: E402
 
 from trainprobe.engine.errors import ConfigError  # noqa: E402
-from trainprobe.engine.guard import Switches, guarded  # noqa: E402
+from trainprobe.engine.guard import Fuses, guarded  # noqa: E402
 from trainprobe.engine.records import NamedScalar, RowBuffer, RowKey, ScalarBatch, StepBatch  # noqa: E402
 from trainprobe.engine.sinks.events import EventWriter  # noqa: E402
 from trainprobe.engine.sinks.tensorboard import TensorBoardSink  # noqa: E402
@@ -111,7 +111,7 @@ def test_the_shared_guard(caplog: pytest.LogCaptureFixture) -> None:
     assert [str(e) for e in failures] == ["bad"]
     off["flag"] = True
     assert guarded(boom, off=lambda: off["flag"], fail=failures.append)() is None and len(failures) == 1
-    switches = Switches("test-guard")
+    switches = Fuses("test-guard")
     with caplog.at_level(logging.ERROR, logger="trainprobe"):
         for _ in range(3):
             switches.run("part", "the part", boom)

@@ -251,7 +251,7 @@ def test_the_graph_sees_imports_and_parent_packages() -> None:
     assert "trainprobe.engine.layout" in graph["trainprobe.tools.monitor_output"]
     assert "trainprobe.engine.sinks" in graph["trainprobe.tools.anomaly_analyse"]  # via trainprobe.engine.sinks.files
     assert "trainprobe.engine.backend" not in graph["trainprobe.engine.probes.base"]  # TYPE_CHECKING only
-    assert "trainprobe.backends.mindspore.backend" in import_graph(deferred=True)["trainprobe.engine.backend"]
+    assert "trainprobe.engine.errors" in import_graph(deferred=True)["trainprobe.backends"]
 
 
 def test_no_import_cycles_at_module_level() -> None:
@@ -288,10 +288,11 @@ def test_the_engine_loads_no_framework() -> None:
     assert loaded.strip() == "[]"
 
 
-def test_the_engine_imports_only_the_engine() -> None:
-    """At module level the engine imports nothing of the backends, the front doors, the dump or
-    the tools (only :func:`~trainprobe.engine.backend.backend_for` loads a backend, on demand)."""
-    graph = import_graph(deferred=False)
+@pytest.mark.parametrize("deferred", [False, True], ids=["module-level", "in-functions"])
+def test_the_engine_imports_only_the_engine(deferred: bool) -> None:
+    """The engine imports nothing of the backends, the front doors, the dump or the tools, not
+    even inside a function: :func:`trainprobe.backends.backend_for` chooses a backend, outside."""
+    graph = import_graph(deferred=deferred)
     outside = {
         (name, dep)
         for name in ENGINE
@@ -299,6 +300,35 @@ def test_the_engine_imports_only_the_engine() -> None:
         if dep.startswith("trainprobe.") and not dep.startswith("trainprobe.engine") and dep != "trainprobe._lazy"
     }
     assert outside == set()
+
+
+ENGINE_THIRD_PARTY = {"numpy"}
+"""The one third-party package the engine imports at module level (docs/architecture.md)."""
+ENGINE_OPTIONAL = {"numpy", "tensorboard", "google_crc32c", "pyarrow"}
+"""What it may import inside a function: the optional output formats' libraries (TensorBoard
+event files and their C checksum, Parquet), each loaded only when that output is asked for."""
+
+
+def _third_party(name: str, deferred: bool) -> set[str]:
+    """The top-level packages outside the standard library and trainprobe that module ``name`` imports."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in _imports(tree.body, deferred):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            continue
+        for module in [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]:
+            top = module.split(".")[0]
+            if top not in sys.stdlib_module_names and top not in ("trainprobe", "__future__"):
+                found.add(top)
+    return found
+
+
+def test_the_engine_imports_no_third_party_package_but_the_documented_ones() -> None:
+    module_level = set().union(*(_third_party(n, deferred=False) for n in ENGINE))
+    anywhere = set().union(*(_third_party(n, deferred=True) for n in ENGINE))
+    assert module_level <= ENGINE_THIRD_PARTY, module_level - ENGINE_THIRD_PARTY
+    assert anywhere <= ENGINE_OPTIONAL, anywhere - ENGINE_OPTIONAL
+    assert "pyarrow" in anywhere  # the check sees imports inside functions
 
 
 _CLI = """
@@ -343,13 +373,11 @@ def test_compatibility_paths_still_import() -> None:
         from trainprobe.pytorch.monitor.csv2tb import csv2tensorboard_by_step
         from trainprobe.pytorch.precision_debugger import PrecisionDebugger as PD2
         from trainprobe.frontdoors.monitor_v2 import MonitorV2Config, load_monitor_v2_config
-        from trainprobe.metrics import TrainingMetricsMonitor as M2
-        from trainprobe.monitor_v1 import TrainerMon as V1c
         from trainprobe.frontdoors.metrics import TrainingMetricsConfig, load_training_metrics_config
         from trainprobe.engine.sinks import CsvSink, TableLayout, Writer
         from trainprobe.engine.stats import ALL_OPS, parse_ops
         from trainprobe.tools import analyse as a2, csv2tensorboard_by_step as c2, write_report
-        assert V2 is TrainerMonitorV2 and V1 is TrainerMon is V1b is V1c and M2 is TrainingMetricsMonitor and PD is PrecisionDebugger is PD2
+        assert V2 is TrainerMonitorV2 and V1 is TrainerMon is V1b and PD is PrecisionDebugger is PD2
         print("ok")
         """)
     assert out.strip() == "ok"

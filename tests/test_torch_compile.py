@@ -16,8 +16,7 @@ from torch._dynamo.utils import counters
 
 from conftest import rows_of
 from models import MLP
-from trainprobe import TrainerMonitorV2
-from trainprobe.monitor_v1 import TrainerMon
+from trainprobe import TrainerMon, TrainerMonitorV2
 
 ALL = ("module", "weight_grad", "optimizer", "param")
 

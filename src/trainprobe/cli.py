@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.safe_files import one_line
@@ -63,16 +63,31 @@ DEMO_DESCRIPTION = (
 
 def version() -> str:
     """The installed trainprobe version (read from the package metadata: no torch import)."""
+    import importlib.metadata  # a third of ``trainprobe --help``'s time: only for --version
+
     try:
         return importlib.metadata.version("trainprobe")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: print ``trainprobe VERSION`` and exit; the version is read only then."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        print(f"trainprobe {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     parser = argparse.ArgumentParser(prog="trainprobe", description="Training monitoring and precision debugging.")
-    parser.add_argument("--version", action="version", version=f"trainprobe {version()}")
+    parser.add_argument("--version", action=_VersionAction, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",

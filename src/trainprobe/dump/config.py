@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.fields import Section, check_int, load_json_object
+from trainprobe.engine.fields import ConfigObject, check_int, load_json_object
 
 TASKS = ("statistics", "tensor", "structure", "overflow_check")
 LEVELS = ("L0", "L1", "mix", "debug")
@@ -41,7 +41,7 @@ TOP_KEYS = (
     "risk_level",
 )
 TASK_KEYS = ("scope", "list", "tensor_list", "data_mode", "summary_mode", "file_format", "overflow_nums", "check_mode")
-# Reference keys trainprobe does not implement: accepted, one warning each (see Section.check_keys).
+# Reference keys trainprobe does not implement: accepted, one warning each (see ConfigObject.check_keys).
 _OTHER_TOOL = "belongs to another msProbe tool that trainprobe does not implement; ignored"
 IGNORED_TOP: dict[str, str] = {
     "precision": "the dump precision switch is not implemented; statistics are always float64-accurate; ignored",
@@ -242,7 +242,7 @@ def parse_steps(values: Any, where: str) -> IntRanges:
 
 def parse_dump_config(data: dict[str, Any]) -> DumpConfig:
     """Validate a parsed ``config.json``; see the module docstring for the fields."""
-    top = Section(data)
+    top = ConfigObject(data)
     top.check_keys(TOP_KEYS + TASKS, IGNORED_TOP)
     task = _choice(top.raw("task", "statistics"), "task", TASKS)
     level = _level(top.raw("level", "L1"), "level")

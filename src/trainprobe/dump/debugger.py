@@ -46,7 +46,7 @@ from trainprobe.engine.patching import AttrPatch
 Model = nn.Module | Sequence[nn.Module]
 
 
-class _either:
+class _on_instance_or_current:
     """A method callable on an instance or on the class (then on the debugger created last)."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
@@ -98,8 +98,8 @@ class PrecisionDebugger:
         api_list: str | os.PathLike[str] | None = None,
     ) -> None:
         self.config_path = None if config_path is None else config_file(config_path, "config_path")
-        self._overrides: dict[str, Any] = {"task": task, "dump_path": dump_path, "level": level, "step": step}
-        self.config: DumpConfig = load_dump_config(self.config_path).with_overrides(**self._overrides)
+        overrides: dict[str, Any] = {"task": task, "dump_path": dump_path, "level": level, "step": step}
+        self.config: DumpConfig = load_dump_config(self.config_path).with_overrides(**overrides)
         make_output_folder(self.config.dump_path, "dump_path")
         self._config_mtime = self._mtime()
         self.catalog = (
@@ -107,7 +107,6 @@ class PrecisionDebugger:
             if self.config.level in ("L1", "mix")
             else ApiCatalog()
         )
-        self._api_list = api_list
         self.collector = Collector(self.config)
         self.collector.bind()
         if self.config.level in ("L1", "mix"):
@@ -189,7 +188,7 @@ class PrecisionDebugger:
         return self.store
 
     # -- start / stop / step ------------------------------------------------------------
-    @_either
+    @_on_instance_or_current
     def start(
         self, model: Model | None = None, token_range: Sequence[int] | None = None, rank_id: int | None = None
     ) -> None:
@@ -258,7 +257,7 @@ class PrecisionDebugger:
         for root in roots:
             self._run_handles.append(root.register_forward_pre_hook(count))
 
-    @_either
+    @_on_instance_or_current
     def stop(self) -> None:
         """Stop dumping and write the step's JSON files so far (backward data that arrives
         before ``step()`` is added then)."""
@@ -274,6 +273,16 @@ class PrecisionDebugger:
         for h in handles:
             h.remove()
         self._flush()
+
+    def __enter__(self) -> PrecisionDebugger:
+        """``with PrecisionDebugger(...) as debugger:``: ``stop()`` runs when the block ends, also
+        when the training loop raises, so the patches and hooks are removed and the step's files so
+        far are written."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
+        self.stop()
 
     def _flush(self) -> None:
         store = self.store
@@ -294,7 +303,7 @@ class PrecisionDebugger:
             f"trainprobe dump: writing dump.json, stack.json and construct.json per step, first under {store.rank_dir}",
         )
 
-    @_either
+    @_on_instance_or_current
     def step(self) -> None:
         """End the step: write its files, forget its gradient hooks, move to ``step{N+1}``."""
         if self._started:
@@ -310,7 +319,7 @@ class PrecisionDebugger:
         self._reload_dump_enable()
         shared_fused().step_boundary()  # the one-read pass, if built aside since start: from the next step
 
-    @_either
+    @_on_instance_or_current
     def set_init_step(self, step: int) -> None:
         """Number the steps from ``step`` (call before the training loop)."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -318,7 +327,7 @@ class PrecisionDebugger:
         self.current_step = step
 
     # -- custom APIs ------------------------------------------------------------------------
-    @_either
+    @_on_instance_or_current
     def register_custom_api(self, module: Any, api: str, api_prefix: str | None = None) -> None:
         """Dump calls of ``module.api`` as ``{api_prefix}.{api}.{n}.forward`` (prefix default:
         the module's name) until :meth:`restore_custom_api`."""
@@ -328,7 +337,7 @@ class PrecisionDebugger:
         prefix = api_prefix if api_prefix is not None else getattr(module, "__name__", type(module).__name__)
         self._custom.replace(module, api, api_wrapper(self.collector, f"{prefix}.{api}", original))
 
-    @_either
+    @_on_instance_or_current
     def restore_custom_api(self, module: Any, api: str) -> None:
         """Put back the original ``module.api``."""
         if not self._custom.restore(module, api):
@@ -354,7 +363,7 @@ class PrecisionDebugger:
             self.collector.suppress = 0
 
     # -- save ----------------------------------------------------------------------------
-    @_either
+    @_on_instance_or_current
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
         """Record ``variable`` as ``{name}.{n}.debug`` in ``debug.json`` and, with
         ``save_backward``, its gradient as ``{name}_grad.{n}.debug`` (level ``debug`` only)."""

@@ -41,7 +41,7 @@ class ModuleHooks:
     """Forward/backward/parameter-gradient capture for a set of modules."""
 
     def __init__(self, collector: Collector) -> None:
-        self.c = collector
+        self.collector = collector
         self._forward_handles: list[Any] = []
         self._param_handles: list[Any] = []
         self._hooked_params: set[int] = set()
@@ -51,8 +51,10 @@ class ModuleHooks:
     def attach(self, modules: list[tuple[str, nn.Module]], *, only_self: bool = False) -> None:
         """Hook ``modules``; with ``only_self`` (module_dump) their insides are not dumped."""
         for prefix, module in modules:
-            pre = self._outer(self.c.guarded(f"forward pre-hook of {prefix}", self._make_pre(prefix, only_self)))
-            post = self.c.guarded(f"forward hook of {prefix}", self._make_post(prefix, only_self))
+            pre = self._outer(
+                self.collector.guarded(f"forward pre-hook of {prefix}", self._make_pre(prefix, only_self))
+            )
+            post = self.collector.guarded(f"forward hook of {prefix}", self._make_post(prefix, only_self))
             self._forward_handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             self._forward_handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
 
@@ -64,7 +66,9 @@ class ModuleHooks:
                 if not param.requires_grad or id(param) in self._hooked_params:
                     continue
                 self._hooked_params.add(id(param))
-                hook = self.c.guarded(f"gradient hook of {prefix}.{pname}", self._make_param_hook(prefix, pname, state))
+                hook = self.collector.guarded(
+                    f"gradient hook of {prefix}.{pname}", self._make_param_hook(prefix, pname, state)
+                )
                 self._param_handles.append(param.register_hook(hook))
 
     def remove_forward(self) -> None:
@@ -85,7 +89,7 @@ class ModuleHooks:
 
     # -- hooks -----------------------------------------------------------------------------
     def _outer(self, guarded_pre: Any) -> Any:
-        c = self.c
+        c = self.collector
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             guarded_pre(module, args, kwargs, c.active)  # read before guarded() pauses dumping
@@ -93,7 +97,7 @@ class ModuleHooks:
         return pre
 
     def _make_pre(self, prefix: str, only_self: bool) -> Any:
-        c = self.c
+        c = self.collector
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], active: bool) -> None:
             if not active:
@@ -122,7 +126,7 @@ class ModuleHooks:
         return pre
 
     def _make_post(self, prefix: str, only_self: bool) -> Any:
-        c = self.c
+        c = self.collector
 
         def post(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             pending = self._pending.pop(id(module), None)
@@ -147,7 +151,7 @@ class ModuleHooks:
         return post
 
     def _make_param_hook(self, prefix: str, pname: str, state: dict[str, Any]) -> Any:
-        c = self.c
+        c = self.collector
 
         def hook(grad: torch.Tensor) -> None:
             current, cfg = c.store, c.config

@@ -24,6 +24,7 @@ from torch import nn
 
 from trainprobe.dump.collector import call_stack
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.patching import AttrPatch
 
 _DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d")
 _DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
@@ -34,6 +35,12 @@ _TENSOR_RANDOM = ("uniform_", "normal_", "bernoulli_", "random_", "exponential_"
 _FUNCTIONAL_RANDOM = (*_DROPOUT_FUNCTIONS, "alpha_dropout", "feature_alpha_dropout", "rrelu", "gumbel_softmax")
 _NUMPY_RANDOM = ("rand", "randn", "randint", "random", "uniform", "normal", "choice", "shuffle", "permutation")
 _PYTHON_RANDOM = ("random", "randint", "uniform", "choice", "shuffle", "sample", "gauss")
+
+
+PATCHES = AttrPatch()
+"""``seed_all``'s and ``random_save``'s wrappers (installed for the rest of the process, as the
+reference does; through :class:`AttrPatch` like every other patch, so a test can put back
+exactly what was there)."""
 
 
 class _Settings:
@@ -89,14 +96,14 @@ def _install_seed_wrappers() -> None:
             return __original(*args, **kwargs)
 
         dropout.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(F, api, dropout)
+        PATCHES.replace(F, api, dropout)
     for cls in _DROPOUT_MODULES:
         init = cls.__init__
 
         def __init__(self: nn.Module, p: float = 0.5, inplace: bool = False, __init: Any = init) -> None:
             __init(self, 0.0 if _Settings.rm_dropout else p, inplace)
 
-        cls.__init__ = __init__  # type: ignore[method-assign]
+        PATCHES.replace(cls, "__init__", __init__)
     for api in _TORCH_RANDOM:
         original = getattr(torch, api)
 
@@ -106,7 +113,7 @@ def _install_seed_wrappers() -> None:
             return __original(*args, **kwargs)
 
         draw.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(torch, api, draw)
+        PATCHES.replace(torch, api, draw)
 
 
 # -- random_save ----------------------------------------------------------------------------
@@ -184,7 +191,7 @@ def random_save(output_path: str | os.PathLike[str] = "./output") -> None:
             original = getattr(owner, api, None)
             if original is None:
                 continue
-            setattr(owner, api, _recording(log, f"{label}.{api}", original))
+            PATCHES.replace(owner, api, _recording(log, f"{label}.{api}", original))
 
 
 def _recording(log: _RandomLog, api: str, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -20,9 +20,8 @@ framework's tensors, modules, autograd or optimizers goes through one :class:`Ba
 * collectives: ``collective_api`` (a :class:`~trainprobe.engine.probes.collectives.CollectiveApi`: the
   namespaces and primitive classes the ``cc`` probe wraps, how asynchronous calls complete).
 
-Two backends exist: :mod:`trainprobe.backends.torch.backend` (the default) and
-:mod:`trainprobe.backends.mindspore.backend`. :func:`backend_for` resolves a framework name without
-importing a framework that was not asked for.
+The engine names no backend: :func:`trainprobe.backends.backend_for` (in the backends' package)
+resolves a framework name to one, importing only the framework asked for.
 """
 
 from __future__ import annotations
@@ -30,10 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.optimizer_view import OptimizerView, Removable, StepHooks
 
-__all__ = ["Backend", "OptimizerView", "Removable", "StatsKernel", "StepHooks", "backend_for"]
+__all__ = ["Backend", "OptimizerView", "Removable", "StatsKernel", "StepHooks"]
 
 if TYPE_CHECKING:
     from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
@@ -133,8 +131,9 @@ class Backend(Protocol):
         """Whether the framework's distributed communication is initialised."""
         ...
 
-    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
-        """Names of the modules and parameters of ``model`` (a module or a list of chunks).
+    def model_view(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> ModelView:
+        """Names of the modules and parameters of ``model`` (a module or a list of chunks);
+        ``stage_prefix`` as :class:`~trainprobe.engine.probes.model_view.ModelView` takes it.
 
         Raises:
             ConfigError: naming ``where``, when ``model`` is not a module or a list of them.
@@ -165,23 +164,3 @@ class Backend(Protocol):
     ) -> Probe:
         """The ``weight_grad`` probe of this framework (``unreduced`` and ``reduced`` rows)."""
         ...
-
-
-def backend_for(framework: str, where: str = "framework") -> Backend:
-    """The backend of ``framework`` (``pytorch`` or ``mindspore``), imported on first use.
-
-    Raises:
-        ConfigError: naming ``where``, when the framework is unknown, not installed, or
-            installed but unusable.
-    """
-    if framework == "pytorch":
-        from trainprobe.backends.torch.backend import TORCH
-
-        return TORCH
-    if framework == "mindspore":
-        try:
-            from trainprobe.backends.mindspore.backend import MINDSPORE
-        except ImportError as exc:
-            raise ConfigError(f"{where}: 'mindspore' cannot be used: {exc}") from exc
-        return MINDSPORE
-    raise ConfigError(f"{where}: {framework!r} is not one of pytorch, mindspore")

@@ -1,6 +1,6 @@
 """Typed reading of one JSON object with errors that name the field's JSON path.
 
-Every config dialect reads its file through :class:`Section`, so that each mistake is reported
+Every config dialect reads its file through :class:`ConfigObject`, so that each mistake is reported
 the same way: ``<json.path>: <what is wrong>; <what is accepted>``.
 
 The one rule every dialect follows (see ``docs/security.md`` "Config files"):
@@ -8,7 +8,7 @@ The one rule every dialect follows (see ``docs/security.md`` "Config files"):
 * a key trainprobe implements is validated strictly;
 * a key the reference tool (msProbe) accepts but trainprobe does not implement is accepted, and
   one warning per key and process says it is ignored (or what it maps to): each dialect lists
-  these in its ``IGNORED`` mapping, passed to :meth:`Section.check_keys`;
+  these in its ``IGNORED`` mapping, passed to :meth:`ConfigObject.check_keys`;
 * any other key is a :class:`ConfigError` with a "did you mean";
 * an integer field accepts an integral float (``1e8``, ``2.0``), as JSON writers produce them.
 * files are read with a bounded nesting depth: a pathologically deep file is a ConfigError
@@ -236,11 +236,11 @@ def config_file(path: Any, what: str = "config file") -> Path:
     return file
 
 
-class Section:
+class ConfigObject:
     """A JSON object being read, with its path for error messages.
 
     Example:
-        >>> s = Section({"ops": ["min"]}, "monitors.module")
+        >>> s = ConfigObject({"ops": ["min"]}, "monitors.module")
         >>> s.str_list("ops")
         ('min',)
     """
@@ -349,9 +349,9 @@ class Section:
             raise self.fail(key, f"must be a list of integers, not {type_name(value)}")
         return tuple(check_int(item, join_path(self.where(key), i), minimum) for i, item in enumerate(value))
 
-    def section(self, key: str) -> Section:
+    def section(self, key: str) -> ConfigObject:
         """A nested object (absent or null → empty, with ``present`` false)."""
-        return Section(self.raw(key, {}), self.where(key), present=self.has(key))
+        return ConfigObject(self.raw(key, {}), self.where(key), present=self.has(key))
 
 
 def check_int(value: Any, where: str, minimum: int | None = None) -> int:

@@ -4,7 +4,7 @@
 it raises is handed to ``fail`` (which logs it once and switches the part off) and the call
 returns None, so training goes on unchanged. The probes of Monitor V1/V2
 (:meth:`trainprobe.engine.probes.base.Probe.guard`: the whole probe is disabled), the training
-metrics (:class:`Switches`: one gatherer is turned off, the others go on) and the precision dump
+metrics (:class:`Fuses`: one gatherer is turned off, the others go on) and the precision dump
 (``Collector.guarded``: dumping stops) all use it.
 """
 
@@ -38,7 +38,7 @@ def guarded(fn: F, *, off: Callable[[], bool], fail: Callable[[Exception], None]
     return call  # type: ignore[return-value]
 
 
-class Switches:
+class Fuses:
     """Named parts of one monitor (gatherers), each turned off for the rest of the run by its
     first fault, reported in one line: ``trainprobe: <what> failed; it is turned off``."""
 

@@ -64,6 +64,9 @@ V1_DATA_FILE = re.compile(r"(?P<type>[a-z_0-9]+?)_(?P<first>[0-9]+)-(?P<last>[0-
 V2_DATA_FILE = re.compile(r"(?P<type>[a-z_0-9]+?)_step(?P<first>[0-9]+)-(?P<last>[0-9]+)\.(?P<ext>csv|parquet)")
 """A V2 data file's name, CSV or Parquet."""
 
+CC_LOG_FILE = "cc_log.json"
+"""``cc_log_only``'s call sites, in the rank's folder (V2 ``rank_<r>``, V1 the run folder)."""
+
 ANOMALY_FOLDER = "anomaly_detected"
 ANOMALY_FILE = "anomaly.json"
 ANOMALY_RANK = re.compile(r"rank([0-9]+)")

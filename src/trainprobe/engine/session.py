@@ -36,7 +36,8 @@ from trainprobe.engine.optimizer_view import Removable, StepHooks
 from trainprobe.engine.probes.base import Probe, StepClock
 from trainprobe.engine.records import StepBatch
 from trainprobe.engine.schedule import Schedule
-from trainprobe.engine.sinks.background import Writer
+from trainprobe.engine.sinks.background import Sink, Writer
+from trainprobe.engine.sinks.fanout import FanOut
 
 SkipWatcher = Callable[[StepHooks, Callable[[], None]], "Removable | None"]
 """``watch(optimizer, on_skip)``: call ``on_skip()`` whenever a step of ``optimizer`` is skipped
@@ -45,7 +46,7 @@ framework has no such skips."""
 
 
 @dataclass
-class _Tail:
+class _TrailingStep:
     """The rows still arriving for ``step`` after the optimizer ended it (see the module doc)."""
 
     step: int
@@ -56,17 +57,25 @@ class _Tail:
 
 
 class Session:
-    """Runs ``probes`` on ``schedule`` and writes their rows through ``writer``; ``trails``
-    (default: ``patch_step``) keeps trailing probes recording for the step that ended until the
-    next step's first forward (see the module doc): only right when :meth:`end_step` runs
-    right after ``optimizer.step()``."""
+    """Runs ``probes`` on ``schedule`` and writes their rows to ``sink``; ``trails`` (default:
+    ``patch_step``) keeps trailing probes recording for the step that ended until the next
+    step's first forward (see the module doc): only right when :meth:`end_step` runs right after
+    ``optimizer.step()``.
+
+    The session owns its :class:`~trainprobe.engine.sinks.background.Writer`: on a background
+    thread when ``background`` is true, else on the caller's; a sequence of sinks is fanned out
+    (:class:`~trainprobe.engine.sinks.fanout.FanOut`: a failing member is reported once and
+    skipped). A batch the sink fails to write disables that batch's monitor (one error line);
+    training goes on.
+    """
 
     def __init__(
         self,
         *,
         probes: Sequence[Probe],
         schedule: Schedule,
-        writer: Writer[StepBatch],
+        sink: Sink[StepBatch] | Sequence[Sink[StepBatch]],
+        background: bool,
         clock: StepClock,
         optimizer: StepHooks | None = None,
         patch_step: bool = False,
@@ -76,7 +85,9 @@ class Session:
     ) -> None:
         self.probes = list(probes)
         self.schedule = schedule
-        self.writer = writer
+        self.writer: Writer[StepBatch] = Writer(
+            FanOut(sink) if isinstance(sink, Sequence) else sink, background=background, on_error=self._on_write_error
+        )
         self.clock = clock
         self.optimizer = optimizer
         self.patch_step = patch_step
@@ -86,10 +97,9 @@ class Session:
         self._attached = False
         self._optimizer_handles: list[Removable] = []
         self._by_name = {p.name: p for p in self.probes}
-        self._tail: _Tail | None = None
+        self._tail: _TrailingStep | None = None
         self._trailing = patch_step if trails is None else trails
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
-        writer.on_error = self._on_write_error
         clock.collecting = schedule.collects(clock.step)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -207,7 +217,7 @@ class Session:
         """Keep ``probes`` recording for ``step`` until the next step's first activity."""
         if not probes:
             return
-        tail = _Tail(step, self.clock.collecting, probes)
+        tail = _TrailingStep(step, self.clock.collecting, probes)
         for probe in probes:
             probe.guard(probe.open_tail)(tail.collecting)
         handle = probes[0].guard(probes[0].watch_next_step)(self._tail_trigger)
@@ -239,7 +249,7 @@ class Session:
         if tail.finish:
             self._finish(None)
 
-    def _drop_tail_trigger(self, tail: _Tail | None = None) -> None:
+    def _drop_tail_trigger(self, tail: _TrailingStep | None = None) -> None:
         tail = tail if tail is not None else self._tail
         if tail is None:
             return
@@ -287,6 +297,31 @@ class Session:
             probe.disabled = True
             message += f"; the {monitor} monitor is disabled for the rest of the run, training continues"
         error_once(f"write-failed-{monitor}-{id(self)}", message, traceback=not isinstance(exc, OSError))
+
+
+class NullSession:
+    """The session of a monitor that records nothing (a rank outside the config's ``rank``
+    list, or a stopped monitor): chosen once, so a front door never asks whether it has a
+    session. Its steps only move ``clock`` on; nothing is hooked or written."""
+
+    patch_step = False
+    closed = True
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def attach(self) -> None:
+        """Nothing to hook."""
+
+    def close(self) -> None:
+        """Nothing to write."""
+
+    def end_step(self) -> None:
+        """Move the clock to the next step."""
+        self.clock.step += 1
+
+    def optimizer_pre_step(self) -> None:
+        """Nothing recorded."""
 
 
 def _close_at_exit(ref: weakref.ref[Session]) -> None:

@@ -55,6 +55,8 @@ from trainprobe.engine.patching import AttrPatch
 from trainprobe.frontdoors.metrics.sources import batch_counts
 from trainprobe.integrations._common import MonitorPairCallback
 
+__all__ = ["TrainProbeCallback"]
+
 
 class TrainProbeCallback(MonitorPairCallback, pl.Callback):
     """Training metrics and/or Monitor V2 inside a Lightning ``Trainer``; the arguments are those

@@ -56,6 +56,8 @@ except ImportError as exc:  # pragma: no cover - optional extra
 from trainprobe.engine.patching import AttrPatch
 from trainprobe.integrations._common import MonitorPairCallback
 
+__all__ = ["TrainProbeCallback"]
+
 
 class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
     """Training metrics and/or Monitor V2 inside a Hugging Face ``Trainer``; the arguments are

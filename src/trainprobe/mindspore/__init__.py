@@ -24,7 +24,7 @@ require_mindspore()
 
 _EXPORTS = {"TrainerMon": "trainprobe.frontdoors.monitor_v1.mindspore"}
 """``TrainerMon`` is imported on first use: the backend (``trainprobe.backends.mindspore.backend``, which
-Monitor V2 loads through :func:`trainprobe.engine.backend.backend_for`) does not need Monitor V1."""
+Monitor V2 loads through :func:`trainprobe.backends.backend_for`) does not need Monitor V1."""
 __all__ = ["TrainerMon", "require_mindspore"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

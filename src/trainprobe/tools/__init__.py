@@ -14,8 +14,14 @@ name ``csv2db`` is its module.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from trainprobe._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from trainprobe.tools.anomaly_analyse import analyse
+    from trainprobe.tools.csv2tb import csv2tensorboard_by_step
+    from trainprobe.tools.report import write_report
 
 _EXPORTS = {
     "analyse": "trainprobe.tools.anomaly_analyse",
@@ -23,11 +29,6 @@ _EXPORTS = {
     "diagnose": "trainprobe.tools.diagnose",
     "write_report": "trainprobe.tools.report",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = ["analyse", "csv2tensorboard_by_step", "write_report"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainprobe.tools' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -92,14 +92,14 @@ class MindSporeBackend:
 
         return bool(GlobalComm.INITED)
 
-    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
+    def model_view(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> ModelView:
         runtime.check_runs_operators("start()")
         if not runtime.pynative_mode():
             raise ConfigError(
                 f"{where}: MindSpore runs in GRAPH_MODE, where cell and tensor hooks do not run; "
                 "trainprobe needs PyNative mode: mindspore.set_context(mode=mindspore.PYNATIVE_MODE)"
             )
-        return CellView(model, where)
+        return CellView(model, where, stage_prefix=stage_prefix)
 
     def optimizer_view(self, optimizer: Any, where: str = "start(optimizer=...)") -> MindSporeOptimizer:
         return unwrap_optimizer(optimizer, where)

@@ -54,7 +54,7 @@ class MindSporeWeightGradProbe(Probe):
         backend: Backend,
         keep_reduced: Callable[[NamedParam], bool] | None = None,
     ) -> None:
-        super().__init__(clock, spec.ops, spec.eps, backend=backend)
+        super().__init__(clock, spec, backend=backend)
         self.optimizer = optimizer
         self.keep_reduced = keep_reduced
         self.per_micro_batch = per_micro_batch

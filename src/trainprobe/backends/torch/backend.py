@@ -86,8 +86,8 @@ class TorchBackend:
     def distributed(self) -> bool:
         return distributed_ready()
 
-    def model_view(self, model: Any, where: str = "start(model=...)") -> ModelView:
-        return TorchModelView(model, where)
+    def model_view(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> ModelView:
+        return TorchModelView(model, where, stage_prefix=stage_prefix)
 
     def optimizer_view(self, optimizer: Any, where: str = "start(optimizer=...)") -> TorchOptimizerView:
         return torch_optimizer_view(optimizer, where)

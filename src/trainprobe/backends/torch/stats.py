@@ -34,13 +34,12 @@ import torch
 from trainprobe.backends.torch.fused_stats import FusedStats, Reductions
 from trainprobe.backends.torch.numpy_view import numpy_view
 from trainprobe.engine.stats.numpy_stats import NumpyStats
-from trainprobe.engine.stats.ops import ALL_OPS
+from trainprobe.engine.stats.ops import ALL_OPS, EMPTY_TENSOR_VALUES
 
 RowValues = list | torch.Tensor
 """One row of statistics: host floats (CPU tensors) or a float64 device tensor."""
 
 _PLAIN_FLOATS = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
-_EMPTY = {"min": math.nan, "max": math.nan, "mean": math.nan, "norm": 0.0, "nans": 0.0, "zeros": 0.0}
 
 
 def as_statistic_input(t: torch.Tensor) -> torch.Tensor:
@@ -304,7 +303,7 @@ class TensorStats:
         self.eps = float(eps)
         wanted = ("min" in ops or "max" in ops) + ("mean" in ops) + ("norm" in ops)
         self._fused = (fused or shared_fused()) if wanted >= 2 else None
-        self._empty = [_EMPTY[op] for op in self.ops]
+        self._empty = [EMPTY_TENSOR_VALUES[op] for op in self.ops]
         # where each op sits among the columns of every op but nans (see _nan_column)
         plain = [op for op in self.ops if op != "nans"]
         self._nan_at = self.ops.index("nans") if "nans" in self.ops else None

@@ -93,7 +93,7 @@ class WeightGradProbe(Probe):
         keep_reduced: Callable[[NamedParam], bool] | None = None,
         backend: Backend,
     ) -> None:
-        super().__init__(clock, spec.ops, spec.eps, backend=backend)
+        super().__init__(clock, spec, backend=backend)
         self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = grad_of or _dot_grad
         self.keep_reduced = keep_reduced
         self.per_micro_batch = per_micro_batch

@@ -49,15 +49,17 @@ class Probe:
     implement :meth:`attach`; optimizer-driven probes override :meth:`before_optimizer_step`
     and :meth:`after_optimizer_step`. ``backend`` is the framework adapter (given by the
     caller: the probes never import a backend, which imports the probes); ``self.stats`` is its
-    statistics kernel."""
+    statistics kernel, built from ``spec`` (a :class:`ProbeSpec` or a probe's own extension of
+    it), kept as ``self.spec``."""
 
     name: str = "probe"
     with_micro_step: bool = False
 
-    def __init__(self, clock: StepClock, ops: tuple[str, ...], eps: float, *, backend: Backend) -> None:
+    def __init__(self, clock: StepClock, spec: ProbeSpec, *, backend: Backend) -> None:
         self.clock = clock
+        self.spec = spec
         self.backend: Backend = backend
-        self.stats = backend.stats(ops, eps)
+        self.stats = backend.stats(spec.ops, spec.eps)
         self.rows = RowBuffer(backend.device_copy)
         self.disabled = False
         self._handles: list[Any] = []

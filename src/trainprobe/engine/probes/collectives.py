@@ -31,8 +31,8 @@ the monitors stop.
 
 ``cc_log_only`` prints each distinct call site once per rank (op, dtypes, shapes, group, then
 the stack, one indented ``<path>[<line>] in <function>: <source>`` line per frame, innermost
-last) and keeps them in ``rank_<r>/cc_log.json``; it records no statistics and does not interrupt
-training.
+last) and keeps them in the JSON file the front door names (``log_path``); it records no
+statistics and does not interrupt training.
 """
 
 from __future__ import annotations
@@ -395,22 +395,33 @@ class CollectiveProbe(Probe):
 
     name = "cc"
 
-    def __init__(self, clock: StepClock, config: CcSpec, rank: int, rank_dir: Path, *, backend: Backend) -> None:
-        super().__init__(clock, config.ops, config.eps, backend=backend)
+    def __init__(
+        self,
+        clock: StepClock,
+        spec: CcSpec,
+        rank: int,
+        log_path: Path,
+        *,
+        backend: Backend,
+        models: Sequence[Any] = (),
+    ) -> None:
+        """``log_path``: where ``cc_log_only`` keeps the call sites; ``models``: the model chunks
+        whose DistributedDataParallel buckets ``ddp_comm_hook`` follows."""
+        super().__init__(clock, spec, backend=backend)
         api = self.backend.collective_api()
         assert api is not None, "the trainer refuses cc for a backend without collectives"
         self.api: CollectiveApi = api
-        self.config = config
+        self.spec: CcSpec = spec
         self.rank = rank
-        self.log_path = rank_dir / "cc_log.json"
+        self.log_path = log_path
         self._counts: dict[str, int] = {}
         self._pending: list[Any] = []
         self._sites: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._tail: bool | None = None  # open tail: whether the step that ended was collected
         self._listening: Listening | None = None
-        self.trails = not config.cc_log_only
-        self.models: list[Any] = []
+        self.trails = not spec.cc_log_only
+        self.models = list(models)
         self.before_call = self.guard(self._before)
         self.after_call = self.guard(self._after)
         self.bucket_call = self.guard(self._bucket_call)
@@ -422,7 +433,7 @@ class CollectiveProbe(Probe):
         when DDP refuses the hook)."""
         self._listening = listen(self.api, self)
         self.keep(self._listening)
-        if not self.config.ddp_comm_hook or self.config.cc_log_only:
+        if not self.spec.ddp_comm_hook or self.spec.cc_log_only:
             return
         handles = [h for h in (self.api.watch_ddp(m, self) for m in self.models) if h is not None]
         if not handles:
@@ -464,26 +475,26 @@ class CollectiveProbe(Probe):
         """Called before the original collective runs; the returned call, if any, is handed to
         :meth:`_after` with the result."""
         full_site, short_site = call_site(frame)
-        if not self.config.cc_log_only and (not self._collecting() or not self._selected(full_site)):
+        if not self.spec.cc_log_only and (not self._collecting() or not self._selected(full_site)):
             return None
         try:
             inputs, outputs, group = arguments.get()
         except TypeError:  # the caller's own arguments do not fit: the collective raises it to them
             return None
-        if self.config.cc_log_only:
+        if self.spec.cc_log_only:
             self._log_site(op, full_site, inputs + outputs, group, frame)
             return None
         index = self._counts.get(op, 0)
         self._counts[op] = index + 1
         tag_site = f"@{short_site}"
         has_outputs = outputs_returned or bool(FUNCTIONS[op][1])
-        if self.config.cc_pre_hook or not has_outputs:
+        if self.spec.cc_pre_hook or not has_outputs:
             self._record(op, index, "in", inputs, tag_site)
         return _Call(op, index, tag_site, outputs) if has_outputs else None
 
     def _selected(self, full_site: str) -> bool:
         """Whether ``cc_codeline`` keeps a call made at ``full_site`` (see :func:`codeline_matches`)."""
-        lines = self.config.cc_codeline
+        lines = self.spec.cc_codeline
         return not lines or any(codeline_matches(full_site, line) for line in lines)
 
     def _after(self, call: _Call, result: Any, outputs_returned: bool) -> None:
@@ -514,7 +525,7 @@ class CollectiveProbe(Probe):
         call_index = self._counts.get("all_reduce", 0)
         self._counts["all_reduce"] = call_index + 1
         tag_site = f"@ddp.bucket_{index}"
-        if self.config.cc_pre_hook:
+        if self.spec.cc_pre_hook:
             self._record("all_reduce", call_index, "in", [tensor], tag_site)
         return _Call("all_reduce", call_index, tag_site, [])
 

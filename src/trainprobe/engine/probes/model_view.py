@@ -43,18 +43,22 @@ class ModelView:
 
     model_kind = "module"
 
-    def __init__(self, model: Any, where: str = "start(model=...)") -> None:
-        """Raises ConfigError (naming ``where``, the argument) when ``model`` is neither a
-        module of the framework nor a list of them."""
+    def __init__(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> None:
+        """``stage_prefix``: whether names carry the ``<vpp_stage>:`` prefix (None: only when
+        ``model`` is a list of chunks; Monitor V1 always wants it).
+
+        Raises ConfigError (naming ``where``, the argument) when ``model`` is neither a module of
+        the framework nor a list of them."""
         if model is None:
             self.chunks: list[Any] = []  # the framework's modules
-            self.is_list = False
+            is_list = False
         elif self._is_model(model):
-            self.chunks, self.is_list = [model], False
+            self.chunks, is_list = [model], False
         elif isinstance(model, (list, tuple)) and all(self._is_model(m) for m in model):
-            self.chunks, self.is_list = list(model), True
+            self.chunks, is_list = list(model), True
         else:
             raise ConfigError(f"{where}: expected a {self.model_kind} or a list of them, got {type(model).__name__}")
+        self.stage_prefix = is_list if stage_prefix is None else stage_prefix
 
     # -- the framework ---------------------------------------------------------------------
     def _is_model(self, obj: object) -> bool:
@@ -76,7 +80,7 @@ class ModelView:
     # -- names ---------------------------------------------------------------------------
     def prefix(self, vpp_stage: int) -> str:
         """Name prefix of chunk ``vpp_stage`` (empty for a single model)."""
-        return f"{vpp_stage}{NAME_SEP}" if self.is_list else ""
+        return f"{vpp_stage}{NAME_SEP}" if self.stage_prefix else ""
 
     def modules(self) -> Iterator[tuple[int, str, Any]]:
         """``(vpp_stage, name, module)`` for every module, each chunk in order, root first."""

@@ -108,7 +108,7 @@ class ModuleSpec(ProbeSpec):
 class ModuleProbe(Probe):
     """Forward/backward statistics of the target modules.
 
-    ``naming`` (default :class:`V2Naming` over ``config.targets``) picks the modules, the tensors
+    ``naming`` (default :class:`V2Naming` over ``spec.targets``) picks the modules, the tensors
     and the row names and scopes. ``backend`` is the framework adapter (PyTorch by default):
     modules need PyTorch's ``register_forward_pre_hook(hook, prepend=, with_kwargs=)`` and
     ``register_forward_hook(hook, with_kwargs=)``, which MindSpore's ``Cell`` has too; gradient
@@ -121,16 +121,16 @@ class ModuleProbe(Probe):
     def __init__(
         self,
         clock: StepClock,
-        config: ModuleSpec,
+        spec: ModuleSpec,
         view: ModelView,
         naming: ModuleNaming | None = None,
         *,
         backend: Backend,
     ) -> None:
-        super().__init__(clock, config.ops, config.eps, backend=backend)
-        self.config = config
+        super().__init__(clock, spec, backend=backend)
+        self.spec: ModuleSpec = spec
         self.view = view
-        self.naming: ModuleNaming = naming if naming is not None else V2Naming(config.targets)
+        self.naming: ModuleNaming = naming if naming is not None else V2Naming(spec.targets)
         self._micro = [0] * len(view.chunks)
         self._tensor_type = self.backend.tensor_type
         self._step_handles: list[Any] = []
@@ -174,7 +174,7 @@ class ModuleProbe(Probe):
             handle.remove()
 
     def _records(self, module: Any) -> bool:
-        return self.active and self.backend.records_forward(module, self.config.record_eval_mode)
+        return self.active and self.backend.records_forward(module, self.spec.record_eval_mode)
 
     def _counter(self, vpp: int) -> Any:
         def count(module: Any, args: tuple[Any, ...]) -> None:

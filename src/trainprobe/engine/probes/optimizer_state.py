@@ -55,7 +55,7 @@ class OptimizerStateProbe(Probe):
         backend: Backend,
     ) -> None:
         """``enabled=False`` (``mv_distribution: false``): built switched off."""
-        super().__init__(clock, spec.ops, spec.eps, backend=backend)
+        super().__init__(clock, spec, backend=backend)
         self.suffix_names = suffix_names
         self.optimizer = optimizer
         self.params = params

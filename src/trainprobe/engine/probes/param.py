@@ -27,7 +27,7 @@ class ParamProbe(Probe):
         self, clock: StepClock, spec: ProbeSpec, params: list[NamedParam], *, enabled: bool = True, backend: Backend
     ) -> None:
         """``enabled=False`` (``param_distribution: false``): built switched off."""
-        super().__init__(clock, spec.ops, spec.eps, backend=backend)
+        super().__init__(clock, spec, backend=backend)
         self.params = params
         self.disabled = not enabled
         self._keys: dict[str, list[RowKey]] = {}

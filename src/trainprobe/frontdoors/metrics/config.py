@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.fields import Section, join_path, parse_json_config, read_config_text, type_name
+from trainprobe.engine.fields import ConfigObject, join_path, parse_json_config, read_config_text, type_name
 from trainprobe.engine.log import warn_once
 from trainprobe.frontdoors.metrics.yaml_config import parse_yaml_config
 
@@ -152,7 +152,7 @@ def load_training_metrics_config(source: str | Path | Mapping[str, Any]) -> Trai
         check_expanded_size(data, "config")
     else:
         data = _read_file(source)
-    top = Section(data, "")
+    top = ConfigObject(data, "")
     tb_section = top.section("tensorboard")
     tensorboard = _tensorboard(tb_section) if tb_section.present else None
     monitor = _monitor(top.section("monitor_config"), tensorboard is not None)
@@ -206,7 +206,7 @@ def _read_file(source: str | Path) -> dict[str, Any]:
     return data
 
 
-def _formats(section: Section, key: str, has_tensorboard: bool) -> Formats:
+def _formats(section: ConfigObject, key: str, has_tensorboard: bool) -> Formats:
     value = section.raw(key)
     if value is None:
         return frozenset()
@@ -229,7 +229,7 @@ def _formats(section: Section, key: str, has_tensorboard: bool) -> Formats:
     return frozenset(found)
 
 
-def _monitor(section: Section, has_tensorboard: bool) -> MonitorSection:
+def _monitor(section: ConfigObject, has_tensorboard: bool) -> MonitorSection:
     section.check_keys(MONITOR_KEYS)
     target = section.str_list("target") if section.has("target") else (".*",)
     if not target:
@@ -259,7 +259,7 @@ def _monitor(section: Section, has_tensorboard: bool) -> MonitorSection:
     )
 
 
-def _tensorboard(section: Section) -> TensorBoardSection:
+def _tensorboard(section: ConfigObject) -> TensorBoardSection:
     section.check_keys(TENSORBOARD_KEYS)
     if not section.has("tensorboard_dir"):
         raise section.fail("tensorboard_dir", "is required when the tensorboard section is present")

@@ -51,7 +51,7 @@ from trainprobe.backends.torch.stats import shared_fused
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folder_lock import FolderLock
 from trainprobe.engine.folders import make_output_folder
-from trainprobe.engine.guard import Switches, guarded
+from trainprobe.engine.guard import Fuses, guarded
 from trainprobe.engine.log import error_once, logger, warn_once
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.records import ScalarBatch
@@ -166,7 +166,7 @@ class TrainingMetricsMonitor:
         self.stop_requested = False
         self._step = initial_step
         self._samples: int | None = 0
-        self._gatherers = Switches(f"metrics-{id(self)}")
+        self._gatherers = Fuses(f"metrics-{id(self)}")
         self._captured_step = -1
         self._grad_index: list[int] = []
         self._grad_norms: torch.Tensor | list[float] | None = None

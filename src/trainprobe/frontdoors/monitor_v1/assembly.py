@@ -14,9 +14,8 @@ from __future__ import annotations
 from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, anomaly_rank_folder, v1_file_name
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.session import Session
-from trainprobe.engine.sinks.background import Sink, Writer
+from trainprobe.engine.sinks.background import Sink
 from trainprobe.engine.sinks.csv_sink import CsvSink
-from trainprobe.engine.sinks.fanout import FanOut
 from trainprobe.engine.sinks.memory import MemorySink
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.engine.sinks.tensorboard import TensorBoardSink
@@ -32,11 +31,11 @@ class SessionFactory:
     """Builds the sessions of one attached run.
 
     Args:
-        att: what ``set_monitor`` attached to.
+        attachment: what ``set_monitor`` attached to.
     """
 
-    def __init__(self, att: Attachment) -> None:
-        self.att = att
+    def __init__(self, attachment: Attachment) -> None:
+        self.attachment = attachment
         self.memory = MemorySink({}, output.table_of, output.api_key)
         self._alerts: AlertDetector | None = None
 
@@ -46,15 +45,21 @@ class SessionFactory:
         schedule = cfg.schedule(start_step)
         if schedule is None:
             return None
-        shapes = ShapeBook(self.att.grad_of)
-        probes = build_probes(cfg, self.att, shapes)
+        shapes = ShapeBook(self.attachment.grad_of)
+        probes = build_probes(cfg, self.attachment, shapes)
         if not probes:
             return None
         sinks = self._sinks(cfg, schedule, shapes)
-        writer = Writer(FanOut(sinks), background=cfg.format != "api", on_error=_ignore)
         # trails: TrainerMon ends each step from the optimizer's post-step hook, so a collective
         # issued after optimizer.step() belongs to the step that trained, as in Monitor V2
-        session = Session(probes=probes, schedule=schedule, writer=writer, clock=self.att.clock, trails=True)
+        session = Session(
+            probes=probes,
+            schedule=schedule,
+            sink=sinks,
+            background=cfg.format != "api",
+            clock=self.attachment.clock,
+            trails=True,
+        )
         session.attach()
         return session
 
@@ -64,7 +69,7 @@ class SessionFactory:
         sinks: list[Sink] = [self.memory]
         if cfg.format == "csv":
             layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
-            folder = self.att.run_folder(cfg)
+            folder = self.attachment.run_folder(cfg)
             csv = CsvSink(
                 folder,
                 schedule,
@@ -72,24 +77,24 @@ class SessionFactory:
                 table_of=output.table_of,
                 name_file=output.file_name,
                 append=bool(cfg.append_output),
-                first_step=self.att.clock.step,
+                first_step=self.attachment.clock.step,
             )
             sinks.append(csv)
         elif cfg.format == "parquet":  # an extension: the CSV layout's files as Parquet (append_output: CSV only)
             layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
             sinks.append(
                 ParquetSink(
-                    self.att.run_folder(cfg),
+                    self.attachment.run_folder(cfg),
                     schedule,
                     layouts,
                     table_of=output.table_of,
                     name_file=_parquet_name,
-                    first_step=self.att.clock.step,
+                    first_step=self.attachment.clock.step,
                 )
             )
         elif cfg.format == "tensorboard":
-            folder = self.att.run_folder(cfg)
-            tag_of = output.tag_of(self.att.rank, cfg.monitor_mbs_grad)
+            folder = self.attachment.run_folder(cfg)
+            tag_of = output.tag_of(self.attachment.rank, cfg.monitor_mbs_grad)
             histograms = output.HISTOGRAM_TABLES.values()
             sinks.append(TensorBoardSink(folder, ops_of, output.table_of, tag_of, histogram_tables=histograms))
         if cfg.alert.rules:
@@ -97,20 +102,20 @@ class SessionFactory:
         return sinks
 
     def _alert_detector(self, cfg: MonitorV1Config, ops_of: dict[str, tuple[str, ...]]) -> AlertDetector:
-        dump = output.output_root() / ANOMALY_FOLDER / anomaly_rank_folder(self.att.rank) if cfg.alert.dump else None
+        dump = (
+            output.output_root() / ANOMALY_FOLDER / anomaly_rank_folder(self.attachment.rank)
+            if cfg.alert.dump
+            else None
+        )
         det = self._alerts
         if det is None or det.rules != cfg.alert.rules or det.dump_dir != dump:
-            det = AlertDetector(cfg.alert.rules, ops_of, output.table_of, self.att.pipeline, dump)
+            det = AlertDetector(cfg.alert.rules, ops_of, output.table_of, self.attachment.pipeline, dump)
             self._alerts = det
         det.ops = ops_of
-        det.tag_of = output.task_tagger(self.att.rank, cfg.monitor_mbs_grad)
+        det.tag_of = output.task_tagger(self.attachment.rank, cfg.monitor_mbs_grad)
         return det
 
 
 def _parquet_name(table: str, first: int, last: int) -> str:
     """``grad_reduced_0-4.parquet``."""
     return v1_file_name(table, first, last, PARQUET_SUFFIX)
-
-
-def _ignore(monitor: str, exc: BaseException) -> None:
-    """Placeholder error callback; the session installs its own."""

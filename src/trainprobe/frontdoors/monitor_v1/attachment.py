@@ -94,8 +94,9 @@ def attach(
     """
     check_arguments(optimizer, grad_acc_steps, start_iteration)
     chunks = [model] if isinstance(model, nn.Module) else model
-    view = TorchModelView(list(chunks) if isinstance(chunks, (list, tuple)) else chunks, "set_monitor(model=...)")
-    view.is_list = True  # V1 names always carry the "<vpp_stage>:" prefix
+    view = TorchModelView(  # V1 names always carry the "<vpp_stage>:" prefix
+        list(chunks) if isinstance(chunks, (list, tuple)) else chunks, "set_monitor(model=...)", stage_prefix=True
+    )
     opt = TORCH.optimizer_view(optimizer, "set_monitor(optimizer=...)")
     rank = current_rank()
     return Attachment(

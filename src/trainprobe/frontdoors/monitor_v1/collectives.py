@@ -28,12 +28,12 @@ _MAX_FRAMES = 64
 class V1CollectiveProbe(CollectiveProbe):
     """Collectives selected by the reference's ``cc_codeline`` patterns."""
 
-    def __init__(self, clock: StepClock, config: CcSpec, rank: int, rank_dir: Path, *, backend: Backend) -> None:
-        super().__init__(clock, config, rank, rank_dir, backend=backend)
-        self._patterns = [re.compile(line) for line in config.cc_codeline]
+    def __init__(self, clock: StepClock, spec: CcSpec, rank: int, log_path: Path, *, backend: Backend) -> None:
+        super().__init__(clock, spec, rank, log_path, backend=backend)
+        self._patterns = [re.compile(line) for line in spec.cc_codeline]
 
     def _selected(self, full_site: str) -> bool:
-        lines = self.config.cc_codeline
+        lines = self.spec.cc_codeline
         if not lines or any(codeline_matches(full_site, line) for line in lines):
             return True
         frame: FrameType | None = sys._getframe(1)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.fields import Section, config_object, join_path, type_name
+from trainprobe.engine.fields import ConfigObject, config_object, join_path, type_name
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.parquet_sink import require_pyarrow
 from trainprobe.engine.stats.ops import ALL_OPS, DEFAULT_EPS, parse_ops
@@ -56,7 +56,7 @@ TOP_LEVEL_KEYS = (
     "l2_targets",
     "sa_order",
 )
-# Reference keys trainprobe does not implement: accepted, one warning each (see Section.check_keys).
+# Reference keys trainprobe does not implement: accepted, one warning each (see ConfigObject.check_keys).
 IGNORED: dict[str, str] = {
     "mg_distribution": "the reference validates this switch but collects nothing with it; "
     "use mg_direction for the gradient/momentum direction; ignored",
@@ -192,7 +192,7 @@ def load_monitor_v1_config(source: str | Path | dict[str, Any]) -> MonitorV1Conf
     Raises:
         ConfigError: the file is missing or not JSON, or any field is invalid (named by path).
     """
-    top = Section(config_object(source, "config_file_path: expected a path to a JSON file"))
+    top = ConfigObject(config_object(source, "config_file_path: expected a path to a JSON file"))
     top.check_keys(TOP_LEVEL_KEYS, IGNORED)
     fmt = top.choice("format", "csv", FORMATS)
     if fmt == "parquet":
@@ -230,7 +230,7 @@ def load_monitor_v1_config(source: str | Path | dict[str, Any]) -> MonitorV1Conf
     )
 
 
-def _int(s: Section, key: str, default: int, minimum: int) -> int:
+def _int(s: ConfigObject, key: str, default: int, minimum: int) -> int:
     value = s.integer(key, default, minimum=minimum)
     assert value is not None
     return value
@@ -253,7 +253,7 @@ def parse_tensor_spec(text: Any, where: str) -> TensorSpec:
     return TensorSpec(text=text, index=int(index))
 
 
-def _targets(s: Section) -> tuple[TargetConfig, ...]:
+def _targets(s: ConfigObject) -> tuple[TargetConfig, ...]:
     out = []
     for name in s.data:
         if not isinstance(name, str) or not name:
@@ -265,7 +265,7 @@ def _targets(s: Section) -> tuple[TargetConfig, ...]:
     return tuple(out)
 
 
-def _cc(s: Section) -> CcConfig:
+def _cc(s: ConfigObject) -> CcConfig:
     s.check_keys(("enable", "cc_codeline", "cc_pre_hook", "cc_log_only"))
     codeline = s.str_list("cc_codeline")
     for i, pattern in enumerate(codeline):
@@ -284,14 +284,14 @@ def _cc(s: Section) -> CcConfig:
     )
 
 
-def _alert(s: Section) -> AlertConfig:
+def _alert(s: ConfigObject) -> AlertConfig:
     s.check_keys(("rules", "dump"))
     rules_raw = s.raw("rules", [])
     if not isinstance(rules_raw, list):
         raise s.fail("rules", f"must be a list of rules, not {type_name(rules_raw)}")
     rules = []
     for i, raw in enumerate(rules_raw):
-        rule = Section(raw, join_path(s.where("rules"), i))
+        rule = ConfigObject(raw, join_path(s.where("rules"), i))
         rule.check_keys(("rule_name", "args"))
         if not rule.has("rule_name"):
             raise rule.fail("rule_name", f"is required; one of {', '.join(RULE_NAMES)}")
@@ -309,7 +309,7 @@ def _alert(s: Section) -> AlertConfig:
     return AlertConfig(rules=tuple(rules), dump=s.boolean("dump", False))
 
 
-def _append_output(top: Section) -> tuple[str, ...]:
+def _append_output(top: ConfigObject) -> tuple[str, ...]:
     stamps = top.str_list("append_output")
     if not stamps:
         return ()
@@ -326,7 +326,7 @@ def _append_output(top: Section) -> tuple[str, ...]:
     return stamps
 
 
-def _l2(top: Section) -> L2Config:
+def _l2(top: ConfigObject) -> L2Config:
     targets = top.section("l2_targets")
     targets.check_keys(("attention_hook", "linear_hook"))
     return L2Config(

@@ -28,7 +28,7 @@ def run_end_message(extras: Sequence[Probe], probes: Sequence[Probe]) -> str | N
                 '(exit code 0). Set "print_struct": false to train.'
             )
     for probe in probes:
-        if isinstance(probe, CollectiveProbe) and probe.config.cc_log_only:
+        if isinstance(probe, CollectiveProbe) and probe.spec.cc_log_only:
             return (
                 f"trainprobe: cc_log_only is set: the collective call sites were printed (and kept in "
                 f'{probe.log_path}); the run ends here (exit code 0). Set "cc_codeline" from them and '

@@ -40,7 +40,7 @@ import torch
 from trainprobe.backends.torch.backend import TORCH
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.optimizer_view import OptimizerView
-from trainprobe.engine.probes.base import Probe, StepClock
+from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.model_view import NamedParam
 from trainprobe.engine.records import RowKey
 from trainprobe.frontdoors.monitor_v1.histogram import histogram_row
@@ -61,10 +61,8 @@ class _AdamFeature(Probe):
     requirement: str = ""
     """What the warning says the optimizer lacks."""
 
-    def __init__(
-        self, clock: StepClock, ops: tuple[str, ...], eps: float, optimizer: OptimizerView, params: list[NamedParam]
-    ) -> None:
-        super().__init__(clock, ops, eps, backend=TORCH)
+    def __init__(self, clock: StepClock, spec: ProbeSpec, optimizer: OptimizerView, params: list[NamedParam]) -> None:
+        super().__init__(clock, spec, backend=TORCH)
         self.optimizer = optimizer
         self.params = params
         self._verdict: bool | None = None  # the optimizer's verdict, once known
@@ -100,13 +98,12 @@ class MgDirectionProbe(_AdamFeature):
     def __init__(
         self,
         clock: StepClock,
-        ops: tuple[str, ...],
-        eps: float,
+        spec: ProbeSpec,
         optimizer: OptimizerView,
         params: list[NamedParam],
         grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
     ) -> None:
-        super().__init__(clock, ops, eps, optimizer, params)
+        super().__init__(clock, spec, optimizer, params)
         self.grad_of = grad_of or (lambda p: p.grad)
 
     def before_optimizer_step(self) -> None:
@@ -158,13 +155,12 @@ class UpdateRatioProbe(_AdamFeature):
     def __init__(
         self,
         clock: StepClock,
-        ops: tuple[str, ...],
-        eps: float,
+        spec: ProbeSpec,
         optimizer: OptimizerView,
         params: list[NamedParam],
         histograms: HistogramRows | None = None,
     ) -> None:
-        super().__init__(clock, ops, eps, optimizer, params)
+        super().__init__(clock, spec, optimizer, params)
         self.histograms = histograms
         self._group_of = {id(p): g for g in optimizer.groups() for p in g["params"]}
 

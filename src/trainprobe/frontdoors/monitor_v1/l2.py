@@ -27,16 +27,12 @@ from torch import nn
 
 from trainprobe.backends.torch.backend import TORCH
 from trainprobe.backends.torch.stats import RowValues
-from trainprobe.engine.probes.base import Probe, StepClock
+from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.records import RowKey
 from trainprobe.engine.tensor_walk import call_tensors
 from trainprobe.frontdoors.monitor_v1.config import L2Config
 from trainprobe.frontdoors.monitor_v1.naming import bare
-
-LINEAR_COLUMNS = ("sr", "kernel_norm")
-ATTENTION_COLUMNS = ("entropy", "softmax_max")
-
 
 LINEAR_SUFFIX = ".linear"
 """What a ``linear_hook`` row's name adds to its module's name."""
@@ -87,9 +83,9 @@ class L2Probe(Probe):
 
     name = "l2_features"
 
-    def __init__(self, clock: StepClock, config: L2Config, view: ModelView) -> None:
-        super().__init__(clock, ("norm",), 1e-8, backend=TORCH)
-        self.config = config
+    def __init__(self, clock: StepClock, l2: L2Config, view: ModelView) -> None:
+        super().__init__(clock, ProbeSpec(("norm",), 1e-8), backend=TORCH)
+        self.l2 = l2
         self.view = view
         self._done: set[str] = set()
 
@@ -98,7 +94,7 @@ class L2Probe(Probe):
         return name in names or bare(name) in names
 
     def attach(self) -> None:
-        cfg = self.config
+        cfg = self.l2
         for vpp, name, module in self.view.modules():
             has_2d = linear_weight(module) is not None
             if cfg.linear_hook is not None and has_2d and (not cfg.linear_hook or self._listed(cfg.linear_hook, name)):
@@ -127,7 +123,7 @@ class L2Probe(Probe):
         def hook(module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
             tensors = [t for t in call_tensors(args, kwargs, torch.Tensor) if t.dim() == 4]
             if len(tensors) >= 2 and self._first("attention:" + name):
-                feats = attention_features(tensors[0], tensors[1], self.config.sa_order)
+                feats = attention_features(tensors[0], tensors[1], self.l2.sa_order)
                 self.rows.add(RowKey(vpp, name, "attention_hook"), feats)
 
         return hook

@@ -40,7 +40,7 @@ def wgrad_metrics(session: Session | None, memory: MemorySink) -> tuple[Metrics,
         warn_once("v1-wgrad-off", 'trainprobe: generate_wgrad_metrics() needs "wg_distribution": true')
         return {}, {}
     keys, values = probe.reduced_rows()  # type: ignore[attr-defined]  # both backends' weight_grad probes have it
-    ops = probe.stats.ops
+    ops = probe.spec.ops
     reduced = {k.name: dict(zip(ops, _host(v))) for k, v in zip(keys, values)}
     if not reduced:
         reduced = current(session, probe, memory, "grad_reduced")
@@ -57,7 +57,7 @@ def xy_metrics(session: Session | None, memory: MemorySink) -> tuple[Metrics, Me
 
 def current(session: Session | None, probe: Probe, memory: MemorySink, table: str) -> Metrics:
     """Rows of ``table``: the step in progress, else the latest collected step."""
-    ops = probe.stats.ops
+    ops = probe.spec.ops
     pending = {
         output.api_key(k): dict(zip(ops, v))
         for k, v in probe.rows.snapshot()

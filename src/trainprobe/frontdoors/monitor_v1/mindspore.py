@@ -77,8 +77,7 @@ def attach(
             without ``mindspore.communication``.
     """
     check_arguments(optimizer, grad_acc_steps, start_iteration)
-    view = MINDSPORE.model_view(model, "set_monitor(model=...)")
-    view.is_list = True  # V1 names always carry the "<vpp_stage>:" prefix
+    view = MINDSPORE.model_view(model, "set_monitor(model=...)", stage_prefix=True)  # V1: always "<vpp_stage>:"
     opt = MINDSPORE.optimizer_view(optimizer, "set_monitor(optimizer=...)")
     rank = MINDSPORE.rank()
     return Attachment(

@@ -14,6 +14,7 @@ or parameter of the model is reported once, with the closest names.
 
 from __future__ import annotations
 
+from trainprobe.engine.layout import CC_LOG_FILE
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec
 from trainprobe.engine.probes.collectives import CcSpec
@@ -39,16 +40,16 @@ from trainprobe.frontdoors.monitor_v1.shapes import ShapeBook
 from trainprobe.frontdoors.monitor_v1.struct import StackProbe
 
 
-def parameter_names(cfg: MonitorV1Config, att: Attachment) -> tuple[list[NamedParam], DisplayNames]:
+def parameter_names(cfg: MonitorV1Config, attachment: Attachment) -> tuple[list[NamedParam], DisplayNames]:
     """The optimizer's parameters (model order, full names) and their written names."""
-    every = att.view.optimizer_parameters(att.optimizer)
+    every = attachment.view.optimizer_parameters(attachment.optimizer)
     return every, display_names(cfg, [named.name for named in every])
 
 
-def module_names(cfg: MonitorV1Config, att: Attachment) -> DisplayNames:
+def module_names(cfg: MonitorV1Config, attachment: Attachment) -> DisplayNames:
     """The written names of the model's modules (each chunk's root: ``<vpp>:``)."""
     roots, names, seen = [], [], set()
-    for vpp, name, _ in att.view.modules():
+    for vpp, name, _ in attachment.view.modules():
         names.append(name)
         if vpp not in seen:  # root first in each chunk
             seen.add(vpp)
@@ -66,20 +67,20 @@ def monitored_params(cfg: MonitorV1Config, every: list[NamedParam], names: Displ
     ]
 
 
-def build_probes(cfg: MonitorV1Config, att: Attachment, shapes: ShapeBook | None = None) -> list[Probe]:
+def build_probes(cfg: MonitorV1Config, attachment: Attachment, shapes: ShapeBook | None = None) -> list[Probe]:
     """The probes ``cfg`` enables, unattached (may create the run folder for stack_info).
 
     Warns once when squashing would merge names (those keep their full names) and when a
     ``targets`` entry names nothing in the model. ``shapes`` learns the shape and dtype of the
     rows (monitored parameters now, activations as they are picked).
     """
-    every, param_names = parameter_names(cfg, att)
+    every, param_names = parameter_names(cfg, attachment)
     params = monitored_params(cfg, every, param_names)
     if shapes is not None:
         shapes.add_params(params)
     probes: list[Probe] = []
     spec = ProbeSpec(cfg.ops, cfg.eps)
-    module_rank = cfg.monitors_rank(att.rank)
+    module_rank = cfg.monitors_rank(attachment.rank)
     xy = cfg.xy_distribution and module_rank
     per_param = (
         cfg.wg_distribution,
@@ -88,42 +89,50 @@ def build_probes(cfg: MonitorV1Config, att: Attachment, shapes: ShapeBook | None
         cfg.ur_distribution,
         cfg.mg_direction,
     )
-    modules = module_names(cfg, att) if xy or cfg.targets or cfg.stack_info else None
+    modules = module_names(cfg, attachment) if xy or cfg.targets or cfg.stack_info else None
     if cfg.targets and (cfg.xy_distribution or any(per_param)):
         _warn_unmatched(cfg, param_names, modules)
     if any(per_param) and params:
         param_names.warn_clashes("parameters")
     if xy and modules is not None:
-        probes += _activations(cfg, att, modules, shapes)
+        probes += _activations(cfg, attachment, modules, shapes)
     if cfg.wg_distribution:
-        probes.append(_weight_grad(cfg, att, params))
+        probes.append(_weight_grad(cfg, attachment, params))
     if cfg.mv_distribution:
         probes.append(
-            OptimizerStateProbe(att.clock, spec, att.optimizer, params, suffix_names=False, backend=att.backend)
+            OptimizerStateProbe(
+                attachment.clock, spec, attachment.optimizer, params, suffix_names=False, backend=attachment.backend
+            )
         )
     if cfg.param_distribution:
-        copy_of = att.optimizer.copy_of  # the float32 masters a wrapper steps (the parameter itself if none)
+        copy_of = attachment.optimizer.copy_of  # the float32 masters a wrapper steps (the parameter itself if none)
         stepped = [NamedParam(n.vpp_stage, n.name, copy_of(n.param)) for n in params]
-        probes.append(ParamProbe(att.clock, spec, stepped, backend=att.backend))
-    if cfg.ur_distribution and torch_only("ur_distribution", att):
-        probes += _update_ratio(cfg, att, params)
-    if cfg.l2.enabled and module_rank and torch_only("recording_l2_features", att):
-        probes += _l2(cfg, att)
-    if cfg.mg_direction and torch_only("mg_direction", att):
-        probes.append(MgDirectionProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, att.grad_of))
+        probes.append(ParamProbe(attachment.clock, spec, stepped, backend=attachment.backend))
+    if cfg.ur_distribution and torch_only("ur_distribution", attachment):
+        probes += _update_ratio(cfg, attachment, params)
+    if cfg.l2.enabled and module_rank and torch_only("recording_l2_features", attachment):
+        probes += _l2(cfg, attachment)
+    if cfg.mg_direction and torch_only("mg_direction", attachment):
+        probes.append(
+            MgDirectionProbe(
+                attachment.clock, ProbeSpec(cfg.ops, cfg.eps), attachment.optimizer, params, attachment.grad_of
+            )
+        )
     if cfg.cc.enable:
-        probes += _collectives(cfg, att)
+        probes += _collectives(cfg, attachment)
     if cfg.stack_info and module_rank:
-        probes.append(StackProbe(att.clock, att.view, att.run_folder(cfg), modules))
+        probes.append(StackProbe(attachment.clock, attachment.view, attachment.run_folder(cfg), modules))
     return probes
 
 
-def torch_only(field: str, att: Attachment) -> bool:
+def torch_only(field: str, attachment: Attachment) -> bool:
     """Whether the PyTorch-only feature ``field`` can run (else it is skipped with a warning;
     MindSpore's front door refuses it up front, this covers dynamic-mode edits)."""
-    if att.backend.name == "pytorch":
+    if attachment.backend.name == "pytorch":
         return True
-    warn_once(f"v1-torch-only-{field}", f"trainprobe: {field} is not supported on {att.backend.name}; it is skipped")
+    warn_once(
+        f"v1-torch-only-{field}", f"trainprobe: {field} is not supported on {attachment.backend.name}; it is skipped"
+    )
     return False
 
 
@@ -143,14 +152,16 @@ def _warn_unmatched(cfg: MonitorV1Config, params: DisplayNames, modules: Display
     )
 
 
-def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames, shapes: ShapeBook | None) -> list[Probe]:
+def _activations(
+    cfg: MonitorV1Config, attachment: Attachment, names: DisplayNames, shapes: ShapeBook | None
+) -> list[Probe]:
     if cfg.forward_only and cfg.backward_only:
         warn_once(
             "v1-fwd-bwd-only", "trainprobe: forward_only and backward_only are both true, so no activation is collected"
         )
         return []
     naming = V1Naming(cfg, names, shapes=shapes)
-    if not any(naming.wants(v, n, m) for v, n, m in att.view.modules()):
+    if not any(naming.wants(v, n, m) for v, n, m in attachment.view.modules()):
         warn_once(
             "v1-xy-no-module",
             'trainprobe: xy_distribution is true but no module is selected: set "all_xy": true, or name '
@@ -159,26 +170,28 @@ def _activations(cfg: MonitorV1Config, att: Attachment, names: DisplayNames, sha
         return []
     names.warn_clashes("modules")
     module_spec = ModuleSpec(cfg.ops, cfg.eps)
-    return [ModuleProbe(att.clock, module_spec, att.view, naming=naming, backend=att.backend)]
+    return [ModuleProbe(attachment.clock, module_spec, attachment.view, naming=naming, backend=attachment.backend)]
 
 
-def _weight_grad(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> Probe:
-    return att.backend.weight_grad_probe(
-        att.clock,
+def _weight_grad(cfg: MonitorV1Config, attachment: Attachment, params: list[NamedParam]) -> Probe:
+    return attachment.backend.weight_grad_probe(
+        attachment.clock,
         ProbeSpec(cfg.ops, cfg.eps),
         params,
-        att.clock.micro_batches,
-        att.view,
+        attachment.clock.micro_batches,
+        attachment.view,
         per_micro_batch=cfg.monitor_mbs_grad,
-        optimizer=att.optimizer,
-        grad_of=att.grad_of,
-        keep_reduced=att.keep_reduced,
+        optimizer=attachment.optimizer,
+        grad_of=attachment.grad_of,
+        keep_reduced=attachment.keep_reduced,
     )
 
 
-def _update_ratio(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam]) -> list[Probe]:
+def _update_ratio(cfg: MonitorV1Config, attachment: Attachment, params: list[NamedParam]) -> list[Probe]:
     histograms = (
-        HistogramRows(att.clock, cfg.ops, cfg.eps, backend=att.backend) if cfg.format == "tensorboard" else None
+        HistogramRows(attachment.clock, ProbeSpec(cfg.ops, cfg.eps), backend=attachment.backend)
+        if cfg.format == "tensorboard"
+        else None
     )
     if histograms is None:
         warn_once(
@@ -186,22 +199,22 @@ def _update_ratio(cfg: MonitorV1Config, att: Attachment, params: list[NamedParam
             f"trainprobe: ur_distribution writes its update/ratio histograms only with format 'tensorboard'; "
             f"with format {cfg.format!r} only their statistics (adam_update, adam_ratio) are written",
         )
-    probe = UpdateRatioProbe(att.clock, cfg.ops, cfg.eps, att.optimizer, params, histograms)
+    probe = UpdateRatioProbe(attachment.clock, ProbeSpec(cfg.ops, cfg.eps), attachment.optimizer, params, histograms)
     return [probe] if histograms is None else [probe, histograms]
 
 
-def _l2(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
+def _l2(cfg: MonitorV1Config, attachment: Attachment) -> list[Probe]:
     if cfg.l2.attention_hook or cfg.l2.linear_hook is not None:
-        return [L2Probe(att.clock, cfg.l2, att.view)]
+        return [L2Probe(attachment.clock, cfg.l2, attachment.view)]
     warn_once("v1-l2-empty", "trainprobe: recording_l2_features is true but l2_targets lists no hook")
     return []
 
 
-def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
-    if not att.backend.distributed():
+def _collectives(cfg: MonitorV1Config, attachment: Attachment) -> list[Probe]:
+    if not attachment.backend.distributed():
         warn_once(
             "v1-cc-no-dist",
-            f"trainprobe: cc_distribution needs {att.backend.name}'s distributed communication; it is skipped",
+            f"trainprobe: cc_distribution needs {attachment.backend.name}'s distributed communication; it is skipped",
         )
         return []
     cc = CcSpec(
@@ -212,5 +225,7 @@ def _collectives(cfg: MonitorV1Config, att: Attachment) -> list[Probe]:
         cc_pre_hook=cfg.cc.cc_pre_hook,
     )
     # cc_log.json goes to the run folder, or with format api (no run folder) next to it
-    folder = att.run_folder(cfg) if cfg.format != "api" else output.output_root() / f"cc_log-rank{att.rank}"
-    return [V1CollectiveProbe(att.clock, cc, att.rank, folder, backend=att.backend)]
+    folder = (
+        attachment.run_folder(cfg) if cfg.format != "api" else output.output_root() / f"cc_log-rank{attachment.rank}"
+    )
+    return [V1CollectiveProbe(attachment.clock, cc, attachment.rank, folder / CC_LOG_FILE, backend=attachment.backend)]

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from trainprobe.backends.torch.backend import TORCH
-from trainprobe.engine.probes.base import Probe, StepClock
+from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.sinks.files import write_json_atomically
 
@@ -91,7 +91,7 @@ class StructProbe(Probe):
     def __init__(
         self, clock: StepClock, view: ModelView, root: Path, rank: int, names: Callable[[str], str] | None = None
     ) -> None:
-        super().__init__(clock, ("norm",), 1e-8, backend=TORCH)
+        super().__init__(clock, ProbeSpec(("norm",), 1e-8), backend=TORCH)
         self.view = view
         self.names = names or (lambda name: name)
         self.first_step = clock.step
@@ -137,7 +137,7 @@ class StackProbe(Probe):
     def __init__(
         self, clock: StepClock, view: ModelView, folder: Path, names: Callable[[str], str] | None = None
     ) -> None:
-        super().__init__(clock, ("norm",), 1e-8, backend=TORCH)
+        super().__init__(clock, ProbeSpec(("norm",), 1e-8), backend=TORCH)
         self.view = view
         self.names = names or (lambda name: name)
         self.path = folder / "stack_info.csv"

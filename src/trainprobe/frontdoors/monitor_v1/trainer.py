@@ -33,7 +33,6 @@ from typing import Any
 
 from torch import nn
 
-from trainprobe.backends.torch.amp_skips import watch_skipped_steps
 from trainprobe.engine.fields import config_file
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.stats.ops import ALL_OPS, parse_ops
@@ -81,7 +80,7 @@ class TrainerMon:
         self._control = MonitorControl(
             load_monitor_v1_config(self.config_file_path), self.config_file_path, self.dynamic
         )
-        self._att: Attachment | None = None
+        self._attachment: Attachment | None = None
         self._factory: SessionFactory | None = None
         self._wrapped_optimizer: Any = None
         self._hooks: list[Any] = []
@@ -96,12 +95,12 @@ class TrainerMon:
     @property
     def current_step(self) -> int:
         """The step being trained (``start_iteration`` at first; 0 before ``set_monitor``)."""
-        return self._att.clock.step if self._att is not None else 0
+        return self._attachment.clock.step if self._attachment is not None else 0
 
     @property
     def output_dir(self) -> Path | None:
         """This rank's run folder (None before the first output or with ``format: api``)."""
-        return self._att.folder if self._att is not None else None
+        return self._attachment.folder if self._attachment is not None else None
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -140,9 +139,9 @@ class TrainerMon:
             ConfigError: a bad argument (no optimizer, grad_acc_steps < 1, ...).
             RuntimeError: called twice.
         """
-        if self._att is not None:
+        if self._attachment is not None:
             raise RuntimeError("TrainerMon.set_monitor(): already called for this monitor")
-        att = self._attach(
+        attachment = self._attach(
             model,
             grad_acc_steps,
             optimizer if optimizer is not None else self._wrapped_optimizer,
@@ -152,27 +151,29 @@ class TrainerMon:
             params_have_main_grad=self.params_have_main_grad,
             process_group=self.process_group,
         )
-        self._att, self._factory = att, SessionFactory(att)
+        self._attachment, self._factory = attachment, SessionFactory(attachment)
         try:
-            self._hook_steps(att)
-            self._control.begin(self._factory, att.clock)
+            self._hook_steps(attachment)
+            self._control.begin(self._factory, attachment.clock)
             self._sync_struct()
         except BaseException:
             self.stop()  # a failed set_monitor leaves the model and optimizer as they were
-            self._att = self._factory = None
+            self._attachment = self._factory = None
             raise
 
     _attach = staticmethod(attach)
     """Resolves ``set_monitor``'s arguments (another framework's front door swaps it)."""
 
-    def _hook_steps(self, att: Attachment) -> None:
+    def _hook_steps(self, attachment: Attachment) -> None:
         """The step hooks."""
-        first, last = att.optimizers[0], att.optimizers[-1]
+        first, last = attachment.optimizers[0], attachment.optimizers[-1]
         # the skip watch first: its counting hook must run before _post_step, which may stop()
-        watch = watch_skipped_steps(last, lambda: self._post_step(last, (), {}))  # GradScaler skipped it
+        watch = attachment.backend.watch_skipped_steps(
+            last, lambda: self._post_step(last, (), {})
+        )  # GradScaler skipped it
         self._hooks = [watch] if watch is not None else []
         self._hooks += [first.register_step_pre_hook(self._pre_step), last.register_step_post_hook(self._post_step)]
-        for chunk in att.view.chunks:
+        for chunk in attachment.view.chunks:
             self._hooks.append(chunk.register_forward_pre_hook(self._step_begins, prepend=True))
 
     def _sync_struct(self) -> None:
@@ -180,14 +181,25 @@ class TrainerMon:
         one recording the first step of that configuration (see the module docstring) when it
         sets ``print_struct``, none otherwise (nor on a backend other than PyTorch, with a
         warning)."""
-        att, first = self._att, self._control.active_from
+        attachment, first = self._attachment, self._control.active_from
         wanted = first if self.config.print_struct else None
         if self._struct is not None and self._struct.first_step != wanted:
             self._struct.detach()
             self._struct = None
-        if att is None or wanted is None or self._struct is not None or not torch_only("print_struct", att):
+        if (
+            attachment is None
+            or wanted is None
+            or self._struct is not None
+            or not torch_only("print_struct", attachment)
+        ):
             return
-        probe = StructProbe(att.clock, att.view, output.output_root(), att.rank, module_names(self.config, att))
+        probe = StructProbe(
+            attachment.clock,
+            attachment.view,
+            output.output_root(),
+            attachment.rank,
+            module_names(self.config, attachment),
+        )
         probe.first_step = wanted
         probe.attach()
         self._struct = probe
@@ -243,6 +255,15 @@ class TrainerMon:
         if self._struct is not None:
             self._struct.detach()
             self._struct = None
+
+    def __enter__(self) -> TrainerMon:
+        """``with TrainerMon(...) as monitor:``: ``stop()`` runs when the block ends, also when
+        the training loop raises, so every hook is removed and the files are flushed."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
+        self.stop()
 
     # -- step hooks ----------------------------------------------------------------------
     def _step_begins(self, module: nn.Module, args: Any) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.fields import Section, check_choice, config_object
+from trainprobe.engine.fields import ConfigObject, check_choice, config_object
 from trainprobe.engine.layout import V2_MONITORS
 from trainprobe.engine.log import logger
 from trainprobe.engine.schedule import Schedule
@@ -126,7 +126,7 @@ def load_monitor_v2_config(source: str | Path | dict[str, Any], framework: str |
     Raises:
         ConfigError: any invalid field, named by its JSON path.
     """
-    top = Section(config_object(source, "config_path: expected a path to a JSON file or a dict"))
+    top = ConfigObject(config_object(source, "config_path: expected a path to a JSON file or a dict"))
     top.check_keys(TOP_LEVEL_KEYS)
     fr = _framework(top, framework)
     fmt = top.choice("format", "csv", ("csv", "parquet"))
@@ -150,7 +150,7 @@ def load_monitor_v2_config(source: str | Path | dict[str, Any], framework: str |
     )
 
 
-def _framework(top: Section, override: str | None) -> str:
+def _framework(top: ConfigObject, override: str | None) -> str:
     if override is not None:
         if not isinstance(override, str):
             raise ConfigError(f"fr: must be a string such as 'pytorch', not {override!r}")
@@ -160,7 +160,7 @@ def _framework(top: Section, override: str | None) -> str:
     return fr
 
 
-def _schedule(top: Section) -> Schedule:
+def _schedule(top: ConfigObject) -> Schedule:
     start = top.integer("start_step", 0, minimum=0)
     stop = top.integer("stop_step", None, minimum=0)
     if stop is not None and stop <= start:
@@ -174,7 +174,7 @@ def _schedule(top: Section) -> Schedule:
     )
 
 
-def _common(section: Section, extra: tuple[str, ...], *, enabled_default: bool) -> dict[str, Any]:
+def _common(section: ConfigObject, extra: tuple[str, ...], *, enabled_default: bool) -> dict[str, Any]:
     """Common fields; a monitor whose key is absent is off, one present without ``enabled``
     takes ``enabled_default`` (true for module only, as the reference documents)."""
     section.check_keys(COMMON_KEYS + extra)
@@ -189,14 +189,14 @@ def _common(section: Section, extra: tuple[str, ...], *, enabled_default: bool) 
     }
 
 
-def _module(s: Section) -> ModuleMonitorConfig:
+def _module(s: ConfigObject) -> ModuleMonitorConfig:
     common = _common(s, ("targets", "record_eval_mode"), enabled_default=True)
     return ModuleMonitorConfig(
         **common, targets=s.str_list("targets"), record_eval_mode=s.boolean("record_eval_mode", False)
     )
 
 
-def _weight_grad(s: Section) -> WeightGradConfig:
+def _weight_grad(s: ConfigObject) -> WeightGradConfig:
     common = _common(s, ("monitor_mbs_grad", "micro_batch_number", "grad_acc_steps"), enabled_default=False)
     return WeightGradConfig(
         **common,
@@ -206,17 +206,17 @@ def _weight_grad(s: Section) -> WeightGradConfig:
     )
 
 
-def _optimizer(s: Section) -> OptimizerConfig:
+def _optimizer(s: ConfigObject) -> OptimizerConfig:
     common = _common(s, ("mv_distribution",), enabled_default=False)
     return OptimizerConfig(**common, mv_distribution=s.boolean("mv_distribution", True))
 
 
-def _param(s: Section) -> ParamConfig:
+def _param(s: ConfigObject) -> ParamConfig:
     common = _common(s, ("param_distribution",), enabled_default=False)
     return ParamConfig(**common, param_distribution=s.boolean("param_distribution", True))
 
 
-def _cc(s: Section) -> CcConfig:
+def _cc(s: ConfigObject) -> CcConfig:
     """``monitors.cc``; the legacy nested ``cc_distribution`` object is accepted too. Its
     ``enable`` switches cc on unless ``enabled`` is given explicitly, and a field given in both
     places takes the nested value."""
@@ -226,7 +226,7 @@ def _cc(s: Section) -> CcConfig:
     default_on = legacy_on if legacy.present and legacy.has("enable") else False
     common = _common(s, CC_KEYS + ("cc_distribution", "ddp_comm_hook"), enabled_default=default_on)
 
-    def source(key: str) -> Section:
+    def source(key: str) -> ConfigObject:
         return legacy if legacy.has(key) else s
 
     return CcConfig(

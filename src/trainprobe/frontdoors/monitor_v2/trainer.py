@@ -13,10 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainprobe.engine.backend import Backend, backend_for
+from trainprobe.backends import backend_for
+from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folders import make_output_folder
-from trainprobe.engine.layout import V2_MONITORS, v2_file_name, v2_rank_folder
+from trainprobe.engine.layout import CC_LOG_FILE, V2_MONITORS, v2_file_name, v2_rank_folder
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.optimizer_view import OptimizerView
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
@@ -25,8 +26,7 @@ from trainprobe.engine.probes.model_view import ModelView, NamedParam
 from trainprobe.engine.probes.module import ModuleProbe, ModuleSpec
 from trainprobe.engine.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.engine.probes.param import ParamProbe
-from trainprobe.engine.session import Session
-from trainprobe.engine.sinks.background import Writer
+from trainprobe.engine.session import NullSession, Session
 from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
 from trainprobe.engine.sinks.earlier_runs import keep_rows_before, overwrite_requested, refuse_earlier_run, window_files
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
@@ -59,8 +59,8 @@ class TrainerMonitorV2:
                 f"monitors.cc: not supported on the {self.config.framework} backend of trainprobe "
                 '(see docs/mindspore.md); remove it or set "enabled": false'
             )
-        self._session: Session | None = None
         self._clock = StepClock(step=0)
+        self._session: Session | NullSession = NullSession(self._clock)
         self._started = False
         self._wrote_here = False  # a session of this monitor has written to the rank folder
 
@@ -73,8 +73,7 @@ class TrainerMonitorV2:
     def steps_with_optimizer(self) -> bool:
         """Whether ``optimizer.step()`` ends each step of the running session
         (``patch_optimizer_step`` in force); False when stopped or when :meth:`step` ends them."""
-        session = self._session
-        return session is not None and session.patch_step and not session.closed
+        return self._session.patch_step and not self._session.closed
 
     @property
     def output_dir(self) -> Path:
@@ -133,32 +132,36 @@ class TrainerMonitorV2:
         (``patch_optimizer_step``).
         """
         session = self._session
-        if session is not None and session.patch_step and not session.closed:
+        if session.patch_step and not session.closed:
             warn_once(
                 "v2-manual-step",
                 "trainprobe: TrainerMonitorV2.step() is ignored because optimizer.step() advances "
                 'the step (patch_optimizer_step); set "patch_optimizer_step": false to call step() yourself',
             )
             return
-        if session is None:
-            self._clock.step += 1
-        else:
-            session.end_step()
+        session.end_step()
 
     def before_optimizer_step(self) -> None:
         """The gradients of this step are final: take the pre-step statistics (weight_grad
         ``reduced``, optimizer state). Only needed with ``start(optimizer_pre_step_hook=False)``
         (the integrations call it); otherwise the optimizer's pre-step hook does this."""
-        if self._session is not None:
-            self._session.optimizer_pre_step()
+        self._session.optimizer_pre_step()
 
     def stop(self) -> None:
         """Write what is pending, remove every hook and patch, close the files. Idempotent;
         ``start()`` may be called again afterwards (the step count continues)."""
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        self._session.close()
+        self._session = NullSession(self._clock)
         self._started = False
+
+    def __enter__(self) -> TrainerMonitorV2:
+        """``with TrainerMonitorV2(...) as monitor:``: ``stop()`` runs when the block ends, also
+        when the training loop raises, so every hook is removed and the files are flushed."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
+        self.stop()
 
     def _set_initial_step(self, step: Any) -> None:
         """Move the clock to ``start(initial_step=...)`` when given."""
@@ -219,17 +222,18 @@ class TrainerMonitorV2:
                 "v2-patch-no-optimizer", "trainprobe: patch_optimizer_step needs an optimizer; call step() yourself"
             )
             patch = False
-        layouts = {p.name: TableLayout(p.with_micro_step, p.stats.ops) for p in probes}
+        # the column order is the spec's (the config's ops), as in V1; each kernel computes in that order
+        layouts = {p.name: TableLayout(p.with_micro_step, p.spec.ops) for p in probes}
         sink: CsvSink | ParquetSink
         if cfg.format == "parquet":
             sink = ParquetSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
         else:
             sink = CsvSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
-        writer = Writer(sink, background=cfg.async_write is not False, on_error=lambda m, e: None)
         return Session(
             probes=probes,
             schedule=cfg.schedule,
-            writer=writer,
+            sink=sink,
+            background=cfg.async_write is not False,
             clock=clock,
             optimizer=opt,
             patch_step=patch,
@@ -306,7 +310,6 @@ class TrainerMonitorV2:
                     cc_pre_hook=cc.cc_pre_hook,
                     ddp_comm_hook=cc.ddp_comm_hook,
                 )
-                probe = CollectiveProbe(clock, cc_spec, rank, rank_dir, backend=backend)
-                probe.models = list(view.chunks)  # for ddp_comm_hook
-                probes.append(probe)
+                log_path = rank_dir / CC_LOG_FILE
+                probes.append(CollectiveProbe(clock, cc_spec, rank, log_path, backend=backend, models=view.chunks))
         return probes
