@@ -9,6 +9,8 @@ never imports its own submodules at import time (which is what made import cycle
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,3 +36,17 @@ def lazy_exports(
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+def callable_module(name: str, function: Callable[..., Any]) -> None:
+    """Make module ``name`` callable as ``function``: ``trainprobe.tools.diff(...)`` works whether
+    the package attribute is still the lazily exported function or, once ``trainprobe.tools.diff``
+    was imported as a module, the module itself."""
+
+    class _CallableModule(types.ModuleType):
+        __doc__ = sys.modules[name].__doc__
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
+
+    sys.modules[name].__class__ = _CallableModule

@@ -4,9 +4,10 @@ finds and reads the CSV files they share.
 
 These functions are importable from here (loaded on first use)::
 
-    from trainprobe.tools import analyse, csv2tensorboard_by_step, diagnose, write_report
+    from trainprobe.tools import analyse, csv2tensorboard_by_step, diagnose, diff, write_report
 
-``trainprobe.tools.diagnose(run, ...)`` works as well (the module is callable).
+``trainprobe.tools.diagnose(run, ...)`` and ``trainprobe.tools.diff(baseline, candidate, ...)``
+work as well once their modules are imported (the modules are callable).
 
 csv2db is imported from ``trainprobe.core.monitor.csv2db`` (as the reference documents): here the
 name ``csv2db`` is its module.
@@ -21,14 +22,17 @@ from trainprobe._lazy import lazy_exports
 if TYPE_CHECKING:
     from trainprobe.tools.anomaly_analyse import analyse
     from trainprobe.tools.csv2tb import csv2tensorboard_by_step
+    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diff import diff
     from trainprobe.tools.report import write_report
 
 _EXPORTS = {
     "analyse": "trainprobe.tools.anomaly_analyse",
     "csv2tensorboard_by_step": "trainprobe.tools.csv2tb",
     "diagnose": "trainprobe.tools.diagnose",
+    "diff": "trainprobe.tools.diff",
     "write_report": "trainprobe.tools.report",
 }
-__all__ = ["analyse", "csv2tensorboard_by_step", "write_report"]
+__all__ = ["analyse", "csv2tensorboard_by_step", "diagnose", "diff", "write_report"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

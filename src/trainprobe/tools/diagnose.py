@@ -27,12 +27,11 @@ from __future__ import annotations
 import importlib
 import math
 import re
-import sys
-import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.diagnose_sql import (
     DEFAULT_SPIKE_FACTOR,
@@ -489,12 +488,4 @@ def _anomaly_json(anomaly: Anomaly | None) -> dict[str, Any] | None:
     return out
 
 
-class _CallableModule(types.ModuleType):
-    """This module, callable: ``trainprobe.tools.diagnose(run, ...)`` is :func:`diagnose` (the
-    package attribute ``trainprobe.tools.diagnose`` is this module once it is imported)."""
-
-    def __call__(self, run: str | Path, **options: Any) -> Diagnosis:
-        return diagnose(run, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+callable_module(__name__, diagnose)  # trainprobe.tools.diagnose(run, ...) is diagnose(run, ...)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
 from trainprobe.tools.diff_sql import (
@@ -467,3 +468,6 @@ def _split(select: str) -> list[str]:
 
 def _sql_path(path: Path) -> str:
     return str(path).replace("'", "''")
+
+
+callable_module(__name__, diff)  # trainprobe.tools.diff(baseline, candidate, ...) is diff(...)
