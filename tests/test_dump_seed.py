@@ -103,14 +103,18 @@ def test_the_wrappers_are_patches_that_restore_exactly(tmp_path: Path) -> None:
         from torch import nn
         before = (F.dropout, torch.randn, torch.rand, np.random.rand, random.random, torch.Tensor.normal_,
                   "__init__" in vars(nn.Dropout), nn.Dropout.__init__)
-        from trainprobe.dump.seed import PATCHES, random_save, seed_all
+        from trainprobe.dump.seed import random_save, restore_patches, seed_all
         seed_all(seed=3, rm_dropout=True, is_enhanced=True)
         random_save(output_path="./output")
         assert F.dropout is not before[0] and torch.randn is not before[1] and np.random.rand is not before[3]
-        PATCHES.restore()
+        restore_patches()
         after = (F.dropout, torch.randn, torch.rand, np.random.rand, random.random, torch.Tensor.normal_,
                  "__init__" in vars(nn.Dropout), nn.Dropout.__init__)
-        print(all(a is b for a, b in zip(before, after)) and before[6] == after[6])
+        seed_all(seed=3, rm_dropout=True)  # installs its wrappers again after a restore
+        random_save(output_path="./output")
+        again = F.dropout is not before[0] and torch.randn is not before[1]
+        restore_patches()
+        print(all(a is b for a, b in zip(before, after)) and before[6] == after[6] and again)
         """,
         tmp_path,
     )

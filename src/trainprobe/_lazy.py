@@ -44,8 +44,6 @@ def callable_module(name: str, function: Callable[..., Any]) -> None:
     was imported as a module, the module itself."""
 
     class _CallableModule(types.ModuleType):
-        __doc__ = sys.modules[name].__doc__
-
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             return function(*args, **kwargs)
 

@@ -50,6 +50,16 @@ class _Settings:
     patched = False
 
 
+def restore_patches() -> None:
+    """Put back every attribute ``seed_all`` and ``random_save`` replaced, and forget that they
+    did, so that a later ``seed_all(rm_dropout=True)`` or ``random_save()`` installs its wrappers
+    again (restoring :data:`PATCHES` alone left both believing theirs were in place)."""
+    global _random_log
+    PATCHES.restore()
+    _Settings.patched = False
+    _random_log = None
+
+
 def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False, is_enhanced: bool = False) -> None:
     """Fix the seeds of Python, NumPy and torch (and CUDA when available), optionally enable
     deterministic algorithms (``mode``), make dropout a no-op (``rm_dropout``: F.dropout*,

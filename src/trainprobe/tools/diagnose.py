@@ -24,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -246,8 +245,6 @@ def diagnose(
             malformed ``anomaly.json``.
     """
     _check_options(spike_factor, window, warmup, limit)
-    if baseline is not None:
-        _diff_seam()  # before the work: a --baseline that cannot be answered fails at once
     root = Path(run).expanduser()
     _refuse_dump(root)
     from trainprobe.tools.query import connect, describe, first_nonfinite, require
@@ -300,25 +297,11 @@ def diagnosis_summary(run: str | Path, **options: Any) -> dict[str, Any]:
 
 
 def baseline_line(run: Path, baseline: Path) -> str:
-    """The seam to ``trainprobe diff``: the first line of its answer for ``baseline`` (good) vs
-    ``run``, from ``trainprobe.tools.diff.diagnose_line(baseline, run) -> str``.
+    """``trainprobe diff``'s answer for ``baseline`` (good) against ``run``, in one line
+    (:func:`trainprobe.tools.diff.diagnose_line`)."""
+    from trainprobe.tools.diff import diagnose_line
 
-    Raises:
-        ConfigError: ``trainprobe diff`` is not there yet (one line saying so).
-    """
-    return str(_diff_seam()(baseline, run))
-
-
-def _diff_seam() -> Any:
-    """``trainprobe.tools.diff.diagnose_line``, or a ConfigError saying it is not there yet."""
-    try:
-        module = importlib.import_module("trainprobe.tools.diff")
-    except ImportError:
-        module = None
-    line = getattr(module, "diagnose_line", None)
-    if line is None:
-        raise ConfigError("--baseline needs trainprobe diff, which this version does not have yet")
-    return line
+    return diagnose_line(baseline, run)
 
 
 def _check_options(spike_factor: float, window: int, warmup: int, limit: int) -> None:

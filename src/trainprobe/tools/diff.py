@@ -40,10 +40,9 @@ from trainprobe.tools.diff_sql import (
     fmt,
     joined_sql,
     ordered_sql,
-    q,
     rows_sql,
 )
-from trainprobe.tools.query import connect, require
+from trainprobe.tools.query import connect, literal, quote, require
 from trainprobe.tools.query_files import find_run_files
 from trainprobe.tools.query_sql import ops_of
 
@@ -245,7 +244,7 @@ def diff(
     con = duck.connect()
     con.execute("SET preserve_insertion_order = false")
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-    con.execute(f"SET temp_directory = '{_sql_path(Path(tempfile.gettempdir()) / 'trainprobe-diff')}'")
+    con.execute(f"SET temp_directory = {literal(str(Path(tempfile.gettempdir()) / 'trainprobe-diff'))}")
     check_mapping(con, pairs)
     views = _attach(con, baseline, candidate, steps, offset)
     common = [t for t in views["b"] if t in views["c"] and (tables is None or t in tables)]
@@ -326,7 +325,7 @@ def _repeats(con: Any, table: str, counts: dict[int, int], offset: int, steps: t
 
 def _has_micro(con: Any, schema: str, table: str) -> bool:
     """Whether a row of ``schema.table`` has a ``micro_step`` (the scan stops at the first)."""
-    return con.execute(f"SELECT 1 FROM {schema}.{q(table)} WHERE micro_step IS NOT NULL LIMIT 1").fetchone() is not None
+    return con.execute(f"SELECT 1 FROM {schema}.{quote(table)} WHERE micro_step IS NOT NULL LIMIT 1").fetchone() is not None
 
 
 def _kind(run: str | Path, side: str) -> str:
@@ -434,8 +433,8 @@ def write_outputs(con: Any, result: DiffResult, out: Path, any_rows: bool) -> li
     out.mkdir(parents=True, exist_ok=True)
     csv_path, summary_path = out / "diff.csv", out / "diff_summary.json"
     op_names = list(dict.fromkeys(o for ops in result.ops.values() for o in ops))
-    per_op = ", ".join(f"{q('b_' + o)} AS {q(o + '_baseline')}, {q('c_' + o)} AS {q(o + '_candidate')}, "
-                       f"{q('r_' + o)} AS {q(o + '_rel_diff')}" for o in op_names)
+    per_op = ", ".join(f"{quote('b_' + o)} AS {quote(o + '_baseline')}, {quote('c_' + o)} AS {quote(o + '_candidate')}, "
+                       f"{quote('r_' + o)} AS {quote(o + '_rel_diff')}" for o in op_names)
     select = (
         "tbl AS \"table\", k_step AS step, CASE WHEN k_micro < 0 THEN NULL ELSE k_micro END AS micro_step, "
         "k_rank AS rank, k_vpp AS vpp_stage, b_name AS name, c_name AS candidate_name, k_scope AS scope, "
@@ -445,7 +444,7 @@ def write_outputs(con: Any, result: DiffResult, out: Path, any_rows: bool) -> li
         # a table without an op lacks its columns: UNION ALL BY NAME gave NULLs
         con.execute(
             f"COPY (SELECT {select} FROM diverged_rows WHERE status = {DIVERGED} ORDER BY {ORDER}) "
-            f"TO '{_sql_path(csv_path)}' (HEADER, DELIMITER ',')"
+            f"TO {literal(str(csv_path))} (HEADER, DELIMITER ',')"
         )
     else:
         header = select.replace('"', "")
@@ -464,10 +463,6 @@ def _split(select: str) -> list[str]:
             parts.append(current)
             current = ""
     return parts
-
-
-def _sql_path(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 callable_module(__name__, diff)  # trainprobe.tools.diff(baseline, candidate, ...) is diff(...)

@@ -26,17 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.query import literal
 
 WRAPPER_PARTS: tuple[str, ...] = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 """Name parts that wrappers insert and that carry no meaning for a comparison."""
 
 Mapping = list[tuple[str, str]]
 """Ordered ``(pattern, replacement)`` pairs applied to the candidate's names."""
-
-
-def sql_str(text: str) -> str:
-    """``text`` as a SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def normalised_name_sql(column: str = "name", mapping: Sequence[tuple[str, str]] = ()) -> str:
@@ -46,7 +42,7 @@ def normalised_name_sql(column: str = "name", mapping: Sequence[tuple[str, str]]
     expr = f"regexp_replace({expr}, '(^|\\.)({wrappers})+', '\\1', 'g')"
     expr = f"regexp_replace({expr}, '^(module\\.)+', '')"
     for pattern, replacement in mapping:
-        expr = f"regexp_replace({expr}, {sql_str(pattern)}, {sql_str(replacement)}, 'g')"
+        expr = f"regexp_replace({expr}, {literal(pattern)}, {literal(replacement)}, 'g')"
     return expr
 
 
@@ -121,6 +117,6 @@ def check_mapping(con: Any, mapping: Sequence[tuple[str, str]]) -> None:
     """Each pattern compiled by DuckDB once, so that a bad one is a ConfigError naming it."""
     for pattern, replacement in mapping:
         try:
-            con.execute(f"SELECT regexp_replace('x', {sql_str(pattern)}, {sql_str(replacement)}, 'g')").fetchall()
+            con.execute(f"SELECT regexp_replace('x', {literal(pattern)}, {literal(replacement)}, 'g')").fetchall()
         except Exception as exc:  # noqa: BLE001 - duckdb's errors: one message for the user
             raise ConfigError(f"--map: pattern {pattern!r}: {' '.join(str(exc).split())[:200]}") from None

@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 
 from trainprobe.tools.diff_match import KEY, key_sql
+from trainprobe.tools.query import quote
 from trainprobe.tools.query_sql import COUNT_OPS, ONCE_STAGE, stage_sql
 
 EQUAL, WITHIN, DIVERGED, ONLY_BASELINE, ONLY_CANDIDATE = 0, 1, 2, 3, 4
@@ -43,10 +44,6 @@ COUNT_LIKE = (*COUNT_OPS, "zeros")
 """Ops that count elements (or their share): their floor is :data:`ABS_FLOOR` only."""
 INF = "CAST('inf' AS DOUBLE)"
 
-
-def q(name: str) -> str:
-    """``name`` as a SQL identifier."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def side_sql(
@@ -69,11 +66,11 @@ def side_sql(
     where = ""
     if steps is not None:
         where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}"
-    values = "".join(f", {q(o)}" for o in ops)
+    values = "".join(f", {quote(o)}" for o in ops)
     inner = (
         f"SELECT {key_sql(offset, mapping, micro)}, {'name, ' if mapping else ''}step, hash(file) AS file, "
         f"file_row{values} "
-        f"FROM {schema}.{q(table)} {where}"
+        f"FROM {schema}.{quote(table)} {where}"
     )
     if not occurrence:
         return f"SELECT *, 1 AS k_occ FROM ({inner})"
@@ -85,7 +82,7 @@ def side_sql(
 
 def rel_sql(op: str, scale: str | None) -> str:
     """The relative difference of ``op`` between ``b`` and ``c`` (module docstring)."""
-    a, b = f"b.{q(op)}", f"c.{q(op)}"
+    a, b = f"b.{quote(op)}", f"c.{quote(op)}"
     floor = str(ABS_FLOOR)
     if scale is not None and op not in COUNT_LIKE:
         floor = f"CASE WHEN isfinite({scale}) THEN greatest({ABS_FLOOR}, {SCALE_FRACTION} * {scale}) ELSE {ABS_FLOOR} END"
@@ -120,10 +117,10 @@ def joined_sql(
         scale = 'greatest(abs(b."min"), abs(b."max"), abs(c."min"), abs(c."max"))'
     rels = [rel_sql(o, scale) for o in ops]
     rel = f"greatest({', '.join(rels)})" if rels else "0.0"
-    equal = " AND ".join(f"b.{q(o)} IS NOT DISTINCT FROM c.{q(o)}" for o in ops) or "TRUE"
+    equal = " AND ".join(f"b.{quote(o)} IS NOT DISTINCT FROM c.{quote(o)}" for o in ops) or "TRUE"
     diverged = "TRUE" if exact else f"rel > {float(rtol)!r}"
     keys = ", ".join(f"COALESCE(b.{k}, c.{k}) AS {k}" for k in KEY)
-    values = "".join(f", b.{q(o)} AS {q('b_' + o)}, c.{q(o)} AS {q('c_' + o)}, r{i} AS {q('r_' + o)}" for i, o in enumerate(ops))
+    values = "".join(f", b.{quote(o)} AS {quote('b_' + o)}, c.{quote(o)} AS {quote('c_' + o)}, r{i} AS {quote('r_' + o)}" for i, o in enumerate(ops))
     worst = " ".join(f"WHEN r{i} = rel_all THEN '{o}'" for i, o in enumerate(ops))
     per_op = "".join(f"{r} AS r{i}, " for i, r in enumerate(rels))
     return f"""SELECT '{table}' AS tbl, {keys}, {per_op}{rel} AS rel_all,
@@ -140,7 +137,7 @@ def rows_sql(schema: str, table: str, offset: int = 0, steps: tuple[int, int] | 
     """How many rows of ``table`` one run has (in ``steps``): with the join's counts, whether a
     key repeats (a matched row counted more than once)."""
     where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}" if steps else ""
-    return f"SELECT count(*) FROM {schema}.{q(table)} {where}"
+    return f"SELECT count(*) FROM {schema}.{quote(table)} {where}"
 
 
 def ordered_sql(table: str, source: str) -> str:
@@ -148,9 +145,9 @@ def ordered_sql(table: str, source: str) -> str:
     added (the row's place among its file's rows of its step: the baseline's file, the
     candidate's for a row only it has)."""
     firsts = (
-        f"SELECT 'b' AS side, hash(file) AS file, step, min(file_row) AS first FROM b.{q(table)} "
+        f"SELECT 'b' AS side, hash(file) AS file, step, min(file_row) AS first FROM b.{quote(table)} "
         f"WHERE step IN (SELECT DISTINCT b_step FROM {source}) GROUP BY ALL UNION ALL "
-        f"SELECT 'c', hash(file), step, min(file_row) FROM c.{q(table)} "
+        f"SELECT 'c', hash(file), step, min(file_row) FROM c.{quote(table)} "
         f"WHERE step IN (SELECT DISTINCT c_step FROM {source} WHERE b_file IS NULL) GROUP BY ALL"
     )
     return f"""SELECT * EXCLUDE (scope), {stage_sql(table)} AS stage FROM (

@@ -261,8 +261,9 @@ class FusedStats:
 
     def step_boundary(self) -> None:
         """Between two steps: start using the pass a child process was building, if it is built
-        (and passes the exactness check). Cheap when nothing is pending; the front doors call it
-        after each step, and so does a hook after every ``optimizer.step()`` while a build runs."""
+        (and passes the exactness check). Cheap when nothing is pending; called by a global hook after
+        every ``optimizer.step()`` while a build runs (removed once the build is adopted), and by
+        the dump's ``step()``."""
         if self._build is None or not self._build.done():
             return
         with self._lock:
@@ -419,7 +420,8 @@ def _on_every_optimizer_step(fn: Callable[[], None]) -> object | None:
 @dataclass(frozen=True, slots=True)
 class _Pass:
     """A compiled and checked pass: ``run(x)`` gives the four reductions of a contiguous ``x``;
-    ``direct``: it calls inductor's compiled code without dynamo (see :func:`_direct_pass`)."""
+    ``direct``: it calls compiled code without dynamo (see :func:`_direct_pass`); ``native``: it
+    is the C kernel of :mod:`.native_stats` (which pass serves, for the tests and benches)."""
 
     run: Callable[[torch.Tensor], Reductions]
     direct: bool
