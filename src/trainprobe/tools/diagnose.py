@@ -247,7 +247,7 @@ def diagnose(
     _check_options(spike_factor, window, warmup, limit)
     root = Path(run).expanduser()
     _refuse_dump(root)
-    from trainprobe.tools.query import connect, describe, first_nonfinite, require
+    from trainprobe.tools.query import connect, describe, first_nonfinite, require, short_error
     from trainprobe.tools.query_files import csv_header, find_run_files
 
     duck = require("duckdb")
@@ -270,7 +270,7 @@ def diagnose(
         spikes = _first_spikes(con, limit)
         by_rank = dict(con.execute(first_anomaly_by_rank_sql(views, _SPIKES, _nonfinite_conditions(views))).fetchall())
     except duck.Error as exc:
-        raise ConfigError(f"run: {str(root)!r}: the data could not be read: {' '.join(str(exc).split())[:300]}") from None
+        raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
     alerts = _alerts(root)
     found = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
     for event in alerts:
@@ -315,14 +315,13 @@ def _check_options(spike_factor: float, window: int, warmup: int, limit: int) ->
 
 def _refuse_dump(root: Path) -> None:
     """A precision dump folder is not a monitor run: say which command reads it."""
-    if not root.is_dir():
-        return  # find_run_files names the problem
-    for pattern in ("dump.json", "debug.json", "*/dump.json", "*/*/dump.json", "*/debug.json", "*/*/debug.json"):
-        if next(root.glob(pattern), None) is not None:
-            raise ConfigError(
-                f"run: {str(root)!r} is a precision dump (dump.json), not monitor output; "
-                "compare two dumps with `trainprobe compare`"
-            )
+    from trainprobe.tools.query_files import is_precision_dump
+
+    if is_precision_dump(root):  # a missing path or a file: find_run_files names the problem
+        raise ConfigError(
+            f"run: {str(root)!r} is a precision dump (dump.json), not monitor output; "
+            "compare two dumps with `trainprobe compare`"
+        )
 
 
 def _from_nonfinite(row: dict[str, Any]) -> Anomaly:

@@ -43,7 +43,7 @@ from trainprobe.tools.diff_sql import (
     rows_sql,
 )
 from trainprobe.tools.query import connect, literal, quote, require
-from trainprobe.tools.query_files import find_run_files
+from trainprobe.tools.query_files import find_run_files, is_precision_dump
 from trainprobe.tools.query_sql import ops_of
 
 DEFAULT_RTOL = 1e-3
@@ -336,7 +336,7 @@ def _kind(run: str | Path, side: str) -> str:
     try:
         files = find_run_files(path)
     except ConfigError as exc:
-        if _is_dump(path):
+        if is_precision_dump(path):
             raise ConfigError(
                 f"{side} {run} is a precision dump folder, not monitor output: compare dumps with "
                 "`trainprobe compare`"
@@ -346,16 +346,6 @@ def _kind(run: str | Path, side: str) -> str:
     if len(layouts) > 1:
         raise ConfigError(f"{side} {run} holds both Monitor V1 and Monitor V2 files; give one of them")
     return "Monitor " + layouts[0].upper()
-
-
-def _is_dump(path: Path, depth: int = 4) -> bool:
-    """Whether ``path`` looks like a precision dump (a ``dump.json`` within a few levels)."""
-    level = [path]
-    for _ in range(depth):
-        if any((p / "dump.json").is_file() for p in level):
-            return True
-        level = [c for p in level for c in sorted(p.iterdir())[:64] if c.is_dir()]
-    return False
 
 
 def _attach(

@@ -44,6 +44,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -134,6 +135,16 @@ def quote(name: str) -> str:
 def literal(text: str) -> str:
     """``text`` as a SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
+
+
+def short_error(text: str) -> str:
+    """DuckDB's error message on one line, without its list of reader options (the file named)."""
+    flat = " ".join(text.split())
+    if "Possible solutions" not in flat:
+        return flat
+    head = flat.split("Possible solutions")[0].strip()
+    file = re.search(r" file = (\S+)", flat)
+    return f"{head} (file {file[1]})" if file else head
 
 
 def table_sql(

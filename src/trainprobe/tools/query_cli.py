@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainprobe.tools.query import short_error
+
 FIRST_COLUMNS = (
     "table", "stage", "step", "micro_step", "rank", "vpp_stage", "name", "scope", "op", "value", "file", "position"
 )
@@ -119,18 +121,6 @@ def run_query(
         return [d[0] for d in result.description], result.fetchall()
     except duckdb.Error as exc:
         raise ConfigError(f"the SQL failed: {short_error(str(exc))}") from None
-
-
-def short_error(text: str) -> str:
-    """DuckDB's error message on one line, without its list of reader options (the file named)."""
-    import re
-
-    flat = " ".join(text.split())
-    if "Possible solutions" not in flat:
-        return flat
-    head = flat.split("Possible solutions")[0].strip()
-    file = re.search(r" file = (\S+)", flat)
-    return f"{head} (file {file[1]})" if file else head
 
 
 def print_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], form: str) -> None:

@@ -158,3 +158,13 @@ def clean_length(path: Path) -> int | None:
     while end >= 0 and data.count(b'"', 0, end) % 2:  # that line break is inside a quoted cell
         end = data.rfind(b"\n", 0, end)
     return end + 1
+
+
+def is_precision_dump(path: Path, depth: int = 3) -> bool:
+    """Whether ``path`` holds a precision dump rather than monitor output: a ``dump.json`` or
+    ``debug.json`` in it or at most ``depth`` folder levels below (``dump_path/step<N>/rank<R>/``).
+    The tools that read runs use it to point at ``trainprobe compare`` instead."""
+    if not path.is_dir():
+        return False
+    patterns = ("*/" * level + name for level in range(depth + 1) for name in ("dump.json", "debug.json"))
+    return any(next(path.glob(pattern), None) is not None for pattern in patterns)

@@ -154,7 +154,7 @@ def _empty(torn: int) -> FileRows:
 
 def _reason(message: str) -> str:
     """DuckDB's error as one short line: ``not UTF-8 text`` for an encoding error."""
-    from trainprobe.tools.query_cli import short_error
+    from trainprobe.tools.query import short_error
 
     flat = short_error(message)
     if "unicode" in flat.lower() or "utf-8" in flat.lower() or "utf8" in flat.lower():
