@@ -73,6 +73,7 @@ from trainprobe.tools.execution_order import (
     PHASE_ORDER,  # noqa: F401
     UNKNOWN,  # noqa: F401
     phase_of_table,
+    short_repr,
 )
 from trainprobe.tools.execution_order import execution_key as row_execution_key
 from trainprobe.tools.options import make_folder
@@ -234,8 +235,7 @@ def check_event(key: str, value: object, source: Path) -> dict[str, Any]:
 
 def _short(value: object) -> str:
     """``repr(value)`` cut to 60 characters (a message stays one short line)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_repr(value, 60)
 
 
 def _is_int(value: object) -> bool:

@@ -140,7 +140,7 @@ def phase_of_table(table: str, target: str = "") -> tuple[str, bool]:
     if phase is None:
         warn_once(
             f"phase:{table}",
-            f"table or tag suffix {_short(table)}: no known phase; ordered before the forward phase of its "
+            f"table or tag suffix {short_repr(table)}: no known phase; ordered before the forward phase of its "
             "micro-step, as the reference tool orders it",
         )
         return UNKNOWN, False
@@ -189,6 +189,7 @@ def row_positions(steps: Iterable[int]) -> list[int]:
     return out
 
 
-def _short(value: object, limit: int = 80) -> str:
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a message about input stays one short line)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
