@@ -44,6 +44,10 @@ def _mindspore_usable() -> bool:
 TOOLS = (
     "trainprobe.tools",
     "trainprobe.tools.anomaly_analyse",
+    "trainprobe.tools.anomaly_events",
+    "trainprobe.tools.anomaly_order",
+    "trainprobe.tools.anomaly_output",
+    "trainprobe.tools.anomaly_read",
     "trainprobe.tools.csv2db",
     "trainprobe.tools.csv2tb",
     "trainprobe.tools.diagnose",
@@ -249,7 +253,7 @@ def test_find_cycle_finds_one() -> None:
 def test_the_graph_sees_imports_and_parent_packages() -> None:
     graph = import_graph(deferred=False)
     assert "trainprobe.engine.layout" in graph["trainprobe.tools.monitor_output"]
-    assert "trainprobe.engine.sinks" in graph["trainprobe.tools.anomaly_analyse"]  # via trainprobe.engine.sinks.files
+    assert "trainprobe.engine.sinks" in graph["trainprobe.tools.anomaly_output"]  # via trainprobe.engine.sinks.files
     assert "trainprobe.engine.backend" not in graph["trainprobe.engine.probes.base"]  # TYPE_CHECKING only
     assert "trainprobe.engine.errors" in import_graph(deferred=True)["trainprobe.backends"]
 
