@@ -32,6 +32,11 @@ Layout = Literal["v1", "v2"]
 Format = Literal["csv", "parquet"]
 
 
+class NoRunFiles(ConfigError):
+    """:func:`find_run_files` found no monitor data file in an existing folder (the message says
+    what was looked for): callers that fall back to something else catch this, not the text."""
+
+
 @dataclass(frozen=True)
 class RunFile:
     """One data file of a run.
@@ -60,8 +65,8 @@ def find_run_files(run: str | Path, warn_links: bool = True) -> list[RunFile]:
     the same files already and said so).
 
     Raises:
-        ConfigError: ``run`` does not exist or is not a folder, or holds no monitor data file
-            (the message says what was looked for).
+        NoRunFiles: ``run`` holds no monitor data file (the message says what was looked for).
+        ConfigError: ``run`` does not exist or is not a folder, or cannot be listed.
     """
     root = Path(run).expanduser().absolute()
     if not root.exists():
@@ -79,7 +84,7 @@ def find_run_files(run: str | Path, warn_links: bool = True) -> list[RunFile]:
     converted = {f.path.with_suffix("") for f in files if f.format == "parquet"}
     files = [f for f in files if f.format == "parquet" or f.path.with_suffix("") not in converted]
     if not files:
-        raise ConfigError(
+        raise NoRunFiles(
             f"run: no monitor data file (.csv or .parquet) under {str(root)!r}"
             + (f" (skipped {len(outside)} links to files outside the folder)" if outside else "")
             + "; looked for Monitor V2 "

@@ -24,7 +24,7 @@ import numpy as np
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.query import quote, require, table_sql
-from trainprobe.tools.query_files import RunFile, clean_length, find_run_files
+from trainprobe.tools.query_files import NoRunFiles, RunFile, clean_length, find_run_files
 from trainprobe.tools.query_sql import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
 
 if TYPE_CHECKING:
@@ -86,10 +86,8 @@ def find_report_files(root: Path) -> list[ReportFile]:
     """
     try:
         found = find_run_files(root)
-    except ConfigError as exc:
+    except NoRunFiles as exc:
         text = str(exc)
-        if "no monitor data file" not in text:
-            raise
         raise ConfigError(
             "monitor_path: no monitor CSV found (nor Parquet) " + text.split("(.csv or .parquet) ", 1)[1]
         ) from None
