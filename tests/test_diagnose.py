@@ -238,3 +238,30 @@ def test_report_has_the_diagnosis_and_the_baseline_diff(runs: DiagnoseRuns, tmp_
 
 def _cli_report(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "trainprobe", "report", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_run_files_are_found_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One diagnosis lists the run's folders once: the views and the first-NaN/inf query (also its
+    second query over the NaN step's CSV window) are given the files found at the start."""
+    import trainprobe.tools.query as query
+    import trainprobe.tools.query_files as query_files
+
+    header = "vpp_stage,step,module_name,scope,micro_step,min,norm,nans\n"
+    rows = {0: "1.0,2.0,0", 1: "1.0,2.0,0", 2: "nan,nan,3", 3: "1.0,2.0,0"}
+    for first in (0, 2):
+        folder = tmp_path / "run" / "rank_0"
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = "".join(f"0,{s},fc1.weight,reduced,,{rows[s]}\n" for s in (first, first + 1))
+        (folder / f"weight_grad_step{first}-{first + 1}.csv").write_text(header + lines, encoding="utf-8")
+    calls: list[Path] = []
+    real = query_files.find_run_files
+
+    def counted(run: str | Path, warn_links: bool = True) -> list[query_files.RunFile]:
+        calls.append(Path(run))
+        return real(run, warn_links)
+
+    monkeypatch.setattr(query_files, "find_run_files", counted)
+    monkeypatch.setattr(query, "find_run_files", counted)
+    result = diagnose(tmp_path / "run")
+    assert result.first is not None and (result.first.kind, result.first.step) == ("nonfinite", 2)
+    assert calls == [tmp_path / "run"]

@@ -47,6 +47,8 @@ from trainprobe.tools.execution_order import execution_key, phase_of_table, tabl
 if TYPE_CHECKING:
     import duckdb
 
+    from trainprobe.tools.query_files import RunFile
+
 DEFAULT_LIMIT = 6
 """How many anomalies a diagnosis lists: the first and the next five."""
 MEMORY_LIMIT = "1GB"
@@ -248,23 +250,18 @@ def diagnose(
     root = Path(run).expanduser()
     _refuse_dump(root)
     from trainprobe.tools.query import connect, describe, first_nonfinite, require, short_error
-    from trainprobe.tools.query_files import csv_header, find_run_files
 
     duck = require("duckdb")
-    files = find_run_files(root)
-    if all(f.format == "csv" and csv_header(f.path) is None for f in files):
-        raise ConfigError(
-            f"run: {str(root)!r}: no data file has a complete header line yet (torn: a run killed as it started?)"
-        )
+    files = _run_files(root)
     ranks = sorted({f.rank for f in files})
     own = duck.connect(config={"memory_limit": MEMORY_LIMIT})
     own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
-    con = connect(root, connection=own)
+    con = connect(root, connection=own, files=files)
     views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
     if not views:
         raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
     try:
-        nonfinite = [_from_nonfinite(row) for row in first_nonfinite(root, limit=_CANDIDATES)]
+        nonfinite = [_from_nonfinite(row) for row in first_nonfinite(root, limit=_CANDIDATES, files=files)]
         last = nonfinite[0].step if nonfinite else None
         con.execute(f"CREATE TEMP TABLE {_SPIKES} AS {spike_rows_sql(views, spike_factor, window, warmup, last)}")
         spikes = _first_spikes(con, limit)
@@ -311,6 +308,25 @@ def _check_options(spike_factor: float, window: int, warmup: int, limit: int) ->
         raise ConfigError(f"warm-up {warmup} and window {window}: need 1 <= warm-up <= window")
     if limit < 1:
         raise ConfigError(f"limit: {limit}; need at least 1")
+
+
+def _run_files(root: Path) -> list[RunFile]:
+    """The run's data files, found once for the whole diagnosis (the views and the first-NaN/inf
+    query are given them).
+
+    Raises:
+        ConfigError: no monitor data file under ``root`` (see
+            :func:`~trainprobe.tools.query_files.find_run_files`), or none with a complete header
+            line yet.
+    """
+    from trainprobe.tools.query_files import csv_header, find_run_files
+
+    files = find_run_files(root)
+    if all(f.format == "csv" and csv_header(f.path) is None for f in files):
+        raise ConfigError(
+            f"run: {str(root)!r}: no data file has a complete header line yet (torn: a run killed as it started?)"
+        )
+    return files
 
 
 def _refuse_dump(root: Path) -> None:
@@ -383,7 +399,8 @@ def _alerts(root: Path) -> list[Anomaly]:
     in execution order (``anomaly-analyse``'s)."""
     if not (root / "anomaly_detected").is_dir():
         return []
-    from trainprobe.tools.anomaly_analyse import load_anomalies, order_events
+    from trainprobe.tools.anomaly_order import order_events
+    from trainprobe.tools.anomaly_read import load_anomalies
 
     _, _, events = load_anomalies(root)
     out = []

@@ -87,17 +87,19 @@ def connect(
     run: str | Path,
     connection: duckdb.DuckDBPyConnection | None = None,
     steps: tuple[int, int] | None = None,
+    files: Sequence[RunFile] | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection (``connection``, else a new in-memory one) with one view per table of
     ``run`` (see the module docstring for the columns); with ``steps`` (first, last), over only
-    the files whose window (from their names) meets that range.
+    the files whose window (from their names) meets that range; ``files``: the run's files, found
+    already (:func:`~trainprobe.tools.query_files.find_run_files`), else found here.
 
     Raises:
         ConfigError: ``run`` holds no data file; a CSV header names a column twice or lacks the
             layout's key columns; DuckDB or PyArrow is not installed (the message says how to
             install them).
     """
-    return _connect(run, connection, steps)[0]
+    return _connect(run, connection, steps, files)[0]
 
 
 def _connect(
@@ -314,7 +316,9 @@ def describe(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]
     return {v: [(str(r[0]), str(r[1])) for r in con.execute(f"DESCRIBE {quote(v)}").fetchall()] for v in views}
 
 
-def first_nonfinite(run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1) -> list[dict[str, Any]]:
+def first_nonfinite(
+    run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1, files: Sequence[RunFile] | None = None
+) -> list[dict[str, Any]]:
     """The first non-finite rows of a run in execution order, as dicts (empty when none), from
     the queries of :mod:`trainprobe.tools.query_sql`: the first step with a non-finite row over
     every file, then that step's rows in order.
@@ -323,13 +327,14 @@ def first_nonfinite(run: str | Path | duckdb.DuckDBPyConnection, limit: int = 1)
     CSV files whose window holds that step only (CSV has no statistics to skip other steps by);
     a run of Parquet files only asks one query, the first step's query nested in the second
     (Parquet row groups of other steps are skipped by their statistics). Given a connection
-    (views from :func:`connect`), two queries on that connection's views."""
+    (views from :func:`connect`), two queries on that connection's views. ``files``: the run
+    folder's files, found already (:func:`~trainprobe.tools.query_files.find_run_files`)."""
     if hasattr(run, "execute"):
         con: duckdb.DuckDBPyConnection = run  # type: ignore[assignment]
         views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
-        files: list[RunFile] | None = None
+        files = None  # a connection: no files to narrow the second query to
     else:
-        con, views, files = _connect(run)  # type: ignore[arg-type]
+        con, views, files = _connect(run, files=files)  # type: ignore[arg-type]
     if not views:
         return []
     if files is not None and all(f.format == "parquet" for f in files):
