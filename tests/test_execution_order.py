@@ -95,6 +95,27 @@ def test_row_positions_count_per_step():
     assert row_positions([3, 3, 3, 4, 4, 3]) == [0, 1, 2, 0, 1, 3]
 
 
+def test_row_positions_of_any_key_and_of_numpy_arrays():
+    """One numbering for every tool: per step (execution order's position), per (step, target)
+    (csv2db's call index), and over numpy columns without a Python step per row (the report)."""
+    import numpy as np
+
+    assert row_positions([(1, "a"), (1, "b"), (1, "a"), (2, "a"), (1, "a")]) == [0, 0, 1, 0, 2]
+    rng = np.random.default_rng(0)
+    steps = rng.integers(0, 5, size=2000)
+    ids = rng.integers(0, 3, size=2000)
+    by_step = row_positions(steps)
+    assert isinstance(by_step, np.ndarray) and by_step.dtype == np.int64
+    assert by_step.tolist() == row_positions(steps.tolist())
+    pairs = row_positions(np.column_stack([steps, ids]))
+    assert isinstance(pairs, np.ndarray)
+    assert pairs.tolist() == row_positions(list(zip(steps.tolist(), ids.tolist())))
+    assert row_positions(np.zeros(0, dtype=np.int64)).tolist() == []
+    assert row_positions(np.zeros((0, 2), dtype=np.int64)).tolist() == []
+    with pytest.raises(ValueError, match="1-D or 2-D array of keys, got 3 dimensions"):
+        row_positions(np.zeros((1, 1, 1), dtype=np.int64))
+
+
 # --------------------------------------------------------------------------- real training
 
 

@@ -39,9 +39,14 @@ forward phase of its micro-step as the reference tool places it, with a warning 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, overload
 
 from trainprobe.engine.log import warn_once
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -177,16 +182,55 @@ def execution_key(
     return (step, *micro, PHASE_ORDER[phase], *stages, table_rank(table, target), position, rank)
 
 
-def row_positions(steps: Iterable[int]) -> list[int]:
-    """For rows in file order with these steps, each row's place among the rows of its step
-    (0, 1, 2 ... per step): the ``position`` of :func:`execution_key` for CSV rows."""
-    seen: dict[int, int] = {}
+@overload
+def row_positions(keys: np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def row_positions(keys: Iterable[Hashable]) -> list[int]: ...
+
+
+def row_positions(keys: Iterable[Hashable] | np.ndarray) -> list[int] | np.ndarray:
+    """For rows in file order with these keys, each row's place among the earlier rows with the
+    same key (0, 1, 2 ... per key), the one row numbering of the offline tools:
+
+    * keys = the rows' steps: the ``position`` of :func:`execution_key` for CSV rows
+      (``[3, 3, 4, 3]`` → ``[0, 1, 0, 2]``);
+    * keys = ``(step, target)``: the call index that keeps apart the rows of a module called twice
+      in one step (csv2db's ``call_index``).
+
+    A list (or any iterable) of hashable keys gives a list. A numpy array gives an ``int64``
+    array, computed without a Python step per row: a 1-D array holds one key per row, a 2-D array
+    one key per row of it (``[[step, target_id], ...]``). Rows of one file, in the order the
+    monitor wrote them, are what the numbering is meant for."""
+    numpy = sys.modules.get("numpy")  # an array can only come from an imported numpy
+    if numpy is not None and isinstance(keys, numpy.ndarray):
+        return _array_positions(keys)
+    seen: dict[Hashable, int] = {}
     out = []
-    for step in steps:
-        count = seen.get(step, 0)
-        seen[step] = count + 1
+    for key in keys:
+        count = seen.get(key, 0)
+        seen[key] = count + 1
         out.append(count)
     return out
+
+
+def _array_positions(keys: np.ndarray) -> np.ndarray:
+    """:func:`row_positions` of a numpy array: a stable sort groups equal keys in row order, each
+    row's place is its distance from the start of its group."""
+    import numpy as np
+
+    if keys.ndim == 2:
+        keys = np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+    elif keys.ndim != 1:
+        raise ValueError(f"row_positions: expected a 1-D or 2-D array of keys, got {keys.ndim} dimensions")
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
+    first_of_group = np.repeat(starts, np.diff(np.r_[starts, len(ordered)]))
+    positions = np.empty(len(keys), dtype=np.int64)
+    positions[order] = np.arange(len(keys)) - first_of_group
+    return positions
 
 
 def short_repr(value: object, limit: int = 80) -> str:
