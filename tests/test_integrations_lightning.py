@@ -369,3 +369,20 @@ def test_an_explicit_tensorboard_dir_writes_event_files_and_forwards_nothing(tmp
     for step in steps:
         assert s["lr-AdamW/head"][step] == pytest.approx(0.02 * 0.5 ** (step - 1))
         assert s["grad-norm"][step] == pytest.approx(module.grad_norms[step], rel=1e-5)
+
+
+def test_a_tensorboard_section_without_a_folder_keeps_its_options(tmp_path: Path) -> None:
+    """A ``tensorboard`` section without ``tensorboard_dir``: its options apply to what is
+    forwarded (``log_timers_to_tensorboard``: ``iteration-time``), ``*_format: tensorboard``
+    goes to the loggers; no event file is written anywhere."""
+    metrics = {
+        "monitor_config": {"monitor_on": True, "device_local_norm_format": ["log", "tensorboard"]},
+        "tensorboard": {"log_timers_to_tensorboard": True},
+    }
+    recorder, module = fit_logged(tmp_path, [TrainProbeCallback(metrics_config=metrics)])
+    forwarded = ours(recorder)
+    assert set(forwarded) == {1, 3}
+    for logged, m in forwarded.items():
+        assert m["trainprobe/iteration-time"] > 0
+        assert m["trainprobe/device_local_norm"] == pytest.approx(module.grad_norms[logged + 1], rel=1e-5)
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))

@@ -118,9 +118,9 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
             )
         elif not _integrations(args):
             logger.warning(
-                "trainprobe: the Trainer reports to no integration (report_to), so the training metrics go to "
-                "state.log_history and the log only; set report_to, or tensorboard.tensorboard_dir for "
-                "trainprobe's own event files"
+                "trainprobe: the Trainer reports to no integration (report_to), so the training metrics reach "
+                "only state.log_history, the callbacks' on_log and the log; set report_to, or "
+                "tensorboard.tensorboard_dir for trainprobe's own event files"
             )
 
     def _watch_clipping(self, model: torch.nn.Module) -> None:
