@@ -106,3 +106,23 @@ def test_monitor_writes_every_groups_lr_next_to_learning_rate(tmp_path: Path) ->
         assert s["lr-SGD/pg1"][step] == pytest.approx(0.1 * 0.5 ** (step - 1))
         assert s["lr-SGD/head"][step] == pytest.approx(0.5 * 0.5 ** (step - 1))
     assert "lr-SGD/pg1-vs-samples" not in s
+
+
+def test_repeated_group_names_turn_only_the_group_tags_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Groups that cannot be told apart: one error line, no ``lr-...`` tag, the rest written."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(
+        [{"params": model[0].parameters(), "name": "x"}, {"params": model[1].parameters(), "name": "x"}], lr=0.1
+    )
+    config = {"tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    with caplog.at_level("ERROR", logger="trainprobe"), TrainingMetricsMonitor(config, model, optimizer) as monitor:
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            monitor.step()
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    assert set(s["learning-rate"]) == {1, 2}
+    assert not [t for t in s if t.startswith("lr-")]
+    errors = [r for r in caplog.records if "learning rates of the parameter groups" in r.getMessage()]
+    assert len(errors) == 1 and "share the name 'x'" in str(errors[0].exc_info[1])

@@ -295,7 +295,8 @@ class TrainingMetricsMonitor:
         self._captured_step = step
         self._gatherers.run("grads", "gradient norms", self._capture_grads)
         self._gatherers.run("lr", "the learning rate", self._capture_lr)
-        self._gatherers.run("lr-groups", "the learning rates of the parameter groups", self._capture_group_lrs)
+        if self._lr_sources and self.config.tensorboard is not None:  # written to TensorBoard only
+            self._gatherers.run("lr-groups", "the learning rates of the parameter groups", self._capture_group_lrs)
 
     def _capture_grads(self) -> None:
         index, grads = [], []
