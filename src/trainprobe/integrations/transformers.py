@@ -57,6 +57,7 @@ at ``on_train_end``.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,7 +87,8 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
         super().__init__(*args, **kwargs)
         self._patch = AttrPatch()
         self._grad_norm: torch.Tensor | float | None = None
-        self._trainer = trainer
+        # weakly: the Trainer holds this callback, and a cycle would keep its model alive until gc runs
+        self._trainer: Callable[[], Any] = weakref.ref(trainer) if trainer is not None else lambda: None
         self._logging = False
 
     def on_train_begin(
@@ -110,7 +112,7 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
 
     def _say_where_metrics_go(self, args: TrainingArguments) -> None:
         """One log line when the forwarded metrics cannot reach a ``report_to`` integration."""
-        if self._trainer is None:
+        if self._trainer() is None:
             logger.warning(
                 "trainprobe: TrainProbeCallback was not given the Trainer (trainer=...), so the training metrics "
                 "go to the log only (logger trainprobe.metrics); pass trainer= to log them through the Trainer's "
@@ -166,14 +168,15 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
     ) -> None:
         """The Trainer logged: after its training log (the one with ``loss``) of a recorded step,
         the metrics of that step are logged through it as well (not re-entered by that log)."""
-        if self._logging or self._trainer is None or not self._pair.forwards or not logs or "loss" not in logs:
+        trainer = self._trainer()
+        if self._logging or trainer is None or not self._pair.forwards or not logs or "loss" not in logs:
             return
         values = self._pair.forwarded(state.global_step)
         if not values:
             return
         self._logging = True
         try:
-            self._trainer.log(dict(values))
+            trainer.log(dict(values))
         finally:
             self._logging = False
 
