@@ -40,7 +40,7 @@ SKIPPED: dict[str, int] = {
     "docs/steps.md": 1,  # the same, as a loop
     "docs/precision_dump.md": 2,  # two files of one program; a user's own module_a
     "docs/query.md": 1,  # Spark: needs a SparkSession (the [spark] extra and Java)
-    "docs/training_metrics.md": 1,  # Hugging Face Trainer and Lightning: a model and data to download
+    "docs/training_metrics.md": 2,  # Hugging Face Trainer and Lightning (two blocks): a model and data to download
 }
 """How many blocks of each page are marked ``skip`` (every other page: none)."""
 

@@ -236,3 +236,153 @@ def test_one_clock_when_the_optimizer_does_not_end_monitor_v2s_steps(tmp_path: P
     assert {int(r["step"]) for r in rows} == set(range(1, STEPS + 1))
     assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
     assert set(scalars(read_events(tmp_path / "tb" / "rank_0"))["grad-norm"]) == set(range(1, STEPS + 1))
+
+
+class Recorder(pl.loggers.Logger):
+    """A Lightning logger that keeps every ``log_metrics`` call: ``{step: {name: value}}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: dict[int, dict[str, float]] = {}
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        """Not recorded."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        assert step is not None
+        self.steps.setdefault(step, {}).update(metrics)
+
+
+class TwoGroups(Regressor):
+    """AdamW with two parameter groups (the second named ``head``, twice the learning rate),
+    halved every optimizer step by a scheduler; logs its own loss with ``self.log``."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("user_loss", loss, on_step=True, on_epoch=False)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(
+            [{"params": self.net[0].parameters()}, {"params": self.net[2].parameters(), "lr": 0.02, "name": "head"}],
+            lr=0.01,
+        )
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def fit_logged(tmp_path: Path, callbacks: list[Any], *, every: int = 2, steps: int = 4) -> tuple[Recorder, TwoGroups]:
+    """``TwoGroups`` trained ``steps`` optimizer steps (2 micro-batches each) by a Trainer whose
+    one logger is a :class:`Recorder`, logging every ``every`` steps."""
+    torch.manual_seed(0)
+    module, recorder = TwoGroups(), Recorder()
+    trainer = pl.Trainer(
+        max_steps=steps,
+        accumulate_grad_batches=ACCUM,
+        log_every_n_steps=every,
+        accelerator="cpu",
+        devices=1,
+        logger=recorder,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(module, loader())
+    return recorder, module
+
+
+def ours(recorder: Recorder) -> dict[int, dict[str, float]]:
+    """What the callback forwarded, by logger step."""
+    out = {
+        step: {k: v for k, v in m.items() if k.startswith(("trainprobe/", "lr-"))} for step, m in recorder.steps.items()
+    }
+    return {step: m for step, m in out.items() if m}
+
+
+def test_metrics_go_to_the_trainers_loggers_at_its_cadence(tmp_path: Path) -> None:
+    """No ``tensorboard_dir``: the metrics go to ``trainer.loggers`` every ``log_every_n_steps``
+    (2) optimizer steps, at the logger step of the batch (where the module's own ``self.log``
+    values of that batch land: step k - 1 for the metrics' step k), named ``trainprobe/<tag>``;
+    every parameter group's learning rate as ``LearningRateMonitor`` names it."""
+    metrics = {"monitor_config": {"monitor_on": True, "local_norm_format": "tensorboard"}}
+    recorder, module = fit_logged(tmp_path, [TrainProbeCallback(metrics_config=metrics)])
+    forwarded = ours(recorder)
+    assert set(forwarded) == {1, 3}  # the metrics' steps 2 and 4
+    assert {s for s, m in recorder.steps.items() if "user_loss" in m} == {1, 3}
+    for logged, m in forwarded.items():
+        step = logged + 1
+        micro = module.losses[(step - 1) * ACCUM : step * ACCUM]
+        assert m["trainprobe/loss"] == pytest.approx(sum(micro) / ACCUM, rel=1e-6)
+        assert m["trainprobe/grad-norm"] == pytest.approx(module.grad_norms[step], rel=1e-5)
+        assert m["trainprobe/batch-size"] == BATCH * ACCUM
+        assert m["trainprobe/learning-rate"] == pytest.approx(0.01 * 0.5 ** (step - 1))
+        assert m["lr-AdamW/pg1"] == pytest.approx(0.01 * 0.5 ** (step - 1))
+        assert m["lr-AdamW/head"] == pytest.approx(0.02 * 0.5 ** (step - 1))
+        assert m["trainprobe/local_norm/net.0.weight"] == pytest.approx(module.param_grad_norms[step]["0.weight"], rel=1e-5)
+        assert not any(k.endswith("-vs-samples") for k in m)
+    assert not (tmp_path / "lightning_logs").exists() or not list((tmp_path / "lightning_logs").rglob("events.*"))
+
+
+def test_learning_rates_are_those_learningratemonitor_logs(tmp_path: Path) -> None:
+    """Lightning's own ``LearningRateMonitor`` (logging every step) is the oracle: the same
+    names, logger steps and values as the callback's per-group learning rates."""
+    theirs, _ = fit_logged(tmp_path / "a", [pl.callbacks.LearningRateMonitor(logging_interval="step")], every=1)
+    metrics = {"monitor_config": {"monitor_on": True}}
+    mine, _ = fit_logged(tmp_path / "b", [TrainProbeCallback(metrics_config=metrics)], every=1)
+    expected = {s: {k: v for k, v in m.items() if k.startswith("lr-")} for s, m in theirs.steps.items()}
+    got = {s: {k: v for k, v in m.items() if k.startswith("lr-")} for s, m in mine.steps.items()}
+    assert set(expected) == {0, 1, 2, 3}
+    assert got == expected
+
+
+def test_a_trainer_without_a_logger_is_told_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``logger=False`` and no ``tensorboard_dir``: one log line says where the metrics go."""
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        trainer, _ = fit(tmp_path, TrainProbeCallback(metrics_config={"monitor_config": {"monitor_on": True}}))
+    assert trainer.global_step == STEPS
+    said = [r.getMessage() for r in caplog.records if "has no logger" in r.getMessage()]
+    assert len(said) == 1
+    assert "tensorboard.tensorboard_dir" in said[0]
+
+
+def test_an_explicit_tensorboard_dir_writes_event_files_and_forwards_nothing(tmp_path: Path) -> None:
+    """``tensorboard.tensorboard_dir``: trainprobe's own event files, as before (now with the
+    per-group learning rates); the trainer's loggers get nothing from the callback."""
+    metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    recorder, module = fit_logged(tmp_path, [TrainProbeCallback(metrics_config=metrics)])
+    assert ours(recorder) == {}
+    assert {s for s, m in recorder.steps.items() if "user_loss" in m} == {1, 3}
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    steps = {1, 2, 3, 4}
+    for tag in ("loss", "learning-rate", "lr-AdamW/pg1", "lr-AdamW/head", "grad-norm"):
+        assert set(s[tag]) == steps, tag
+    for step in steps:
+        assert s["lr-AdamW/head"][step] == pytest.approx(0.02 * 0.5 ** (step - 1))
+        assert s["grad-norm"][step] == pytest.approx(module.grad_norms[step], rel=1e-5)
+
+
+def test_a_tensorboard_section_without_a_folder_keeps_its_options(tmp_path: Path) -> None:
+    """A ``tensorboard`` section without ``tensorboard_dir``: its options apply to what is
+    forwarded (``log_timers_to_tensorboard``: ``iteration-time``), ``*_format: tensorboard``
+    goes to the loggers; no event file is written anywhere."""
+    metrics = {
+        "monitor_config": {"monitor_on": True, "device_local_norm_format": ["log", "tensorboard"]},
+        "tensorboard": {"log_timers_to_tensorboard": True},
+    }
+    recorder, module = fit_logged(tmp_path, [TrainProbeCallback(metrics_config=metrics)])
+    forwarded = ours(recorder)
+    assert set(forwarded) == {1, 3}
+    for logged, m in forwarded.items():
+        assert m["trainprobe/iteration-time"] > 0
+        assert m["trainprobe/device_local_norm"] == pytest.approx(module.grad_norms[logged + 1], rel=1e-5)
+    assert not list(tmp_path.rglob("events.out.tfevents.*"))

@@ -269,3 +269,117 @@ def test_one_clock_when_the_optimizer_does_not_end_monitor_v2s_steps(tmp_path: P
     assert len(rows) == len({(r["step"], r["scope"], r["module_name"]) for r in rows})  # no step twice
     if with_metrics:
         assert set(scalars(read_events(tmp_path / "tb" / "rank_0"))["grad-norm"]) == {1, 2, 3}
+
+
+class LogRecorder(transformers.TrainerCallback):
+    """An in-process logger: every ``on_log`` the Trainer dispatches, as ``(global step, logs)``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, dict[str, Any]]] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        self.calls.append((state.global_step, dict(logs or {})))
+
+
+def run_logged(
+    tmp_path: Path, metrics: dict[str, Any], *, bind: bool = True, report_to: tuple[str, ...] = ("tensorboard",)
+) -> tuple[Any, LogRecorder]:
+    """A tiny GPT-2 trained 4 steps, logging every 2, by AdamW with two parameter groups (the
+    block's parameters named ``blocks``, at twice the learning rate; the Trainer's linear
+    schedule); the callback added with ``trainer=`` when ``bind``."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
+    model = transformers.GPT2LMHeadModel(config)
+    blocks = [p for n, p in model.named_parameters() if n.startswith("transformer.h.")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("transformer.h.")]
+    optimizer = torch.optim.AdamW([{"params": rest}, {"params": blocks, "lr": 2e-3, "name": "blocks"}], lr=1e-3)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"),
+        per_device_train_batch_size=BATCH,
+        max_steps=4,
+        logging_steps=2,
+        report_to=list(report_to),
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    recorder = LogRecorder()
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=Tokens(32), callbacks=[recorder], optimizers=(optimizer, None)
+    )
+    trainer.add_callback(TrainProbeCallback(metrics_config=metrics, trainer=trainer if bind else None))
+    trainer.train()
+    return trainer, recorder
+
+
+def forwarded(trainer: Any) -> dict[int, dict[str, float]]:
+    """The ``log_history`` entries the callback logged, by step."""
+    return {
+        e["step"]: {k: v for k, v in e.items() if k.startswith(("trainprobe/", "lr-"))}
+        for e in trainer.state.log_history
+        if any(k.startswith("trainprobe/") for k in e)
+    }
+
+
+def test_metrics_are_logged_through_the_trainer(tmp_path: Path) -> None:
+    """No ``tensorboard_dir``, ``trainer=`` given: at the Trainer's logging steps (2, 4) the
+    metrics of that step go through ``trainer.log``: into ``log_history``, to every callback's
+    ``on_log`` and to the ``report_to`` TensorBoard integration (``train/trainprobe/...``), with
+    every parameter group's learning rate (``lr-AdamW/pg1``, ``lr-AdamW/blocks``)."""
+    metrics = {"monitor_config": {"monitor_on": True, "device_local_norm_format": "tensorboard"}}
+    trainer, recorder = run_logged(tmp_path, metrics)
+    ours = forwarded(trainer)
+    assert set(ours) == {2, 4}
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    assert set(logged) == {2, 4}
+    for step, m in ours.items():
+        assert m["trainprobe/grad-norm"] == pytest.approx(logged[step]["grad_norm"], rel=1e-5)
+        assert m["trainprobe/learning-rate"] == pytest.approx(logged[step]["learning_rate"], rel=1e-6)
+        assert m["lr-AdamW/pg1"] == pytest.approx(logged[step]["learning_rate"], rel=1e-6)
+        assert m["lr-AdamW/blocks"] == pytest.approx(2 * logged[step]["learning_rate"], rel=1e-6)
+        assert m["trainprobe/batch-size"] == BATCH
+        assert m["trainprobe/device_local_norm"] == pytest.approx(logged[step]["grad_norm"], rel=1e-4)
+        assert math.isfinite(m["trainprobe/loss"])
+        assert not any(k.endswith("-vs-samples") for k in m)
+    seen = {step: logs for step, logs in recorder.calls if "trainprobe/loss" in logs}
+    assert set(seen) == {2, 4} and seen[4]["lr-AdamW/blocks"] == ours[4]["lr-AdamW/blocks"]
+    events = list((tmp_path / "hf").rglob("events.out.tfevents.*"))
+    assert len(events) == 1
+    s = scalars(read_events(events[0].parent))
+    assert set(s["train/trainprobe/grad-norm"]) == set(s["train/lr-AdamW/pg1"]) == {2, 4}
+    for step in (2, 4):
+        assert s["train/trainprobe/grad-norm"][step] == pytest.approx(ours[step]["trainprobe/grad-norm"], rel=1e-6)
+        assert s["train/loss"][step] == pytest.approx(logged[step]["loss"], rel=1e-6)  # the Trainer's own, apart
+
+
+@pytest.mark.parametrize(
+    ("bind", "report_to", "said"),
+    [(False, ("tensorboard",), "was not given the Trainer"), (True, (), "reports to no integration")],
+)
+def test_where_the_metrics_cannot_go_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, bind: bool, report_to: tuple[str, ...], said: str
+) -> None:
+    """Without ``trainer=`` nothing reaches the Trainer; with it but no ``report_to``
+    integration, only ``log_history`` does. Either way one log line says so."""
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        trainer, _ = run_logged(tmp_path, {"monitor_config": {"monitor_on": True}}, bind=bind, report_to=report_to)
+    assert len([r for r in caplog.records if said in r.getMessage()]) == 1
+    assert set(forwarded(trainer)) == ({2, 4} if bind else set())
+
+
+def test_an_explicit_tensorboard_dir_writes_event_files_and_logs_nothing_through_the_trainer(tmp_path: Path) -> None:
+    """``tensorboard.tensorboard_dir``: trainprobe's own event files as before, now with every
+    group's learning rate; nothing goes through the Trainer, even with ``trainer=``."""
+    metrics = {"monitor_config": {"monitor_on": True}, "tensorboard": {"tensorboard_dir": str(tmp_path / "tb")}}
+    trainer, _ = run_logged(tmp_path, metrics, report_to=())
+    assert forwarded(trainer) == {}
+    s = scalars(read_events(tmp_path / "tb" / "rank_0"))
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    for tag in ("loss", "learning-rate", "lr-AdamW/pg1", "lr-AdamW/blocks", "grad-norm"):
+        assert set(s[tag]) == {1, 2, 3, 4}, tag
+    for step in (2, 4):
+        assert s["lr-AdamW/blocks"][step] == pytest.approx(2 * logged[step]["learning_rate"], rel=1e-6)
+        assert s["grad-norm"][step] == pytest.approx(logged[step]["grad_norm"], rel=1e-5)

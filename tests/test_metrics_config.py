@@ -169,3 +169,29 @@ def test_integral_float_step_interval_and_folder_path(tmp_path: Path) -> None:
     assert cfg.step_interval == 2 and isinstance(cfg.step_interval, int)
     with pytest.raises(ConfigError, match="is a folder; pass the path of the file inside it"):
         load_training_metrics_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("data", "forwarded", "timers"),
+    [
+        ({"monitor_config": {"local_norm_format": "tensorboard"}}, True, False),
+        ({"monitor_config": {"local_norm_format": "tensorboard"}, "tensorboard": {"log_timers_to_tensorboard": True}},
+         True, True),
+        ({"monitor_config": {"local_norm_format": "tensorboard"}, "tensorboard": {"tensorboard_dir": "tb"}},
+         False, False),
+    ],
+)  # fmt: skip
+def test_in_a_trainer_the_trainers_loggers_stand_in_for_tensorboard(
+    data: dict[str, Any], forwarded: bool, timers: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``trainer_loggers=True`` (the callbacks): without ``tensorboard_dir`` (no section, or a
+    section without it, whose other keys apply) the scalars are forwarded, and ``tensorboard`` in
+    a format stays ``tensorboard`` (no fallback to the log, no warning); with it, event files."""
+    with caplog.at_level("WARNING", logger="trainprobe"):
+        cfg = load_training_metrics_config(data, trainer_loggers=True)
+    assert cfg.forwarded is forwarded
+    assert cfg.tensorboard is not None and cfg.tensorboard.log_timers_to_tensorboard is timers
+    assert cfg.tensorboard.tensorboard_dir == (None if forwarded else Path("tb"))
+    assert cfg.monitor.local_norm_format == {TENSORBOARD}
+    assert not [r for r in caplog.records if "no tensorboard section" in r.getMessage()]
+    assert not load_training_metrics_config({"monitor_config": {}}).forwarded  # outside a trainer: never

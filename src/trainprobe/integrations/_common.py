@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from torch import nn
 from trainprobe.backends.torch.optimizer import innermost_optimizer
 from trainprobe.engine.errors import ConfigError
 from trainprobe.frontdoors.metrics.config import TrainingMetricsConfig, load_training_metrics_config
+from trainprobe.frontdoors.metrics.lr_groups import LrSource
 from trainprobe.frontdoors.metrics.monitor import TrainingMetricsMonitor
 from trainprobe.frontdoors.monitor_v2.trainer import TrainerMonitorV2
 
@@ -37,7 +38,7 @@ class MonitorPair:
         if metrics_config is None and monitor_v2_config is None:
             raise ConfigError("TrainProbeCallback: pass metrics_config=, monitor_v2_config=, or both")
         self.metrics_config: TrainingMetricsConfig | None = (
-            load_training_metrics_config(metrics_config) if metrics_config is not None else None
+            load_training_metrics_config(metrics_config, trainer_loggers=True) if metrics_config is not None else None
         )
         if isinstance(monitor_v2_config, Mapping):
             monitor_v2_config = dict(monitor_v2_config)
@@ -54,6 +55,7 @@ class MonitorPair:
         hook_optimizer: bool,
         extra_text: Mapping[str, Any] | None,
         grad_acc_steps: int | None = None,
+        lr_sources: Sequence[LrSource] | None = None,
     ) -> None:
         """Create the metrics monitor and start Monitor V2 (stopping a previous run first).
 
@@ -68,7 +70,8 @@ class MonitorPair:
         ``hook_optimizer=False``: the caller reports when the gradients are ready
         (:meth:`gradients_ready`, :meth:`gradients_applied`) instead of the optimizer's pre-step
         hook. ``grad_acc_steps``: the trainer's backward passes per optimizer step, passed to
-        Monitor V2's ``start()`` (the configuration's own count, if any, wins)."""
+        Monitor V2's ``start()`` (the configuration's own count, if any, wins). ``lr_sources``:
+        the optimizers whose groups' learning rates are recorded (default: ``optimizer``)."""
         self.stop()
         if optimizer is not None:
             optimizer = innermost_optimizer(optimizer)
@@ -81,6 +84,7 @@ class MonitorPair:
                 hook_optimizer=hook_optimizer,
                 print_struct_exits=False,
                 extra_text=extra_text,
+                lr_sources=lr_sources,
                 **self.monitor_kwargs,
             )
         if self.v2 is not None:
@@ -109,6 +113,16 @@ class MonitorPair:
             return False
         self.metrics.step(**metrics_args)
         return self.metrics.stop_requested
+
+    @property
+    def forwards(self) -> bool:
+        """Whether the metrics go to the trainer's loggers (no ``tensorboard_dir`` given)."""
+        return self.metrics_config is not None and self.metrics_config.forwarded
+
+    def forwarded(self, step: int) -> dict[str, float] | None:
+        """The metrics of ``step`` for the trainer's loggers (see
+        :meth:`TrainingMetricsMonitor.take_forwarded`), or None."""
+        return self.metrics.take_forwarded(step) if self.metrics is not None else None
 
     def gradients_ready(self) -> None:
         """The step's gradients are accumulated, not yet clipped: the metrics read them

@@ -15,7 +15,20 @@ there), one step per optimizer step (``trainer.global_step``):
 * ``grad-norm``, ``local_norm``, ``device_local_norm``: read in ``on_before_optimizer_step``,
   i.e. after accumulation and before Lightning clips gradients;
 * ``learning-rate``: the first optimizer's first parameter group;
+* ``lr-<Optimizer>[/<group>]``: every parameter group of every optimizer, named exactly as
+  Lightning's ``LearningRateMonitor`` names them (scheduler ``name``, ``-1`` suffixes,
+  ``/pg1``, group ``name`` keys; see :mod:`trainprobe.frontdoors.metrics.lr_groups`);
 * TEXT: the configuration's top-level keys and ``hparams`` (the module's hyperparameters).
+
+Where they go: with ``tensorboard.tensorboard_dir`` to trainprobe's own event files, as
+:class:`~trainprobe.frontdoors.metrics.TrainingMetricsMonitor` writes them. Without it (the
+default) the scalars TensorBoard would get go to the trainer's own loggers
+(``trainer.loggers``, ``log_metrics``) at the trainer's logging cadence, as Lightning's
+``LearningRateMonitor`` does: on the steps where the logger connector updates the logs
+(``log_every_n_steps``), at the step number Lightning's loggers use for that batch (the one its
+``self.log`` values of the same batch get: ``k - 1`` for the metrics' step ``k``), named
+``trainprobe/<tag>`` (per-group learning rates keep their ``lr-...`` names). A trainer without
+a logger gets one log line saying so; the metrics then go to the log only.
 
 With ``monitor_v2_config`` Monitor V2 is started with the LightningModule and the first
 optimizer at ``on_train_start`` (with ``grad_acc_steps`` = ``trainer.accumulate_grad_batches``)
@@ -50,8 +63,9 @@ except ImportError as exc:  # pragma: no cover - optional extra
 import torch
 
 from trainprobe.backends.torch.optimizer import innermost_optimizer
-from trainprobe.engine.log import warn_once
+from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.patching import AttrPatch
+from trainprobe.frontdoors.metrics.lr_groups import LrSource
 from trainprobe.frontdoors.metrics.sources import batch_counts
 from trainprobe.integrations._common import MonitorPairCallback
 
@@ -86,7 +100,14 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
             hook_optimizer=False,
             extra_text={"hparams": hparams} if hparams else None,
             grad_acc_steps=_accumulation(trainer),
+            lr_sources=_lr_sources(trainer),
         )
+        if self._pair.forwards and not trainer.loggers:
+            logger.warning(
+                "trainprobe: the Lightning Trainer has no logger, so the training metrics go to the log only "
+                "(logger trainprobe.metrics); give the Trainer a logger, or set tensorboard.tensorboard_dir "
+                "for trainprobe's own event files"
+            )
         self._last_step = trainer.global_step
         self._reset()
         self._optimizer = innermost_optimizer(optimizer) if optimizer is not None else None
@@ -147,6 +168,19 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
         self._reset()
         if stop:
             trainer.should_stop = True
+        elif self._pair.forwards and trainer.loggers and _should_update_logs(trainer):
+            self._forward(trainer)
+
+    def _forward(self, trainer: pl.Trainer) -> None:
+        """The step's metrics to every logger of the trainer, at the step its loggers use for
+        this batch (``_batches_that_stepped``, not yet counted up at ``on_train_batch_end``)."""
+        values = self._pair.forwarded(trainer.global_step)
+        if not values:
+            return
+        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        step = getattr(loop, "_batches_that_stepped", trainer.global_step - 1)
+        for each in trainer.loggers:
+            each.log_metrics(values, step=step)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._stop()
@@ -158,6 +192,33 @@ class TrainProbeCallback(MonitorPairCallback, pl.Callback):
         self._patch.restore()
         self._after_clipping = False
         self._pair.stop()
+
+
+def _lr_sources(trainer: pl.Trainer) -> list[LrSource]:
+    """The optimizers in ``LearningRateMonitor``'s naming order: those of the scheduler configs
+    (with the scheduler's ``name``) first, then the others (a wrapper's ``.optimizer`` unwrapped
+    one level, as Lightning does)."""
+    sources = [LrSource(c.scheduler.optimizer, c.name) for c in trainer.lr_scheduler_configs]
+    seen = [s.optimizer for s in sources]
+    for optimizer in trainer.optimizers:
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        if all(optimizer is not other for other in seen):
+            seen.append(optimizer)
+            sources.append(LrSource(optimizer))
+    return sources
+
+
+def _should_update_logs(trainer: pl.Trainer) -> bool:
+    """Whether the trainer's loggers are updated for this batch: its logger connector's rule
+    (``log_every_n_steps``, or a stop), read as ``LearningRateMonitor`` reads it; the bare
+    ``log_every_n_steps`` rule where this Lightning has no such connector."""
+    if getattr(trainer, "fast_dev_run", False):
+        return True
+    connector = getattr(trainer, "_logger_connector", None)
+    if connector is not None and hasattr(connector, "should_update_logs"):
+        return bool(connector.should_update_logs)
+    every = getattr(trainer, "log_every_n_steps", 0)
+    return bool(every) and trainer.global_step % every == 0
 
 
 def _accumulation(trainer: pl.Trainer) -> int | None:

@@ -22,7 +22,22 @@ there), one step per optimizer step (``state.global_step``):
   unscales inside the clipping call; DeepSpeed clips inside its engine) they are read in the
   optimizer's pre-step hook instead, i.e. after clipping;
 * ``learning-rate``: the optimizer's first parameter group before the scheduler steps;
+* ``lr-<Optimizer>[/<group>]``: every parameter group's learning rate, named as Lightning's
+  ``LearningRateMonitor`` names them (``lr-AdamW``; ``lr-AdamW/pg1``, ``lr-AdamW/pg2`` with two
+  groups; a group's ``name`` key replaces ``pg<i>``);
 * TEXT: the configuration's top-level keys and ``training_args`` (``TrainingArguments``).
+
+Where they go: with ``tensorboard.tensorboard_dir`` to trainprobe's own event files. Without it
+(the default) the scalars TensorBoard would get are logged through the Trainer itself, so its
+``report_to`` integrations (TensorBoard, W&B, MLflow, ...) and ``state.log_history`` get them at
+its logging cadence: each time the Trainer logs its training loss (``logging_steps``,
+``logging_first_step``, ``logging_strategy``), the callback's ``on_log`` calls
+``trainer.log()`` with the metrics of that step (``trainprobe/<tag>``; per-group learning rates
+as ``lr-...``): one more ``log_history`` entry at the same ``step``, written by the integrations
+at ``state.global_step``. A callback is not handed the Trainer, so pass it:
+``trainer.add_callback(TrainProbeCallback(metrics_config=..., trainer=trainer))``. Without
+``trainer=``, or with ``report_to`` naming no integration, one log line says where the metrics
+go (the log; ``state.log_history``).
 
 With ``monitor_v2_config`` Monitor V2 is started with the Trainer's model and optimizer at
 ``on_train_begin`` (with ``grad_acc_steps`` = ``args.gradient_accumulation_steps``) and stopped at
@@ -42,6 +57,7 @@ at ``on_train_end``.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,6 +69,7 @@ except ImportError as exc:  # pragma: no cover - optional extra
         f"trainprobe.integrations.transformers needs transformers ({exc}); pip install trainprobe[hf]"
     ) from exc
 
+from trainprobe.engine.log import logger
 from trainprobe.engine.patching import AttrPatch
 from trainprobe.integrations._common import MonitorPairCallback
 
@@ -62,12 +79,17 @@ __all__ = ["TrainProbeCallback"]
 class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
     """Training metrics and/or Monitor V2 inside a Hugging Face ``Trainer``; the arguments are
     those of :class:`~trainprobe.integrations._common.MonitorPairCallback` (``metrics_config=``,
-    ``monitor_v2_config=``, keyword arguments for ``TrainingMetricsMonitor``)."""
+    ``monitor_v2_config=``, keyword arguments for ``TrainingMetricsMonitor``), and ``trainer=``:
+    the Trainer this callback is added to, through which the metrics are logged when no
+    ``tensorboard_dir`` is given (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, trainer: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._patch = AttrPatch()
         self._grad_norm: torch.Tensor | float | None = None
+        # weakly: the Trainer holds this callback, and a cycle would keep its model alive until gc runs
+        self._trainer: Callable[[], Any] = weakref.ref(trainer) if trainer is not None else lambda: None
+        self._logging = False
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -85,6 +107,23 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
         self._grad_norm = None
         if self._pair.metrics is not None and isinstance(model, torch.nn.Module):
             self._watch_clipping(model)
+        if self._pair.forwards:
+            self._say_where_metrics_go(args)
+
+    def _say_where_metrics_go(self, args: TrainingArguments) -> None:
+        """One log line when the forwarded metrics cannot reach a ``report_to`` integration."""
+        if self._trainer() is None:
+            logger.warning(
+                "trainprobe: TrainProbeCallback was not given the Trainer (trainer=...), so the training metrics "
+                "go to the log only (logger trainprobe.metrics); pass trainer= to log them through the Trainer's "
+                "report_to integrations, or set tensorboard.tensorboard_dir for trainprobe's own event files"
+            )
+        elif not _integrations(args):
+            logger.warning(
+                "trainprobe: the Trainer reports to no integration (report_to), so the training metrics reach "
+                "only state.log_history, the callbacks' on_log and the log; set report_to, or "
+                "tensorboard.tensorboard_dir for trainprobe's own event files"
+            )
 
     def _watch_clipping(self, model: torch.nn.Module) -> None:
         """Wrap ``Accelerator.clip_grad_norm_`` until :meth:`on_train_end`: on a call with this
@@ -119,11 +158,40 @@ class TrainProbeCallback(MonitorPairCallback, TrainerCallback):
         if self._pair.end_step(grad_norm=grad_norm if isinstance(grad_norm, (torch.Tensor, float, int)) else None):
             control.should_training_stop = True
 
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """The Trainer logged: after its training log (the one with ``loss``) of a recorded step,
+        the metrics of that step are logged through it as well (not re-entered by that log)."""
+        trainer = self._trainer()
+        if self._logging or trainer is None or not self._pair.forwards or not logs or "loss" not in logs:
+            return
+        values = self._pair.forwarded(state.global_step)
+        if not values:
+            return
+        self._logging = True
+        try:
+            trainer.log(dict(values))
+        finally:
+            self._logging = False
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._patch.restore()
         self._pair.stop()
+
+
+def _integrations(args: TrainingArguments) -> list[str]:
+    """The integrations ``report_to`` names (``"none"`` and empty: none)."""
+    report_to = getattr(args, "report_to", None)
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    return [n for n in names if n and n != "none"]
 
 
 def _grads_final(accelerator: Any) -> bool:

@@ -11,6 +11,10 @@ of samples consumed so far over all ranks):
 tag                                       value (unit)
 ========================================  ==================================================
 ``learning-rate``                         learning rate of the first parameter group
+``lr-<Optimizer>[/<group>]``               learning rate of every parameter group, named as
+                                          Lightning's ``LearningRateMonitor`` names them
+                                          (:mod:`~trainprobe.frontdoors.metrics.lr_groups`;
+                                          TensorBoard only: no -vs-samples, not in the log)
 ``batch-size``                            samples in this step over all ranks (global batch)
 ``loss``                                  the loss of the step (the loop's, or the mean of
                                           the micro-batch losses the model returned)
@@ -56,6 +60,8 @@ Value = float | list[float]
 
 SECONDS_PER_DAY = 86400.0
 EXPERT_PREFIX = "expert/"
+LR_GROUP_PREFIX = "lr-group:"
+"""Raw values ``lr-group:<name>``: the learning rate of the parameter group named ``<name>``."""
 
 
 Metric = NamedScalar
@@ -107,6 +113,9 @@ class Composer:
         lr = raw.get("lr")
         if isinstance(lr, float):
             self._scalar(out, "learning-rate", lr)
+        for key, value in raw.items():
+            if key.startswith(LR_GROUP_PREFIX) and isinstance(value, float) and self._loss_formats:
+                out.append(Metric(key[len(LR_GROUP_PREFIX) :], value, self._loss_formats))
         batch = raw.get("batch_size")
         if isinstance(batch, float):
             self._scalar(out, "batch-size", batch)

@@ -8,6 +8,11 @@ e.g. ``monitor_config.local_norm_format[1]: 'tb' is not one of log, tensorboard`
 
 Without a ``tensorboard`` section every ``*_format`` that asks for ``tensorboard`` falls back
 to ``log`` (with one warning), as the specification says.
+
+Inside a trainer (the callbacks of :mod:`trainprobe.integrations`, ``trainer_loggers=True``) the
+trainer's own loggers stand in for TensorBoard when no ``tensorboard_dir`` is given: the
+section may then be absent or leave ``tensorboard_dir`` out (its other keys still apply), and
+``tensorboard`` in a ``*_format`` means "to the trainer's loggers".
 """
 
 from __future__ import annotations
@@ -108,9 +113,12 @@ class TensorBoardSection:
     ``overwrite`` (a trainprobe extension, default false): a run from step 0 removes the event
     files an earlier run left in its rank folder instead of being refused (see
     :mod:`trainprobe.frontdoors.metrics.earlier_runs`).
+
+    ``tensorboard_dir`` None (only inside a trainer): no event files of our own; what would go
+    to TensorBoard is forwarded to the trainer's loggers.
     """
 
-    tensorboard_dir: Path
+    tensorboard_dir: Path | None
     tensorboard_queue_size: int = 10
     log_loss_scale_to_tensorboard: bool = False
     log_timers_to_tensorboard: bool = False
@@ -137,9 +145,21 @@ class TrainingMetricsConfig:
         """Every how many steps metrics are recorded (``monitor_config.step_interval``)."""
         return self.monitor.step_interval
 
+    @property
+    def forwarded(self) -> bool:
+        """Whether the TensorBoard scalars go to the trainer's loggers instead of event files of
+        our own (a trainer callback's configuration without ``tensorboard_dir``)."""
+        return self.tensorboard is not None and self.tensorboard.tensorboard_dir is None
 
-def load_training_metrics_config(source: str | Path | Mapping[str, Any]) -> TrainingMetricsConfig:
+
+def load_training_metrics_config(
+    source: str | Path | Mapping[str, Any], *, trainer_loggers: bool = False
+) -> TrainingMetricsConfig:
     """Read and validate a training configuration (YAML/JSON path or dict).
+
+    ``trainer_loggers``: the configuration of a trainer callback, whose trainer has loggers of
+    its own: without ``tensorboard.tensorboard_dir`` (section absent, or the key left out) the
+    TensorBoard scalars are forwarded to them (:attr:`TrainingMetricsConfig.forwarded`).
 
     Raises:
         ConfigError: the file cannot be read or parsed, is empty or ``null``, breaks a rule of
@@ -154,7 +174,9 @@ def load_training_metrics_config(source: str | Path | Mapping[str, Any]) -> Trai
         data = _read_file(source)
     top = ConfigObject(data, "")
     tb_section = top.section("tensorboard")
-    tensorboard = _tensorboard(tb_section) if tb_section.present else None
+    tensorboard = _tensorboard(tb_section, trainer_loggers) if tb_section.present else None
+    if tensorboard is None and trainer_loggers:
+        tensorboard = TensorBoardSection(tensorboard_dir=None)
     monitor = _monitor(top.section("monitor_config"), tensorboard is not None)
     return TrainingMetricsConfig(monitor=monitor, tensorboard=tensorboard, text=config_text(data))
 
@@ -259,14 +281,14 @@ def _monitor(section: ConfigObject, has_tensorboard: bool) -> MonitorSection:
     )
 
 
-def _tensorboard(section: ConfigObject) -> TensorBoardSection:
+def _tensorboard(section: ConfigObject, trainer_loggers: bool) -> TensorBoardSection:
     section.check_keys(TENSORBOARD_KEYS)
-    if not section.has("tensorboard_dir"):
+    if not section.has("tensorboard_dir") and not trainer_loggers:
         raise section.fail("tensorboard_dir", "is required when the tensorboard section is present")
     queue_size = section.integer("tensorboard_queue_size", 10, minimum=1)
     assert queue_size is not None
     return TensorBoardSection(
-        tensorboard_dir=Path(section.string("tensorboard_dir", "")),
+        tensorboard_dir=Path(section.string("tensorboard_dir", "")) if section.has("tensorboard_dir") else None,
         tensorboard_queue_size=queue_size,
         log_loss_scale_to_tensorboard=section.boolean("log_loss_scale_to_tensorboard", False),
         log_timers_to_tensorboard=section.boolean("log_timers_to_tensorboard", False),

@@ -59,13 +59,15 @@ from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.background import Sink, Writer
 from trainprobe.engine.sinks.earlier_runs import overwrite_requested
 from trainprobe.engine.sinks.fanout import FanOut
-from trainprobe.frontdoors.metrics.compose import EXPERT_PREFIX, Composer
+from trainprobe.frontdoors.metrics.compose import EXPERT_PREFIX, LR_GROUP_PREFIX, Composer
 from trainprobe.frontdoors.metrics.config import TrainingMetricsConfig, config_text, load_training_metrics_config
 from trainprobe.frontdoors.metrics.earlier_runs import make_room_for_events
 from trainprobe.frontdoors.metrics.flops import FlopsEstimate, transformer_estimate
+from trainprobe.frontdoors.metrics.lr_groups import LrSource, lr_group_names
 from trainprobe.frontdoors.metrics.outputs import (
     MONITOR,
     ComposeSink,
+    ForwardSink,
     LogSink,
     RawValues,
     TrainingStateSink,
@@ -112,6 +114,9 @@ class TrainingMetricsMonitor:
         print_struct_exits: with ``print_struct``, raise ``SystemExit(0)`` after printing
             (default); False only sets :attr:`stop_requested` (for trainers with a stop flag).
         extra_text: more ``{tag: value}`` entries for TensorBoard's TEXT page.
+        lr_sources: the optimizers whose parameter groups' learning rates are written as
+            ``lr-<Optimizer>[/<group>]`` (:mod:`~trainprobe.frontdoors.metrics.lr_groups`), in
+            naming order; default: ``optimizer``.
 
     Raises:
         ConfigError: invalid configuration or arguments (the message names the field); an
@@ -134,6 +139,7 @@ class TrainingMetricsMonitor:
         hook_optimizer: bool = True,
         print_struct_exits: bool = True,
         extra_text: Mapping[str, Any] | None = None,
+        lr_sources: Sequence[LrSource] | None = None,
     ) -> None:
         self.config = config if isinstance(config, TrainingMetricsConfig) else load_training_metrics_config(config)
         if flops_per_sample is not None and flops_per_token is not None:
@@ -171,6 +177,11 @@ class TrainingMetricsMonitor:
         self._grad_index: list[int] = []
         self._grad_norms: torch.Tensor | list[float] | None = None
         self._lr: torch.Tensor | float | None = None
+        if lr_sources is None:
+            lr_sources = [LrSource(self._optimizer)] if self._optimizer is not None else []
+        self._lr_sources = [LrSource(innermost_optimizer(s.optimizer), s.scheduler_name) for s in lr_sources]
+        self._group_lrs: list[tuple[str, torch.Tensor | float]] | None = None
+        self._forward: ForwardSink | None = None
         self._closed = False
         self._handles: list[Any] = []
         # outputs first: a folder that cannot be created fails here, before any hook is attached
@@ -212,7 +223,10 @@ class TrainingMetricsMonitor:
         resume_at = self._step + 1 if self._step else None  # the first step this run writes
         try:
             tb = self.config.tensorboard
-            if tb is not None:
+            if tb is not None and tb.tensorboard_dir is None:
+                self._forward = ForwardSink()
+                outputs.append(self._forward)
+            elif tb is not None and tb.tensorboard_dir is not None:
                 folder = self._locked_folder(tb.tensorboard_dir / f"rank_{self.rank}", "tensorboard.tensorboard_dir")
                 make_room_for_events(folder, resumed=resume_at is not None, overwrite=self._overwrite)
                 try:
@@ -256,6 +270,17 @@ class TrainingMetricsMonitor:
         """Whether ``step`` (1-based) is recorded."""
         return self._schedule.collects(step)
 
+    def take_forwarded(self, step: int) -> dict[str, float] | None:
+        """In a trainer without ``tensorboard_dir``: the TensorBoard scalars of ``step`` for the
+        trainer's loggers (``trainprobe/<tag>``, per-group learning rates as ``lr-...``), waiting
+        for the step to be written first (call it at the trainer's logging cadence only: it
+        waits for the device like the trainer's own ``.item()`` there). None when ``step`` was not
+        recorded, was taken already, or nothing is forwarded."""
+        if self._forward is None or self._closed:
+            return None
+        self._writer.flush()
+        return self._forward.take(step)
+
     # -- gathering -----------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.capture_gradients()
@@ -270,6 +295,8 @@ class TrainingMetricsMonitor:
         self._captured_step = step
         self._gatherers.run("grads", "gradient norms", self._capture_grads)
         self._gatherers.run("lr", "the learning rate", self._capture_lr)
+        if self._lr_sources and self.config.tensorboard is not None:  # written to TensorBoard only
+            self._gatherers.run("lr-groups", "the learning rates of the parameter groups", self._capture_group_lrs)
 
     def _capture_grads(self) -> None:
         index, grads = [], []
@@ -285,6 +312,21 @@ class TrainingMetricsMonitor:
             return
         lr = self._optimizer.param_groups[0].get("lr")
         self._lr = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
+
+    def _capture_group_lrs(self) -> None:
+        self._group_lrs = self._read_group_lrs()
+
+    def _read_group_lrs(self) -> list[tuple[str, torch.Tensor | float]]:
+        """``(name, lr)`` of every parameter group of the ``lr_sources`` (tensors copied)."""
+        out: list[tuple[str, torch.Tensor | float]] = []
+        for source, names in zip(self._lr_sources, lr_group_names(self._lr_sources)):
+            for name, group in zip(names, source.optimizer.param_groups):
+                lr = group.get("lr")
+                if isinstance(lr, torch.Tensor):
+                    out.append((name, lr.detach().clone()))
+                elif isinstance(lr, (int, float)):
+                    out.append((name, float(lr)))
+        return out
 
     # -- the step ------------------------------------------------------------------------------
     def step(
@@ -339,7 +381,7 @@ class TrainingMetricsMonitor:
             self._print_struct()
             return
         if not self.collects(step):
-            self._grad_norms, self._lr = None, None
+            self._grad_norms, self._lr, self._group_lrs = None, None, None
             return
 
         def submit() -> None:
@@ -395,6 +437,7 @@ class TrainingMetricsMonitor:
             lr_value = self._optimizer.param_groups[0].get("lr")
         if lr_value is not None:
             p.put("lr", _scalar(lr_value))
+        self._put_group_lrs(p, step)
         if self._captured_step == step and self._grad_norms is not None:
             p.put("grad_norms", self._grad_norms)
             p.put("grad_index", [float(i) for i in self._grad_index])
@@ -407,6 +450,17 @@ class TrainingMetricsMonitor:
         if expert_load and tb is not None and tb.log_expert_load_to_tensorboard:
             self._gatherers.run("experts", "expert load", lambda: self._put_experts(p, expert_load))
         return p
+
+    def _put_group_lrs(self, p: RawValues, step: int) -> None:
+        """Every parameter group's learning rate: as captured with the gradients, else read now."""
+        groups, self._group_lrs = self._group_lrs, None
+        if self._captured_step != step or groups is None:
+            if not self._lr_sources or self.config.tensorboard is None or not self._gatherers.is_on("lr-groups"):
+                return
+            self._gatherers.run("lr-groups", "the learning rates of the parameter groups", self._capture_group_lrs)
+            groups, self._group_lrs = self._group_lrs, None
+        for name, lr in groups or ():
+            p.put(LR_GROUP_PREFIX + name, _scalar(lr))
 
     def _put_losses(self, p: RawValues, losses: list[Any]) -> None:
         if not losses:

@@ -13,6 +13,8 @@ composed by :class:`~trainprobe.frontdoors.metrics.compose.Composer`) and hands 
   as TEXT at step 0).
 * :class:`LogSink`: the ``trainprobe.frontdoors.metrics`` logger at INFO: one summary line per step for
   the loss family, one line per other metric whose format includes ``log``.
+* :class:`ForwardSink` (in a trainer, without ``tensorboard_dir``): what would go to TensorBoard,
+  held for the trainer callback, which hands it to the trainer's own loggers at their cadence.
 * :class:`TrainingStateSink`: ``<dump_path>/rank_<id>/training_state.jsonl``, one JSON object per
   recorded step with the local/device norms and losses (one ``write`` per line, so a killed run
   leaves every completed line readable; a write that fails part-way, as on a full disk, is cut
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -42,10 +45,13 @@ from trainprobe.engine.sinks.fanout import FanOut
 from trainprobe.engine.sinks.files import append_whole, write_atomically
 from trainprobe.engine.sinks.tensorboard import TensorBoardSink
 from trainprobe.frontdoors.metrics.compose import Composer, Value
-from trainprobe.frontdoors.metrics.config import LOG
+from trainprobe.frontdoors.metrics.config import LOG, TENSORBOARD
 
 metrics_logger = logging.getLogger("trainprobe.metrics")
 
+FORWARD_PREFIX = "trainprobe/"
+"""Prefix of the names forwarded to a trainer's loggers (keeps ``trainprobe/loss`` apart from
+the trainer's own ``loss``); the per-group learning rates (``lr-...``) keep Lightning's names."""
 MONITOR = "metrics"
 """The monitor name of the training metrics' records."""
 DUMP_FILE = "training_state.jsonl"
@@ -133,6 +139,39 @@ class LogSink:
         for m in metrics:
             if not m.summary and LOG in m.formats:
                 self.logger.info("step:[%5d] %s: %.6g", step, m.tag, m.value)
+
+    def close(self, reached: int | None = None) -> None:
+        """Nothing to close."""
+
+
+def forwarded_name(tag: str) -> str:
+    """The name a metric is forwarded under: ``trainprobe/<tag>``, except the per-group learning
+    rates, which keep the names of Lightning's ``LearningRateMonitor`` (``lr-AdamW/pg1``)."""
+    return tag if tag.startswith("lr-") else FORWARD_PREFIX + tag
+
+
+class ForwardSink:
+    """The latest recorded step's TensorBoard scalars, by :func:`forwarded_name`, for a trainer
+    callback to hand to the trainer's loggers (:meth:`take`). ``-vs-samples`` twins and TEXT
+    entries are not kept: a trainer's loggers have one step axis and log hyperparameters
+    themselves. Written on the writer thread, taken on the training thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: tuple[int, dict[str, float]] | None = None
+
+    def write(self, batch: ScalarBatch) -> None:
+        values = {forwarded_name(m.tag): m.value for m in batch.scalars if TENSORBOARD in m.formats}
+        if values:
+            with self._lock:
+                self._latest = (batch.step, values)
+
+    def take(self, step: int) -> dict[str, float] | None:
+        """The scalars of ``step`` (once), or None when ``step`` is not the latest step written
+        (not recorded: ``step_interval``). Older steps are dropped."""
+        with self._lock:
+            latest, self._latest = self._latest, None
+        return latest[1] if latest is not None and latest[0] == step else None
 
     def close(self, reached: int | None = None) -> None:
         """Nothing to close."""
