@@ -4,13 +4,19 @@ need, a monitor that records nothing holds a null session, and folders are made 
 
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 import torch
 from torch import nn
 
+from models import MLP
 from test_v1_support import make_v1
 from trainprobe.backends.torch.backend import TORCH, read_main_grad
 from trainprobe.engine.errors import ConfigError
+from trainprobe.frontdoors.monitor_v1.alerts import AlertDetector, PipelineContext
+from trainprobe.frontdoors.monitor_v1.config import AlertRule
 
 
 def test_an_unknown_framework_is_a_config_error(tmp_path, monkeypatch):
@@ -31,3 +37,73 @@ def test_torch_backend_reads_groups_and_main_grad_as_v1_did():
     assert read_main_grad(p) is p.grad
     p.main_grad = torch.full((2,), 3.0)  # type: ignore[attr-defined]
     assert read_main_grad(p) is p.main_grad  # type: ignore[attr-defined]
+
+
+def test_latest_step_keeps_its_own_ops_after_an_ops_change(tmp_path, monkeypatch):
+    """``monitor.ops = [...]`` starts a session whose memory is built with the new ops; the
+    latest collected step, still what ``generate_xy_metrics`` returns until the next one, is read
+    with the ops it was collected with (the memory's ops were re-aimed before: the new op names
+    labelled the old values)."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = make_v1(
+        tmp_path, monkeypatch, {"xy_distribution": True, "all_xy": True, "format": "api", "ops": ["min", "max", "norm"]}
+    )
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    out = {}
+    model.fc1.register_forward_hook(lambda m, a, o: out.update(h=o.detach().double().clone()))
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    mon.ops = ["norm"]  # between steps: the next session starts now
+    actv, _ = mon.generate_xy_metrics()
+    row = actv["0:fc1.output:0"]
+    assert set(row) == {"min", "max", "norm"}
+    assert row["norm"] == pytest.approx(out["h"].norm().item(), rel=1e-6)
+    assert row["min"] == pytest.approx(out["h"].min().item(), rel=1e-6)
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    opt.step()
+    actv, _ = mon.generate_xy_metrics()
+    assert set(actv["0:fc1.output:0"]) == {"norm"}  # the new session's step, with its ops
+    mon.stop()
+
+
+def test_alerts_go_on_across_a_reconfiguration(tmp_path, monkeypatch, capsys):
+    """A session started by an ops change builds its detector with the new ops and takes over the
+    previous one's running state: one ``anomaly.json`` with both steps' anomalies, call ids
+    counting on."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # a weight that never changes: only the injected values fire
+    cfg = {
+        "wg_distribution": True,
+        "ops": ["norm", "max"],
+        "alert": {"rules": [{"rule_name": "AnomalyNan", "args": {"threshold": 1000.0}}], "dump": True},
+    }
+    mon = make_v1(tmp_path, monkeypatch, cfg)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    x = torch.randn(8, 6)
+    for step in range(3):
+        model(x).pow(2).mean().backward()
+        if step in (0, 2):
+            model.fc1.weight.grad[0, 0] = 1e6
+        opt.step()
+        opt.zero_grad()
+        if step == 0:
+            mon.ops = ["norm"]
+    mon.stop()
+    dump = json.loads((tmp_path / "out" / "anomaly_detected" / "rank0" / "anomaly.json").read_text())
+    entries = [e for e in dump.values() if e["tag_name"] == "0:fc1.weight/rank0/post_grad"]
+    assert [e["step"] for e in entries] == [0, 2]
+    assert entries[0]["message"].endswith("('0:fc1.weight/rank0/post_grad', 'max') at step 0.")
+    assert entries[1]["message"].endswith("('0:fc1.weight/rank0/post_grad', 'norm') at step 2.")
+    assert entries[1]["call_id"] > entries[0]["call_id"]
+
+
+def test_a_detector_goes_on_only_from_one_with_the_same_settings(tmp_path):
+    ctx = PipelineContext(rank=0, pp_stage=0, group_mates=(0,))
+    nan = (AlertRule(rule_name="AnomalyNan", threshold=None),)
+    first = AlertDetector(nan, {"actv": ("norm",)}, lambda m, k: "actv", ctx, tmp_path, io.StringIO())
+    with pytest.raises(ValueError, match="other rules or another dump folder"):
+        AlertDetector(nan, {"actv": ("norm",)}, lambda m, k: "actv", ctx, None, io.StringIO(), earlier=first)

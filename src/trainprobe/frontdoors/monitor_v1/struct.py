@@ -89,12 +89,20 @@ class StructProbe(Probe):
     name = "print_struct"
 
     def __init__(
-        self, clock: StepClock, view: ModelView, root: Path, rank: int, names: Callable[[str], str] | None = None
+        self,
+        clock: StepClock,
+        view: ModelView,
+        root: Path,
+        rank: int,
+        names: Callable[[str], str] | None = None,
+        *,
+        first_step: int | None = None,
     ) -> None:
+        """``first_step``: the step whose calls are recorded (default: the clock's step now)."""
         super().__init__(clock, ProbeSpec(("norm",), 1e-8), backend=TORCH)
         self.view = view
         self.names = names or (lambda name: name)
-        self.first_step = clock.step
+        self.first_step = clock.step if first_step is None else first_step
         self.path = root / "module_struct" / f"rank{rank}" / "module_struct.json"
         self.struct: dict[str, dict[str, Any]] = {}
         self._written = False

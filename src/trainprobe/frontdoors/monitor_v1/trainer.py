@@ -212,8 +212,8 @@ class TrainerMon:
             output.output_root(),
             attachment.rank,
             module_names(self.config, attachment),
+            first_step=wanted,
         )
-        probe.first_step = wanted
         probe.attach()
         self._struct = probe
 
