@@ -107,3 +107,27 @@ def test_a_detector_goes_on_only_from_one_with_the_same_settings(tmp_path):
     first = AlertDetector(nan, {"actv": ("norm",)}, lambda m, k: "actv", ctx, tmp_path, io.StringIO())
     with pytest.raises(ValueError, match="other rules or another dump folder"):
         AlertDetector(nan, {"actv": ("norm",)}, lambda m, k: "actv", ctx, None, io.StringIO(), earlier=first)
+
+
+def test_a_monitor_that_collects_nothing_runs_the_one_null_session(tmp_path, monkeypatch):
+    """Before its window, after it, and with dynamic mode off, a V1 monitor's session is the run's
+    one null session (chosen when ``set_monitor`` attaches): its steps move the clock, its
+    metrics are empty, and stopping it is a no-op."""
+    from trainprobe.engine.session import NullSession
+
+    monkeypatch.setenv("DYNAMIC_MONITOR", "True")
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "dynamic_on": False})
+    assert isinstance(mon._control.session, NullSession)  # nothing attached yet
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt, start_iteration=5)
+    idle = mon._control.session
+    assert isinstance(idle, NullSession) and idle.clock is mon._attachment.clock
+    for _ in range(2):
+        model(torch.randn(4, 6)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert mon._control.session is idle and mon.current_step == 7
+    assert mon.generate_wgrad_metrics() == ({}, {}) and mon.generate_xy_metrics() == ({}, {})
+    mon.stop()
+    assert mon._control.session is idle and not (tmp_path / "out").exists()

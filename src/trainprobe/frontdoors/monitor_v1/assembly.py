@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, anomaly_rank_folder, v1_file_name
 from trainprobe.engine.schedule import Schedule
-from trainprobe.engine.session import Session
+from trainprobe.engine.session import NullSession, Session
 from trainprobe.engine.sinks.background import Sink
 from trainprobe.engine.sinks.csv_sink import CsvSink
 from trainprobe.engine.sinks.memory import MemorySink
@@ -37,21 +37,24 @@ class SessionFactory:
 
     def __init__(self, attachment: Attachment) -> None:
         self.attachment = attachment
+        self.idle = NullSession(attachment.clock)
+        """The run's one null session: what runs while nothing is collected."""
         self.memory = MemorySink({}, output.table_of, output.api_key)
         """The ``api`` memory of the latest session (each session's is built with its ops and
         starts from the previous one's)."""
         self._alerts: AlertDetector | None = None
 
-    def start(self, cfg: MonitorV1Config, start_step: int | None) -> Session | None:
+    def start(self, cfg: MonitorV1Config, start_step: int | None) -> Session | NullSession:
         """A running session for ``cfg`` (collecting from ``start_step``, else the config's
-        ``start_step``), or None when it collects nothing (``collect_times`` 0, no field on)."""
+        ``start_step``), or :attr:`idle` when it collects nothing (``collect_times`` 0, no field
+        on)."""
         schedule = cfg.schedule(start_step)
         if schedule is None:
-            return None
+            return self.idle
         shapes = ShapeBook(self.attachment.grad_of)
         probes = build_probes(cfg, self.attachment, shapes)
         if not probes:
-            return None
+            return self.idle
         sinks = self._sinks(cfg, schedule, shapes)
         # trails: TrainerMon ends each step from the optimizer's post-step hook, so a collective
         # issued after optimizer.step() belongs to the step that trained, as in Monitor V2

@@ -167,7 +167,7 @@ class TrainerMon:
         self._attachment, self._factory = attachment, SessionFactory(attachment)
         try:
             self._hook_steps(attachment)
-            self._control.begin(self._factory, attachment.clock)
+            self._control.begin(self._factory)
             self._sync_struct()
         except BaseException:
             self.stop()  # a failed set_monitor leaves the model and optimizer as they were
