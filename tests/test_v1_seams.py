@@ -131,3 +131,86 @@ def test_a_monitor_that_collects_nothing_runs_the_one_null_session(tmp_path, mon
     assert mon.generate_wgrad_metrics() == ({}, {}) and mon.generate_xy_metrics() == ({}, {})
     mon.stop()
     assert mon._control.session is idle and not (tmp_path / "out").exists()
+
+
+def _blocker(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    return blocker
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda root: _blocker(root) / "out" / "rank0",  # under a file
+        lambda root: _blocker(root),  # a file itself
+        lambda root: root / ("x" * 300) / "rank0",  # a name too long
+        lambda root: root / "nul\0here",
+    ],
+)
+def test_check_output_folder_raises_what_make_output_folder_would_and_creates_nothing(tmp_path, bad):
+    from trainprobe.engine.folders import check_output_folder, make_output_folder
+
+    path = bad(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError) as checked:
+        check_output_folder(path, "FIELD")
+    assert sorted(tmp_path.rglob("*")) == before
+    with pytest.raises(ConfigError) as made:
+        make_output_folder(path, "FIELD")
+    assert str(checked.value) == str(made.value) and str(made.value).startswith("FIELD: ")
+
+
+def test_check_output_folder_accepts_a_new_or_existing_folder_and_creates_nothing(tmp_path):
+    from trainprobe.engine.folders import check_output_folder
+
+    assert check_output_folder(tmp_path / "a" / "b", "FIELD") == tmp_path / "a" / "b"
+    assert check_output_folder(tmp_path, "FIELD") == tmp_path
+    assert not (tmp_path / "a").exists()
+
+
+def test_an_unusable_anomaly_folder_fails_set_monitor(tmp_path, monkeypatch):
+    """``alert.dump``'s ``anomaly_detected/rank<r>`` is created with the first anomaly, through
+    ``make_output_folder``; a path that cannot be created is a ConfigError at ``set_monitor``
+    (it was an error logged at the first anomaly), also with ``format: api``, which creates
+    nothing at start."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rules = {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}
+    mon = make_v1(tmp_path, monkeypatch, {"wg_distribution": True, "format": "api", "alert": rules})
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(_blocker(tmp_path) / "out"))
+    with pytest.raises(ConfigError, match=r"^MONITOR_OUTPUT_DIR: cannot create the output folder .*a_file/out/anomaly"):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+
+
+def test_an_unusable_module_struct_folder_fails_set_monitor(tmp_path, monkeypatch):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = make_v1(tmp_path, monkeypatch, {"print_struct": True})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "module_struct").write_text("a file")
+    with pytest.raises(
+        ConfigError, match=r"^MONITOR_OUTPUT_DIR: cannot create the output folder .*module_struct/rank0"
+    ):
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+
+
+def test_random_save_to_an_unusable_folder_is_a_config_error_at_the_call(tmp_path):
+    from trainprobe.dump import seed
+
+    try:
+        with pytest.raises(ConfigError, match=r"^random_save\(output_path=...\): cannot create the output folder"):
+            seed.random_save(_blocker(tmp_path) / "out")
+        assert seed._random_log is None  # nothing was wrapped
+    finally:
+        if seed._random_log is not None:
+            seed.restore_patches()
+
+
+def test_compare_to_an_unusable_folder_fails_before_reading_the_dumps(tmp_path):
+    from trainprobe.dump.compare import compare_dumps
+
+    with pytest.raises(ConfigError, match=r"^output_path: cannot create the output folder .*a_file/out"):
+        compare_dumps(tmp_path / "no_target", tmp_path / "no_golden", _blocker(tmp_path) / "out")

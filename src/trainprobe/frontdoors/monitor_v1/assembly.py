@@ -12,6 +12,7 @@ returns.
 
 from __future__ import annotations
 
+from trainprobe.engine.folders import check_output_folder
 from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, anomaly_rank_folder, v1_file_name
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.session import NullSession, Session
@@ -113,6 +114,8 @@ class SessionFactory:
             if cfg.alert.dump
             else None
         )
+        if dump is not None:  # created with the first anomaly; an unusable path fails now
+            check_output_folder(dump, output.OUTPUT_ENV)
         earlier = self._alerts
         same = earlier is not None and earlier.rules == cfg.alert.rules and earlier.dump_dir == dump
         self._alerts = AlertDetector(
