@@ -261,3 +261,26 @@ def test_set_monitor_bad_arguments(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^set_monitor\(dp_group=...\): needs mindspore.communication"):
         mon.set_monitor(net, grad_acc_steps=1, optimizer=opt, dp_group=object())
     assert cell_hooks_left(net, opt) == 0
+
+
+def test_one_front_door_picks_mindspore_through_the_backend(tmp_path, monkeypatch):
+    """``trainprobe.mindspore.TrainerMon`` is the one ``TrainerMon`` with ``framework="mindspore"``
+    (resolved by ``backend_for``): the same class, the same files as the PyTorch front door asked
+    for MindSpore by name."""
+    from trainprobe.backends.mindspore.backend import MINDSPORE
+    from trainprobe.frontdoors.monitor_v1.trainer import TrainerMon as OneFrontDoor
+
+    assert isinstance(make_mon(tmp_path / "a", monkeypatch, {"wg_distribution": True}), OneFrontDoor)
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "b" / "out"))
+    path = tmp_path / "a" / "monitor_config.json"
+    mon = OneFrontDoor(str(path), framework="mindspore")
+    net = MsMLP()
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    mon.set_monitor(net, grad_acc_steps=1, optimizer=opt)
+    train(net, opt, 2)
+    mon.stop()
+    assert [full_name(r) for r in table(run_dir(tmp_path / "b"), "grad_reduced")] == PARAMS * 2
+    assert cell_hooks_left(net, opt) == 0
+    assert MINDSPORE.group_ranks(object()) is None and MINDSPORE.grad_reader(True) is None
+    with pytest.raises(ConfigError, match=r"^set_monitor\(tp_group=...\): needs mindspore.communication"):
+        MINDSPORE.group_rank(object(), "set_monitor(tp_group=...)")

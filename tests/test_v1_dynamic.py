@@ -141,7 +141,7 @@ def test_edit_while_switching_off_is_not_overwritten(tmp_path, monkeypatch):
 
     def poll_then_user_saves():
         fresh = poll()
-        if run.mon._control.session is None and not getattr(watcher, "saved", False):
+        if not run.mon._control.collecting and not getattr(watcher, "saved", False):
             watcher.saved = True
             edit(run.path, collect_times=2, ops=["max"])
         return fresh

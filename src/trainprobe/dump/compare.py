@@ -38,6 +38,7 @@ from trainprobe.dump.compare_metrics import (
     tensor_values,
 )
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folders import check_output_folder, make_output_folder
 from trainprobe.engine.sinks.files import write_atomically
 
 HEAD = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape",
@@ -245,10 +246,18 @@ def as_text_cell(value: Any) -> Any:
     return "'" + value
 
 
+OUTPUT_PATH = "output_path"
+"""How messages name the folder of the result tables (``compare -o/--output_path``)."""
+
+
 def write_table(path: Path, columns: list[str], rows: list[list[Any]], xlsx: bool) -> None:
     """Write ``rows`` under ``columns`` to ``path`` (CSV, or xlsx with openpyxl); every cell
-    goes through :func:`as_text_cell`, so no cell of either is a formula."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    goes through :func:`as_text_cell`, so no cell of either is a formula.
+
+    Raises:
+        ConfigError: the folder of ``path`` cannot be created (naming ``output_path``).
+    """
+    make_output_folder(path.parent, OUTPUT_PATH)
     keep, starts = _KEPT_TYPES, _FORMULA_STARTS  # the common cells without a call (tables of millions)
     cells = [
         [v if type(v) in keep or (type(v) is str and v[:1] not in starts) else as_text_cell(v) for v in row]
@@ -277,9 +286,11 @@ def compare_dumps(target: str | os.PathLike[str], golden: str | os.PathLike[str]
     """Compare every rank directory of ``target`` with ``golden``'s, writing one table each.
 
     Raises:
-        ConfigError: missing, unreadable or mismatched dumps.
+        ConfigError: missing, unreadable or mismatched dumps; an ``output`` folder that cannot
+            be created (named ``output_path``, as the command line's ``-o``; created with the
+            first table).
     """
-    out_dir = Path(output)
+    out_dir = check_output_folder(os.fspath(output), OUTPUT_PATH)
     stamp = time.strftime("%Y%m%d%H%M%S", time.localtime())
     results: list[PairResult] = []
     for label, tdir, gdir in pair_dirs(Path(target), Path(golden)):

@@ -24,6 +24,7 @@ from torch import nn
 
 from trainprobe.dump.collector import call_stack
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folders import check_output_folder, make_output_folder
 from trainprobe.engine.patching import AttrPatch
 
 _DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d")
@@ -127,8 +128,12 @@ def _install_seed_wrappers() -> None:
 
 
 # -- random_save ----------------------------------------------------------------------------
+_RANDOM_SAVE_PATH = "random_save(output_path=...)"
+
+
 class _RandomLog:
-    """Appends one CSV row per distinct (API, call stack)."""
+    """Appends one CSV row per distinct (API, call stack) to a file in ``output_path`` (created,
+    with the file, at the first row)."""
 
     def __init__(self, output_path: Path) -> None:
         self.output_path = output_path
@@ -136,6 +141,11 @@ class _RandomLog:
         self.seen: set[tuple[str, tuple[str, ...]]] = set()
         self.lock = threading.Lock()
         self.busy = threading.local()
+
+    def write_to(self, output_path: Path) -> None:
+        """From now on, write to a new file in ``output_path`` (``random_save`` called again)."""
+        with self.lock:
+            self.output_path, self.file = output_path, None
 
     def record(self, api: str, frame: Any) -> None:
         if getattr(self.busy, "on", False):
@@ -168,7 +178,7 @@ class _RandomLog:
 
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
             who = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
-            self.output_path.mkdir(parents=True, exist_ok=True)
+            make_output_folder(self.output_path, _RANDOM_SAVE_PATH)
             self.file = self.output_path / f"random_{who}_{time.strftime('%Y%m%d%H%M%S')}.csv"
         return self.file
 
@@ -180,15 +190,20 @@ def random_save(output_path: str | os.PathLike[str] = "./output") -> None:
     """Record, for the rest of the process, every call of a randomness API (torch, torch.Tensor,
     torch.nn.functional, NumPy and Python ``random``) with its call stack, one row per distinct
     call site, in ``output_path/random_rank{id}_{timestamp}.csv`` (``random_proc{pid}_...``
-    without a rank), columns ``api_name`` and ``stack``."""
+    without a rank), columns ``api_name`` and ``stack``.
+
+    Raises:
+        ConfigError: ``output_path`` is not a path, or names a folder that cannot be created
+            (the folder itself is created with the first row).
+    """
     global _random_log
     if not isinstance(output_path, (str, os.PathLike)):
-        raise ConfigError(f"random_save(output_path=...): expected a path, got {type(output_path).__name__}")
+        raise ConfigError(f"{_RANDOM_SAVE_PATH}: expected a path, got {type(output_path).__name__}")
+    folder = check_output_folder(os.fspath(output_path), _RANDOM_SAVE_PATH)
     if _random_log is not None:
-        _random_log.output_path = Path(output_path)
-        _random_log.file = None
+        _random_log.write_to(folder)
         return
-    log = _RandomLog(Path(output_path))
+    log = _RandomLog(folder)
     _random_log = log
     for owner, label, names in (
         (torch, "torch", _TORCH_RANDOM),

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 
 from trainprobe.dump.entries import resolve_pending
+from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.file_names import path_under
+from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.log import error_once
 from trainprobe.engine.sinks.background import Writer
 from trainprobe.engine.sinks.files import append_whole
@@ -39,6 +41,10 @@ PENDING_BYTES = {False: 64 << 20, True: 1 << 30}
 """How many bytes of snapshots may wait for the disk (``async_dump`` false / true) before the
 training thread waits for the writer."""
 
+
+DUMP_PATH = "dump_path"
+"""The config field naming the dump's root, for the ConfigError of a folder under it that cannot
+be created (:func:`~trainprobe.engine.folders.make_output_folder`)."""
 
 IDLE_EXIT_S = 5.0
 """The writer thread ends after this many seconds without work."""
@@ -314,14 +320,14 @@ class TensorFileWriter:
             raise FileNotFoundError(errno.ENOENT, "its source could not be written", str(job.source))
         folder = job.path.parent
         if folder not in self._dirs:
-            folder.mkdir(parents=True, exist_ok=True)
+            make_output_folder(folder, DUMP_PATH)
             self._dirs.add(folder)
         try:
             self._write_file(job)
         except Exception:
             if folder.is_dir():
                 raise
-            folder.mkdir(parents=True, exist_ok=True)  # removed by someone since: once more
+            make_output_folder(folder, DUMP_PATH)  # removed by someone since: once more
             self._write_file(job)
 
     @staticmethod
@@ -376,7 +382,7 @@ def report_write_error(exc: BaseException, path: Path) -> str:
                    traceback=False)  # fmt: skip
         return message
     message = f"writing {path.name} failed: {type(exc).__name__}: {exc}"
-    error_once("dump-write-failed", f"trainprobe dump: {message}", traceback=not isinstance(exc, OSError))
+    error_once("dump-write-failed", f"trainprobe dump: {message}", traceback=not isinstance(exc, (OSError, ConfigError)))
     return message
 
 
@@ -488,7 +494,7 @@ class StepStore:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         line = f"{stamp} {_one_line(message)}\n".encode("utf-8", "backslashreplace")
         try:
-            self.rank_dir.mkdir(parents=True, exist_ok=True)
+            make_output_folder(self.rank_dir, DUMP_PATH)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
                 append_whole(fd, line)

@@ -16,7 +16,9 @@ framework's tensors, modules, autograd or optimizers goes through one :class:`Ba
   parameters, state, Adam-family moments and step hooks, which the session hooks;
   ``watch_skipped_steps``: a loss scaler's skipped steps),
   ``weight_grad_probe`` (gradients are where the frameworks differ most);
-* process: ``rank``, ``distributed``;
+* process: ``rank``, ``distributed``, ``group_rank`` and ``group_ranks`` (a process group's view
+  of this rank and its members, for Monitor V1's ``dp_group``/``tp_group``/``process_group``);
+* gradients: ``grad_reader`` (where a parameter's gradient is read, Megatron's ``main_grad``);
 * collectives: ``collective_api`` (a :class:`~trainprobe.engine.probes.collectives.CollectiveApi`: the
   namespaces and primitive classes the ``cc`` probe wraps, how asynchronous calls complete).
 
@@ -129,6 +131,26 @@ class Backend(Protocol):
 
     def distributed(self) -> bool:
         """Whether the framework's distributed communication is initialised."""
+        ...
+
+    def group_rank(self, group: Any, where: str) -> int:
+        """This process's rank within ``group`` (a process group of the framework).
+
+        Raises:
+            ConfigError: naming ``where`` (the argument that passed ``group``), when the
+                framework's distributed communication is not initialised.
+        """
+        ...
+
+    def group_ranks(self, group: Any) -> tuple[int, ...] | None:
+        """The global ranks of ``group``'s members, in group order; None where the framework
+        cannot tell (distributed communication not initialised, or groups not read)."""
+        ...
+
+    def grad_reader(self, main_grad: bool) -> Callable[[Any], Any] | None:
+        """How a parameter's gradient is read (None: where the framework keeps it, ``.grad``).
+        ``main_grad``: the user says parameters carry Megatron's ``main_grad``, to be read where
+        it is a tensor."""
         ...
 
     def model_view(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> ModelView:

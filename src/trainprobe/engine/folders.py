@@ -2,11 +2,15 @@
 
 Every front door creates its output folder through :func:`make_output_folder`, so a folder under
 a file, an unwritable parent, a name too long or a NUL byte is reported the same way, at
-construction or ``start()``, before any hook is attached.
+construction or ``start()``, before any hook is attached. A folder created only when its first
+file is written (Monitor V1's ``anomaly_detected/rank<r>`` and ``module_struct/rank<r>``,
+``random_save``'s folder) is checked at start with :func:`check_output_folder`, which creates
+nothing and raises the error :func:`make_output_folder` would.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -23,10 +27,7 @@ def make_output_folder(path: str | Path, field: str) -> Path:
     Raises:
         ConfigError: the folder cannot be created or is not writable; the message names ``field``.
     """
-    text = str(path)
-    if "\0" in text:
-        raise ConfigError(f"{field}: {text!r} contains a NUL byte; pass a folder path")
-    folder = Path(path)
+    text, folder = _checked(path, field)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -34,3 +35,51 @@ def make_output_folder(path: str | Path, field: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"{field}: the output folder {text!r} is not writable; choose another folder")
     return folder
+
+
+def check_output_folder(path: str | Path, field: str) -> Path:
+    """``path`` as a :class:`Path` when :func:`make_output_folder` could create it now (or it
+    exists and is writable); nothing is created.
+
+    Raises:
+        ConfigError: as :func:`make_output_folder` would for ``path``: a NUL byte, a part of the
+            path that is a file, a folder name too long, a nearest existing folder that is not
+            writable; the message names ``field``.
+    """
+    text, folder = _checked(path, field)
+    missing: list[str] = []
+    existing = folder
+    while not os.path.lexists(existing) and existing.parent != existing:
+        missing.append(existing.name)
+        existing = existing.parent
+    if not missing and existing.is_dir():
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{field}: the output folder {text!r} is not writable; choose another folder")
+        return folder
+    problem = None
+    if not existing.is_dir():
+        dangling = os.path.islink(existing) and not existing.exists()  # mkdir finds the link: "exists"
+        problem = errno.EEXIST if not missing or dangling else errno.ENOTDIR
+    elif any(len(os.fsencode(name)) > _name_max(existing) for name in missing):
+        problem = errno.ENAMETOOLONG
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = errno.EACCES
+    if problem is not None:
+        raise ConfigError(f"{field}: cannot create the output folder {text!r}: {os.strerror(problem)}")
+    return folder
+
+
+def _checked(path: str | Path, field: str) -> tuple[str, Path]:
+    """``(str(path), Path(path))``; a NUL byte is a ConfigError naming ``field``."""
+    text = str(path)
+    if "\0" in text:
+        raise ConfigError(f"{field}: {text!r} contains a NUL byte; pass a folder path")
+    return text, Path(path)
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of ``folder`` takes (255 where it cannot say)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255

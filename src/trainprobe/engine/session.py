@@ -257,6 +257,10 @@ class Session:
         for handle in handles:
             handle.remove()
 
+    def flush(self) -> None:
+        """Wait until every batch handed to the writer is written (the sinks are current)."""
+        self.writer.flush()
+
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizer_pre_step()
 
@@ -300,12 +304,14 @@ class Session:
 
 
 class NullSession:
-    """The session of a monitor that records nothing (a rank outside the config's ``rank``
-    list, or a stopped monitor): chosen once, so a front door never asks whether it has a
-    session. Its steps only move ``clock`` on; nothing is hooked or written."""
+    """The session of a monitor that records nothing (Monitor V2: a rank outside the config's
+    ``rank`` list, or a stopped monitor; Monitor V1: a configuration that collects nothing,
+    outside a collection, dynamic mode switched off): chosen once, so a front door never asks
+    whether it has a session. Its steps only move ``clock`` on; nothing is hooked or written."""
 
     patch_step = False
     closed = True
+    probes: tuple[Probe, ...] = ()
 
     def __init__(self, clock: StepClock) -> None:
         self.clock = clock
@@ -322,6 +328,12 @@ class NullSession:
 
     def optimizer_pre_step(self) -> None:
         """Nothing recorded."""
+
+    def optimizer_post_step(self) -> None:
+        """Nothing recorded."""
+
+    def flush(self) -> None:
+        """Nothing to write."""
 
 
 def _close_at_exit(ref: weakref.ref[Session]) -> None:

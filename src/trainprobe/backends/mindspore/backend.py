@@ -10,6 +10,9 @@
 * the optimizer: :class:`~trainprobe.backends.mindspore.optimizer.MindSporeOptimizer` (its cell's
   forward hooks are the step hooks);
 * ``weight_grad``: :class:`~trainprobe.backends.mindspore.weight_grad.MindSporeWeightGradProbe`;
+* process groups: ``group_rank`` through ``mindspore.communication.get_rank(group)``;
+  ``group_ranks`` is not read (None: a pipeline ``process_group`` gives stage 0); no
+  ``main_grad`` (``grad_reader`` is None);
 * collectives: :class:`~trainprobe.backends.mindspore.collectives.MindSporeCollectives`
   (``mint.distributed`` functions and the communication primitives).
 """
@@ -91,6 +94,19 @@ class MindSporeBackend:
         from mindspore.communication.management import GlobalComm
 
         return bool(GlobalComm.INITED)
+
+    def group_rank(self, group: Any, where: str) -> int:
+        if not self.distributed():
+            raise ConfigError(f"{where}: needs mindspore.communication to be initialised (init())")
+        from mindspore.communication import get_rank
+
+        return int(get_rank(group))
+
+    def group_ranks(self, group: Any) -> None:
+        return None  # groups are not read: Monitor V1's process_group gives pipeline stage 0
+
+    def grad_reader(self, main_grad: bool) -> None:
+        return None  # MindSpore parameters carry no main_grad: gradients come from the optimizer call
 
     def model_view(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> ModelView:
         runtime.check_runs_operators("start()")

@@ -17,7 +17,7 @@ import torch
 from trainprobe.backends.torch.amp_skips import watch_skipped_steps
 from trainprobe.backends.torch.collectives import TORCH_COLLECTIVES, TorchCollectives
 from trainprobe.backends.torch.device_copy import DeviceCopy
-from trainprobe.backends.torch.dist_info import current_rank, distributed_ready
+from trainprobe.backends.torch.dist_info import current_rank, distributed_ready, group_rank, group_ranks
 from trainprobe.backends.torch.fused_stats import mode_from_env
 from trainprobe.backends.torch.model_view import TorchModelView
 from trainprobe.backends.torch.optimizer import TorchOptimizerView, torch_optimizer_view
@@ -34,6 +34,12 @@ except ImportError:  # pragma: no cover - a torch without dynamo
 
 if TYPE_CHECKING:
     from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+
+
+def read_main_grad(p: torch.Tensor) -> torch.Tensor | None:
+    """``p.main_grad`` where it is a tensor (Megatron's fp32 gradient), else ``p.grad``."""
+    main = getattr(p, "main_grad", None)
+    return main if isinstance(main, torch.Tensor) else p.grad
 
 
 def at_trace_time(note: Callable[[object], None]) -> None:
@@ -85,6 +91,12 @@ class TorchBackend:
 
     def distributed(self) -> bool:
         return distributed_ready()
+
+    group_rank = staticmethod(group_rank)
+    group_ranks = staticmethod(group_ranks)
+
+    def grad_reader(self, main_grad: bool) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+        return read_main_grad if main_grad else None
 
     def model_view(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> ModelView:
         return TorchModelView(model, where, stage_prefix=stage_prefix)

@@ -125,6 +125,13 @@ class AlertDetector:
         dump_dir: folder of ``anomaly.json`` (None: no dump).
         stream: where the console lines go (default ``sys.stdout``).
         tag_of: the tag of a row (table, key), default ``task_tagger(context.rank, False)``.
+        earlier: the detector of the run's previous session, with the same ``rules`` and
+            ``dump_dir``: its running state (averages, counts, the dump file, the console's
+            streaks) goes on here, so a reconfiguration that keeps the alert settings keeps
+            judging against the same baselines and appending to the same ``anomaly.json``.
+
+    Raises:
+        ValueError: ``earlier`` has other rules or another dump folder.
 
     Attributes:
         count: anomalies found so far.
@@ -140,6 +147,8 @@ class AlertDetector:
         dump_dir: Path | None,
         stream: TextIO | None = None,
         tag_of: Callable[[str, RowKey], str] | None = None,
+        *,
+        earlier: AlertDetector | None = None,
     ) -> None:
         self.rules = rules
         self.tag_of = tag_of or task_tagger(context.rank, False)
@@ -155,6 +164,16 @@ class AlertDetector:
         self._call_id = 0
         self._seen: dict[str, tuple[float, float | None]] = {}
         self._console = ConsoleBudget()
+        if earlier is not None:
+            self._go_on_from(earlier)
+
+    def _go_on_from(self, earlier: AlertDetector) -> None:
+        """Take over ``earlier``'s running state (see ``earlier`` in the class docstring)."""
+        if earlier.rules != self.rules or earlier.dump_dir != self.dump_dir:
+            raise ValueError("AlertDetector(earlier=...): the earlier detector has other rules or another dump folder")
+        self.count, self.latest, self._file = earlier.count, earlier.latest, earlier._file
+        self._history, self._call_id, self._seen = earlier._history, earlier._call_id, earlier._seen
+        self._console = earlier._console
 
     def write(self, batch: StepBatch) -> None:
         found: dict[str, dict[str, Any]] = {}

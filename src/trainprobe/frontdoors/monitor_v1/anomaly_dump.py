@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.folders import make_output_folder
+from trainprobe.frontdoors.monitor_v1.output import OUTPUT_ENV
+
 _CLOSE = b"\n}\n"
 
 
@@ -20,11 +23,14 @@ class AnomalyFile:
     """Appends anomaly entries to ``path``.
 
     Args:
-        path: the JSON file (its folder is created on the first write).
+        path: the JSON file (its folder is created on the first write, by
+            :func:`~trainprobe.engine.folders.make_output_folder`).
+        field: what named the folder, for the ConfigError of a folder that cannot be created.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, field: str = OUTPUT_ENV) -> None:
         self.path = path
+        self.field = field
         self._end: int | None = None  # offset of the closing brace, None before the first write
 
     def append(self, entries: Mapping[str, Mapping[str, Any]]) -> None:
@@ -33,7 +39,7 @@ class AnomalyFile:
             return
         body = ",\n".join(f"    {json.dumps(key)}: {_indented(entry)}" for key, entry in entries.items())
         if self._end is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_output_folder(self.path.parent, self.field)
             head = b"{\n" + body.encode("utf-8")
             self.path.write_bytes(head + _CLOSE)
             self._end = len(head)

@@ -3,17 +3,19 @@
 Every session writes to the ``api`` memory (so ``generate_*_metrics`` always work) and, unless
 ``format`` is ``api``, to CSV files or TensorBoard event files in the rank's run folder (one
 folder for the whole run, whatever restarts). With ``alert.rules`` the alert detector reads the
-same records behind the fan-out; it is kept across sessions (its running averages and its dump)
-while the alert settings stay the same. File output runs on a background writer thread; with
+same records behind the fan-out; each session's detector is built with that session's ops and
+tags, and goes on from the previous session's running state (its averages and its dump) while
+the alert settings stay the same. File output runs on a background writer thread; with
 ``format: api`` the writer is synchronous, so the memory is current when ``optimizer.step()``
 returns.
 """
 
 from __future__ import annotations
 
+from trainprobe.engine.folders import check_output_folder
 from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, anomaly_rank_folder, v1_file_name
 from trainprobe.engine.schedule import Schedule
-from trainprobe.engine.session import Session
+from trainprobe.engine.session import NullSession, Session
 from trainprobe.engine.sinks.background import Sink
 from trainprobe.engine.sinks.csv_sink import CsvSink
 from trainprobe.engine.sinks.memory import MemorySink
@@ -36,19 +38,24 @@ class SessionFactory:
 
     def __init__(self, attachment: Attachment) -> None:
         self.attachment = attachment
+        self.idle = NullSession(attachment.clock)
+        """The run's one null session: what runs while nothing is collected."""
         self.memory = MemorySink({}, output.table_of, output.api_key)
+        """The ``api`` memory of the latest session (each session's is built with its ops and
+        starts from the previous one's)."""
         self._alerts: AlertDetector | None = None
 
-    def start(self, cfg: MonitorV1Config, start_step: int | None) -> Session | None:
+    def start(self, cfg: MonitorV1Config, start_step: int | None) -> Session | NullSession:
         """A running session for ``cfg`` (collecting from ``start_step``, else the config's
-        ``start_step``), or None when it collects nothing (``collect_times`` 0, no field on)."""
+        ``start_step``), or :attr:`idle` when it collects nothing (``collect_times`` 0, no field
+        on)."""
         schedule = cfg.schedule(start_step)
         if schedule is None:
-            return None
+            return self.idle
         shapes = ShapeBook(self.attachment.grad_of)
         probes = build_probes(cfg, self.attachment, shapes)
         if not probes:
-            return None
+            return self.idle
         sinks = self._sinks(cfg, schedule, shapes)
         # trails: TrainerMon ends each step from the optimizer's post-step hook, so a collective
         # issued after optimizer.step() belongs to the step that trained, as in Monitor V2
@@ -65,7 +72,7 @@ class SessionFactory:
 
     def _sinks(self, cfg: MonitorV1Config, schedule: Schedule, shapes: ShapeBook) -> list[Sink]:
         ops_of = output.columns(cfg.ops)
-        self.memory.ops = ops_of
+        self.memory = MemorySink(ops_of, output.table_of, output.api_key, earlier=self.memory)
         sinks: list[Sink] = [self.memory]
         if cfg.format == "csv":
             layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
@@ -107,13 +114,20 @@ class SessionFactory:
             if cfg.alert.dump
             else None
         )
-        det = self._alerts
-        if det is None or det.rules != cfg.alert.rules or det.dump_dir != dump:
-            det = AlertDetector(cfg.alert.rules, ops_of, output.table_of, self.attachment.pipeline, dump)
-            self._alerts = det
-        det.ops = ops_of
-        det.tag_of = output.task_tagger(self.attachment.rank, cfg.monitor_mbs_grad)
-        return det
+        if dump is not None:  # created with the first anomaly; an unusable path fails now
+            check_output_folder(dump, output.OUTPUT_ENV)
+        earlier = self._alerts
+        same = earlier is not None and earlier.rules == cfg.alert.rules and earlier.dump_dir == dump
+        self._alerts = AlertDetector(
+            cfg.alert.rules,
+            ops_of,
+            output.table_of,
+            self.attachment.pipeline,
+            dump,
+            tag_of=output.task_tagger(self.attachment.rank, cfg.monitor_mbs_grad),
+            earlier=earlier if same else None,
+        )
+        return self._alerts
 
 
 def _parquet_name(table: str, first: int, last: int) -> str:

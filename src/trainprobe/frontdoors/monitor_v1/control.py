@@ -14,6 +14,10 @@
   at once when made between ``optimizer.step()`` and the next forward, else at the end of the
   running step. The running session keeps its collection window. In dynamic mode while nothing
   is monitored they wait for monitoring to start.
+
+While nothing is collected the session is the run's one
+:class:`~trainprobe.engine.session.NullSession` (:attr:`SessionFactory.idle
+<trainprobe.frontdoors.monitor_v1.assembly.SessionFactory.idle>`): its steps only move the clock.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from trainprobe.engine.log import logger
 from trainprobe.engine.probes.base import Probe, StepClock
-from trainprobe.engine.session import Session
+from trainprobe.engine.session import NullSession, Session
 from trainprobe.frontdoors.monitor_v1.assembly import SessionFactory
 from trainprobe.frontdoors.monitor_v1.config import MonitorV1Config
 from trainprobe.frontdoors.monitor_v1.dynamic import ConfigWatcher
@@ -42,13 +46,14 @@ class MonitorControl:
         self.config_path = config_path
         self.dynamic = dynamic
         self.watcher = ConfigWatcher(config_path) if dynamic else None
-        self.session: Session | None = None
+        self.session: Session | NullSession = NullSession(StepClock())
+        """The running session; a null one while nothing is collected (before ``set_monitor``,
+        one that counts no step of the run)."""
         self.active_from: int | None = None
         """The first step of the configuration in force: ``set_monitor``'s first step (static
         mode), the step after ``dynamic_on: true`` was read (dynamic mode); None while dynamic
         mode monitors nothing (``dynamic_on`` false, or ``collect_times`` reached)."""
         self._factory: SessionFactory | None = None
-        self._clock: StepClock | None = None
         self._pending: MonitorV1Config | None = None
         self._between_steps = True
 
@@ -60,11 +65,18 @@ class MonitorControl:
     @property
     def probes(self) -> list[Probe]:
         """The running session's probes (empty when nothing runs)."""
-        return self.session.probes if self.session is not None else []
+        return list(self.session.probes)
 
-    def begin(self, factory: SessionFactory, clock: StepClock) -> None:
+    @property
+    def collecting(self) -> bool:
+        """Whether a session collects (else the null session runs, or the one that collected
+        has just finished)."""
+        return not self.session.closed
+
+    def begin(self, factory: SessionFactory) -> None:
         """Start monitoring for ``set_monitor`` (a change made before it is in force already)."""
-        self._factory, self._clock = factory, clock
+        self._factory, self.session = factory, factory.idle
+        clock = factory.attachment.clock
         if self._pending is not None:
             self.config, self._pending = self._pending, None
         if not self.dynamic:
@@ -87,18 +99,13 @@ class MonitorControl:
 
     def before_optimizer_step(self) -> None:
         """Just before ``optimizer.step()``: the probes' pre-step work."""
-        if self.session is not None:
-            self.session.optimizer_pre_step()
+        self.session.optimizer_pre_step()
 
     def end_step(self) -> None:
         """Just after ``optimizer.step()``: the probes' post-step work, the step's rows to the
         writer, the clock moved on."""
-        session = self.session
-        if session is not None:
-            session.optimizer_post_step()
-            session.end_step()
-        elif self._clock is not None:
-            self._clock.step += 1
+        self.session.optimizer_post_step()
+        self.session.end_step()
         self._between_steps = True
 
     def after_step(self) -> None:
@@ -110,9 +117,10 @@ class MonitorControl:
         ignored as always. ``dynamic_on`` is set to false only in the file as last read: an edit
         saved while switching off is never overwritten, it is applied instead.
         """
-        finished = self.session is not None and self.session.closed
+        assert self._factory is not None
+        finished = self.session is not self._factory.idle and self.session.closed  # its schedule ended
         if finished:
-            self.session = None
+            self.session = self._factory.idle
         if self.watcher is not None:
             fresh = self.watcher.poll()
             if fresh is None and finished:
@@ -125,9 +133,9 @@ class MonitorControl:
 
     def close(self) -> None:
         """Close the running session (its pending rows written)."""
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        self.session.close()
+        if self._factory is not None:
+            self.session = self._factory.idle
 
     # -- internals -----------------------------------------------------------------------
     def _switch_off(self) -> MonitorV1Config | None:
@@ -146,17 +154,17 @@ class MonitorControl:
         self.config, self._pending = fresh, None
         self.close()
         self.active_from = None
-        if fresh.dynamic_on and self._clock is not None:
-            self.active_from = self._clock.step
-            self._start(fresh, self._clock.step)
+        if fresh.dynamic_on and self._factory is not None:
+            self.active_from = self._factory.attachment.clock.step
+            self._start(fresh, self.active_from)
 
     def _apply_pending(self) -> None:
         cfg, self._pending = self._pending, None
         assert cfg is not None
         self.config = cfg
-        if self.dynamic and self.session is None:
+        if self.dynamic and not self.collecting:
             return  # not monitoring: the change applies when monitoring starts
-        start = self.session.schedule.start_step if self.session is not None else None
+        start = self.session.schedule.start_step if isinstance(self.session, Session) else None  # keep the window
         self.close()
         self._start(cfg, start)
 

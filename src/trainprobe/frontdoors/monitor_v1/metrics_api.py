@@ -16,26 +16,24 @@ import torch
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.probes.base import Probe
 from trainprobe.engine.probes.module import ModuleProbe
-from trainprobe.engine.session import Session
+from trainprobe.engine.session import NullSession, Session
 from trainprobe.engine.sinks.memory import MemorySink
 from trainprobe.frontdoors.monitor_v1 import output
 
 Metrics = dict[str, dict[str, float]]
 
 
-def find_probe(session: Session | None, kind: type) -> Any:
+def find_probe(session: Session | NullSession, kind: type) -> Any:
     """The running session's probe of class ``kind`` (None without one)."""
-    if session is None:
-        return None
     return next((p for p in session.probes if isinstance(p, kind)), None)
 
 
-def wgrad_metrics(session: Session | None, memory: MemorySink) -> tuple[Metrics, Metrics]:
+def wgrad_metrics(session: Session | NullSession, memory: MemorySink) -> tuple[Metrics, Metrics]:
     """``(reduced, unreduced)``: ``reduced`` computed now from the accumulated gradients (where
     there are none, as on MindSpore outside the optimizer call, the step's rows as ``current``
     reads them), ``unreduced`` the current step's rows. Empty without ``wg_distribution`` (warns
     once)."""
-    probe = None if session is None else next((p for p in session.probes if p.name == "weight_grad"), None)
+    probe = next((p for p in session.probes if p.name == "weight_grad"), None)
     if probe is None:
         warn_once("v1-wgrad-off", 'trainprobe: generate_wgrad_metrics() needs "wg_distribution": true')
         return {}, {}
@@ -47,7 +45,7 @@ def wgrad_metrics(session: Session | None, memory: MemorySink) -> tuple[Metrics,
     return reduced, current(session, probe, memory, "grad_unreduced")
 
 
-def xy_metrics(session: Session | None, memory: MemorySink) -> tuple[Metrics, Metrics]:
+def xy_metrics(session: Session | NullSession, memory: MemorySink) -> tuple[Metrics, Metrics]:
     """``(actv, actv_grad)`` of the current step. Empty without ``xy_distribution``."""
     probe = find_probe(session, ModuleProbe)
     if probe is None:
@@ -55,7 +53,7 @@ def xy_metrics(session: Session | None, memory: MemorySink) -> tuple[Metrics, Me
     return current(session, probe, memory, "actv"), current(session, probe, memory, "actv_grad")
 
 
-def current(session: Session | None, probe: Probe, memory: MemorySink, table: str) -> Metrics:
+def current(session: Session | NullSession, probe: Probe, memory: MemorySink, table: str) -> Metrics:
     """Rows of ``table``: the step in progress, else the latest collected step."""
     ops = probe.spec.ops
     pending = {
@@ -65,8 +63,7 @@ def current(session: Session | None, probe: Probe, memory: MemorySink, table: st
     }
     if pending:
         return pending
-    if session is not None:
-        session.writer.flush()
+    session.flush()
     return memory.latest(table)[1]
 
 

@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import V1_KEY_COLUMNS, V1_TABLES, format_stamp, parse_stamp, v1_file_name, v1_run_folder
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.records import RowKey
@@ -127,7 +128,8 @@ def run_folder(rank: int, append_output: tuple[str, ...]) -> Path:
     not continued and gets a new folder, with one warning saying so.
 
     Raises:
-        ConfigError: an ``append_output`` timestamp that is no date (``Feb30_00-00-00``).
+        ConfigError: an ``append_output`` timestamp that is no date (``Feb30_00-00-00``); a
+            folder that cannot be created (naming ``MONITOR_OUTPUT_DIR``).
     """
     root = output_root()
     if append_output:
@@ -140,9 +142,7 @@ def run_folder(rank: int, append_output: tuple[str, ...]) -> Path:
             f"{append_output[0]} and {append_output[1]}; this rank is not continued and writes to a new folder",
         )
     stamp = format_stamp(datetime.now().astimezone())
-    folder = root / v1_run_folder(stamp, rank, uuid.uuid4().hex[:8])
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return make_output_folder(root / v1_run_folder(stamp, rank, uuid.uuid4().hex[:8]), OUTPUT_ENV)
 
 
 def _bound(bounds: tuple[str, ...], i: int) -> datetime:

@@ -14,6 +14,8 @@ or parameter of the model is reported once, with the closest names.
 
 from __future__ import annotations
 
+from trainprobe.engine.backend import Backend
+from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import CC_LOG_FILE
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec
@@ -123,6 +125,38 @@ def build_probes(cfg: MonitorV1Config, attachment: Attachment, shapes: ShapeBook
     if cfg.stack_info and module_rank:
         probes.append(StackProbe(attachment.clock, attachment.view, attachment.run_folder(cfg), modules))
     return probes
+
+
+_FRAMEWORK_NAMES = {"mindspore": "MindSpore"}
+"""How messages spell a backend's framework."""
+
+TORCH_ONLY_FIELDS = ("print_struct", "ur_distribution", "mg_direction", "recording_l2_features")
+"""The Monitor V1 fields only the PyTorch backend runs."""
+
+
+def unsupported_fields(config: MonitorV1Config) -> list[str]:
+    """The PyTorch-only fields ``config`` switches on."""
+    on = {
+        "print_struct": config.print_struct,
+        "ur_distribution": config.ur_distribution,
+        "mg_direction": config.mg_direction,
+        "recording_l2_features": config.l2.enabled,
+    }
+    return [name for name in TORCH_ONLY_FIELDS if on[name]]
+
+
+def refuse_unsupported(config: MonitorV1Config, backend: Backend) -> None:
+    """Refuse, at construction, a PyTorch-only field ``config`` switches on for another backend.
+
+    Raises:
+        ConfigError: naming the first such field.
+    """
+    unsupported = unsupported_fields(config) if backend.name != "pytorch" else []
+    if unsupported:
+        framework = _FRAMEWORK_NAMES.get(backend.name, backend.name)
+        raise ConfigError(
+            f"{unsupported[0]}: not supported on the {framework} backend of trainprobe (PyTorch only); set it to false"
+        )
 
 
 def torch_only(field: str, attachment: Attachment) -> bool:

@@ -39,9 +39,11 @@ import torch
 from torch import nn
 
 from trainprobe.backends.torch.backend import TORCH
+from trainprobe.engine.folders import check_output_folder, make_output_folder
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.sinks.files import write_json_atomically
+from trainprobe.frontdoors.monitor_v1.output import OUTPUT_ENV
 
 
 def _item(value: Any) -> str:
@@ -89,13 +91,26 @@ class StructProbe(Probe):
     name = "print_struct"
 
     def __init__(
-        self, clock: StepClock, view: ModelView, root: Path, rank: int, names: Callable[[str], str] | None = None
+        self,
+        clock: StepClock,
+        view: ModelView,
+        root: Path,
+        rank: int,
+        names: Callable[[str], str] | None = None,
+        *,
+        first_step: int | None = None,
     ) -> None:
+        """``first_step``: the step whose calls are recorded (default: the clock's step now).
+
+        Raises:
+            ConfigError: ``root/module_struct/rank<r>`` cannot be created (naming
+                ``MONITOR_OUTPUT_DIR``); it is created when the file is written.
+        """
         super().__init__(clock, ProbeSpec(("norm",), 1e-8), backend=TORCH)
         self.view = view
         self.names = names or (lambda name: name)
-        self.first_step = clock.step
-        self.path = root / "module_struct" / f"rank{rank}" / "module_struct.json"
+        self.first_step = clock.step if first_step is None else first_step
+        self.path = check_output_folder(root / "module_struct" / f"rank{rank}", OUTPUT_ENV) / "module_struct.json"
         self.struct: dict[str, dict[str, Any]] = {}
         self._written = False
 
@@ -116,6 +131,7 @@ class StructProbe(Probe):
         if self.clock.step <= self.first_step:
             return False
         if not self._written:
+            make_output_folder(self.path.parent, OUTPUT_ENV)
             write_json_atomically(self.path, self.struct, indent=2)
             self._written = True
         return True
@@ -161,7 +177,7 @@ class StackProbe(Probe):
         if self._finished or not self.stacks:
             return
         self._finished = True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_output_folder(self.path.parent, OUTPUT_ENV)
         with self.path.open("w", newline="", encoding="utf-8") as fh:
             out = csv.writer(fh)
             out.writerow(["module_name", "stack_info"])

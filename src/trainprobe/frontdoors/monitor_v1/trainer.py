@@ -33,6 +33,8 @@ from typing import Any
 
 from torch import nn
 
+from trainprobe.backends import backend_for
+from trainprobe.engine.backend import Backend
 from trainprobe.engine.fields import config_file
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.stats.ops import ALL_OPS, parse_ops
@@ -44,7 +46,7 @@ from trainprobe.frontdoors.monitor_v1.control import MonitorControl
 from trainprobe.frontdoors.monitor_v1.dynamic import dynamic_mode
 from trainprobe.frontdoors.monitor_v1.exits import run_end_message
 from trainprobe.frontdoors.monitor_v1.metrics_api import Metrics, wgrad_metrics, xy_metrics
-from trainprobe.frontdoors.monitor_v1.probe_set import module_names, torch_only
+from trainprobe.frontdoors.monitor_v1.probe_set import module_names, refuse_unsupported, torch_only
 from trainprobe.frontdoors.monitor_v1.struct import StructProbe
 
 
@@ -57,9 +59,16 @@ class TrainerMon:
             anomalies.
         params_have_main_grad: read ``param.main_grad`` where it exists (Megatron), else ``.grad``.
         opt_ty: deprecated and ignored (the optimizer is recognised by itself).
+        framework: the training framework, a key of :data:`trainprobe.backends.BACKENDS`
+            (``pytorch``, or ``mindspore`` as ``trainprobe.mindspore.TrainerMon`` passes it:
+            ``nn.Cell`` models in PyNative mode, where ``process_group`` gives pipeline stage 0
+            and ``params_have_main_grad`` is ignored).
 
     Raises:
-        ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path).
+        ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path);
+            an unknown or unusable framework; a PyTorch-only field (``print_struct``,
+            ``ur_distribution``, ``mg_direction``, ``recording_l2_features``) switched on for
+            another framework (named).
     """
 
     def __init__(
@@ -68,6 +77,8 @@ class TrainerMon:
         process_group: Any = None,
         params_have_main_grad: bool = True,
         opt_ty: Any = None,
+        *,
+        framework: str = "pytorch",
     ) -> None:
         self.config_file_path = config_file(config_file_path, "config_file_path")
         self.process_group = process_group
@@ -77,9 +88,10 @@ class TrainerMon:
                 "opt_ty", "TrainerMon(opt_ty=...) is deprecated and ignored; the optimizer is recognised by itself"
             )
         self.dynamic = dynamic_mode()
-        self._control = MonitorControl(
-            load_monitor_v1_config(self.config_file_path), self.config_file_path, self.dynamic
-        )
+        config = load_monitor_v1_config(self.config_file_path)
+        self._backend: Backend = backend_for(framework, "framework")
+        refuse_unsupported(config, self._backend)
+        self._control = MonitorControl(config, self.config_file_path, self.dynamic)
         self._attachment: Attachment | None = None
         self._factory: SessionFactory | None = None
         self._wrapped_optimizer: Any = None
@@ -141,7 +153,8 @@ class TrainerMon:
         """
         if self._attachment is not None:
             raise RuntimeError("TrainerMon.set_monitor(): already called for this monitor")
-        attachment = self._attach(
+        attachment = attach(
+            self._backend,
             model,
             grad_acc_steps,
             optimizer if optimizer is not None else self._wrapped_optimizer,
@@ -154,25 +167,25 @@ class TrainerMon:
         self._attachment, self._factory = attachment, SessionFactory(attachment)
         try:
             self._hook_steps(attachment)
-            self._control.begin(self._factory, attachment.clock)
+            self._control.begin(self._factory)
             self._sync_struct()
         except BaseException:
             self.stop()  # a failed set_monitor leaves the model and optimizer as they were
             self._attachment = self._factory = None
             raise
 
-    _attach = staticmethod(attach)
-    """Resolves ``set_monitor``'s arguments (another framework's front door swaps it)."""
-
     def _hook_steps(self, attachment: Attachment) -> None:
         """The step hooks."""
-        first, last = attachment.optimizers[0], attachment.optimizers[-1]
+        optimizer = attachment.optimizer  # a chain's pre-step hook is its first member's, its post-step its last's
         # the skip watch first: its counting hook must run before _post_step, which may stop()
         watch = attachment.backend.watch_skipped_steps(
-            last, lambda: self._post_step(last, (), {})
+            optimizer, lambda: self._post_step(optimizer, (), {})
         )  # GradScaler skipped it
         self._hooks = [watch] if watch is not None else []
-        self._hooks += [first.register_step_pre_hook(self._pre_step), last.register_step_post_hook(self._post_step)]
+        self._hooks += [
+            optimizer.register_step_pre_hook(self._pre_step),
+            optimizer.register_step_post_hook(self._post_step),
+        ]
         for chunk in attachment.view.chunks:
             self._hooks.append(chunk.register_forward_pre_hook(self._step_begins, prepend=True))
 
@@ -199,8 +212,8 @@ class TrainerMon:
             output.output_root(),
             attachment.rank,
             module_names(self.config, attachment),
+            first_step=wanted,
         )
-        probe.first_step = wanted
         probe.attach()
         self._struct = probe
 
