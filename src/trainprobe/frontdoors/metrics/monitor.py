@@ -177,7 +177,8 @@ class TrainingMetricsMonitor:
         composer = Composer(self.config, self.param_names, self.world)
         outputs = FanOut(self._outputs(), on_error=_output_failed)
         self._writer = Writer(ComposeSink(composer, outputs), background=True, on_error=_write_failed, max_pending=64)
-        shared_fused().prepare()  # the norms' one-read pass: loaded now, or built aside (never compiled here)
+        self._fused = shared_fused()
+        self._fused.prepare()  # the norms' one-read pass: loaded now, or built aside (never compiled here)
         self._tap = InputTap(self._model_chunks[0]) if self._model_chunks else None
         if self._optimizer is not None and hook_optimizer:
             self._handles.append(self._optimizer.register_step_pre_hook(self._on_optimizer_step))
@@ -322,6 +323,7 @@ class TrainingMetricsMonitor:
             )
         if self._closed:
             return
+        self._fused.step_boundary()  # the one-read pass, if built aside since start: from the next step
         now = time.perf_counter()
         seconds, self._last_time = now - self._last_time, now
         self._step += 1
