@@ -24,6 +24,7 @@ from trainprobe import PrecisionDebugger, TrainerMonitorV2
 from trainprobe.backends.torch import native_stats
 from trainprobe.backends.torch import stats as torch_stats
 from trainprobe.backends.torch.fused_stats import FUSED_ENV
+from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
 
 
 def global_registries() -> dict[str, tuple[int, ...]]:
@@ -127,5 +128,26 @@ def test_dump_stop_leaves_no_hook(tmp_path: Path, cold_default: Callable[[], Non
         _train(model, opt, 1)
         debugger.stop()
         debugger.step()
+    assert global_registries() == before
+    assert no_hooks_left(model, opt)
+
+
+def test_training_metrics_close_leaves_no_hook_and_its_step_adopts_the_pass(
+    tmp_path: Path, cold_default: Callable[[], None]
+) -> None:
+    """The training metrics start the build too; their ``step()`` is a step boundary that adopts it."""
+    before = global_registries()
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters())
+    config = {"monitor_config": {"monitor_on": True, "dump_path": str(tmp_path / "m"), "local_loss_format": "log"}}
+    mon = TrainingMetricsMonitor(config, model, opt)
+    cold_default()
+    build = torch_stats.shared_fused()._build
+    assert build is not None, "the test needs the build running aside"
+    assert global_registries() == before  # nothing registered for the build, even while it runs
+    assert build.wait(300) and build.result() is not None
+    _train(model, opt, 1, after=lambda: mon.step(loss=1.0))
+    assert torch_stats.shared_fused()._passes["cpu", torch.float32].native  # adopted at the end of step()
+    mon.close()
     assert global_registries() == before
     assert no_hooks_left(model, opt)

@@ -323,7 +323,6 @@ class TrainingMetricsMonitor:
             )
         if self._closed:
             return
-        self._fused.step_boundary()  # the one-read pass, if built aside since start: from the next step
         now = time.perf_counter()
         seconds, self._last_time = now - self._last_time, now
         self._step += 1
@@ -342,6 +341,7 @@ class TrainingMetricsMonitor:
             return
         if not self.collects(step):
             self._grad_norms, self._lr = None, None
+            self._fused.step_boundary()  # the one-read pass, if built aside since start: from the next step
             return
 
         def submit() -> None:
@@ -359,6 +359,7 @@ class TrainingMetricsMonitor:
                 f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed"
             ),
         )()
+        self._fused.step_boundary()  # the one-read pass, if built aside since start: from the next step
 
     def _payload(
         self,
