@@ -19,6 +19,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 from models import MLP, no_hooks_left
+from test_distributed_v2 import _world_of_one
 from test_v1_support import make_v1
 from trainprobe import PrecisionDebugger, TrainerMonitorV2
 from trainprobe.backends.torch import native_stats
@@ -150,4 +151,22 @@ def test_training_metrics_close_leaves_no_hook_and_its_step_adopts_the_pass(
     assert torch_stats.shared_fused()._passes["cpu", torch.float32].native  # adopted at the end of step()
     mon.close()
     assert global_registries() == before
+    assert no_hooks_left(model, opt)
+
+
+def test_v2_cc_stop_with_a_trailing_step_open_leaves_no_hook(tmp_path: Path) -> None:
+    """The cc monitor wraps torch.distributed's functions and, after ``optimizer.step()``, waits
+    for the next step's first forward with a global module forward pre-hook: a ``stop()`` right
+    then puts the functions back and removes that hook."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with _world_of_one():
+        before = global_registries()
+        mon = TrainerMonitorV2({"output_dir": str(tmp_path / "out"), "monitors": {"cc": {"enabled": True}}})
+        mon.start(model=model, optimizer=opt)
+        _train(model, opt, 1)
+        dist.all_reduce(torch.ones(3))  # after optimizer.step(): the step's trailing call
+        assert nn_module._global_forward_pre_hooks, "the test needs the trailing step open"
+        mon.stop()
+        assert global_registries() == before
     assert no_hooks_left(model, opt)
