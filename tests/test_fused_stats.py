@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.optim import optimizer as optim_module
 
 from conftest import read_csv, write_config
 from trainprobe import TrainerMonitorV2
@@ -303,20 +304,25 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> Non
 def test_by_default_start_builds_the_pass_aside_and_a_step_boundary_adopts_it(tmp_path, monkeypatch):
     """Variable unset, nothing cached: ``prepare()`` (a front door's start) starts a child process
     that builds the C kernel and returns; calls keep the eager kernels, even once the child is
-    done, until a step boundary (here: the end of ``optimizer.step()``) adopts the pass."""
+    done and an optimizer stepped, until a step boundary (a front door's end of step calls
+    ``step_boundary()``) adopts the pass. No global hook is registered for it."""
     monkeypatch.delenv(FUSED_ENV, raising=False)
     monkeypatch.setenv(native_stats.CACHE_ENV, str(tmp_path / "cache"))
     fs = FusedStats(eager_reductions)
     x = torch.randn(9_000)
     assert fs(x) is None and fs._passes == {}
+    hooks = dict(optim_module._global_optimizer_post_hooks)
     fs.prepare()
     assert fs._passes == {} and fs._build is not None  # building aside, nothing loaded yet
+    assert dict(optim_module._global_optimizer_post_hooks) == hooks
     assert fs._build.wait(300) and fs._build.result() is not None
     assert fs(x) is None  # built, but a call inside a step never switches kernels
     model = nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    train_steps(model, opt, 1)  # the step boundary
-    assert fs._build is None and fs._boundary_hook is None
+    train_steps(model, opt, 1)
+    assert fs(x) is None and fs._build is not None  # an optimizer step alone is no front door's boundary
+    fs.step_boundary()
+    assert fs._build is None
     got = fs(x)
     assert got is not None and fs._passes["cpu", torch.float32].native
     ref = x.to(torch.float64)
@@ -330,6 +336,37 @@ def test_by_default_start_builds_the_pass_aside_and_a_step_boundary_adopts_it(tm
     warm.prepare()
     assert warm._build is None and warm._passes["cpu", torch.float32].native
     assert [v.item() for v in warm(x)] == [v.item() for v in got]
+
+
+def test_auto_builds_the_c_kernel_aside_from_start_and_never_inside_a_step(tmp_path, monkeypatch):
+    """``auto``, nothing cached: ``prepare()`` (a front door's start) starts the child and returns;
+    a call while it builds takes the eager kernels without waiting (nothing is decided for its
+    size class), and the pass serves from the step boundary after the build on."""
+    monkeypatch.setenv(FUSED_ENV, "auto")
+    monkeypatch.setenv(native_stats.CACHE_ENV, str(tmp_path / "cache"))
+    fs = FusedStats(eager_reductions, min_speedup=0.0)  # the timing decides nothing here
+    x = torch.randn(300_000)
+    fs.prepare()
+    build = fs._build
+    assert build is not None and fs._passes == {}
+    assert fs(x) is None and fs._build is build and fs._chosen == {}  # no wait for the build inside a step
+    assert build.wait(300) and build.result() is not None
+    assert fs(x) is None  # built, but kernels switch only at a step boundary
+    fs.step_boundary()
+    assert fs._build is None and fs._passes["cpu", torch.float32].native
+    got = fs(x)
+    assert got is not None and (got[0].item(), got[1].item()) == (x.min().item(), x.max().item())
+
+
+def test_on_waits_for_the_c_kernel_at_start_so_every_value_comes_from_it(tmp_path, monkeypatch):
+    """``on``, nothing cached: ``prepare()`` waits for the child's build (at start, not inside a
+    step): the first call of the run already has the pass, as every later one."""
+    monkeypatch.setenv(FUSED_ENV, "on")
+    monkeypatch.setenv(native_stats.CACHE_ENV, str(tmp_path / "cache"))
+    fs = FusedStats(eager_reductions)
+    fs.prepare()
+    assert fs._build is None and fs._passes["cpu", torch.float32].native
+    assert fs(torch.randn(9_000)) is not None
 
 
 def test_without_a_c_compiler_the_default_keeps_the_eager_kernels(tmp_path, monkeypatch):
@@ -387,6 +424,7 @@ def test_the_c_kernel_is_exact_split_over_threads_or_not(threads):
 START_PROBE = """
 import json, sys, torch
 from torch import nn
+from torch.optim import optimizer as optim_module
 from trainprobe import TrainerMonitorV2
 from trainprobe.backends.torch.stats import shared_fused
 seen = []

@@ -50,10 +50,10 @@ class EntryOptions:
 
 
 def statistics_row(t: torch.Tensor) -> Any:
-    """Max/Min/Mean/Norm of ``t`` as it is now. Never reused from an earlier record: a write
-    through ``.data`` (``GradScaler.unscale_``, a weight clamp, an in-place collective) changes a
-    tensor without moving autograd's version counter, so no cheap test tells an unchanged tensor
-    from a changed one."""
+    """Max/Min/Mean/Norm of ``t`` as it is now (None: a meta tensor, no values). Never reused
+    from an earlier record: a write through ``.data`` (``GradScaler.unscale_``, a weight clamp,
+    an in-place collective) changes a tensor without moving autograd's version counter, so no
+    cheap test tells an unchanged tensor from a changed one."""
     return _STATS.row(t)
 
 
@@ -75,12 +75,12 @@ def tensor_entry(t: torch.Tensor, data_name: str | None, opts: EntryOptions) -> 
     if not opts.statistics:
         entry: dict[str, Any] = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
         entry["requires_grad"] = t.requires_grad
-    elif t.is_meta:
+    elif (row := statistics_row(t)) is None:  # no values (a meta tensor): null statistics, no checksum
         entry = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
         entry.update(dict.fromkeys(STAT_KEYS))
         entry["requires_grad"] = t.requires_grad
     else:
-        entry = _entry_with_statistics(t, statistics_row(t))
+        entry = _entry_with_statistics(t, row)
         if opts.summary_mode != "statistics":
             entry["md5"] = checksum(t, opts.summary_mode)
     if data_name is not None and opts.save is not None and not t.is_meta:

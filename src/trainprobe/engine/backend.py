@@ -47,17 +47,25 @@ class StatsKernel(Protocol):
 
     A row is a ``list[float]`` (values already on the host) or, for the PyTorch backend on an
     accelerator, a float64 device tensor that :mod:`trainprobe.engine.records` copies to the host once
-    per monitor per step.
+    per monitor per step. A tensor without values (PyTorch: ``device="meta"``, a shape and a
+    dtype only) has None for its row, whoever asks: the monitors' row buffers keep no row for it
+    (:meth:`~trainprobe.engine.records.RowBuffer.add`), the dump writes null statistics.
     """
 
     ops: tuple[str, ...]
 
     def row(self, t: Any) -> Any:
-        """Statistics of one tensor."""
+        """Statistics of one tensor (None: it holds no values)."""
         ...
 
     def rows(self, tensors: Sequence[Any]) -> list[Any]:
-        """Statistics of several tensors, one row each, in order."""
+        """Statistics of several tensors, one row each (None for one without values), in order."""
+        ...
+
+    def between_steps(self) -> None:
+        """Called by the session after each step's rows are taken, before the next step: the
+        kernel may switch to a faster pass made ready aside meanwhile (PyTorch's one-read pass),
+        so that one step's rows come from one kernel."""
         ...
 
 
@@ -111,12 +119,7 @@ class Backend(Protocol):
 
     def wants_grad(self, t: Any) -> bool:
         """Whether a gradient with values will be computed for ``t`` (only asked while recording;
-        false for a tensor without values, see :meth:`has_values`)."""
-        ...
-
-    def has_values(self, t: Any) -> bool:
-        """Whether ``t`` holds values to summarise (PyTorch: not a ``device="meta"`` tensor, which
-        has a shape and a dtype only); the module monitor writes no row for one without."""
+        false for a tensor without values, PyTorch's ``device="meta"``)."""
         ...
 
     def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Removable | None:

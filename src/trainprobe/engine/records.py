@@ -13,6 +13,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trainprobe.engine.log import info_once
+
 RowValues = Any
 """One row's values: a ``list`` of host floats, or a backend's row still on its device (anything
 with ``device`` and ``tolist()``, e.g. a float64 torch tensor) that :meth:`RowBuffer.drain`
@@ -141,16 +143,24 @@ class RowBuffer:
         self._values: list[RowValues] = []
         self._lock = threading.Lock()
 
-    def add(self, key: RowKey, values: RowValues) -> None:
-        """Append one row."""
+    def add(self, key: RowKey, values: RowValues | None) -> None:
+        """Append one row; None (what a statistics kernel gives for a tensor without values, see
+        :meth:`~trainprobe.engine.backend.StatsKernel.row`) appends nothing."""
+        if values is None:
+            _no_values([key])
+            return
         with self._lock:
             self._keys.append(key)
             self._values.append(values)
 
-    def extend(self, keys: Sequence[RowKey], values: Iterable[RowValues]) -> None:
-        """Append rows in order."""
+    def extend(self, keys: Sequence[RowKey], values: Iterable[RowValues | None]) -> None:
+        """Append rows in order, leaving out the None ones (as :meth:`add`)."""
         values = list(values)
         assert len(keys) == len(values)
+        if any(v is None for v in values):  # not `None in values`: a device row's == is a torch call
+            _no_values([k for k, v in zip(keys, values) if v is None])
+            kept = [(k, v) for k, v in zip(keys, values) if v is not None]
+            keys, values = [k for k, _ in kept], [v for _, v in kept]
         with self._lock:
             self._keys.extend(keys)
             self._values.extend(values)
@@ -172,28 +182,23 @@ class RowBuffer:
 
     def snapshot(self) -> list[tuple[RowKey, list[float]]]:
         """The pending rows as host floats, without taking them (for on-demand reads such as
-        Monitor V1's ``generate_xy_metrics``). Rows still on a device are copied with the
-        buffer's copier, once per device, and waited for: one synchronisation per device, not
-        one per row."""
+        Monitor V1's ``generate_xy_metrics``). Rows still on a device are copied as
+        :meth:`drain` copies them (once per device) and waited for: one synchronisation per
+        device, not one per row."""
         with self._lock:
             keys, values = list(self._keys), list(self._values)
-        host: list[Any] = list(values)
-        on_device: dict[Any, list[int]] = {}
-        for i, v in enumerate(values):
-            if isinstance(v, list):
-                host[i] = list(v)
-            else:
-                on_device.setdefault(getattr(v, "device", None), []).append(i)
-        for indices in on_device.values():
-            for i, row in zip(indices, self._copier([values[i] for i in indices]).tolist()):
-                host[i] = row
-        return list(zip(keys, host))
+        return [(k, list(v)) for k, v in self._batch("", 0, keys, values).rows()]
 
     def drain(self, monitor: str, step: int) -> StepBatch:
         """Take every pending row as a batch; start device-to-host copies without waiting."""
         with self._lock:
             keys, values = self._keys, self._values
             self._keys, self._values = [], []
+        return self._batch(monitor, step, keys, values)
+
+    def _batch(self, monitor: str, step: int, keys: list[RowKey], values: list[RowValues]) -> StepBatch:
+        """``keys`` and ``values`` as a batch: host rows as they are, device rows grouped by
+        device, each group's copy to the host started with the buffer's copier."""
         batch = StepBatch(monitor, step, keys)
         if set(map(type, values)) <= _HOST_ROWS:  # the CPU case: nothing to copy
             batch._all_host = values
@@ -207,3 +212,13 @@ class RowBuffer:
         for indices in on_device.values():
             batch._copies.append((indices, self._copier([values[i] for i in indices])))
         return batch
+
+
+def _no_values(keys: list[RowKey]) -> None:
+    """Say once per process that tensors without values get no row (the first one named)."""
+    key = keys[0]
+    info_once(
+        "rows-no-values",
+        f"trainprobe: {key.name} ({key.scope}) is a tensor without values (device='meta'); such tensors have "
+        "no rows, monitoring goes on with the others",
+    )

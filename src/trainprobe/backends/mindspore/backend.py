@@ -70,9 +70,6 @@ class MindSporeBackend:
     def wants_grad(self, t: Any) -> bool:
         return bool(t.is_floating_point())
 
-    def has_values(self, t: Any) -> bool:
-        return True  # no meta tensors
-
     def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Any:
         def hook(grad: Any) -> Any:
             fn(grad)

@@ -61,6 +61,9 @@ class MindSporeStats:
         """Statistics of several tensors, one row each, in order."""
         return [self.row(t) for t in tensors]
 
+    def between_steps(self) -> None:
+        """Nothing to switch between steps (MindSpore has no meta tensors either: no row is None)."""
+
     def accumulate(self, total: Any, grad: Any) -> Any:
         """``total + grad`` without changing either (``total`` None: a copy of ``grad``), in
         float32 at least; what :meth:`row` reads. Used to sum micro-batch gradients."""

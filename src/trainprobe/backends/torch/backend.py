@@ -79,9 +79,6 @@ class TorchBackend:
     def wants_grad(self, t: torch.Tensor) -> bool:
         return t.requires_grad and not t.is_meta
 
-    def has_values(self, t: torch.Tensor) -> bool:
-        return not t.is_meta
-
     def hook_grad(self, t: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> None:
         t.register_hook(fn)  # returns None: the gradient is unchanged
         return None

@@ -20,11 +20,13 @@ line) on any failure:
   fused pass is used if it is at least 1.2x faster (``auto`` does not even try below 262,144
   elements).
 
-The default's CPU float32 pass is a C kernel (:mod:`~trainprobe.backends.torch.native_stats`), built
-and fully checked in a child process, cached on disk, loaded and probed in the training process
-(:meth:`FusedStats.prepare`, :meth:`FusedStats.step_boundary`): nothing is compiled there.
-``on``/``auto`` use it too for float32 on the CPU (the first call that needs it waits for the
-build), and ``torch.compile`` for other dtypes and devices.
+The CPU float32 pass is a C kernel (:mod:`~trainprobe.backends.torch.native_stats`), built
+and fully checked in a child process started when a front door starts, cached on disk, loaded
+and probed in the training process (:meth:`FusedStats.prepare`, :meth:`FusedStats.step_boundary`):
+nothing is compiled there, and no build runs inside a training step. The default and ``auto``
+take it at a step boundary once built; ``on`` waits for it at start. ``on``/``auto`` use
+``torch.compile`` for other dtypes and devices, in the first call that needs it (the dtype and
+device are known only then, and dynamo compiles in the training process: see below).
 
 How a compiled pass is called: on the CPU, inductor's compiled code directly, without dynamo's guards (about
 10 µs a call instead of 40-100 µs; :func:`_direct_pass`), which makes it faster than the eager
@@ -39,10 +41,12 @@ metrics start, see :meth:`FusedStats.refresh`):
 * unset: ``on`` on the CPU for float32, the C kernel loaded when a monitor starts if a child
   process built it earlier (milliseconds), else built aside and used from a step boundary on
   (other dtypes keep the eager kernels); ``off`` on accelerators until the pass is measured on one;
-* ``auto``: use the fused pass where it is exact and faster (compiled and timed in the first
-  call that needs it);
-* ``on``: use it where it compiles and is exact, whatever its speed (compiled in the first call
-  that needs it: every value of the run comes from the same kernels);
+* ``auto``: use the fused pass where it is exact and faster (timed in the first call that needs
+  it; CPU float32: the C kernel, built aside from start as in the default, from a step boundary
+  on; others: compiled in the first call that needs them);
+* ``on``: use it where it compiles and is exact, whatever its speed, so that every value of the
+  run comes from the same kernels (CPU float32: a cold start waits for the C kernel's build;
+  others: compiled in the first call that needs them);
 * ``off``: never compile.
 
 Statistics are never cached: only compiled code is. Every call reads the tensor as it is now.
@@ -167,7 +171,7 @@ class FusedStats:
         self._env_modes: dict[str, str] = {}
         self._build: native_stats.Build | None = None
         self._build_started = 0.0
-        self._boundary_hook: object | None = None
+        self._native_failed = False
 
     def __call__(self, x: torch.Tensor) -> Reductions | None:
         """The four reductions of ``x`` in one pass, or None: use the eager kernels.
@@ -184,8 +188,8 @@ class FusedStats:
         key = (mode, x.device.type, x.dtype, size_class(n))
         chosen = self._chosen.get(key)
         if chosen is None:
-            if self._default_mode() and key[1:3] not in self._passes:
-                return None  # the default compiles only in prepare(), never inside a step
+            if key[1:3] not in self._passes and self._awaits_boundary(key[1], key[2]):
+                return None  # nothing is built or compiled inside a step in these cases
             with self._lock:
                 chosen = self._choose(key, x)
         if not chosen:
@@ -231,39 +235,56 @@ class FusedStats:
 
     def prepare(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
         """Make the pass for ``dtype`` on ``device`` available without compiling in this process,
-        if the default mode uses it there (the front doors call this at ``start()``). Does nothing
-        in another mode (``on``/``auto`` build at first use, ``off`` never) or when already done.
+        where it is the C kernel of :mod:`~trainprobe.backends.torch.native_stats` (CPU,
+        float32, any mode but ``off``); the front doors call this at ``start()``, before any
+        training step. Does nothing elsewhere (inductor's passes are compiled at their first use)
+        or when already done.
 
-        The default's pass is the C kernel of :mod:`~trainprobe.backends.torch.native_stats`
-        (CPU, float32): built earlier, it is loaded and checked now (milliseconds); else a child
-        process builds it and the eager kernels serve until a step boundary finds it built
-        (:meth:`step_boundary`). Without a C compiler the eager kernels serve for good."""
+        Built earlier, the kernel is loaded and checked now (milliseconds). Else a child process
+        starts building it, and:
+
+        * default mode and ``auto``: this returns at once; the eager kernels serve until a step
+          boundary (:meth:`step_boundary`) finds it built;
+        * ``on``: this waits for the build (up to :data:`_BUILD_TIMEOUT_S`), so that every value
+          of the run comes from the same kernel; the wait is here, at start, never inside a step.
+
+        Without a C compiler the default keeps the eager kernels for good (``on``/``auto`` try
+        inductor's pass at first use, as for other dtypes)."""
         device = torch.device(device)
-        if not self._default_mode() or self.mode(device.type) != "on" or (device.type, dtype) in self._passes:
-            return
-        if not _native_applies(self._kernel, self._compile_fn, dtype, device):
+        key = (device.type, dtype)
+        mode = self.mode(device.type)
+        if mode == "off" or key in self._passes or not _native_applies(self._kernel, self._compile_fn, dtype, device):
             return
         with self._lock:
-            if self._build is not None:
-                self._adopt_build()
+            if key in self._passes or self._native_failed:
                 return
-            path = native_stats.checked()
-            if path is not None:
-                self._passes[device.type, dtype] = _native_pass(path, self._eager)
-                return
-            self._build = native_stats.start_build()
             if self._build is None:
-                log.debug("fused statistics: no C compiler to build the one-read pass: eager kernels")
-                self._passes[device.type, dtype] = None
-                return
-            self._build_started = time.perf_counter()
-            self._boundary_hook = _on_every_optimizer_step(self.step_boundary)
+                path = native_stats.checked()
+                if path is not None:
+                    self._take_native(_native_pass(path, self._eager))
+                    return
+                self._build = native_stats.start_build()
+                if self._build is None:
+                    log.debug("fused statistics: no C compiler to build the one-read pass")
+                    self._take_native(None)
+                    return
+                self._build_started = time.perf_counter()
+            if mode == "on" and not self._default_mode():
+                self._build.wait(_BUILD_TIMEOUT_S)  # `on`: one kernel for the whole run, so wait here, at start
+                if not self._build.done():
+                    log.debug("fused statistics: the C kernel's build took over %.0f s", _BUILD_TIMEOUT_S)
+                    self._build = None
+                    self._take_native(None)
+                    return
+            self._adopt_build()
 
     def step_boundary(self) -> None:
         """Between two steps: start using the pass a child process was building, if it is built
-        (and passes the exactness check). Cheap when nothing is pending; called by a global hook after
-        every ``optimizer.step()`` while a build runs (removed once the build is adopted), and by
-        the dump's ``step()``."""
+        (and passes the exactness check). Cheap when nothing is pending (one attribute read);
+        the front doors call it at the end of every step (the monitors' sessions through
+        :meth:`~trainprobe.backends.torch.stats.TensorStats.between_steps`, the metrics' and
+        the dump's ``step()``). No hook is registered for it: nothing is left in torch when the
+        tool stops, even while the build still runs (a later start adopts it)."""
         if self._build is None or not self._build.done():
             return
         with self._lock:
@@ -275,13 +296,9 @@ class FusedStats:
         if build is None or not build.done():
             return
         self._build = None
-        hook, self._boundary_hook = self._boundary_hook, None
-        remove = getattr(hook, "remove", None)
-        if remove is not None:
-            remove()
         path = build.result()
         fused = _native_pass(path, self._eager) if path is not None else None
-        self._passes["cpu", torch.float32] = fused
+        self._take_native(fused)
         if fused is not None:
             log.info(
                 "trainprobe: statistics: one-read pass for float32 on cpu built aside in %.1f s, in use from the next "
@@ -289,7 +306,24 @@ class FusedStats:
                 time.perf_counter() - self._build_started,
             )
         else:
-            log.debug("fused statistics: the one-read pass did not build or is not exact: eager kernels")
+            log.debug("fused statistics: the one-read pass did not build or is not exact")
+
+    def _take_native(self, fused: _Pass | None) -> None:
+        """Use ``fused`` (the C kernel, or None: it did not load, build or check) for float32 on
+        the CPU (lock held). None means the eager kernels for good in the default mode; in
+        ``on``/``auto``, inductor's pass at the first call that needs one."""
+        if fused is not None or self._default_mode():
+            self._passes["cpu", torch.float32] = fused
+        else:
+            self._native_failed = True
+
+    def _awaits_boundary(self, device_type: str, dtype: torch.dtype) -> bool:
+        """Whether a call for an undecided ``(device_type, dtype)`` takes the eager kernels until a
+        step boundary: in the default mode always (only :meth:`prepare` and
+        :meth:`step_boundary` load a pass), else while the C kernel is being built aside."""
+        if self._default_mode():
+            return True
+        return self._build is not None and device_type == "cpu" and dtype == torch.float32
 
     def _choose(self, key: tuple[str, str, torch.dtype, int], x: torch.Tensor) -> bool:
         if key in self._chosen:
@@ -309,7 +343,8 @@ class FusedStats:
 
     def _compile_and_check(self, dtype: torch.dtype, device: torch.device) -> _Pass | None:
         started = time.perf_counter()
-        if _native_applies(self._kernel, self._compile_fn, dtype, device):
+        if _native_applies(self._kernel, self._compile_fn, dtype, device) and not self._native_failed:
+            # only without prepare() (statistics made outside a front door): built and waited for here
             path = native_stats.checked()
             if path is None:
                 build = native_stats.start_build()
@@ -364,7 +399,7 @@ class FusedStats:
 
 
 _BUILD_TIMEOUT_S = 120.0
-"""How long a first use in ``on``/``auto`` mode waits for the C kernel's build (then inductor)."""
+"""How long ``on`` waits at start for the C kernel's build (then inductor's pass at first use)."""
 
 
 def _native_applies(
@@ -398,23 +433,6 @@ def _native_pass(path: Path, eager: Callable[[torch.Tensor], Reductions]) -> _Pa
         return None
     log.debug("fused statistics: C kernel %s loaded and checked in %.3f s", path, time.perf_counter() - started)
     return _Pass(run, direct=True, native=True)
-
-
-def _on_every_optimizer_step(fn: Callable[[], None]) -> object | None:
-    """A hook calling ``fn`` after every ``optimizer.step()`` of any optimizer (a step boundary);
-    its handle (``.remove()``), or None where torch has no global optimizer hooks."""
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-    except ImportError:
-        return None
-
-    def hook(optimizer: object, args: object, kwargs: object) -> None:
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - never raised into training
-            log.debug("fused statistics: step boundary: %s", e)
-
-    return register_optimizer_step_post_hook(hook)
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,8 @@ def _fast_input(t: torch.Tensor) -> torch.Tensor:
     (:func:`in_memory_order`)."""
     if type(t) in _PLAIN_TYPES and t.dtype in _PLAIN_FLOATS and t.layout == torch.strided and not t.is_meta:
         return t if t.is_contiguous() else in_memory_order(t)
+    if t.is_meta:
+        return t  # no values: its row is None (TensorStats._row_of)
     return in_memory_order(as_statistic_input(t))
 
 
@@ -321,13 +323,21 @@ class TensorStats:
         self._numpy = NumpyStats(self.ops, self.eps)
         self._minmax_at = tuple(j for j, op in enumerate(self.ops) if op in ("min", "max"))
 
+    def between_steps(self) -> None:
+        """Called between two training steps: the one-read pass, if a child process built it
+        since start, serves from the next step on (:meth:`FusedStats.step_boundary`)."""
+        if self._fused is not None:
+            self._fused.step_boundary()
+
     @property
     def fused(self) -> FusedStats | None:
         """The fused-pass selector these statistics ask first (None: the ops need no two reductions)."""
         return self._fused
 
-    def row(self, t: torch.Tensor) -> RowValues:
-        """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise."""
+    def row(self, t: torch.Tensor) -> RowValues | None:
+        """Statistics of one tensor: host floats for CPU tensors, a device tensor otherwise, None
+        for a tensor without values (``device="meta"``: a shape and a dtype only; the monitors
+        write no row for it, the dump null statistics)."""
         enabled = torch.is_grad_enabled()
         if enabled:
             _set_grad_enabled(False)
@@ -337,11 +347,11 @@ class TensorStats:
             if enabled:
                 _set_grad_enabled(True)
 
-    def _row_of(self, x: torch.Tensor) -> RowValues:
+    def _row_of(self, x: torch.Tensor) -> RowValues | None:
         if x.numel() == 0:
-            return list(self._empty)
+            return None if x.is_meta else list(self._empty)
         if x.device.type != "cpu":
-            return self._device_row(x)
+            return None if x.is_meta else self._device_row(x)
         return self._host_row(x)
 
     def _host_row(self, x: torch.Tensor) -> list[float]:
@@ -408,8 +418,9 @@ class TensorStats:
                 row[j] = lo if self.ops[j] == "min" else hi
         return row
 
-    def rows(self, tensors: Sequence[torch.Tensor]) -> list[RowValues]:
-        """Statistics of several tensors, one row each, in order.
+    def rows(self, tensors: Sequence[torch.Tensor]) -> list[RowValues | None]:
+        """Statistics of several tensors, one row each, in order (None for a tensor without
+        values, see :meth:`row`).
 
         Summarising a step's tensors in one call is much cheaper than one call per tensor on
         the CPU: small tensors of one size (a model's biases and norm weights) share their
@@ -427,17 +438,17 @@ class TensorStats:
             if enabled:
                 _set_grad_enabled(True)
 
-    def _rows(self, xs: list[torch.Tensor]) -> list[RowValues]:
-        out: list[RowValues] = [[] for _ in xs]
+    def _rows(self, xs: list[torch.Tensor]) -> list[RowValues | None]:
+        out: list[RowValues | None] = [[] for _ in xs]
         small: dict[tuple[torch.Size, torch.dtype], list[int]] = {}
         large: list[int] = []
         for i, x in enumerate(xs):
             n = x.numel()
             if n == 0:
-                out[i] = list(self._empty)
+                out[i] = None if x.is_meta else list(self._empty)
                 continue
             if not x.is_cpu:
-                out[i] = self._device_row(x)
+                out[i] = None if x.is_meta else self._device_row(x)
                 continue
             if not x.is_contiguous():  # one copy, then the contiguous paths (see _host_row)
                 x = xs[i] = x.contiguous()

@@ -12,10 +12,12 @@ as autograd accumulates it for that tensor (it includes other uses of the same t
 a residual connection). Modules in eval mode are skipped unless ``record_eval_mode`` is true.
 
 A tensor without values (``device="meta"``: a shape and a dtype, as shape-only code and deferred
-initialisation pass around) has no row and no gradient row; the call's other tensors keep their
-rows and indices, and the monitor goes on (one INFO line says so). No row rather than a row of
-NaN: NaN in a statistic means the tensor holds NaN values, which the alerts and anomaly-analyse
-would report as a numerical fault; a meta tensor holds no values at all.
+initialisation pass around) has no row and no gradient row, as in every monitor (the statistics
+kernel gives None for it and the row buffer keeps nothing, see
+:meth:`~trainprobe.engine.records.RowBuffer.add`); the call's other tensors keep their rows and
+indices, and the monitor goes on (one INFO line says so). No row rather than a row of NaN: NaN in
+a statistic means the tensor holds NaN values, which the alerts and anomaly-analyse would report
+as a numerical fault; a meta tensor holds no values at all.
 
 ``torch.compile``: hooks on the modules a compiled graph calls would be traced into that graph
 (changing what the compiler builds, and so the training's last bits) or break it. They are not
@@ -32,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainprobe.engine.log import info_once, warn_once
+from trainprobe.engine.log import warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.records import RowKey
@@ -205,9 +207,6 @@ class ModuleProbe(Probe):
         picked = naming.forward(name, kind, tensors)
         key_of = self._key
         backend = self.backend
-        has_values = backend.has_values
-        if not all([has_values(t) for _, t in picked]):
-            picked = self._with_values(picked)
         if picked:
             scope = naming.forward_scope
             keys = [key_of(vpp, row, scope, micro) for row, _ in picked]
@@ -220,18 +219,6 @@ class ModuleProbe(Probe):
                 handle = backend.hook_grad(t, self._grad_hook(key_of(vpp, row, scope, micro)))
                 if handle is not None:
                     self._step_handles.append(handle)
-
-    def _with_values(self, picked: Picked) -> Picked:
-        """``picked`` without the tensors that hold no values (meta tensors): they get no row,
-        the other tensors of the call keep theirs (and their indices), once said in the log."""
-        kept = [(row, t) for row, t in picked if self.backend.has_values(t)]
-        skipped = [row for row, t in picked if not self.backend.has_values(t)]
-        info_once(
-            "module-no-values",
-            f"trainprobe module: {skipped[0]} is a tensor without values (device='meta'); such "
-            "tensors have no rows, the module monitor goes on with the others",
-        )
-        return kept
 
     def _key(self, vpp: int, row: str, scope: str, micro: int) -> RowKey:
         """The row key (made once, reused every step: the writer recognises a step's keys)."""

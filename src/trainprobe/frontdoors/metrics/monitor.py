@@ -188,7 +188,8 @@ class TrainingMetricsMonitor:
         composer = Composer(self.config, self.param_names, self.world)
         outputs = FanOut(self._outputs(), on_error=_output_failed)
         self._writer = Writer(ComposeSink(composer, outputs), background=True, on_error=_write_failed, max_pending=64)
-        shared_fused().prepare()  # the norms' one-read pass: loaded now, or built aside (never compiled here)
+        self._fused = shared_fused()
+        self._fused.prepare()  # the norms' one-read pass: loaded now, or built aside (never compiled here)
         self._tap = InputTap(self._model_chunks[0]) if self._model_chunks else None
         if self._optimizer is not None and hook_optimizer:
             self._handles.append(self._optimizer.register_step_pre_hook(self._on_optimizer_step))
@@ -382,6 +383,7 @@ class TrainingMetricsMonitor:
             return
         if not self.collects(step):
             self._grad_norms, self._lr, self._group_lrs = None, None, None
+            self._fused.step_boundary()  # the one-read pass, if built aside since start: from the next step
             return
 
         def submit() -> None:
@@ -399,6 +401,7 @@ class TrainingMetricsMonitor:
                 f"metrics-step-{id(self)}", f"trainprobe: training metrics of step {step} failed"
             ),
         )()
+        self._fused.step_boundary()  # the one-read pass, if built aside since start: from the next step
 
     def _payload(
         self,

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -143,8 +143,16 @@ def norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor | list[float]:
     (:class:`~trainprobe.backends.torch.stats.TensorStats`): float64 accumulation across rows of
     256 elements, as the monitors' ``norm``. CPU tensors give host floats; accelerator tensors
     one float64 vector that stays on their device (moved to the CPU when they live on several
-    devices)."""
-    rows = _NORMS.rows(tensors)
+    devices).
+
+    Raises:
+        ValueError: a tensor holds no values (``device="meta"``; the metric is then switched off
+            with one error line, as for any fault).
+    """
+    found = _NORMS.rows(tensors)
+    if any(row is None for row in found):
+        raise ValueError("a meta tensor holds no data to summarise")
+    rows = cast("list[list[float] | torch.Tensor]", found)
     if all(isinstance(row, list) for row in rows):
         return [float(row[0]) for row in rows]
     parts = [
