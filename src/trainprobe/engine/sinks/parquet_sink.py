@@ -154,8 +154,7 @@ class ParquetSink:
         return key.scope
 
     def _file_for(self, table: str, step: int) -> _OpenFile:
-        first, last = self.schedule.window(step)
-        first = max(first, min(self.first_step, step))
+        first, last = self.schedule.file_window(step, self.first_step)
         current = self._open.get(table)
         if current is not None and current.first == first:
             return current
@@ -192,16 +191,8 @@ class ParquetSink:
         if handle.writer is None:
             return
         handle.writer.close()
-        last = handle.last
-        if reached is not None and reached < handle.last:
-            last = max(handle.first, self._last_collected_at_or_before(reached))
+        last = self.schedule.file_end(handle.first, handle.last, reached)
         os.replace(handle.partial, self.rank_dir / self.name_file(table, handle.first, last))
-
-    def _last_collected_at_or_before(self, step: int) -> int:
-        s = self.schedule
-        if step < s.start_step:
-            return s.start_step
-        return s.start_step + ((step - s.start_step) // s.step_interval) * s.step_interval
 
     def close(self, reached: int | None = None) -> None:
         """Complete every open window; a window cut short at step ``reached`` is named to end there."""
