@@ -106,7 +106,7 @@ def keep_rows_before(files: list[WindowFile], step: int, name_file: Callable[[st
 def _count_rows(path: Path) -> int:
     if path.suffix == PARQUET_SUFFIX:
         summary = read_summary(path)
-        return summary.rows if summary is not None else _parquet().read_metadata(str(path)).num_rows
+        return summary.rows if summary is not None else int(_parquet().read_metadata(str(path)).num_rows)
     with path.open(newline="", encoding="utf-8", errors="replace") as handle:
         return max(0, sum(1 for _ in csv.reader(handle)) - 1)
 
@@ -157,7 +157,7 @@ def _cut_parquet_at(window: WindowFile, step: int, name_file: Callable[[str, int
     if "step" not in table.column_names:
         return 0  # not a table trainprobe wrote: left alone
     kept = table.filter(pc.less(table.column("step"), step))
-    dropped = table.num_rows - kept.num_rows
+    dropped = int(table.num_rows - kept.num_rows)
     if not kept.num_rows:
         window.path.unlink()
         return dropped

@@ -4,7 +4,9 @@ file per table and window, the CSV layout's names with ``.parquet``
 order (:class:`~trainprobe.engine.sinks.csv_sink.TableLayout`): ``vpp_stage``, ``step``,
 ``micro_step`` int64 (``micro_step`` null where the row has none), names, scope and trailing
 text (``shape``, ``dtype``) string, every op float64 (counts too), rounded as the CSV file
-would be.
+would be. The footer carries the file's summary for the query layer
+(:mod:`~trainprobe.engine.sinks.parquet_summary`: its first step with a non-finite row, its
+columns).
 
 A window's rows are buffered on the writer thread and written into ``.<name>.partial`` in row
 groups of up to :data:`ROW_GROUP_ROWS` rows (so memory holds at most one row group per table);
@@ -31,6 +33,7 @@ from trainprobe.engine.layout import PARQUET_SUFFIX, v2_file_name
 from trainprobe.engine.records import RowKey, StepBatch
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.csv_sink import TableLayout
+from trainprobe.engine.sinks.parquet_summary import SUMMARY_KEY, Summary, encode, op_flags, row_is_bad
 from trainprobe.engine.stats.ops import COUNT_OPS
 
 ROW_GROUP_ROWS = 1 << 16
@@ -64,6 +67,7 @@ class _OpenFile:
     schema: Any = None
     rows: int = 0
     pending: int = field(default=0)
+    first_bad: int | None = None
 
 
 def _pyarrow() -> Any:
@@ -124,21 +128,29 @@ class ParquetSink:
         layout = handle.layout
         cols = handle.columns
         ops = layout.ops
+        flags = op_flags(ops)
         digits = layout.ndigits
+        dtype_at = layout.trailing.index("dtype") if "dtype" in layout.trailing else -1
+        check = handle.first_bad is None or step < handle.first_bad
         for key, row in zip(keys, values):
             for column in layout.key_columns:
                 cols[column].append(self._key(layout, column, key, step))
             if layout.with_micro_step:
                 cols["micro_step"].append(key.micro_step)
+            written = []
             for op, value in zip(ops, row):
                 v = float(value)
                 if digits is not None and op not in COUNT_OPS and v == v and abs(v) != float("inf"):
                     v = round(v, digits)
                 cols[op].append(v)
+                written.append(v)
+            found: tuple[str, ...] = ()
             if layout.trailing:
                 found = layout.describe(key) if layout.describe is not None else ()
                 for i, name in enumerate(layout.trailing):
                     cols[name].append(found[i] if i < len(found) else "")
+            if check and row_is_bad(flags, written, found[dtype_at] if 0 <= dtype_at < len(found) else None):
+                handle.first_bad, check = step, False
         handle.pending += len(keys)
         if handle.pending >= ROW_GROUP_ROWS:
             self._flush(handle)
@@ -190,6 +202,7 @@ class ParquetSink:
         self._flush(handle)
         if handle.writer is None:
             return
+        handle.writer.add_key_value_metadata({SUMMARY_KEY: encode(Summary(handle.first_bad, tuple(handle.layout.header), handle.rows))})
         handle.writer.close()
         last = self.schedule.file_end(handle.first, handle.last, reached)
         os.replace(handle.partial, self.rank_dir / self.name_file(table, handle.first, last))
