@@ -391,14 +391,19 @@ def _first_nonfinite_from_summaries(
     """:func:`first_nonfinite` of a run of Parquet ``files`` with summaries ``found``: no DuckDB
     when no file names a non-finite step; else one query over the files naming the first such
     step (no other file has a non-finite row at that step). None when that query finds no
-    non-finite row there (a summary the file's rows do not bear out: the caller reads every row)."""
+    non-finite row there or fails (a summary the file does not bear out: the caller reads every
+    row)."""
     steps = [s.first_bad_step for s in found.values() if s.first_bad_step is not None]
     if not steps:
         return []
     step = min(steps)
     chosen = [f for f in files if found[f.path].first_bad_step == step]
-    con, views, _ = _connect("", files=chosen, headers={f.path: found[f.path].columns for f in chosen})
-    answer = _dicts(con.execute(first_nonfinite_sql(views, step, limit)))
+    duck = require("duckdb")
+    try:
+        con, views, _ = _connect("", files=chosen, headers={f.path: found[f.path].columns for f in chosen})
+        answer = _dicts(con.execute(first_nonfinite_sql(views, step, limit)))
+    except (duck.Error, ConfigError):  # columns other than the summary's: the row path says what is wrong
+        return None
     return answer or None  # None: a summary the rows do not bear out (a file changed since)
 
 
