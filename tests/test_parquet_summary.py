@@ -165,3 +165,36 @@ def test_a_file_whose_columns_differ_from_its_summary_is_read_row_by_row(tmp_pat
     pq.write_table(table.replace_schema_metadata({SUMMARY_KEY: entries[SUMMARY_KEY.encode()]}), str(path))
     assert read_summary(path) is not None  # the row count still matches
     assert _strip(first_nonfinite(run, 5)) == _strip(first_nonfinite(connect(run), 5))
+
+
+def test_monitor_v1_parquet_summaries_are_true(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Monitor V1's Parquet files (``shape``/``dtype`` columns, every table) carry true summaries."""
+    import json
+
+    from trainprobe.frontdoors.monitor_v1 import TrainerMon
+
+    out = tmp_path / "v1"
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(out))
+    config = {"targets": {}, "all_xy": True, "wg_distribution": True, "mv_distribution": True,
+              "param_distribution": True, "ops": OPS, "format": "parquet", "step_count_per_record": 3}
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(config))
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path), params_have_main_grad=False)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    for step in range(6):
+        torch.manual_seed(step)
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+        if step == 4:
+            model.fc1.weight.grad[0, 0] = float("nan")
+        opt.step()
+        opt.zero_grad()
+    mon.stop()
+    files = find_run_files(out)
+    assert len(files) > 3
+    for f in files:
+        summary = read_summary(f.path)
+        assert summary is not None and (summary.first_bad_step, summary.rows, summary.columns) == _true_summary(f.path)
+    assert _strip(first_nonfinite(out, 5)) == _strip(first_nonfinite(connect(out), 5)) != []

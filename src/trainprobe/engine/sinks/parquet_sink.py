@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import PARQUET_SUFFIX, v2_file_name
 from trainprobe.engine.records import RowKey, StepBatch
@@ -128,29 +130,23 @@ class ParquetSink:
         layout = handle.layout
         cols = handle.columns
         ops = layout.ops
-        flags = op_flags(ops)
         digits = layout.ndigits
-        dtype_at = layout.trailing.index("dtype") if "dtype" in layout.trailing else -1
-        check = handle.first_bad is None or step < handle.first_bad
+        if (handle.first_bad is None or step < handle.first_bad) and _has_bad_row(layout, keys, values):
+            handle.first_bad = step
         for key, row in zip(keys, values):
             for column in layout.key_columns:
                 cols[column].append(self._key(layout, column, key, step))
             if layout.with_micro_step:
                 cols["micro_step"].append(key.micro_step)
-            written = []
             for op, value in zip(ops, row):
                 v = float(value)
                 if digits is not None and op not in COUNT_OPS and v == v and abs(v) != float("inf"):
                     v = round(v, digits)
                 cols[op].append(v)
-                written.append(v)
-            found: tuple[str, ...] = ()
             if layout.trailing:
                 found = layout.describe(key) if layout.describe is not None else ()
                 for i, name in enumerate(layout.trailing):
                     cols[name].append(found[i] if i < len(found) else "")
-            if check and row_is_bad(flags, written, found[dtype_at] if 0 <= dtype_at < len(found) else None):
-                handle.first_bad, check = step, False
         handle.pending += len(keys)
         if handle.pending >= ROW_GROUP_ROWS:
             self._flush(handle)
@@ -211,6 +207,36 @@ class ParquetSink:
         """Complete every open window; a window cut short at step ``reached`` is named to end there."""
         for table in list(self._open):
             self._finish(table, reached)
+
+
+def _has_bad_row(layout: TableLayout, keys: list[RowKey], values: list[list[float]]) -> bool:
+    """Whether a row of the batch is non-finite by the query layer's rule
+    (:func:`~trainprobe.engine.sinks.parquet_summary.row_is_bad`; rounding to ``ndigits`` keeps a
+    value finite or not), tested for the whole batch at once with NumPy; only the rows it flags
+    are looked at one by one (a reference-style ``dtype`` of ``'nan'`` is never non-finite)."""
+    flags = op_flags(layout.ops)
+    table = np.asarray(values, dtype=np.float64) if values else np.empty((0, len(flags)))
+    if table.ndim != 2 or table.shape[1] != len(flags):  # ragged rows: one at a time
+        candidates: Any = range(len(values))
+    else:
+        value_ops = [i for i, f in enumerate(flags) if f == 1]
+        count_ops = [i for i, f in enumerate(flags) if f == 2]
+        mask = np.zeros(len(values), dtype=bool)
+        if value_ops:
+            mask |= ~np.isfinite(table[:, value_ops]).all(axis=1)
+        if count_ops:
+            counts = table[:, count_ops]
+            mask |= ((counts > 0) | np.isnan(counts)).any(axis=1)
+        candidates = np.flatnonzero(mask).tolist()
+    dtype_at = layout.trailing.index("dtype") if "dtype" in layout.trailing else -1
+    for i in candidates:
+        dtype = None
+        if dtype_at >= 0 and layout.describe is not None:
+            found = layout.describe(keys[i])
+            dtype = found[dtype_at] if dtype_at < len(found) else ""
+        if row_is_bad(flags, values[i], dtype):
+            return True
+    return False
 
 
 def _type(pa: Any, name: str, layout: TableLayout) -> Any:
