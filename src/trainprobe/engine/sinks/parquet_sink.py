@@ -41,6 +41,7 @@ from trainprobe.engine.stats.ops import COUNT_OPS
 ROW_GROUP_ROWS = 1 << 16
 """Rows buffered per table before they are written as one row group."""
 _INT_COLUMNS = ("vpp_stage", "step", "micro_step")
+_INF = float("inf")
 INSTALL_HINT = "Parquet output needs pyarrow: pip install 'trainprobe[query]'"
 
 
@@ -131,8 +132,7 @@ class ParquetSink:
         cols = handle.columns
         ops = layout.ops
         digits = layout.ndigits
-        if (handle.first_bad is None or step < handle.first_bad) and _has_bad_row(layout, keys, values):
-            handle.first_bad = step
+        suspect = False  # a NaN, an infinity or a count above 0: the batch may hold a non-finite row
         for key, row in zip(keys, values):
             for column in layout.key_columns:
                 cols[column].append(self._key(layout, column, key, step))
@@ -140,13 +140,21 @@ class ParquetSink:
                 cols["micro_step"].append(key.micro_step)
             for op, value in zip(ops, row):
                 v = float(value)
-                if digits is not None and op not in COUNT_OPS and v == v and abs(v) != float("inf"):
-                    v = round(v, digits)
+                if v == v and abs(v) != _INF:
+                    if op in COUNT_OPS:
+                        if v > 0:
+                            suspect = True
+                    elif digits is not None:
+                        v = round(v, digits)
+                else:
+                    suspect = True
                 cols[op].append(v)
             if layout.trailing:
                 found = layout.describe(key) if layout.describe is not None else ()
                 for i, name in enumerate(layout.trailing):
                     cols[name].append(found[i] if i < len(found) else "")
+        if suspect and (handle.first_bad is None or step < handle.first_bad) and _has_bad_row(layout, keys, values):
+            handle.first_bad = step
         handle.pending += len(keys)
         if handle.pending >= ROW_GROUP_ROWS:
             self._flush(handle)
@@ -213,7 +221,8 @@ def _has_bad_row(layout: TableLayout, keys: list[RowKey], values: list[list[floa
     """Whether a row of the batch is non-finite by the query layer's rule
     (:func:`~trainprobe.engine.sinks.parquet_summary.row_is_bad`; rounding to ``ndigits`` keeps a
     value finite or not), tested for the whole batch at once with NumPy; only the rows it flags
-    are looked at one by one (a reference-style ``dtype`` of ``'nan'`` is never non-finite)."""
+    are looked at one by one (a reference-style ``dtype`` of ``'nan'`` is never non-finite).
+    Called only for a batch :meth:`ParquetSink._add` saw a suspect value in."""
     flags = op_flags(layout.ops)
     table = np.asarray(values, dtype=np.float64) if values else np.empty((0, len(flags)))
     if table.ndim != 2 or table.shape[1] != len(flags):  # ragged rows: one at a time
