@@ -198,3 +198,31 @@ def test_monitor_v1_parquet_summaries_are_true(tmp_path: Path, monkeypatch: pyte
         summary = read_summary(f.path)
         assert summary is not None and (summary.first_bad_step, summary.rows, summary.columns) == _true_summary(f.path)
     assert _strip(first_nonfinite(out, 5)) == _strip(first_nonfinite(connect(out), 5)) != []
+
+
+@pytest.mark.parametrize(
+    "cells,dtype",
+    [
+        ([1.0, 2.0, 0.0], None),
+        ([float("nan"), 2.0, 0.0], None),
+        ([1.0, -float("inf"), 0.0], None),
+        ([1.0, 2.0, 3.0], None),  # a NaN count above 0 with finite values
+        ([1.0, 2.0, -float("inf")], None),  # a count of -inf is not above 0
+        ([1.0, 2.0, float("nan")], None),
+        ([None, 2.0, None], None),  # empty cells
+        ([float("nan"), 2.0, 1.0], "nan"),  # the reference's "no tensor" row
+        ([float("nan"), 2.0, 1.0], "torch.float32"),
+    ],
+)
+def test_row_is_bad_is_the_sql_rule(cells: list[float | None], dtype: str | None) -> None:
+    import duckdb
+
+    from trainprobe.engine.sinks.parquet_summary import op_flags, row_is_bad
+
+    columns = ["min", "max", "nans"]
+    values = ", ".join("NULL::DOUBLE" if c is None else f"'{c}'::DOUBLE" for c in cells)
+    names = ", ".join(f'"{c}"' for c in columns)
+    text = "NULL" if dtype is None else literal(dtype)
+    sql = f"SELECT {bad_rows_sql(['step', *columns, 'dtype'])} FROM (SELECT {values}, {text} AS dtype) t({names}, dtype)"
+    [(expected,)] = duckdb.connect().execute(sql).fetchall()
+    assert row_is_bad(op_flags(columns), cells, dtype) is expected
