@@ -6,11 +6,13 @@
    included) and by a bare DuckDB scan of the same files for the same question (``read_csv``
    with its type detection, a filter on every op, ``ORDER BY step LIMIT 1``): target, the layer
    within 2x of the bare scan.
-2. The run converted to Parquet (``trainprobe convert``), the same question again: target, at
+2. The run converted to Parquet (``trainprobe convert``: the files users get from it or from
+   ``"format": "parquet"``, footer summaries included), the same question again: target, at
    least 10x faster than from CSV.
    ``trainprobe report`` on the same CSV run (written to a temporary HTML page, the page's size
    printed): target, within 5x of the bare scan and at most 500 MB RSS.
-3. 256 ranks x 2,000 steps x 100 parameters x 2 scopes = 102.4 M rows generated as Parquet:
+3. 256 ranks x 2,000 steps x 100 parameters x 2 scopes = 102.4 M rows generated as Parquet by
+   pyarrow directly (no footer summaries, so the layer scans the rows: its row path at scale):
    target, first NaN/inf in at most 30 s and 2 GB RSS (the query runs in a child process whose
    peak RSS is read from ``wait4``); rows/s printed.
 

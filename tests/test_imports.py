@@ -58,6 +58,7 @@ TOOLS = (
     "trainprobe.tools.diff_html",
     "trainprobe.tools.diff_match",
     "trainprobe.tools.diff_sql",
+    "trainprobe.tools.monitor_layout",
     "trainprobe.tools.monitor_output",
     "trainprobe.tools.options",
     "trainprobe.tools.query",
@@ -252,7 +253,7 @@ def test_find_cycle_finds_one() -> None:
 
 def test_the_graph_sees_imports_and_parent_packages() -> None:
     graph = import_graph(deferred=False)
-    assert "trainprobe.engine.layout" in graph["trainprobe.tools.monitor_output"]
+    assert "trainprobe.engine.layout" in graph["trainprobe.tools.monitor_layout"]
     assert "trainprobe.engine.sinks" in graph["trainprobe.tools.anomaly_output"]  # via trainprobe.engine.sinks.files
     assert "trainprobe.engine.backend" not in graph["trainprobe.engine.probes.base"]  # TYPE_CHECKING only
     assert "trainprobe.engine.errors" in import_graph(deferred=True)["trainprobe.backends"]

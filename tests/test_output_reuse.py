@@ -154,3 +154,74 @@ def test_resumed_false_refuses_even_when_counting_from_one(tmp_path: Path) -> No
     _train(TrainerMonitorV2(_config(tmp_path)), 1, initial_step=3, resumed=True)
     steps = sorted({int(r["step"]) for r in _rows(tmp_path / "rank_0", "weight_grad")})
     assert steps == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------- Parquet output
+
+
+def _parquet_config(out: Path, per_record: int = 1) -> dict:
+    return {**_config(out, per_record), "format": "parquet"}
+
+
+def _parquet_names(rank_dir: Path, table: str) -> list[str]:
+    return sorted(
+        (p.name for p in rank_dir.glob(f"{table}_step*.parquet")),
+        key=lambda n: int(n.split("step")[1].split("-")[0]),
+    )
+
+
+def _parquet_rows(rank_dir: Path, table: str) -> list[dict[str, object]]:
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows: list[dict[str, object]] = []
+    for name in _parquet_names(rank_dir, table):
+        rows.extend(pq.read_table(str(rank_dir / name)).to_pylist())
+    return rows
+
+
+def test_a_second_parquet_run_into_the_same_folder_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 10)
+    rank_dir = tmp_path / "rank_0"
+    before = {p.name: p.read_bytes() for p in rank_dir.iterdir()}
+    assert any(name.endswith(".parquet") for name in before)
+    with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
+        _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 3)
+    assert {p.name: p.read_bytes() for p in rank_dir.iterdir()} == before
+
+
+def test_overwrite_replaces_an_earlier_parquet_run(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 10)
+    _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 3, overwrite=True)
+    rank_dir = tmp_path / "rank_0"
+    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-2.parquet"]
+    assert {r["step"] for r in _parquet_rows(rank_dir, "param")} == {0, 1, 2}
+
+
+def test_resume_continues_a_parquet_run_and_its_summaries_stay_true(tmp_path: Path) -> None:
+    """As for CSV: a Parquet run killed after step 6 resumes at step 4; rows 0-3 stay (the file
+    rewritten as ``step0-3``, its footer summary true of what is left), each step once, and the
+    query layer reads the folder as one run."""
+    pytest.importorskip("pyarrow")
+    from trainprobe.engine.sinks.parquet_summary import read_summary
+
+    first = tmp_path / "run"
+    _train(TrainerMonitorV2(_parquet_config(first, 10)), 7, seed=0)
+    rank_dir = first / "rank_0"
+    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-6.parquet"]
+    _train(TrainerMonitorV2(_parquet_config(first, 10)), 5, seed=1, initial_step=4)
+    twin = tmp_path / "twin"
+    _train(TrainerMonitorV2(_parquet_config(twin, 10)), 5, seed=1, initial_step=4)
+
+    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-3.parquet", "weight_grad_step4-8.parquet"]
+    steps = [
+        r["step"]
+        for r in _parquet_rows(rank_dir, "weight_grad")
+        if r["module_name"] == "0.weight" and r["scope"] == "unreduced"
+    ]
+    assert steps == list(range(9))
+    resumed = [r for r in _parquet_rows(rank_dir, "param") if int(r["step"]) >= 4]  # type: ignore[call-overload]
+    assert resumed == _parquet_rows(twin / "rank_0", "param")
+    cut = read_summary(rank_dir / "weight_grad_step0-3.parquet")
+    assert cut is not None and cut.rows == len([r for r in _parquet_rows(rank_dir, "weight_grad") if r["step"] < 4])
+    assert not list(rank_dir.glob(".*partial"))

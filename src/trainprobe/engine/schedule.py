@@ -78,6 +78,28 @@ class Schedule:
         first = origin + ((step - origin) // per) * per
         return first, first + per - 1
 
+    def file_window(self, step: int, first_step: int = 0) -> tuple[int, int]:
+        """First and last step in the name of the file that holds collected ``step``, for a sink
+        that sees steps from ``first_step`` on: :meth:`window`, started no earlier than
+        ``first_step`` (a session started inside a window names its first file from there, so
+        it never shares a name range with the file of the session before it). Every sink
+        (CSV, Parquet) names its files by this."""
+        first, last = self.window(step)
+        return max(first, min(first_step, step)), last
+
+    def file_end(self, first: int, last: int, reached: int | None) -> int:
+        """The last step in the name of a file of window ``first``-``last`` once it is closed at
+        step ``reached``: ``last``, or for a window cut short (``reached`` < ``last``) the last
+        step collected at or before ``reached`` (never before ``first``). None: the schedule
+        finished, the name stands."""
+        if reached is None or reached >= last:
+            return last
+        if reached < self.start_step:
+            collected = self.start_step
+        else:
+            collected = self.start_step + ((reached - self.start_step) // self.step_interval) * self.step_interval
+        return max(first, collected)
+
     def step_at(self, index: int) -> int:
         """The step collected at 0-based ``index``."""
         return self.start_step + index * self.step_interval

@@ -1,6 +1,7 @@
 """Tools that turn monitor output (V1 run folders, V2 output_dir) into answers: anomaly analyser,
-csv2tensorboard, csv2db and the offline HTML report. Each tool is one module; ``monitor_output``
-finds and reads the CSV files they share.
+csv2tensorboard, csv2db and the offline HTML report. Each tool is one module; they read monitor
+output through the query layer (``query``), ``monitor_layout`` names its layouts and selects
+files by V1 timestamp and data type.
 
 These functions are importable from here (loaded on first use)::
 

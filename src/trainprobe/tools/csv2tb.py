@@ -65,7 +65,7 @@ from trainprobe.engine.sinks.events import EventWriter, require_tensorboard
 from trainprobe.tools.csv2db_read import read_files
 from trainprobe.tools.csv2db_rows import ParsedFile
 from trainprobe.tools.monitor_files import find_monitor_files
-from trainprobe.tools.monitor_output import MonitorCsv
+from trainprobe.tools.monitor_layout import MonitorCsv
 from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder, worker_warnings
 
 COMMAND = "csv2tb"
@@ -149,7 +149,7 @@ def convert(
     Raises:
         ConfigError: any bad input: the paths and options are checked before the output folder
             is created, each CSV file when its group is converted (see
-            :mod:`trainprobe.tools.monitor_output`); also when no selected file holds a
+            :mod:`trainprobe.tools.monitor_layout`); also when no selected file holds a
             complete row.
     """
     workers = check_process_num(process_num)

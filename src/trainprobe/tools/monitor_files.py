@@ -1,6 +1,6 @@
 """The monitor files an offline tool's selection keeps (csv2db, csv2tb): CSV and Parquet.
 
-:func:`find_monitor_files` is :func:`trainprobe.tools.monitor_output.find_csv_files` (same
+:func:`find_monitor_files` is :func:`trainprobe.tools.monitor_layout.find_csv_files` (same
 selection by V1 timestamp and data type, same checks and messages) plus the Parquet files of
 the same folders (``"format": "parquet"`` output, or ``trainprobe convert``), found as the query
 layer finds them (:func:`trainprobe.tools.query_files.find_run_files`). Where a window has both a
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import V1_RUN
-from trainprobe.tools.monitor_output import MonitorCsv, check_data_types, find_csv_files, parse_time
+from trainprobe.tools.monitor_layout import MonitorCsv, check_data_types, find_csv_files, parse_time
 from trainprobe.tools.query_files import find_run_files
 
 
@@ -28,7 +28,7 @@ def find_monitor_files(
     by rank, data type and first step (:class:`MonitorCsv` whatever the format).
 
     Raises:
-        ConfigError: as :func:`~trainprobe.tools.monitor_output.find_csv_files`; "no monitor
+        ConfigError: as :func:`~trainprobe.tools.monitor_layout.find_csv_files`; "no monitor
             CSV found" only when there is no Parquet file either.
     """
     root = Path(monitor_path).expanduser()

@@ -46,12 +46,13 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
+from trainprobe.engine.sinks.parquet_summary import Summary, read_summary
 from trainprobe.tools.query_files import RunFile, clean_length, csv_header, find_run_files
 from trainprobe.tools.query_sql import (
     KEY_COLUMNS,
@@ -107,9 +108,11 @@ def _connect(
     connection: duckdb.DuckDBPyConnection | None = None,
     steps: tuple[int, int] | None = None,
     files: Sequence[RunFile] | None = None,
+    headers: Mapping[Path, tuple[str, ...]] | None = None,
 ) -> tuple[duckdb.DuckDBPyConnection, dict[str, list[str]], list[RunFile]]:
     """:func:`connect`, also returning each view's columns (no ``DESCRIBE`` needed) and the run's
-    files (before the ``steps`` selection; ``files``: those, already found)."""
+    files (before the ``steps`` selection; ``files``: those, already found; ``headers``: the
+    columns of Parquet files, known from their summaries)."""
     duck = require("duckdb")
     con = connection if connection is not None else duck.connect()
     con.execute("SET parquet_metadata_cache = true")  # the footers read for the views serve the queries
@@ -122,7 +125,7 @@ def _connect(
         by_table.setdefault(f.table, []).append(f)
     views: dict[str, list[str]] = {}
     for table, group in by_table.items():
-        made = table_sql(con, table, group)
+        made = table_sql(con, table, group, headers)
         if made is not None:
             view, views[table] = made
             con.execute(f"CREATE OR REPLACE VIEW {quote(table)} AS {view}")
@@ -150,10 +153,14 @@ def short_error(text: str) -> str:
 
 
 def table_sql(
-    con: duckdb.DuckDBPyConnection, table: str, files: Sequence[RunFile]
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    files: Sequence[RunFile],
+    headers: Mapping[Path, tuple[str, ...]] | None = None,
 ) -> tuple[str, list[str]] | None:
     """The SELECT of one view over ``files`` (all of one table) and the view's columns, or None
-    when none has rows yet."""
+    when none has rows yet. ``headers``: the columns of Parquet files, known already (from their
+    footers' summaries), so that their footers need not be read here."""
     parts: list[str] = []
     columns: list[str] = []
     csv_groups: dict[tuple[str, tuple[str, ...]], list[RunFile]] = {}
@@ -174,12 +181,13 @@ def table_sql(
     for (layout, header), group in csv_groups.items():
         parts.append(_csv_part(group, header, layout, table))
         _merge(columns, _csv_columns(header, layout))
-    by_layout: dict[str, list[RunFile]] = {}
+    by_layout: dict[tuple[str, tuple[str, ...] | None], list[RunFile]] = {}
     for f in files:
         if f.format == "parquet":
-            by_layout.setdefault(f.layout, []).append(f)
-    for layout, group in by_layout.items():
-        part, names = _parquet_part(con, group, layout, table)
+            known = headers.get(f.path) if headers is not None else None
+            by_layout.setdefault((f.layout, known), []).append(f)
+    for (layout, known), group in by_layout.items():
+        part, names = _parquet_part(con, group, layout, table, known)
         parts.append(part)
         _merge(columns, names)
     if not parts:
@@ -297,12 +305,21 @@ def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ..
 
 
 def _parquet_part(
-    con: duckdb.DuckDBPyConnection, group: Sequence[RunFile], layout: str, table: str
+    con: duckdb.DuckDBPyConnection,
+    group: Sequence[RunFile],
+    layout: str,
+    table: str,
+    header: tuple[str, ...] | None = None,
 ) -> tuple[str, list[str]]:
+    """The SELECT over Parquet files ``group``; ``header``: their columns (all the same), known
+    already; else read from their footers (the union of their columns)."""
     listed = "[" + ", ".join(literal(str(f.path)) for f in group) + "]"
-    source = f"read_parquet({listed}, union_by_name=true, filename=true, file_row_number=true)"
-    described = con.execute(f"DESCRIBE SELECT * FROM read_parquet({listed}, union_by_name=true)").fetchall()
-    header = tuple(str(row[0]) for row in described)
+    if header is None:
+        source = f"read_parquet({listed}, union_by_name=true, filename=true, file_row_number=true)"
+        described = con.execute(f"DESCRIBE SELECT * FROM read_parquet({listed}, union_by_name=true)").fetchall()
+        header = tuple(str(row[0]) for row in described)
+    else:
+        source = f"read_parquet({listed}, filename=true, file_row_number=true)"
     _check_header(header, group[0])
     select = _projection(
         header, layout, table, _rank_from("filename", layout), "filename", "file_row_number", nan_guard=True
@@ -323,17 +340,28 @@ def first_nonfinite(
     the queries of :mod:`trainprobe.tools.query_sql`: the first step with a non-finite row over
     every file, then that step's rows in order.
 
-    Given the run's folder: when the run has CSV files, two queries, the second over views of the
-    CSV files whose window holds that step only (CSV has no statistics to skip other steps by);
-    a run of Parquet files only asks one query, the first step's query nested in the second
-    (Parquet row groups of other steps are skipped by their statistics). Given a connection
-    (views from :func:`connect`), two queries on that connection's views. ``files``: the run
+    Given the run's folder: a run of Parquet files trainprobe wrote (its sink or ``convert``)
+    is answered from the summaries in their footers
+    (:mod:`~trainprobe.engine.sinks.parquet_summary`): the first step is the smallest first
+    non-finite step they name, and only the files naming that step are read, in one query (a
+    summary whose file's row count differs, or which that query does not bear out, sends the
+    run down the row path below). Other
+    runs of Parquet files ask one query, the first step's query nested in the second (Parquet
+    row groups of other steps are skipped by their statistics); when the run has CSV files, two
+    queries, the second over views of the CSV files whose window holds that step only (CSV has
+    no statistics to skip other steps by). Given a connection (views from :func:`connect`), two
+    queries on that connection's views. ``files``: the run
     folder's files, found already (:func:`~trainprobe.tools.query_files.find_run_files`)."""
     if hasattr(run, "execute"):
         con: duckdb.DuckDBPyConnection = run  # type: ignore[assignment]
         views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
         files = None  # a connection: no files to narrow the second query to
     else:
+        files = list(files) if files is not None else find_run_files(run)  # type: ignore[arg-type]
+        found = summaries(files) if all(f.format == "parquet" for f in files) else None
+        answer = _first_nonfinite_from_summaries(found, files, limit) if found is not None else None
+        if answer is not None:
+            return answer
         con, views, files = _connect(run, files=files)  # type: ignore[arg-type]
     if not views:
         return []
@@ -347,6 +375,41 @@ def first_nonfinite(
     if files is not None and any(f.format == "csv" and f.first_step <= step <= f.last_step for f in files):
         con, views, _ = _connect(run, steps=(step, step), files=files)  # type: ignore[arg-type]
     return _dicts(con.execute(first_nonfinite_sql(views, step, limit)))
+
+
+def summaries(files: Sequence[RunFile]) -> dict[Path, Summary] | None:
+    """The summaries in the footers of Parquet ``files``
+    (:func:`~trainprobe.engine.sinks.parquet_summary.read_summary`), or None when a file has
+    none (not written by trainprobe, or by an older one, or rewritten since)."""
+    out: dict[Path, Summary] = {}
+    for f in files:
+        summary = read_summary(f.path)
+        if summary is None:
+            return None
+        out[f.path] = summary
+    return out
+
+
+def _first_nonfinite_from_summaries(
+    found: Mapping[Path, Summary], files: Sequence[RunFile], limit: int
+) -> list[dict[str, Any]] | None:
+    """:func:`first_nonfinite` of a run of Parquet ``files`` with summaries ``found``: no DuckDB
+    when no file names a non-finite step; else one query over the files naming the first such
+    step (no other file has a non-finite row at that step). None when that query finds no
+    non-finite row there or fails (a summary the file does not bear out: the caller reads every
+    row)."""
+    steps = [s.first_bad_step for s in found.values() if s.first_bad_step is not None]
+    if not steps:
+        return []
+    step = min(steps)
+    chosen = [f for f in files if found[f.path].first_bad_step == step]
+    duck = require("duckdb")
+    try:
+        con, views, _ = _connect("", files=chosen, headers={f.path: found[f.path].columns for f in chosen})
+        answer = _dicts(con.execute(first_nonfinite_sql(views, step, limit)))
+    except (duck.Error, ConfigError):  # columns other than the summary's: the row path says what is wrong
+        return None
+    return answer or None  # None: a summary the rows do not bear out (a file changed since)
 
 
 _SENTINEL_STEP = -7_319_024_681_357

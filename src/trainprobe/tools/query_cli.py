@@ -105,18 +105,20 @@ def run_query(
                 raise ConfigError(f"the SQL failed on Spark: {' '.join(str(exc).split())[:500]}") from None
         finally:
             session.stop()
-    from trainprobe.tools.query import connect, describe, first_nonfinite
+    from trainprobe.tools.query import connect, describe, first_nonfinite, require
 
-    con = connect(run)
-    described = describe(con)
-    if schema:
-        return ["view", "column", "type"], [(v, c, t) for v, cols in described.items() for c, t in cols]
-    import duckdb
-
-    try:
-        if first:
+    duckdb = require("duckdb")  # or a ConfigError saying how to install it
+    if first and not schema:  # no views of every file needed (a Parquet run: its footers only)
+        try:
             found = first_nonfinite(run)
-            return list(FIRST_COLUMNS), [tuple(row.values()) for row in found]
+        except duckdb.Error as exc:
+            raise ConfigError(f"the SQL failed: {short_error(str(exc))}") from None
+        return list(FIRST_COLUMNS), [tuple(row.values()) for row in found]
+    con = connect(run)
+    if schema:
+        described = describe(con)
+        return ["view", "column", "type"], [(v, c, t) for v, cols in described.items() for c, t in cols]
+    try:
         result = con.execute(str(sql))
         return [d[0] for d in result.description], result.fetchall()
     except duckdb.Error as exc:

@@ -8,10 +8,10 @@ A *run* is a folder holding any mix of:
   or ``.parquet``;
 
 or one such rank / run folder itself. Both tools' layouts are recognised (trainprobe's and the
-reference msProbe's: same names, see :mod:`trainprobe.tools.monitor_output`). Entries that are
+reference msProbe's: same names, see :mod:`trainprobe.tools.monitor_layout`). Entries that are
 not regular files, and names no monitor writes, are left out; so is a link to a file outside the
 run folder given (never opened; one warning names it), the rule of
-:func:`trainprobe.tools.monitor_output.find_csv_files`.
+:func:`trainprobe.tools.monitor_layout.find_csv_files`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
-from trainprobe.tools.monitor_output import V1_DATA_TYPES, V2_DATA_TYPES
+from trainprobe.tools.monitor_layout import V1_DATA_TYPES, V2_DATA_TYPES
 
 Layout = Literal["v1", "v2"]
 Format = Literal["csv", "parquet"]

@@ -312,8 +312,7 @@ class CsvSink:
         return layout.text(zip(keys, values), step)
 
     def _file_for(self, table: str, step: int, layout: TableLayout) -> _OpenFile:
-        first, last = self.schedule.window(step)
-        first = max(first, min(self.first_step, step))
+        first, last = self.schedule.file_window(step, self.first_step)
         current = self._open.get(table)
         if current is not None and current.first == first:
             return current
@@ -333,15 +332,9 @@ class CsvSink:
     def _close_file(self, table: str, reached: int | None) -> None:
         handle = self._open.pop(table)
         os.close(handle.fd)
-        if reached is not None and reached < handle.last:
-            last = max(handle.first, self._last_collected_at_or_before(reached))
+        last = self.schedule.file_end(handle.first, handle.last, reached)
+        if last != handle.last:
             handle.path.rename(handle.path.with_name(self.name_file(table, handle.first, last)))
-
-    def _last_collected_at_or_before(self, step: int) -> int:
-        s = self.schedule
-        if step < s.start_step:
-            return s.start_step
-        return s.start_step + ((step - s.start_step) // s.step_interval) * s.step_interval
 
     def close(self, reached: int | None = None) -> None:
         """Close every file; a window cut short at step ``reached`` (training stopped there) is

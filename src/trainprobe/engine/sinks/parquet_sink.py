@@ -4,7 +4,9 @@ file per table and window, the CSV layout's names with ``.parquet``
 order (:class:`~trainprobe.engine.sinks.csv_sink.TableLayout`): ``vpp_stage``, ``step``,
 ``micro_step`` int64 (``micro_step`` null where the row has none), names, scope and trailing
 text (``shape``, ``dtype``) string, every op float64 (counts too), rounded as the CSV file
-would be.
+would be. The footer carries the file's summary for the query layer
+(:mod:`~trainprobe.engine.sinks.parquet_summary`: its first step with a non-finite row, its
+columns).
 
 A window's rows are buffered on the writer thread and written into ``.<name>.partial`` in row
 groups of up to :data:`ROW_GROUP_ROWS` rows (so memory holds at most one row group per table);
@@ -26,16 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import PARQUET_SUFFIX, v2_file_name
 from trainprobe.engine.records import RowKey, StepBatch
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.csv_sink import TableLayout
+from trainprobe.engine.sinks.parquet_summary import SUMMARY_KEY, Summary, encode, op_flags, row_is_bad
 from trainprobe.engine.stats.ops import COUNT_OPS
 
 ROW_GROUP_ROWS = 1 << 16
 """Rows buffered per table before they are written as one row group."""
 _INT_COLUMNS = ("vpp_stage", "step", "micro_step")
+_INF = float("inf")
 INSTALL_HINT = "Parquet output needs pyarrow: pip install 'trainprobe[query]'"
 
 
@@ -64,6 +70,7 @@ class _OpenFile:
     schema: Any = None
     rows: int = 0
     pending: int = field(default=0)
+    first_bad: int | None = None
 
 
 def _pyarrow() -> Any:
@@ -125,6 +132,7 @@ class ParquetSink:
         cols = handle.columns
         ops = layout.ops
         digits = layout.ndigits
+        suspect = False  # a NaN, an infinity or a count above 0: the batch may hold a non-finite row
         for key, row in zip(keys, values):
             for column in layout.key_columns:
                 cols[column].append(self._key(layout, column, key, step))
@@ -132,13 +140,21 @@ class ParquetSink:
                 cols["micro_step"].append(key.micro_step)
             for op, value in zip(ops, row):
                 v = float(value)
-                if digits is not None and op not in COUNT_OPS and v == v and abs(v) != float("inf"):
-                    v = round(v, digits)
+                if v == v and abs(v) != _INF:
+                    if op in COUNT_OPS:
+                        if v > 0:
+                            suspect = True
+                    elif digits is not None:
+                        v = round(v, digits)
+                else:
+                    suspect = True
                 cols[op].append(v)
             if layout.trailing:
                 found = layout.describe(key) if layout.describe is not None else ()
                 for i, name in enumerate(layout.trailing):
                     cols[name].append(found[i] if i < len(found) else "")
+        if suspect and (handle.first_bad is None or step < handle.first_bad) and _has_bad_row(layout, keys, values):
+            handle.first_bad = step
         handle.pending += len(keys)
         if handle.pending >= ROW_GROUP_ROWS:
             self._flush(handle)
@@ -154,8 +170,7 @@ class ParquetSink:
         return key.scope
 
     def _file_for(self, table: str, step: int) -> _OpenFile:
-        first, last = self.schedule.window(step)
-        first = max(first, min(self.first_step, step))
+        first, last = self.schedule.file_window(step, self.first_step)
         current = self._open.get(table)
         if current is not None and current.first == first:
             return current
@@ -191,22 +206,46 @@ class ParquetSink:
         self._flush(handle)
         if handle.writer is None:
             return
+        handle.writer.add_key_value_metadata({SUMMARY_KEY: encode(Summary(handle.first_bad, tuple(handle.layout.header), handle.rows))})
         handle.writer.close()
-        last = handle.last
-        if reached is not None and reached < handle.last:
-            last = max(handle.first, self._last_collected_at_or_before(reached))
+        last = self.schedule.file_end(handle.first, handle.last, reached)
         os.replace(handle.partial, self.rank_dir / self.name_file(table, handle.first, last))
-
-    def _last_collected_at_or_before(self, step: int) -> int:
-        s = self.schedule
-        if step < s.start_step:
-            return s.start_step
-        return s.start_step + ((step - s.start_step) // s.step_interval) * s.step_interval
 
     def close(self, reached: int | None = None) -> None:
         """Complete every open window; a window cut short at step ``reached`` is named to end there."""
         for table in list(self._open):
             self._finish(table, reached)
+
+
+def _has_bad_row(layout: TableLayout, keys: list[RowKey], values: list[list[float]]) -> bool:
+    """Whether a row of the batch is non-finite by the query layer's rule
+    (:func:`~trainprobe.engine.sinks.parquet_summary.row_is_bad`; rounding to ``ndigits`` keeps a
+    value finite or not), tested for the whole batch at once with NumPy; only the rows it flags
+    are looked at one by one (a reference-style ``dtype`` of ``'nan'`` is never non-finite).
+    Called only for a batch :meth:`ParquetSink._add` saw a suspect value in."""
+    flags = op_flags(layout.ops)
+    table = np.asarray(values, dtype=np.float64) if values else np.empty((0, len(flags)))
+    if table.ndim != 2 or table.shape[1] != len(flags):  # ragged rows: one at a time
+        candidates: Any = range(len(values))
+    else:
+        value_ops = [i for i, f in enumerate(flags) if f == 1]
+        count_ops = [i for i, f in enumerate(flags) if f == 2]
+        mask = np.zeros(len(values), dtype=bool)
+        if value_ops:
+            mask |= ~np.isfinite(table[:, value_ops]).all(axis=1)
+        if count_ops:
+            counts = table[:, count_ops]
+            mask |= ((counts > 0) | np.isnan(counts)).any(axis=1)
+        candidates = np.flatnonzero(mask).tolist()
+    dtype_at = layout.trailing.index("dtype") if "dtype" in layout.trailing else -1
+    for i in candidates:
+        dtype = None
+        if dtype_at >= 0 and layout.describe is not None:
+            found = layout.describe(keys[i])
+            dtype = found[dtype_at] if dtype_at < len(found) else ""
+        if row_is_bad(flags, values[i], dtype):
+            return True
+    return False
 
 
 def _type(pa: Any, name: str, layout: TableLayout) -> Any:
