@@ -50,7 +50,7 @@ from trainprobe.tools.execution_order import (
     table_rank,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES
-from trainprobe.tools.report_read import ReportFile, connection, find_report_files, read_file
+from trainprobe.tools.report_read import FileRows, ReportFile, connection, find_report_files, read_files
 from trainprobe.tools.report_run import (
     Offenders,
     TopShares,
@@ -275,7 +275,7 @@ def load_report_data(
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     anomaly_files, alerts = _alerts(root, files)
     reading = _Reading(alert_rows=_alert_rows(alerts))
-    torn = sum(_collect_file(con, file, reading) for file in files)
+    torn = sum(_collect_file(file, rows, reading) for file, rows in read_files(con, files))
     if not reading.tables:
         raise ConfigError(
             f"monitor_path: the {len(files)} monitor file(s) under {str(root)!r} hold no complete row "
@@ -345,9 +345,8 @@ class _Reading:
         for name in self.sampled:
             self.sampled[name] = pick_targets(self.peaks[name], self.bad[name], MAX_TARGETS)
         wanted = {name.split("/")[0] for name in self.sampled}
-        for file in files:
-            if file.data_type in wanted:
-                _collect_file(con, file, self, second=True)
+        for file, rows in read_files(con, [f for f in files if f.data_type in wanted]):
+            _collect_file(file, rows, self, second=True)
 
 
 def _alert_rows(alerts: Sequence[AnomalyEvent]) -> dict[tuple[int, str, int, int, int, str], list[int]]:
@@ -394,17 +393,16 @@ def _group_of(file: ReportFile, scope: str | None) -> tuple[str, str]:
     return f"{file.data_type}/{scope}", table
 
 
-def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Reading, second: bool = False) -> int:
-    """Hand the complete rows of ``file`` to ``reading`` as one block of numbers per group
-    (targets as ids, in model order); returns the torn rows. The second pass keeps only the rows
-    of the targets that sampled groups draw.
+def _collect_file(file: ReportFile, table: FileRows, reading: _Reading, second: bool = False) -> int:
+    """Hand the complete rows of ``file`` (``table``) to ``reading`` as one block of numbers per
+    group (targets as ids, in model order); returns the torn rows. The second pass keeps only
+    the rows of the targets that sampled groups draw.
 
-    Numbers come from the query layer (:func:`~trainprobe.tools.report_read.read_file`); the
+    Numbers come from the query layer (:func:`~trainprobe.tools.report_read.read_files`); the
     reference writer's trailing ``shape,dtype`` text columns are not ops. A row the reference
     wrote for a tensor that did not exist (every value and its ``shape`` ``nan``, e.g. the
     gradient of an input that needs none) is no row: it is neither drawn nor an anomaly.
     """
-    table = read_file(con, file)
     n = len(table.steps)
     if not n:
         return table.torn
@@ -418,18 +416,16 @@ def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Re
         "values": values,
     }
     keep = _real_rows(table.shapes, values)
-    target_texts = table.targets
     if reading.alert_rows and not second and file.layout == "v1":
-        _place_alerts(reading, file, target_texts, columns)
-    names = np.array(target_texts, dtype=object)
-    scopes = None if table.scopes is None else np.array(table.scopes, dtype=object)
-    for scope in [None] if table.scopes is None else dict.fromkeys(table.scopes):
+        _place_alerts(reading, file, table.targets, columns)
+    scopes = table.scope_codes
+    for code, scope in [(-1, None)] if scopes is None else _scopes_in_order(scopes, table.scope_names or []):
         name, v1_table = _group_of(file, scope)
         if second and name not in reading.sampled:
             continue
         index = reading.names.setdefault(name, {})
-        mine = keep & (scopes == scope) if scopes is not None else keep.copy()
-        ids = target_ids(index, names[mine])
+        mine = keep & (scopes == code) if scopes is not None else keep.copy()
+        ids = target_ids(index, table.target_codes[mine], table.target_names)
         if not ids.size:
             continue
         if second:
@@ -447,15 +443,21 @@ def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Re
     return table.torn
 
 
-def target_ids(index: dict[str, int], names: np.ndarray) -> np.ndarray:
-    """Each of ``names`` as its id in ``index``; names not in it yet are added in the order they
-    first appear (model order). Works per distinct name, not per row."""
-    if not len(names):
+def _scopes_in_order(codes: np.ndarray, names: list[str]) -> list[tuple[int, str]]:
+    """The (code, scope) pairs of a file's rows in the order the scopes first appear."""
+    unique, first = np.unique(codes, return_index=True)
+    return [(int(unique[i]), names[int(unique[i])]) for i in np.argsort(first).tolist()]
+
+
+def target_ids(index: dict[str, int], codes: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """Each row's name (``names[code]``) as its id in ``index``; names not in it yet are added in
+    the order they first appear (model order). Works per distinct name, not per row."""
+    if not len(codes):
         return np.zeros(0, dtype=np.int64)
-    unique, first, inverse = np.unique(names, return_index=True, return_inverse=True)
+    unique, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
     for new in unique[np.argsort(first)].tolist():
-        index.setdefault(new, len(index))
-    lookup = np.fromiter((index[u] for u in unique.tolist()), dtype=np.int64, count=len(unique))
+        index.setdefault(names[new], len(index))
+    lookup = np.fromiter((index[names[u]] for u in unique.tolist()), dtype=np.int64, count=len(unique))
     return lookup[inverse.reshape(-1)]
 
 
