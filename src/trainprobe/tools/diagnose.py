@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,12 +38,13 @@ from trainprobe.tools.diagnose_sql import (
     DEFAULT_WARMUP,
     DEFAULT_WINDOW,
     SPIKE_OPS,
-    first_anomaly_by_rank_sql,
     first_spikes_sql,
+    nonfinite_by_rank_sql,
     spike_rows_sql,
     step_starts_sql,
 )
 from trainprobe.tools.execution_order import execution_key, phase_of_table, table_of
+from trainprobe.tools.query_files import RunFile
 
 if TYPE_CHECKING:
     import duckdb
@@ -236,8 +238,14 @@ def diagnose(
     warmup: int = DEFAULT_WARMUP,
     limit: int = DEFAULT_LIMIT,
     baseline: str | Path | None = None,
+    files: Sequence[RunFile] | None = None,
 ) -> Diagnosis:
-    """Diagnose ``run`` (see the module docstring).
+    """Diagnose ``run`` (see the module docstring); ``files``: its data files when the caller
+    found them already (:func:`~trainprobe.tools.query_files.find_run_files`).
+
+    Three reads of the files: each rank's first non-finite step (the run's first is the least),
+    that step's rows (over the files of its window), and the spike scan up to that step (over
+    the files of those steps).
 
     Raises:
         ConfigError: bad input, one line: not a folder, no monitor data (an empty folder, unrelated
@@ -247,46 +255,65 @@ def diagnose(
     _check_options(spike_factor, window, warmup, limit)
     root = Path(run).expanduser()
     _refuse_dump(root)
-    from trainprobe.tools.query import connect, describe, first_nonfinite, require, short_error
+    from trainprobe.tools.query import require, short_error
     from trainprobe.tools.query_files import csv_header, find_run_files
 
     duck = require("duckdb")
-    files = find_run_files(root)
-    if all(f.format == "csv" and csv_header(f.path) is None for f in files):
+    found = list(files) if files is not None else find_run_files(root)
+    if all(f.format == "csv" and csv_header(f.path) is None for f in found):
         raise ConfigError(
             f"run: {str(root)!r}: no data file has a complete header line yet (torn: a run killed as it started?)"
         )
-    ranks = sorted({f.rank for f in files})
     own = duck.connect(config={"memory_limit": MEMORY_LIMIT})
     own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
-    con = connect(root, connection=own)
-    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
-    if not views:
-        raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
     try:
-        nonfinite = [_from_nonfinite(row) for row in first_nonfinite(root, limit=_CANDIDATES)]
-        last = nonfinite[0].step if nonfinite else None
-        con.execute(f"CREATE TEMP TABLE {_SPIKES} AS {spike_rows_sql(views, spike_factor, window, warmup, last)}")
-        spikes = _first_spikes(con, limit)
-        by_rank = dict(con.execute(first_anomaly_by_rank_sql(views, _SPIKES, _nonfinite_conditions(views))).fetchall())
+        nonfinite, spikes, by_rank = _scan(root, found, own, (spike_factor, window, warmup), limit)
     except duck.Error as exc:
         raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
     alerts = _alerts(root)
-    found = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
+    found_anomalies = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
     for event in alerts:
         by_rank[event.rank] = min(by_rank.get(event.rank, event.step), event.step)
     return Diagnosis(
         run=str(root),
-        anomalies=sorted(found, key=Anomaly.order_key)[:limit],
+        anomalies=sorted(found_anomalies, key=Anomaly.order_key)[:limit],
         first_nonfinite=min(nonfinite, key=Anomaly.order_key) if nonfinite else None,
         first_step_by_rank={int(r): int(s) for r, s in by_rank.items()},
-        ranks=ranks,
+        ranks=sorted({f.rank for f in found}),
         spike_factor=spike_factor,
         window=window,
         warmup=warmup,
         alerts=len(alerts),
         baseline=baseline_line(root, Path(baseline)) if baseline is not None else None,
     )
+
+
+def _scan(
+    root: Path, files: Sequence[RunFile], con: duckdb.DuckDBPyConnection, rule: tuple[float, int, int], limit: int
+) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
+    """The non-finite candidates, the spike candidates and each rank's first anomalous step
+    (non-finite or spike) of the run, on ``con`` (see :func:`diagnose`)."""
+    from trainprobe.tools.query import connect, describe, first_nonfinite
+
+    connect(root, connection=con, files=files)
+    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    if not views:
+        raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
+    by_rank: dict[int, int] = dict(con.execute(nonfinite_by_rank_sql(views, _nonfinite_conditions(views))).fetchall())
+    last = min(by_rank.values()) if by_rank else None
+    nonfinite: list[Anomaly] = []
+    if last is not None:
+        narrow = any(f.format == "csv" and f.first_step <= last <= f.last_step for f in files)
+        at = connect(root, steps=(last, last), files=files) if narrow else con
+        nonfinite = [_from_nonfinite(row) for row in first_nonfinite(at, limit=_CANDIDATES)]
+        first = min(f.first_step for f in files)
+        connect(root, connection=con, steps=(first, last), files=files)  # the spike scan reads up to ``last``
+        views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    con.execute(f"CREATE TEMP TABLE {_SPIKES} AS {spike_rows_sql(views, *rule, last)}")
+    spikes = _first_spikes(con, limit)
+    for rank, step in con.execute(f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank").fetchall():
+        by_rank[rank] = min(by_rank.get(rank, step), step)
+    return nonfinite, spikes, dict(sorted(by_rank.items()))
 
 
 def diagnosis_summary(run: str | Path, **options: Any) -> dict[str, Any]:

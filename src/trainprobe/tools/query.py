@@ -87,17 +87,19 @@ def connect(
     run: str | Path,
     connection: duckdb.DuckDBPyConnection | None = None,
     steps: tuple[int, int] | None = None,
+    files: Sequence[RunFile] | None = None,
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection (``connection``, else a new in-memory one) with one view per table of
     ``run`` (see the module docstring for the columns); with ``steps`` (first, last), over only
-    the files whose window (from their names) meets that range.
+    the files whose window (from their names) meets that range. ``files``: the run's files when
+    the caller found them already (:func:`~trainprobe.tools.query_files.find_run_files`).
 
     Raises:
         ConfigError: ``run`` holds no data file; a CSV header names a column twice or lacks the
             layout's key columns; DuckDB or PyArrow is not installed (the message says how to
             install them).
     """
-    return _connect(run, connection, steps)[0]
+    return _connect(run, connection, steps, files)[0]
 
 
 def _connect(

@@ -94,7 +94,8 @@ def write_report(
 
     data = load_report_data(monitor_dir, training_state, tensorboard)
     path = output_path(output)
-    text = render_page(data, diagnosis=_diagnosis(monitor_dir), baseline=_baseline_adder(baseline, monitor_dir))
+    diagnosis = _diagnosis(monitor_dir, data.run_files)
+    text = render_page(data, diagnosis=diagnosis, baseline=_baseline_adder(baseline, monitor_dir))
     try:
         write_atomically(path, text)
     except OSError as exc:
@@ -102,12 +103,13 @@ def write_report(
     return path
 
 
-def _diagnosis(monitor_dir: str | Path) -> list[str]:
-    """``trainprobe diagnose``'s lines for the Diagnosis section (a run it cannot read: one line saying why)."""
+def _diagnosis(monitor_dir: str | Path, files: Any = None) -> list[str]:
+    """``trainprobe diagnose``'s lines for the Diagnosis section (a run it cannot read: one line
+    saying why); ``files``: the run's files, found already by the report."""
     from trainprobe.tools.diagnose import diagnosis_summary
 
     try:
-        return list(diagnosis_summary(monitor_dir)["lines"])
+        return list(diagnosis_summary(monitor_dir, files=files)["lines"])
     except ConfigError as exc:
         return [f"no diagnosis: {exc}"]
 

@@ -50,6 +50,7 @@ from trainprobe.tools.execution_order import (
     table_rank,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES
+from trainprobe.tools.query_files import RunFile
 from trainprobe.tools.report_read import FileRows, ReportFile, connection, find_report_files, read_files
 from trainprobe.tools.report_run import (
     Offenders,
@@ -170,6 +171,7 @@ class ReportData:
         alerts: the events of ``anomaly_detected/rank*/anomaly.json``, in execution order.
         anomaly_files: the ``anomaly.json`` files read.
         training: what the ``training_state.jsonl`` files hold (empty without them).
+        run_files: the data files, as the query layer found them (for ``trainprobe diagnose``).
     """
 
     root: Path
@@ -182,6 +184,7 @@ class ReportData:
     anomaly_files: list[Path] = field(default_factory=list)
     onset_count: int = 0
     training: TrainingState = field(default_factory=TrainingState)
+    run_files: list[RunFile] = field(default_factory=list)
 
     @property
     def steps(self) -> np.ndarray:
@@ -292,7 +295,8 @@ def load_report_data(
     )
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
-    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training)
+    run_files = sorted((f.source for f in files), key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training, run_files)
 
 
 @dataclass
@@ -497,7 +501,7 @@ def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Dig
     digest.ops.update(dict.fromkeys(ops))
     digest.rows += len(rows.targets)
     digest.bad_rows += int(bad_rows.sum())
-    steps, step_index = np.unique(rows.steps, return_inverse=True)
+    steps, step_index = unique_inverse(rows.steps)
     digest.steps.update(steps.tolist())
     digest.global_bad.update(steps[np.unique(step_index[rows.known[:, op] & ~ok])].tolist())
     digest.global_norm = ops[op] == "norm"
@@ -672,7 +676,7 @@ def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size:
     magnitude among rows sharing a cell; NaN where none is finite or no row falls."""
     cells = np.full((size, values.shape[1]), np.nan)
     clean = np.where(finite, values, np.nan)
-    if len(np.unique(keys)) == len(keys):  # one row per cell: no micro-steps to merge
+    if not _has_repeats(keys):  # one row per cell: no micro-steps to merge
         cells[keys] = clean
         return cells
     for op in range(values.shape[1]):
@@ -682,15 +686,35 @@ def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size:
 
 
 def _largest_per_key(keys: np.ndarray, values: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct ``keys`` and, for each, the finite value of largest magnitude among its rows
-    (NaN when none is finite)."""
+    """The distinct ``keys`` (ascending) and, for each, the finite value of largest magnitude
+    among its rows (NaN when none is finite)."""
     if not len(keys):
         return keys, values
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    if not (sorted_keys[1:] == sorted_keys[:-1]).any():  # one row per key (no micro-steps): no merging
+        return sorted_keys, np.where(finite[order], values[order], np.nan)
     magnitude = np.where(finite, np.abs(values), -1.0)
     order = np.lexsort((magnitude, keys))
     sorted_keys = keys[order]
     last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
     return keys[last], np.where(finite[last], values[last], np.nan)
+
+
+def _has_repeats(keys: np.ndarray) -> bool:
+    """Whether some key occurs twice."""
+    ordered = np.sort(keys)
+    return bool((ordered[1:] == ordered[:-1]).any())
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``, without a sort when ``values`` are already
+    in ascending order (a file's steps)."""
+    if len(values) and not (values[1:] < values[:-1]).any():
+        change = np.r_[False, values[1:] != values[:-1]]
+        return values[np.r_[True, change[1:]]], np.cumsum(change)
+    unique, inverse = np.unique(values, return_inverse=True)
+    return unique, inverse.reshape(-1)
 
 
 def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np.ndarray:
