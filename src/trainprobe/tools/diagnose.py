@@ -239,9 +239,11 @@ def diagnose(
     limit: int = DEFAULT_LIMIT,
     baseline: str | Path | None = None,
     files: Sequence[RunFile] | None = None,
+    memory_limit: str = MEMORY_LIMIT,
 ) -> Diagnosis:
     """Diagnose ``run`` (see the module docstring); ``files``: its data files when the caller
-    found them already (:func:`~trainprobe.tools.query_files.find_run_files`).
+    found them already (:func:`~trainprobe.tools.query_files.find_run_files`); ``memory_limit``:
+    DuckDB's (it spills to a temporary folder beyond it; ``trainprobe report`` gives less).
 
     Three reads of the files: each rank's first non-finite step (the run's first is the least),
     that step's rows (over the files of its window), and the spike scan up to that step (over
@@ -264,7 +266,7 @@ def diagnose(
         raise ConfigError(
             f"run: {str(root)!r}: no data file has a complete header line yet (torn: a run killed as it started?)"
         )
-    own = duck.connect(config={"memory_limit": MEMORY_LIMIT})
+    own = duck.connect(config={"memory_limit": memory_limit})
     own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
     try:
         nonfinite, spikes, by_rank = _scan(root, found, own, (spike_factor, window, warmup), limit)

@@ -50,7 +50,6 @@ from trainprobe.tools.execution_order import (
     table_rank,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES
-from trainprobe.tools.query_files import RunFile
 from trainprobe.tools.report_read import FileRows, ReportFile, connection, find_report_files, read_files
 from trainprobe.tools.report_run import (
     Offenders,
@@ -89,7 +88,8 @@ class RankMatrix:
     """One rank's values of a group.
 
     Attributes:
-        values: ``(targets, steps, ops)`` float64; NaN where the cell is missing or non-finite.
+        values: ``(targets, steps, ops)`` float32 (the precision the page draws; finite values
+            clipped to float32's range); NaN where the cell is missing or non-finite.
         nonfinite: same shape; True where a value was NaN or inf.
         rows: complete CSV rows read.
         nonfinite_rows: rows with a NaN/inf value or a ``nans`` count above 0.
@@ -171,7 +171,6 @@ class ReportData:
         alerts: the events of ``anomaly_detected/rank*/anomaly.json``, in execution order.
         anomaly_files: the ``anomaly.json`` files read.
         training: what the ``training_state.jsonl`` files hold (empty without them).
-        run_files: the data files, as the query layer found them (for ``trainprobe diagnose``).
     """
 
     root: Path
@@ -184,7 +183,6 @@ class ReportData:
     anomaly_files: list[Path] = field(default_factory=list)
     onset_count: int = 0
     training: TrainingState = field(default_factory=TrainingState)
-    run_files: list[RunFile] = field(default_factory=list)
 
     @property
     def steps(self) -> np.ndarray:
@@ -250,7 +248,10 @@ class _Rows:
 
 
 def load_report_data(
-    monitor_dir: str | Path, training_state: str | Path | None = None, tensorboard: str | Path | None = None
+    monitor_dir: str | Path,
+    training_state: str | Path | None = None,
+    tensorboard: str | Path | None = None,
+    files: list[ReportFile] | None = None,
 ) -> ReportData:
     """Read every monitor CSV and anomaly file under ``monitor_dir``, and the training metrics'
     ``training_state.jsonl`` files: those of ``training_state`` (the file, a ``rank_<id>``
@@ -258,7 +259,8 @@ def load_report_data(
     folders or one level below (see :func:`~trainprobe.tools.report_run.find_training_state`);
     and the metrics' TensorBoard scalars (loss, learning rate, gradient norm) of ``tensorboard``
     (their ``tensorboard_dir``), else of event files in ``monitor_dir``'s ``rank_<id>`` folders
-    (see :func:`~trainprobe.tools.report_run.find_event_files`).
+    (see :func:`~trainprobe.tools.report_run.find_event_files`). ``files``: the data files of
+    ``monitor_dir`` when the caller found them already (:func:`~trainprobe.tools.report_read.find_report_files`).
 
     Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
     as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
@@ -272,7 +274,7 @@ def load_report_data(
             ``tensorboard`` that is missing or holds no event file (or an unreadable one).
     """
     root = Path(monitor_dir).expanduser()
-    files = find_report_files(root)
+    files = find_report_files(root) if files is None else files
     con = connection()
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
@@ -295,8 +297,7 @@ def load_report_data(
     )
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
-    run_files = sorted((f.source for f in files), key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
-    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training, run_files)
+    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training)
 
 
 @dataclass
@@ -478,10 +479,21 @@ def step_positions(steps: np.ndarray) -> np.ndarray:
 
 
 def _slim(block: _Block) -> _Block:
-    """``block`` as kept for the matrices once digested: targets, steps and values only (the
-    micro-step, stage, line and position columns served the onsets and are dropped)."""
+    """``block`` as kept for the matrices once digested: targets (int32), steps and values
+    (float32, as drawn: :func:`compact`) only (the micro-step, stage, line and position columns
+    served the onsets and are dropped)."""
     none = np.zeros(0, dtype=np.int64)
-    return replace(block, micro=none, vpp=none, line=none, pos=none)
+    targets = block.targets.astype(np.int32)
+    return replace(block, targets=targets, micro=none, vpp=none, line=none, pos=none, values=compact(block.values))
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def compact(values: np.ndarray) -> np.ndarray:
+    """``values`` as float32, the precision the page draws: finite values clipped to float32's
+    range (so that they stay finite), NaN and inf kept."""
+    return np.where(np.isfinite(values), np.clip(values, -_FLOAT32_MAX, _FLOAT32_MAX), values).astype(np.float32)
 
 
 def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Digest) -> None:
@@ -661,7 +673,7 @@ def _rank_matrix(
     global_value = np.array([digest.global_value.get(int(s), np.nan) for s in steps], dtype=np.float64)
     label = "global norm" if digest.global_norm else f"max |{ops[default_op(ops)]}|"
     return RankMatrix(
-        values=values.reshape(n_targets, n_steps, len(ops)),
+        values=compact(values).reshape(n_targets, n_steps, len(ops)),
         nonfinite=flags.reshape(n_targets, n_steps, len(ops)),
         rows=digest.rows,
         nonfinite_rows=digest.bad_rows,

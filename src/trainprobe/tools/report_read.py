@@ -106,6 +106,12 @@ def find_report_files(root: Path) -> list[ReportFile]:
     return sorted(files, key=lambda f: (f.rank, f.data_type, f.source.first_step, f.run, f.source.format))
 
 
+def run_files(files: Sequence[ReportFile]) -> list[RunFile]:
+    """The query layer's descriptions of ``files``, in the query layer's order
+    (:func:`~trainprobe.tools.query_files.find_run_files`'s)."""
+    return sorted((f.source for f in files), key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+
+
 def connection() -> duckdb.DuckDBPyConnection:
     """A DuckDB connection for :func:`read_file` (ConfigError naming the ``[query]`` extra without DuckDB)."""
     return require("duckdb").connect()  # type: ignore[no-any-return]
@@ -159,7 +165,7 @@ def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> I
 
 
 #: Rows per Arrow batch of a many-file scan (:func:`read_files`).
-BATCH_ROWS = 1 << 18
+BATCH_ROWS = 262144
 
 
 class _BulkError(Exception):
