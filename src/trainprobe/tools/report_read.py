@@ -230,7 +230,7 @@ def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Itera
                         current += 1
                     pending = []
                 pending.append(record.slice(start, end - start))
-    except duckdb.Error:
+    except (duckdb.Error, pa.ArrowException, OSError):  # a failure in the stream comes as an Arrow OSError
         raise _BulkError from None
     if pending:
         yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
