@@ -246,8 +246,8 @@ def diagnose(
     DuckDB's (it spills to a temporary folder beyond it; ``trainprobe report`` gives less).
 
     Three reads of the files: each rank's first non-finite step (the run's first is the least),
-    that step's rows (over the files of its window), and the spike scan up to that step (over
-    the files of those steps).
+    that step's rows (:func:`~trainprobe.tools.query_sql.first_nonfinite_sql`, over the files of
+    its window), and the spike scan up to that step (over the files of those steps).
 
     Raises:
         ConfigError: bad input, one line: not a folder, no monitor data (an empty folder, unrelated
@@ -295,7 +295,8 @@ def _scan(
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     """The non-finite candidates, the spike candidates and each rank's first anomalous step
     (non-finite or spike) of the run, on ``con`` (see :func:`diagnose`)."""
-    from trainprobe.tools.query import connect, describe, first_nonfinite
+    from trainprobe.tools.query import connect, describe
+    from trainprobe.tools.query_sql import first_nonfinite_sql
 
     connect(root, connection=con, files=files)
     views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
@@ -306,8 +307,11 @@ def _scan(
     nonfinite: list[Anomaly] = []
     if last is not None:
         narrow = any(f.format == "csv" and f.first_step <= last <= f.last_step for f in files)
-        at = connect(root, steps=(last, last), files=files) if narrow else con
-        nonfinite = [_from_nonfinite(row) for row in first_nonfinite(at, limit=_CANDIDATES)]
+        at = connect(root, steps=(last, last), files=files) if narrow else con  # CSV: only that step's files
+        at_views = {v: [c for c, _ in cols] for v, cols in describe(at).items()}
+        result = at.execute(first_nonfinite_sql(at_views, last, _CANDIDATES))
+        names = [d[0] for d in result.description]
+        nonfinite = [_from_nonfinite(dict(zip(names, row))) for row in result.fetchall()]
         first = min(f.first_step for f in files)
         connect(root, connection=con, steps=(first, last), files=files)  # the spike scan reads up to ``last``
         views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
