@@ -1,5 +1,8 @@
 """The numbers behind ``trainprobe report``: monitor CSVs read into matrices, NaN/inf onsets and
-anomaly events in execution order, and the step downsampling of the heatmaps.
+anomaly events in execution order. Its helpers: :mod:`~trainprobe.tools.report_read` (the files,
+read through the query layer), :mod:`~trainprobe.tools.report_cells` (the numpy work on a file's
+rows), :mod:`~trainprobe.tools.report_events` (naming events),
+:mod:`~trainprobe.tools.report_downsample` (the step buckets of the heatmaps and lines).
 
 * A *group* is one V1 table (``grad_reduced``, ``actv`` ...) or one V2 monitor and scope
   (``weight_grad/reduced``, ``module/forward`` ...). Its targets are kept in model order, the order
@@ -25,8 +28,6 @@ anomaly events in execution order, and the step downsampling of the heatmaps.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,6 +51,25 @@ from trainprobe.tools.execution_order import (
     table_rank,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES
+from trainprobe.tools.report_cells import (
+    compact,
+    grown,
+    largest_per_key,
+    merge_cells,
+    real_rows,
+    step_positions,
+    target_ids,
+    unique_inverse,
+)
+from trainprobe.tools.report_downsample import bucket_size as bucket_size
+from trainprobe.tools.report_downsample import downsample as downsample
+from trainprobe.tools.report_events import (
+    COUNT_OPS,
+    bare_target,
+    describe_values,
+    event_group,
+    event_target,
+)
 from trainprobe.tools.report_read import FileRows, ReportFile, connection, find_report_files, read_files
 from trainprobe.tools.report_run import (
     Offenders,
@@ -65,13 +85,6 @@ from trainprobe.tools.report_run import (
 if TYPE_CHECKING:
     import duckdb
 
-_TAG = re.compile(r"^(.*)/rank\d+/(.+)$")
-#: ``{vpp_stage}:`` before and ``:{micro_step}`` after the target in a V1 tag (the spec's tag form).
-_V1_TARGET = re.compile(r"^(?:\d+:)?(.*?)(?::\d+)?$")
-#: V1 tags name the gradient tables by task (the spec's tag form): the CSV table each one is.
-TABLE_OF_TASK = {"acc_grad": "grad_unreduced", "post_grad": "grad_reduced"}
-#: Ops whose value counts non-finite elements: above 0 makes the row non-finite.
-COUNT_OPS: frozenset[str] = frozenset({"nans"})
 #: Targets drawn per data type (heatmap rows). Beyond it the report keeps every target with a
 #: NaN/inf (first onset first), then the largest peaks of the default op (norm), and says
 #: "K of M targets" on the page; counts, onsets and the global norm still cover every target.
@@ -375,19 +388,13 @@ def _place_alerts(reading: _Reading, file: ReportFile, targets: list[str], colum
     steps, micro, vpp, pos = (columns[k].tolist() for k in ("steps", "micro", "vpp", "pos"))
     taken: dict[tuple[int, str, int, int, int, str], int] = {}
     for row in (i for i, step in enumerate(steps) if step in wanted):
-        target = _bare_target(targets[row])
+        target = bare_target(targets[row])
         once = _phase(file.data_type, target)[1]
         key = (file.rank, file.data_type, steps[row], 0 if once else max(micro[row], 0), vpp[row], target)
         alerts = reading.alert_rows.get(key)
         if alerts is not None and taken.get(key, 0) < len(alerts):
             reading.alert_positions[alerts[taken.get(key, 0)]] = pos[row]
             taken[key] = taken.get(key, 0) + 1
-
-
-def _bare_target(name: str) -> str:
-    """A CSV target without a ``<vpp_stage>:`` prefix or ``:<micro_step>`` suffix (as :func:`event_target`)."""
-    bare = _V1_TARGET.match(name)
-    return bare.group(1) if bare else name
 
 
 def _group_of(file: ReportFile, scope: str | None) -> tuple[str, str]:
@@ -420,7 +427,7 @@ def _collect_file(file: ReportFile, table: FileRows, reading: _Reading, second: 
         "pos": step_positions(table.steps),
         "values": values,
     }
-    keep = _real_rows(table.shapes, values)
+    keep = real_rows(table.shapes, values)
     if reading.alert_rows and not second and file.layout == "v1":
         _place_alerts(reading, file, table.targets, columns)
     scopes = table.scope_codes
@@ -454,30 +461,6 @@ def _scopes_in_order(codes: np.ndarray, names: list[str]) -> list[tuple[int, str
     return [(int(unique[i]), names[int(unique[i])]) for i in np.argsort(first).tolist()]
 
 
-def target_ids(index: dict[str, int], codes: np.ndarray, names: Sequence[str]) -> np.ndarray:
-    """Each row's name (``names[code]``) as its id in ``index``; names not in it yet are added in
-    the order they first appear (model order). Works per distinct name, not per row."""
-    if not len(codes):
-        return np.zeros(0, dtype=np.int64)
-    unique, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
-    for new in unique[np.argsort(first)].tolist():
-        index.setdefault(names[new], len(index))
-    lookup = np.fromiter((index[names[u]] for u in unique.tolist()), dtype=np.int64, count=len(unique))
-    return lookup[inverse.reshape(-1)]
-
-
-def step_positions(steps: np.ndarray) -> np.ndarray:
-    """For rows in file order with these ``steps``, each row's place among the rows of its step:
-    :func:`~trainprobe.tools.execution_order.row_positions` with numpy."""
-    order = np.argsort(steps, kind="stable")
-    ordered = steps[order]
-    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
-    first_of_run = np.repeat(starts, np.diff(np.r_[starts, len(ordered)]))
-    positions = np.empty(len(steps), dtype=np.int64)
-    positions[order] = np.arange(len(steps)) - first_of_run
-    return positions
-
-
 def _slim(block: _Block) -> _Block:
     """``block`` as kept for the matrices once digested: targets (int32), steps and values
     (float32, as drawn: :func:`compact`) only (the micro-step, stage, line and position columns
@@ -487,13 +470,6 @@ def _slim(block: _Block) -> _Block:
     return replace(block, targets=targets, micro=none, vpp=none, line=none, pos=none, values=compact(block.values))
 
 
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def compact(values: np.ndarray) -> np.ndarray:
-    """``values`` as float32, the precision the page draws: finite values clipped to float32's
-    range (so that they stay finite), NaN and inf kept."""
-    return np.where(np.isfinite(values), np.clip(values, -_FLOAT32_MAX, _FLOAT32_MAX), values).astype(np.float32)
 
 
 def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Digest) -> None:
@@ -502,8 +478,8 @@ def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Dig
     the micro-steps of the file) and the first onsets."""
     rows, ops = _join([block], block.ops), block.ops
     size = len(reading.names[name])
-    peaks = reading.peaks[name] = _grown(reading.peaks.get(name), size, -1.0)
-    bad = reading.bad[name] = _grown(reading.bad.get(name), size, False)
+    peaks = reading.peaks[name] = grown(reading.peaks.get(name), size, -1.0)
+    bad = reading.bad[name] = grown(reading.bad.get(name), size, False)
     op = default_op(ops)
     finite = np.isfinite(rows.values)
     column, ok = rows.values[:, op], finite[:, op]
@@ -531,7 +507,7 @@ def _fold_global(
     """Add one block's per-step sum of norm² (or max |value|) to ``digest.global_value``."""
     n = len(steps)
     if digest.global_norm:
-        cells, largest = _largest_per_key(targets * n + step_index, column, ok)
+        cells, largest = largest_per_key(targets * n + step_index, column, ok)
         present = np.isfinite(largest)
         where = cells[present] % n
         sums = np.bincount(where, weights=largest[present] ** 2, minlength=n)
@@ -548,22 +524,6 @@ def _fold_global(
     for step, value in zip(steps.tolist(), peak.tolist()):
         if value > -np.inf:
             digest.global_value[step] = max(digest.global_value.get(step, -np.inf), value)
-
-
-def _grown(array: np.ndarray | None, size: int, fill: float | bool) -> np.ndarray:
-    """``array`` extended to ``size`` with ``fill`` (a new one when None)."""
-    old = 0 if array is None else len(array)
-    extra = np.full(size - old, fill, dtype=np.float64 if isinstance(fill, float) else bool)
-    return extra if array is None else np.concatenate([array, extra])
-
-
-def _real_rows(shapes: list[str] | None, values: np.ndarray) -> np.ndarray:
-    """Per row: False for the reference's row of a missing tensor (``shape`` and every value
-    ``nan``), True otherwise."""
-    if shapes is None:
-        return np.ones(len(values), dtype=bool)
-    missing = np.fromiter((s.strip().lower() == "nan" for s in shapes), dtype=bool, count=len(values))
-    return ~(missing & np.isnan(values).all(axis=1))
 
 
 def _phase(table: str, target: str = "") -> tuple[str, bool]:
@@ -669,7 +629,7 @@ def _rank_matrix(
         keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
         bad_rows, bad_ops = np.nonzero((rows.known & ~finite)[drawn])
         flags[keys[bad_rows], bad_ops] = True
-        values = _merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
+        values = merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
     global_value = np.array([digest.global_value.get(int(s), np.nan) for s in steps], dtype=np.float64)
     label = "global norm" if digest.global_norm else f"max |{ops[default_op(ops)]}|"
     return RankMatrix(
@@ -681,52 +641,6 @@ def _rank_matrix(
         global_nonfinite=np.isin(steps, list(digest.global_bad)),
         global_label=label,
     )
-
-
-def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size: int) -> np.ndarray:
-    """``(size, ops)`` cells from rows with cell index ``keys``: the finite value of largest
-    magnitude among rows sharing a cell; NaN where none is finite or no row falls."""
-    cells = np.full((size, values.shape[1]), np.nan)
-    clean = np.where(finite, values, np.nan)
-    if not _has_repeats(keys):  # one row per cell: no micro-steps to merge
-        cells[keys] = clean
-        return cells
-    for op in range(values.shape[1]):
-        unique, largest = _largest_per_key(keys, values[:, op], finite[:, op])
-        cells[unique, op] = largest
-    return cells
-
-
-def _largest_per_key(keys: np.ndarray, values: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct ``keys`` (ascending) and, for each, the finite value of largest magnitude
-    among its rows (NaN when none is finite)."""
-    if not len(keys):
-        return keys, values
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    if not (sorted_keys[1:] == sorted_keys[:-1]).any():  # one row per key (no micro-steps): no merging
-        return sorted_keys, np.where(finite[order], values[order], np.nan)
-    magnitude = np.where(finite, np.abs(values), -1.0)
-    order = np.lexsort((magnitude, keys))
-    sorted_keys = keys[order]
-    last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
-    return keys[last], np.where(finite[last], values[last], np.nan)
-
-
-def _has_repeats(keys: np.ndarray) -> bool:
-    """Whether some key occurs twice."""
-    ordered = np.sort(keys)
-    return bool((ordered[1:] == ordered[:-1]).any())
-
-
-def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(values, return_inverse=True)``, without a sort when ``values`` are already
-    in ascending order (a file's steps)."""
-    if len(values) and not (values[1:] < values[:-1]).any():
-        change = np.r_[False, values[1:] != values[:-1]]
-        return values[np.r_[True, change[1:]]], np.cumsum(change)
-    unique, inverse = np.unique(values, return_inverse=True)
-    return unique, inverse.reshape(-1)
 
 
 def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np.ndarray:
@@ -792,15 +706,6 @@ def _row_event(group: Group, rank: int, rows: _Rows, row: int, names: list[str])
     )
 
 
-def describe_values(ops: Sequence[str], values: np.ndarray, known: np.ndarray) -> str:
-    """``"NaN in min, max, mean, norm; nans = 1"``: which ops of a row are non-finite."""
-    nan = [op for op, v, k in zip(ops, values, known) if k and math.isnan(v)]
-    inf = [op for op, v, k in zip(ops, values, known) if k and math.isinf(v)]
-    counts = [f"{op} = {v:g}" for op, v, k in zip(ops, values, known) if k and op in COUNT_OPS and v > 0]
-    parts = ([f"NaN in {', '.join(nan)}"] if nan else []) + ([f"inf in {', '.join(inf)}"] if inf else []) + counts
-    return "; ".join(parts) or "non-finite"
-
-
 def _alerts(root: Path, csvs: Sequence[ReportFile]) -> tuple[list[Path], list[AnomalyEvent]]:
     """The events of ``root/anomaly_detected/rank*/anomaly.json`` in file order ([] without).
     When ``root`` is one V1 run folder, its parent's ``anomaly_detected`` and that rank's events."""
@@ -816,48 +721,5 @@ def _alerts(root: Path, csvs: Sequence[ReportFile]) -> tuple[list[Path], list[An
     return files, events
 
 
-def event_target(event: AnomalyEvent) -> str:
-    """The target of an event as the CSV ``name`` column writes it: ``tag_name`` before
-    ``/rank<r>/`` without the ``<vpp_stage>:`` prefix and the ``:<micro_step>`` suffix
-    (``0:fc1.input:0/rank0/actv`` → ``fc1.input``)."""
-    found = _TAG.match(event.data["tag_name"])
-    if not found:
-        return event.data["tag_name"]
-    bare = _V1_TARGET.match(found.group(1))
-    return bare.group(1) if bare else found.group(1)
 
 
-def event_group(event: AnomalyEvent) -> str:
-    """The group of an event (V1 table, or V2 ``monitor/scope``): ``tag_name`` after ``/rank<r>/``,
-    with the V1 gradient tasks named as their tables (``post_grad`` → ``grad_reduced``)."""
-    found = _TAG.match(event.data["tag_name"])
-    if not found:
-        return ""
-    return TABLE_OF_TASK.get(found.group(2), found.group(2))
-
-
-# --------------------------------------------------------------------------- downsampling
-
-
-def bucket_size(n_steps: int, max_columns: int) -> int:
-    """Steps per column so that ``n_steps`` fit in ``max_columns`` (1: no downsampling)."""
-    return max(1, math.ceil(n_steps / max_columns))
-
-
-def downsample(values: np.ndarray, nonfinite: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Downsample the last axis in buckets of ``size`` consecutive steps.
-
-    Each bucket keeps its value of largest magnitude (sign kept), so a spike survives; a bucket
-    with a non-finite value is non-finite. Missing values (NaN, not flagged) are ignored; an
-    all-missing bucket is NaN.
-    """
-    if size <= 1:
-        return values, nonfinite
-    n = values.shape[-1]
-    pad = (-n) % size
-    shape = (*values.shape[:-1], (n + pad) // size, size)
-    padded = np.concatenate([values, np.full((*values.shape[:-1], pad), np.nan)], axis=-1).reshape(shape)
-    flags = np.concatenate([nonfinite, np.zeros((*nonfinite.shape[:-1], pad), dtype=bool)], axis=-1).reshape(shape)
-    magnitude = np.where(np.isnan(padded), -1.0, np.abs(padded))
-    pick = np.take_along_axis(padded, magnitude.argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    return pick, np.asarray(flags.any(axis=-1))

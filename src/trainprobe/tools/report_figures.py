@@ -25,15 +25,9 @@ from typing import Any
 import numpy as np
 
 from trainprobe.tools.anomaly_analyse import AnomalyEvent
-from trainprobe.tools.report_data import (
-    Group,
-    ReportData,
-    bucket_size,
-    default_op,
-    downsample,
-    event_group,
-    event_target,
-)
+from trainprobe.tools.report_data import Group, ReportData, default_op
+from trainprobe.tools.report_downsample import bucket_size, downsample
+from trainprobe.tools.report_events import event_group, event_target
 from trainprobe.tools.report_run import LOSS_KEYS, LR_KEYS, NORM_KEYS, Offenders, Series
 
 Figure = dict[str, Any]

@@ -292,8 +292,17 @@ def _file_rows(got: object, ops: tuple[str, ...], v2: bool, torn: int) -> FileRo
     scope_codes, scope_names = _codes(table.column("scope")) if v2 else (None, None)
     shapes = [str(s) for s in table.column("shape").to_pylist()] if "shape" in table.column_names else None
     return FileRows(
-        ops, ints("step"), ints("micro"), ints("vpp_stage"), values, target_codes, target_names,
-        scope_codes, scope_names, shapes, torn,
+        ops,
+        ints("step"),
+        ints("micro"),
+        ints("vpp_stage"),
+        values,
+        target_codes,
+        target_names,
+        scope_codes,
+        scope_names,
+        shapes,
+        torn,
     )
 
 
