@@ -25,6 +25,7 @@ Usage::
 
     python bench/bench_query.py            # full run (about 10 minutes on 2 cores, ~3 GB of disk)
     python bench/bench_query.py --quick    # smoke run (small sizes)
+    python bench/bench_query.py --keep /tmp/bq --only report   # the bare scan and the report only
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     parser.add_argument("--keep", help="keep the generated runs in this folder")
+    parser.add_argument(
+        "--only", choices=("report",), help="measure only this tool (with the bare scan it is compared to)"
+    )
     args = parser.parse_args()
     small = Shape(ranks=4, steps=100, params=20, window=50, nan_rank=2, nan_step=61, nan_param=7)
     medium = Shape(ranks=32, steps=500, params=100, window=100, nan_rank=7, nan_step=321, nan_param=42)
@@ -150,6 +154,10 @@ def main() -> None:
         size = sum(p.stat().st_size for p in csv_run.rglob("*.csv")) / 1e6
         print(f"CSV run: {csv_shape.rows:,} rows, {size:.0f} MB ({time.perf_counter() - t:.1f} s to generate)")
         bare = measure("bare", csv_run)
+        if args.only == "report":
+            print(f"  bare DuckDB scan:  {bare['seconds']:.2f} s, {bare['rss_mb']:.0f} MB RSS -> {bare['answer']}")
+            print_report_row(csv_run, bare)
+            return
         layer = measure("layer", csv_run)
         print(f"  bare DuckDB scan:  {bare['seconds']:.2f} s, {bare['rss_mb']:.0f} MB RSS -> {bare['answer']}")
         print(f"  query layer:       {layer['seconds']:.2f} s, {layer['rss_mb']:.0f} MB RSS -> {layer['answer']}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,12 +38,13 @@ from trainprobe.tools.diagnose_sql import (
     DEFAULT_WARMUP,
     DEFAULT_WINDOW,
     SPIKE_OPS,
-    first_anomaly_by_rank_sql,
     first_spikes_sql,
+    nonfinite_by_rank_sql,
     spike_rows_sql,
     step_starts_sql,
 )
 from trainprobe.tools.execution_order import execution_key, phase_of_table, table_of
+from trainprobe.tools.query_files import RunFile
 
 if TYPE_CHECKING:
     import duckdb
@@ -238,8 +240,16 @@ def diagnose(
     warmup: int = DEFAULT_WARMUP,
     limit: int = DEFAULT_LIMIT,
     baseline: str | Path | None = None,
+    files: Sequence[RunFile] | None = None,
+    memory_limit: str = MEMORY_LIMIT,
 ) -> Diagnosis:
-    """Diagnose ``run`` (see the module docstring).
+    """Diagnose ``run`` (see the module docstring); ``files``: its data files when the caller
+    found them already (:func:`~trainprobe.tools.query_files.find_run_files`); ``memory_limit``:
+    DuckDB's (it spills to a temporary folder beyond it; ``trainprobe report`` gives less).
+
+    Three reads of the files: each rank's first non-finite step (the run's first is the least),
+    that step's rows (:func:`~trainprobe.tools.query_sql.first_nonfinite_sql`, over the files of
+    its window), and the spike scan up to that step (over the files of those steps).
 
     Raises:
         ConfigError: bad input, one line: not a folder, no monitor data (an empty folder, unrelated
@@ -249,41 +259,63 @@ def diagnose(
     _check_options(spike_factor, window, warmup, limit)
     root = Path(run).expanduser()
     _refuse_dump(root)
-    from trainprobe.tools.query import connect, describe, first_nonfinite, require, short_error
-
+    from trainprobe.tools.query import require, short_error
     duck = require("duckdb")
-    files = _run_files(root)
-    ranks = sorted({f.rank for f in files})
-    own = duck.connect(config={"memory_limit": MEMORY_LIMIT})
+    found = _run_files(root, files)
+    own = duck.connect(config={"memory_limit": memory_limit})
     own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
-    con = connect(root, connection=own, files=files)
-    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
-    if not views:
-        raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
     try:
-        nonfinite = [_from_nonfinite(row) for row in first_nonfinite(root, limit=_CANDIDATES, files=files)]
-        last = nonfinite[0].step if nonfinite else None
-        con.execute(f"CREATE TEMP TABLE {_SPIKES} AS {spike_rows_sql(views, spike_factor, window, warmup, last)}")
-        spikes = _first_spikes(con, limit)
-        by_rank = dict(con.execute(first_anomaly_by_rank_sql(views, _SPIKES, _nonfinite_conditions(views))).fetchall())
+        nonfinite, spikes, by_rank = _scan(root, found, own, (spike_factor, window, warmup), limit)
     except duck.Error as exc:
         raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
     alerts = _alerts(root)
-    found = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
+    found_anomalies = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
     for event in alerts:
         by_rank[event.rank] = min(by_rank.get(event.rank, event.step), event.step)
     return Diagnosis(
         run=str(root),
-        anomalies=sorted(found, key=Anomaly.order_key)[:limit],
+        anomalies=sorted(found_anomalies, key=Anomaly.order_key)[:limit],
         first_nonfinite=min(nonfinite, key=Anomaly.order_key) if nonfinite else None,
         first_step_by_rank={int(r): int(s) for r, s in by_rank.items()},
-        ranks=ranks,
+        ranks=sorted({f.rank for f in found}),
         spike_factor=spike_factor,
         window=window,
         warmup=warmup,
         alerts=len(alerts),
         baseline=baseline_line(root, Path(baseline)) if baseline is not None else None,
     )
+
+
+def _scan(
+    root: Path, files: Sequence[RunFile], con: duckdb.DuckDBPyConnection, rule: tuple[float, int, int], limit: int
+) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
+    """The non-finite candidates, the spike candidates and each rank's first anomalous step
+    (non-finite or spike) of the run, on ``con`` (see :func:`diagnose`)."""
+    from trainprobe.tools.query import connect, describe
+    from trainprobe.tools.query_sql import first_nonfinite_sql
+
+    connect(root, connection=con, files=files)
+    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    if not views:
+        raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
+    by_rank: dict[int, int] = dict(con.execute(nonfinite_by_rank_sql(views, _nonfinite_conditions(views))).fetchall())
+    last = min(by_rank.values()) if by_rank else None
+    nonfinite: list[Anomaly] = []
+    if last is not None:
+        narrow = any(f.format == "csv" and f.first_step <= last <= f.last_step for f in files)
+        at = connect(root, steps=(last, last), files=files) if narrow else con  # CSV: only that step's files
+        at_views = {v: [c for c, _ in cols] for v, cols in describe(at).items()}
+        result = at.execute(first_nonfinite_sql(at_views, last, _CANDIDATES))
+        names = [d[0] for d in result.description]
+        nonfinite = [_from_nonfinite(dict(zip(names, row))) for row in result.fetchall()]
+        first = min(f.first_step for f in files)
+        connect(root, connection=con, steps=(first, last), files=files)  # the spike scan reads up to ``last``
+        views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    con.execute(f"CREATE TEMP TABLE {_SPIKES} AS {spike_rows_sql(views, *rule, last)}")
+    spikes = _first_spikes(con, limit)
+    for rank, step in con.execute(f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank").fetchall():
+        by_rank[rank] = min(by_rank.get(rank, step), step)
+    return nonfinite, spikes, dict(sorted(by_rank.items()))
 
 
 def diagnosis_summary(run: str | Path, **options: Any) -> dict[str, Any]:
@@ -310,9 +342,9 @@ def _check_options(spike_factor: float, window: int, warmup: int, limit: int) ->
         raise ConfigError(f"limit: {limit}; need at least 1")
 
 
-def _run_files(root: Path) -> list[RunFile]:
-    """The run's data files, found once for the whole diagnosis (the views and the first-NaN/inf
-    query are given them).
+def _run_files(root: Path, files: Sequence[RunFile] | None = None) -> list[RunFile]:
+    """The run's data files (``files`` when the caller found them already), found once for the
+    whole diagnosis (the views and the first-NaN/inf query are given them).
 
     Raises:
         ConfigError: no monitor data file under ``root`` (see
@@ -321,7 +353,7 @@ def _run_files(root: Path) -> list[RunFile]:
     """
     from trainprobe.tools.query_files import csv_header, find_run_files
 
-    files = find_run_files(root)
+    files = list(files) if files is not None else find_run_files(root)
     if all(f.format == "csv" and csv_header(f.path) is None for f in files):
         raise ConfigError(
             f"run: {str(root)!r}: no data file has a complete header line yet (torn: a run killed as it started?)"

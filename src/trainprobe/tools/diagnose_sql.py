@@ -149,13 +149,15 @@ def step_starts_sql(table: str, steps: Sequence[int]) -> str:
     )
 
 
-def first_anomaly_by_rank_sql(views: Mapping[str, Sequence[str]], spikes: str, nonfinite: Mapping[str, str]) -> str:
-    """Each rank's first step with an anomaly (a spike in the table ``spikes``, or a row that
-    ``nonfinite[view]`` (a SQL condition) calls non-finite), as ``rank, step``, by rank."""
-    parts = [f"SELECT rank, min(step) AS step FROM {spikes} GROUP BY rank"]
-    parts += [
+def nonfinite_by_rank_sql(views: Mapping[str, Sequence[str]], nonfinite: Mapping[str, str]) -> str:
+    """Each rank's first step with a row that ``nonfinite[view]`` (a SQL condition) calls
+    non-finite, as ``rank, step``, by rank (one filtered scan; the run's first such step is the
+    least of them)."""
+    parts = [
         f'SELECT rank, min(step) AS step FROM "{table}" WHERE {nonfinite[table]} GROUP BY rank'
         for table in views
         if table in nonfinite
     ]
+    if not parts:
+        return "SELECT NULL::BIGINT AS rank, NULL::BIGINT AS step WHERE FALSE"
     return "SELECT rank, min(step) AS step FROM (" + " UNION ALL ".join(parts) + ") GROUP BY rank ORDER BY rank"

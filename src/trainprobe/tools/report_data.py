@@ -1,5 +1,8 @@
 """The numbers behind ``trainprobe report``: monitor CSVs read into matrices, NaN/inf onsets and
-anomaly events in execution order, and the step downsampling of the heatmaps.
+anomaly events in execution order. Its helpers: :mod:`~trainprobe.tools.report_read` (the files,
+read through the query layer), :mod:`~trainprobe.tools.report_cells` (the numpy work on a file's
+rows), :mod:`~trainprobe.tools.report_events` (naming events),
+:mod:`~trainprobe.tools.report_downsample` (the step buckets of the heatmaps and lines).
 
 * A *group* is one V1 table (``grad_reduced``, ``actv`` ...) or one V2 monitor and scope
   (``weight_grad/reduced``, ``module/forward`` ...). Its targets are kept in model order, the order
@@ -25,8 +28,6 @@ anomaly events in execution order, and the step downsampling of the heatmaps.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,7 +51,26 @@ from trainprobe.tools.execution_order import (
     table_rank,
 )
 from trainprobe.tools.monitor_output import V1_DATA_TYPES
-from trainprobe.tools.report_read import ReportFile, connection, find_report_files, read_file
+from trainprobe.tools.report_cells import (
+    compact,
+    grown,
+    largest_per_key,
+    merge_cells,
+    real_rows,
+    step_positions,
+    target_ids,
+    unique_inverse,
+)
+from trainprobe.tools.report_downsample import bucket_size as bucket_size
+from trainprobe.tools.report_downsample import downsample as downsample
+from trainprobe.tools.report_events import (
+    COUNT_OPS,
+    bare_target,
+    describe_values,
+    event_group,
+    event_target,
+)
+from trainprobe.tools.report_read import FileRows, ReportFile, connection, find_report_files, read_files
 from trainprobe.tools.report_run import (
     Offenders,
     TopShares,
@@ -65,13 +85,6 @@ from trainprobe.tools.report_run import (
 if TYPE_CHECKING:
     import duckdb
 
-_TAG = re.compile(r"^(.*)/rank\d+/(.+)$")
-#: ``{vpp_stage}:`` before and ``:{micro_step}`` after the target in a V1 tag (the spec's tag form).
-_V1_TARGET = re.compile(r"^(?:\d+:)?(.*?)(?::\d+)?$")
-#: V1 tags name the gradient tables by task (the spec's tag form): the CSV table each one is.
-TABLE_OF_TASK = {"acc_grad": "grad_unreduced", "post_grad": "grad_reduced"}
-#: Ops whose value counts non-finite elements: above 0 makes the row non-finite.
-COUNT_OPS: frozenset[str] = frozenset({"nans"})
 #: Targets drawn per data type (heatmap rows). Beyond it the report keeps every target with a
 #: NaN/inf (first onset first), then the largest peaks of the default op (norm), and says
 #: "K of M targets" on the page; counts, onsets and the global norm still cover every target.
@@ -88,7 +101,8 @@ class RankMatrix:
     """One rank's values of a group.
 
     Attributes:
-        values: ``(targets, steps, ops)`` float64; NaN where the cell is missing or non-finite.
+        values: ``(targets, steps, ops)`` float32 (the precision the page draws; finite values
+            clipped to float32's range); NaN where the cell is missing or non-finite.
         nonfinite: same shape; True where a value was NaN or inf.
         rows: complete CSV rows read.
         nonfinite_rows: rows with a NaN/inf value or a ``nans`` count above 0.
@@ -247,7 +261,10 @@ class _Rows:
 
 
 def load_report_data(
-    monitor_dir: str | Path, training_state: str | Path | None = None, tensorboard: str | Path | None = None
+    monitor_dir: str | Path,
+    training_state: str | Path | None = None,
+    tensorboard: str | Path | None = None,
+    files: list[ReportFile] | None = None,
 ) -> ReportData:
     """Read every monitor CSV and anomaly file under ``monitor_dir``, and the training metrics'
     ``training_state.jsonl`` files: those of ``training_state`` (the file, a ``rank_<id>``
@@ -255,7 +272,8 @@ def load_report_data(
     folders or one level below (see :func:`~trainprobe.tools.report_run.find_training_state`);
     and the metrics' TensorBoard scalars (loss, learning rate, gradient norm) of ``tensorboard``
     (their ``tensorboard_dir``), else of event files in ``monitor_dir``'s ``rank_<id>`` folders
-    (see :func:`~trainprobe.tools.report_run.find_event_files`).
+    (see :func:`~trainprobe.tools.report_run.find_event_files`). ``files``: the data files of
+    ``monitor_dir`` when the caller found them already (:func:`~trainprobe.tools.report_read.find_report_files`).
 
     Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
     as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
@@ -269,13 +287,13 @@ def load_report_data(
             ``tensorboard`` that is missing or holds no event file (or an unreadable one).
     """
     root = Path(monitor_dir).expanduser()
-    files = find_report_files(root)
+    files = find_report_files(root) if files is None else files
     con = connection()
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     anomaly_files, alerts = _alerts(root, files)
     reading = _Reading(alert_rows=_alert_rows(alerts))
-    torn = sum(_collect_file(con, file, reading) for file in files)
+    torn = sum(_collect_file(file, rows, reading) for file, rows in read_files(con, files))
     if not reading.tables:
         raise ConfigError(
             f"monitor_path: the {len(files)} monitor file(s) under {str(root)!r} hold no complete row "
@@ -345,9 +363,8 @@ class _Reading:
         for name in self.sampled:
             self.sampled[name] = pick_targets(self.peaks[name], self.bad[name], MAX_TARGETS)
         wanted = {name.split("/")[0] for name in self.sampled}
-        for file in files:
-            if file.data_type in wanted:
-                _collect_file(con, file, self, second=True)
+        for file, rows in read_files(con, [f for f in files if f.data_type in wanted]):
+            _collect_file(file, rows, self, second=True)
 
 
 def _alert_rows(alerts: Sequence[AnomalyEvent]) -> dict[tuple[int, str, int, int, int, str], list[int]]:
@@ -371,19 +388,13 @@ def _place_alerts(reading: _Reading, file: ReportFile, targets: list[str], colum
     steps, micro, vpp, pos = (columns[k].tolist() for k in ("steps", "micro", "vpp", "pos"))
     taken: dict[tuple[int, str, int, int, int, str], int] = {}
     for row in (i for i, step in enumerate(steps) if step in wanted):
-        target = _bare_target(targets[row])
+        target = bare_target(targets[row])
         once = _phase(file.data_type, target)[1]
         key = (file.rank, file.data_type, steps[row], 0 if once else max(micro[row], 0), vpp[row], target)
         alerts = reading.alert_rows.get(key)
         if alerts is not None and taken.get(key, 0) < len(alerts):
             reading.alert_positions[alerts[taken.get(key, 0)]] = pos[row]
             taken[key] = taken.get(key, 0) + 1
-
-
-def _bare_target(name: str) -> str:
-    """A CSV target without a ``<vpp_stage>:`` prefix or ``:<micro_step>`` suffix (as :func:`event_target`)."""
-    bare = _V1_TARGET.match(name)
-    return bare.group(1) if bare else name
 
 
 def _group_of(file: ReportFile, scope: str | None) -> tuple[str, str]:
@@ -394,17 +405,16 @@ def _group_of(file: ReportFile, scope: str | None) -> tuple[str, str]:
     return f"{file.data_type}/{scope}", table
 
 
-def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Reading, second: bool = False) -> int:
-    """Hand the complete rows of ``file`` to ``reading`` as one block of numbers per group
-    (targets as ids, in model order); returns the torn rows. The second pass keeps only the rows
-    of the targets that sampled groups draw.
+def _collect_file(file: ReportFile, table: FileRows, reading: _Reading, second: bool = False) -> int:
+    """Hand the complete rows of ``file`` (``table``) to ``reading`` as one block of numbers per
+    group (targets as ids, in model order); returns the torn rows. The second pass keeps only
+    the rows of the targets that sampled groups draw.
 
-    Numbers come from the query layer (:func:`~trainprobe.tools.report_read.read_file`); the
+    Numbers come from the query layer (:func:`~trainprobe.tools.report_read.read_files`); the
     reference writer's trailing ``shape,dtype`` text columns are not ops. A row the reference
     wrote for a tensor that did not exist (every value and its ``shape`` ``nan``, e.g. the
     gradient of an input that needs none) is no row: it is neither drawn nor an anomaly.
     """
-    table = read_file(con, file)
     n = len(table.steps)
     if not n:
         return table.torn
@@ -417,19 +427,17 @@ def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Re
         "pos": step_positions(table.steps),
         "values": values,
     }
-    keep = _real_rows(table.shapes, values)
-    target_texts = table.targets
+    keep = real_rows(table.shapes, values)
     if reading.alert_rows and not second and file.layout == "v1":
-        _place_alerts(reading, file, target_texts, columns)
-    names = np.array(target_texts, dtype=object)
-    scopes = None if table.scopes is None else np.array(table.scopes, dtype=object)
-    for scope in [None] if table.scopes is None else dict.fromkeys(table.scopes):
+        _place_alerts(reading, file, table.targets, columns)
+    scopes = table.scope_codes
+    for code, scope in [(-1, None)] if scopes is None else _scopes_in_order(scopes, table.scope_names or []):
         name, v1_table = _group_of(file, scope)
         if second and name not in reading.sampled:
             continue
         index = reading.names.setdefault(name, {})
-        mine = keep & (scopes == scope) if scopes is not None else keep.copy()
-        ids = target_ids(index, names[mine])
+        mine = keep & (scopes == code) if scopes is not None else keep.copy()
+        ids = target_ids(index, table.target_codes[mine], table.target_names)
         if not ids.size:
             continue
         if second:
@@ -447,35 +455,21 @@ def _collect_file(con: duckdb.DuckDBPyConnection, file: ReportFile, reading: _Re
     return table.torn
 
 
-def target_ids(index: dict[str, int], names: np.ndarray) -> np.ndarray:
-    """Each of ``names`` as its id in ``index``; names not in it yet are added in the order they
-    first appear (model order). Works per distinct name, not per row."""
-    if not len(names):
-        return np.zeros(0, dtype=np.int64)
-    unique, first, inverse = np.unique(names, return_index=True, return_inverse=True)
-    for new in unique[np.argsort(first)].tolist():
-        index.setdefault(new, len(index))
-    lookup = np.fromiter((index[u] for u in unique.tolist()), dtype=np.int64, count=len(unique))
-    return lookup[inverse.reshape(-1)]
-
-
-def step_positions(steps: np.ndarray) -> np.ndarray:
-    """For rows in file order with these ``steps``, each row's place among the rows of its step:
-    :func:`~trainprobe.tools.execution_order.row_positions` with numpy."""
-    order = np.argsort(steps, kind="stable")
-    ordered = steps[order]
-    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
-    first_of_run = np.repeat(starts, np.diff(np.r_[starts, len(ordered)]))
-    positions = np.empty(len(steps), dtype=np.int64)
-    positions[order] = np.arange(len(steps)) - first_of_run
-    return positions
+def _scopes_in_order(codes: np.ndarray, names: list[str]) -> list[tuple[int, str]]:
+    """The (code, scope) pairs of a file's rows in the order the scopes first appear."""
+    unique, first = np.unique(codes, return_index=True)
+    return [(int(unique[i]), names[int(unique[i])]) for i in np.argsort(first).tolist()]
 
 
 def _slim(block: _Block) -> _Block:
-    """``block`` as kept for the matrices once digested: targets, steps and values only (the
-    micro-step, stage, line and position columns served the onsets and are dropped)."""
+    """``block`` as kept for the matrices once digested: targets (int32), steps and values
+    (float32, as drawn: :func:`compact`) only (the micro-step, stage, line and position columns
+    served the onsets and are dropped)."""
     none = np.zeros(0, dtype=np.int64)
-    return replace(block, micro=none, vpp=none, line=none, pos=none)
+    targets = block.targets.astype(np.int32)
+    return replace(block, targets=targets, micro=none, vpp=none, line=none, pos=none, values=compact(block.values))
+
+
 
 
 def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Digest) -> None:
@@ -484,8 +478,8 @@ def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Dig
     the micro-steps of the file) and the first onsets."""
     rows, ops = _join([block], block.ops), block.ops
     size = len(reading.names[name])
-    peaks = reading.peaks[name] = _grown(reading.peaks.get(name), size, -1.0)
-    bad = reading.bad[name] = _grown(reading.bad.get(name), size, False)
+    peaks = reading.peaks[name] = grown(reading.peaks.get(name), size, -1.0)
+    bad = reading.bad[name] = grown(reading.bad.get(name), size, False)
     op = default_op(ops)
     finite = np.isfinite(rows.values)
     column, ok = rows.values[:, op], finite[:, op]
@@ -495,7 +489,7 @@ def _digest(reading: _Reading, name: str, rank: int, block: _Block, digest: _Dig
     digest.ops.update(dict.fromkeys(ops))
     digest.rows += len(rows.targets)
     digest.bad_rows += int(bad_rows.sum())
-    steps, step_index = np.unique(rows.steps, return_inverse=True)
+    steps, step_index = unique_inverse(rows.steps)
     digest.steps.update(steps.tolist())
     digest.global_bad.update(steps[np.unique(step_index[rows.known[:, op] & ~ok])].tolist())
     digest.global_norm = ops[op] == "norm"
@@ -513,7 +507,7 @@ def _fold_global(
     """Add one block's per-step sum of norm² (or max |value|) to ``digest.global_value``."""
     n = len(steps)
     if digest.global_norm:
-        cells, largest = _largest_per_key(targets * n + step_index, column, ok)
+        cells, largest = largest_per_key(targets * n + step_index, column, ok)
         present = np.isfinite(largest)
         where = cells[present] % n
         sums = np.bincount(where, weights=largest[present] ** 2, minlength=n)
@@ -530,22 +524,6 @@ def _fold_global(
     for step, value in zip(steps.tolist(), peak.tolist()):
         if value > -np.inf:
             digest.global_value[step] = max(digest.global_value.get(step, -np.inf), value)
-
-
-def _grown(array: np.ndarray | None, size: int, fill: float | bool) -> np.ndarray:
-    """``array`` extended to ``size`` with ``fill`` (a new one when None)."""
-    old = 0 if array is None else len(array)
-    extra = np.full(size - old, fill, dtype=np.float64 if isinstance(fill, float) else bool)
-    return extra if array is None else np.concatenate([array, extra])
-
-
-def _real_rows(shapes: list[str] | None, values: np.ndarray) -> np.ndarray:
-    """Per row: False for the reference's row of a missing tensor (``shape`` and every value
-    ``nan``), True otherwise."""
-    if shapes is None:
-        return np.ones(len(values), dtype=bool)
-    missing = np.fromiter((s.strip().lower() == "nan" for s in shapes), dtype=bool, count=len(values))
-    return ~(missing & np.isnan(values).all(axis=1))
 
 
 def _phase(table: str, target: str = "") -> tuple[str, bool]:
@@ -651,11 +629,11 @@ def _rank_matrix(
         keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
         bad_rows, bad_ops = np.nonzero((rows.known & ~finite)[drawn])
         flags[keys[bad_rows], bad_ops] = True
-        values = _merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
+        values = merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
     global_value = np.array([digest.global_value.get(int(s), np.nan) for s in steps], dtype=np.float64)
     label = "global norm" if digest.global_norm else f"max |{ops[default_op(ops)]}|"
     return RankMatrix(
-        values=values.reshape(n_targets, n_steps, len(ops)),
+        values=compact(values).reshape(n_targets, n_steps, len(ops)),
         nonfinite=flags.reshape(n_targets, n_steps, len(ops)),
         rows=digest.rows,
         nonfinite_rows=digest.bad_rows,
@@ -663,32 +641,6 @@ def _rank_matrix(
         global_nonfinite=np.isin(steps, list(digest.global_bad)),
         global_label=label,
     )
-
-
-def _merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size: int) -> np.ndarray:
-    """``(size, ops)`` cells from rows with cell index ``keys``: the finite value of largest
-    magnitude among rows sharing a cell; NaN where none is finite or no row falls."""
-    cells = np.full((size, values.shape[1]), np.nan)
-    clean = np.where(finite, values, np.nan)
-    if len(np.unique(keys)) == len(keys):  # one row per cell: no micro-steps to merge
-        cells[keys] = clean
-        return cells
-    for op in range(values.shape[1]):
-        unique, largest = _largest_per_key(keys, values[:, op], finite[:, op])
-        cells[unique, op] = largest
-    return cells
-
-
-def _largest_per_key(keys: np.ndarray, values: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct ``keys`` and, for each, the finite value of largest magnitude among its rows
-    (NaN when none is finite)."""
-    if not len(keys):
-        return keys, values
-    magnitude = np.where(finite, np.abs(values), -1.0)
-    order = np.lexsort((magnitude, keys))
-    sorted_keys = keys[order]
-    last = order[np.r_[sorted_keys[1:] != sorted_keys[:-1], True]]
-    return keys[last], np.where(finite[last], values[last], np.nan)
 
 
 def _bad_rows(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np.ndarray:
@@ -754,15 +706,6 @@ def _row_event(group: Group, rank: int, rows: _Rows, row: int, names: list[str])
     )
 
 
-def describe_values(ops: Sequence[str], values: np.ndarray, known: np.ndarray) -> str:
-    """``"NaN in min, max, mean, norm; nans = 1"``: which ops of a row are non-finite."""
-    nan = [op for op, v, k in zip(ops, values, known) if k and math.isnan(v)]
-    inf = [op for op, v, k in zip(ops, values, known) if k and math.isinf(v)]
-    counts = [f"{op} = {v:g}" for op, v, k in zip(ops, values, known) if k and op in COUNT_OPS and v > 0]
-    parts = ([f"NaN in {', '.join(nan)}"] if nan else []) + ([f"inf in {', '.join(inf)}"] if inf else []) + counts
-    return "; ".join(parts) or "non-finite"
-
-
 def _alerts(root: Path, csvs: Sequence[ReportFile]) -> tuple[list[Path], list[AnomalyEvent]]:
     """The events of ``root/anomaly_detected/rank*/anomaly.json`` in file order ([] without).
     When ``root`` is one V1 run folder, its parent's ``anomaly_detected`` and that rank's events."""
@@ -778,48 +721,5 @@ def _alerts(root: Path, csvs: Sequence[ReportFile]) -> tuple[list[Path], list[An
     return files, events
 
 
-def event_target(event: AnomalyEvent) -> str:
-    """The target of an event as the CSV ``name`` column writes it: ``tag_name`` before
-    ``/rank<r>/`` without the ``<vpp_stage>:`` prefix and the ``:<micro_step>`` suffix
-    (``0:fc1.input:0/rank0/actv`` → ``fc1.input``)."""
-    found = _TAG.match(event.data["tag_name"])
-    if not found:
-        return event.data["tag_name"]
-    bare = _V1_TARGET.match(found.group(1))
-    return bare.group(1) if bare else found.group(1)
 
 
-def event_group(event: AnomalyEvent) -> str:
-    """The group of an event (V1 table, or V2 ``monitor/scope``): ``tag_name`` after ``/rank<r>/``,
-    with the V1 gradient tasks named as their tables (``post_grad`` → ``grad_reduced``)."""
-    found = _TAG.match(event.data["tag_name"])
-    if not found:
-        return ""
-    return TABLE_OF_TASK.get(found.group(2), found.group(2))
-
-
-# --------------------------------------------------------------------------- downsampling
-
-
-def bucket_size(n_steps: int, max_columns: int) -> int:
-    """Steps per column so that ``n_steps`` fit in ``max_columns`` (1: no downsampling)."""
-    return max(1, math.ceil(n_steps / max_columns))
-
-
-def downsample(values: np.ndarray, nonfinite: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Downsample the last axis in buckets of ``size`` consecutive steps.
-
-    Each bucket keeps its value of largest magnitude (sign kept), so a spike survives; a bucket
-    with a non-finite value is non-finite. Missing values (NaN, not flagged) are ignored; an
-    all-missing bucket is NaN.
-    """
-    if size <= 1:
-        return values, nonfinite
-    n = values.shape[-1]
-    pad = (-n) % size
-    shape = (*values.shape[:-1], (n + pad) // size, size)
-    padded = np.concatenate([values, np.full((*values.shape[:-1], pad), np.nan)], axis=-1).reshape(shape)
-    flags = np.concatenate([nonfinite, np.zeros((*nonfinite.shape[:-1], pad), dtype=bool)], axis=-1).reshape(shape)
-    magnitude = np.where(np.isnan(padded), -1.0, np.abs(padded))
-    pick = np.take_along_axis(padded, magnitude.argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    return pick, np.asarray(flags.any(axis=-1))

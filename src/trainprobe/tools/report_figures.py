@@ -9,8 +9,9 @@ named ``tp-<dimension>`` with the ``skip`` method, and the page's script (see
 Downsampling: a heatmap has at most :data:`MAX_HEATMAP_COLUMNS` step columns and a line at most
 :data:`MAX_LINE_POINTS` points; longer runs are cut into buckets of consecutive steps and each
 bucket shows its value of largest magnitude (a spike is kept), or non-finite if any value in it is.
-Pages with many ranks, ops and data types get fewer columns (see :func:`heatmap_bucket`), so that
-the page stays a few tens of megabytes at most.
+Pages with many ranks, ops and data types get fewer columns and points (see :func:`heatmap_bucket`,
+:func:`line_bucket`), so that the page stays about 15 MB at most (the 32 ranks x 500 steps x 100
+parameters x 2 scopes of ``bench/bench_query.py``: 13 MB, of which Plotly's bundle is 4.8 MB).
 """
 
 from __future__ import annotations
@@ -24,25 +25,21 @@ from typing import Any
 import numpy as np
 
 from trainprobe.tools.anomaly_analyse import AnomalyEvent
-from trainprobe.tools.report_data import (
-    Group,
-    ReportData,
-    bucket_size,
-    default_op,
-    downsample,
-    event_group,
-    event_target,
-)
+from trainprobe.tools.report_data import Group, ReportData, default_op
+from trainprobe.tools.report_downsample import bucket_size, downsample
+from trainprobe.tools.report_events import event_group, event_target
 from trainprobe.tools.report_run import LOSS_KEYS, LR_KEYS, NORM_KEYS, Offenders, Series
 
 Figure = dict[str, Any]
 
 MAX_HEATMAP_COLUMNS = 500
-MIN_HEATMAP_COLUMNS = 100
-PAGE_HEATMAP_CELLS = 6_000_000
+MIN_HEATMAP_COLUMNS = 20
+#: Heatmap cells of the whole page (every data type, op and rank): about 5 MB of page.
+PAGE_HEATMAP_CELLS = 1_000_000
 MAX_LINE_POINTS = 1000
-MIN_LINE_POINTS = 200
-PAGE_LINE_POINTS = 2_000_000
+MIN_LINE_POINTS = 40
+#: Line points of the line charts of the whole page: about 2 MB of page.
+PAGE_LINE_POINTS = 400_000
 TOP_LINES = 10
 PICKABLE_LINES = 30
 MAX_TIMELINE_EVENTS = 2000

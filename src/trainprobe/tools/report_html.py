@@ -18,7 +18,8 @@ from typing import Any
 import plotly.io as pio
 
 from trainprobe.tools.anomaly_analyse import DEFAULT_TOPK, AnomalyEvent
-from trainprobe.tools.report_data import MAX_TARGETS, ReportData, event_group, event_target
+from trainprobe.tools.report_data import MAX_TARGETS, ReportData
+from trainprobe.tools.report_events import event_group, event_target
 from trainprobe.tools.report_figures import (
     MAX_HEATMAP_COLUMNS,
     MAX_LINE_POINTS,

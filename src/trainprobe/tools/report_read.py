@@ -16,6 +16,7 @@ Needs the ``[query]`` extra (DuckDB); without it, one line says how to install i
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +25,7 @@ import numpy as np
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.query import quote, require, table_sql
-from trainprobe.tools.query_files import NoRunFiles, RunFile, clean_length, find_run_files
+from trainprobe.tools.query_files import NoRunFiles, RunFile, clean_length, csv_header, find_run_files
 from trainprobe.tools.query_sql import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
 
 if TYPE_CHECKING:
@@ -60,8 +61,9 @@ class FileRows:
         ops: the op columns, in file order.
         steps, micro, vpp: int64 per row (``micro`` -1 where the file has none).
         values: ``(rows, ops)`` float64 (``nan``/``inf`` kept; an empty cell NaN).
-        targets: the row's module or parameter name.
-        scopes: V2: the row's scope; V1: None.
+        target_codes: per row, an index into ``target_names`` (the row's module or parameter).
+        target_names: the distinct names of the file.
+        scope_codes, scope_names: V2: the row's scope, the same way; V1: None.
         shapes: the reference V1 ``shape`` text per row where the file has that column, else None.
         torn: 1 when the file's torn last record was left out, else 0.
     """
@@ -71,10 +73,17 @@ class FileRows:
     micro: np.ndarray
     vpp: np.ndarray
     values: np.ndarray
-    targets: list[str]
-    scopes: list[str] | None
+    target_codes: np.ndarray
+    target_names: list[str]
+    scope_codes: np.ndarray | None
+    scope_names: list[str] | None
     shapes: list[str] | None
     torn: int
+
+    @property
+    def targets(self) -> list[str]:
+        """The row's module or parameter name, per row (a list of strings: for small uses only)."""
+        return [self.target_names[c] for c in self.target_codes.tolist()]
 
 
 def find_report_files(root: Path) -> list[ReportFile]:
@@ -95,6 +104,12 @@ def find_report_files(root: Path) -> list[ReportFile]:
     return sorted(files, key=lambda f: (f.rank, f.data_type, f.source.first_step, f.run, f.source.format))
 
 
+def run_files(files: Sequence[ReportFile]) -> list[RunFile]:
+    """The query layer's descriptions of ``files``, in the query layer's order
+    (:func:`~trainprobe.tools.query_files.find_run_files`'s)."""
+    return sorted((f.source for f in files), key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+
+
 def connection() -> duckdb.DuckDBPyConnection:
     """A DuckDB connection for :func:`read_file` (ConfigError naming the ``[query]`` extra without DuckDB)."""
     return require("duckdb").connect()  # type: ignore[no-any-return]
@@ -109,45 +124,189 @@ def read_file(con: duckdb.DuckDBPyConnection, file: ReportFile) -> FileRows:
     """
     import duckdb
 
-    torn = int(file.source.format == "csv" and (clean_length(file.path) or 0) > 0)
+    torn = _torn(file)
     try:
         made = table_sql(con, file.data_type, [file.source])
         if made is None:
             return _empty(torn)
         view, names = made
-        ops = tuple(c for c in names if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS)
-        items = [
-            "step",
-            "coalesce(micro_step, -1) AS micro",
-            "vpp_stage",
-            "coalesce(name, '') AS name",
-            "coalesce(scope, '') AS scope",
-            *(f"coalesce({quote(op)}, CAST('nan' AS DOUBLE)) AS {quote('op_' + op)}" for op in ops),
-            *(["shape"] if "shape" in names else []),
-        ]
-        got = con.execute(f"SELECT {', '.join(items)} FROM ({view}) ORDER BY file_row").fetchnumpy()
+        ops = _ops(names)
+        got = con.sql(f"SELECT {_items(ops, names)} FROM ({view}) ORDER BY file_row").to_arrow_table()
     except duckdb.Error as exc:
         raise ConfigError(f"{file.path}: {_reason(str(exc))}") from None
-    n = len(got["step"])
+    return _file_rows(got, ops, file.layout == "v2", torn)
+
+
+def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+    """``(file, its rows)`` for each of ``files``, in their order, as :func:`read_file` reads
+    them, but each run of consecutive CSV files of one table, layout and header (none of them
+    torn) in one DuckDB scan, streamed in batches of :data:`BATCH_ROWS` rows: the scan runs in
+    parallel, and memory holds a batch and the file being assembled, not the run.
+
+    Raises:
+        ConfigError: as :func:`read_file` (a scan that fails is read again file by file, so
+            that the message names the file).
+    """
+    for batch in _bulk_runs(files):
+        if len(batch) == 1:
+            yield batch[0], read_file(con, batch[0])
+            continue
+        done = 0
+        try:
+            for file, rows in _read_bulk(con, batch):
+                done += 1
+                yield file, rows
+        except (_Unordered, _BulkError):
+            pass  # read the rest file by file
+        for file in batch[done:]:
+            yield file, read_file(con, file)
+
+
+#: Rows per Arrow batch of a many-file scan (:func:`read_files`).
+BATCH_ROWS = 262144
+
+
+class _BulkError(Exception):
+    """A many-file scan failed: its files are read again one at a time (the error names the file)."""
+
+
+class _Unordered(Exception):
+    """A many-file scan did not return its files one after the other, in order."""
+
+
+def _bulk_runs(files: Sequence[ReportFile]) -> list[list[ReportFile]]:
+    """``files`` cut into runs of consecutive CSV files that one scan can read: same table,
+    layout and header, none torn; every other file alone."""
+    runs: list[list[ReportFile]] = []
+    last: tuple[object, ...] | None = None
+    for file in files:
+        key: tuple[object, ...] | None = None
+        if file.source.format == "csv" and not _torn(file):
+            header = csv_header(file.path)
+            key = None if header is None else (file.data_type, file.layout, header)
+        if key is not None and key == last:
+            runs[-1].append(file)
+        else:
+            runs.append([file])
+        last = key
+    return runs
+
+
+def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+    """The files of one run of :func:`_bulk_runs` through one streamed scan (see :func:`read_files`).
+
+    Raises:
+        _BulkError: DuckDB failed; _Unordered: the scan's rows are not file after file in order.
+    """
+    import duckdb
+    import pyarrow as pa
+
+    index = {str(f.path): n for n, f in enumerate(batch)}
+    made = table_sql(con, batch[0].data_type, [f.source for f in batch])
+    if made is None:
+        raise _Unordered
+    view, names = made
+    ops = _ops(names)
+    v2 = batch[0].layout == "v2"
+    pending: list[pa.Table] = []
+    current = 0
+    try:
+        reader = con.sql(f"SELECT {_items(ops, names)}, file FROM ({view})").to_arrow_reader(BATCH_ROWS)
+        for record in reader:
+            files = record.column("file").to_numpy(zero_copy_only=False)
+            cuts = np.r_[0, np.flatnonzero(files[1:] != files[:-1]) + 1, len(files)]
+            for start, end in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+                at = index.get(str(files[start]), -1)
+                if at < current:
+                    raise _Unordered
+                if at > current:
+                    if pending:
+                        yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
+                        current += 1
+                    while current < at:  # files without a row
+                        yield batch[current], _empty(0)
+                        current += 1
+                    pending = []
+                pending.append(record.slice(start, end - start))
+    except (duckdb.Error, pa.ArrowException, OSError):  # a failure in the stream comes as an Arrow OSError
+        raise _BulkError from None
+    if pending:
+        yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
+        current += 1
+    for file in batch[current:]:
+        yield file, _empty(0)
+
+
+def _torn(file: ReportFile) -> int:
+    """1 when ``file`` is a CSV file whose last record is torn, else 0."""
+    return int(file.source.format == "csv" and (clean_length(file.path) or 0) > 0)
+
+
+def _ops(names: Sequence[str]) -> tuple[str, ...]:
+    """The op columns among a view's ``names``."""
+    return tuple(c for c in names if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS)
+
+
+def _items(ops: Sequence[str], names: Sequence[str]) -> str:
+    """The SELECT list of the report's columns (empty micro-step -1, empty op cell NaN)."""
+    items = [
+        "step",
+        "coalesce(micro_step, -1) AS micro",
+        "vpp_stage",
+        "coalesce(name, '') AS name",
+        "coalesce(scope, '') AS scope",
+        *(f"coalesce({quote(op)}, CAST('nan' AS DOUBLE)) AS {quote('op_' + op)}" for op in ops),
+        *(["shape"] if "shape" in names else []),
+    ]
+    return ", ".join(items)
+
+
+def _codes(column: object) -> tuple[np.ndarray, list[str]]:
+    """A text column (Arrow) as (per row an index into the distinct texts, the distinct texts)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(column)
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks() if encoded.num_chunks != 1 else encoded.chunk(0)
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return codes, [str(t) for t in encoded.dictionary.to_pylist()]
+
+
+def _file_rows(got: object, ops: tuple[str, ...], v2: bool, torn: int) -> FileRows:
+    """An Arrow table of :func:`_items`' columns as :class:`FileRows`."""
+    import pyarrow as pa
+
+    table: pa.Table = got  # type: ignore[assignment]
+    n = table.num_rows
     values = np.empty((n, len(ops)), dtype=np.float64)
     for column, op in enumerate(ops):
-        values[:, column] = got["op_" + op]
+        values[:, column] = table.column("op_" + op).to_numpy()
+
+    def ints(name: str) -> np.ndarray:
+        return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+    target_codes, target_names = _codes(table.column("name"))
+    scope_codes, scope_names = _codes(table.column("scope")) if v2 else (None, None)
+    shapes = [str(s) for s in table.column("shape").to_pylist()] if "shape" in table.column_names else None
     return FileRows(
-        ops=ops,
-        steps=np.asarray(got["step"], dtype=np.int64),
-        micro=np.asarray(got["micro"], dtype=np.int64),
-        vpp=np.asarray(got["vpp_stage"], dtype=np.int64),
-        values=values,
-        targets=got["name"].tolist(),
-        scopes=got["scope"].tolist() if file.layout == "v2" else None,
-        shapes=[str(s) for s in got["shape"].tolist()] if "shape" in got else None,
-        torn=torn,
+        ops,
+        ints("step"),
+        ints("micro"),
+        ints("vpp_stage"),
+        values,
+        target_codes,
+        target_names,
+        scope_codes,
+        scope_names,
+        shapes,
+        torn,
     )
 
 
 def _empty(torn: int) -> FileRows:
     none = np.zeros(0, dtype=np.int64)
-    return FileRows((), none, none, none, np.zeros((0, 0)), [], None, None, torn)
+    return FileRows((), none, none, none, np.zeros((0, 0)), none, [], None, None, None, torn)
 
 
 def _reason(message: str) -> str:

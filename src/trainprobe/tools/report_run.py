@@ -81,13 +81,21 @@ class TopShares:
         np.add.at(self.energy, targets, squares)
         order = np.lexsort((targets, -squares, steps))
         ordered = steps[order]
-        bounds = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, len(ordered)]
-        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            step = int(ordered[start])
-            rows = order[start:end]
-            self.total[step] = self.total.get(step, 0.0) + float(squares[rows].sum())
-            best = [(float(squares[i]), int(targets[i])) for i in rows[: self.k]]
-            self.top[step] = sorted(self.top.get(step, []) + best, key=lambda p: (-p[0], p[1]))[: self.k]
+        starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
+        ends = np.r_[starts[1:], len(order)]
+        in_order = squares[order]
+        sums = [float(in_order[a:b].sum()) for a, b in zip(starts.tolist(), ends.tolist())]  # as numpy sums a step
+        place = np.arange(len(order)) - np.repeat(starts, ends - starts)
+        kept = order[place < self.k]  # each step's k largest, largest first
+        kept_steps = steps[kept].tolist()
+        pairs = list(zip(squares[kept].tolist(), targets[kept].tolist()))
+        bounds = np.r_[0, np.flatnonzero(np.diff(steps[kept])) + 1, len(kept)].tolist()
+        for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+            step = kept_steps[start]
+            self.total[step] = self.total.get(step, 0.0) + sums[n]
+            best = pairs[start:end]
+            old = self.top.get(step)
+            self.top[step] = best if old is None else sorted(old + best, key=lambda p: (-p[0], p[1]))[: self.k]
 
 
 @dataclass
