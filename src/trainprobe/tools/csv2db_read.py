@@ -110,22 +110,27 @@ def _group_of(file: MonitorCsv) -> _Group | None:
     return file.layout, "csv", names
 
 
-def _select(layout: str, header: tuple[str, ...], ops: list[str]) -> tuple[str, str]:
-    """The SELECT list of a batch (file, keys, ops) and the target's key as one string."""
+def _select(layout: str, header: tuple[str, ...], ops: list[str], file: str) -> str:
+    """The SELECT list of a batch: ``file`` (the file's position in the batch), the keys, the ops."""
     micro = f"CAST({quote(MICRO_COLUMN)} AS BIGINT)" if MICRO_COLUMN in header else "CAST(NULL AS BIGINT)"
     name = quote("name" if layout == "v1" else "module_name")
     scope = quote("scope") if layout == "v2" else "CAST(NULL AS VARCHAR)"
-    key = (
-        "CAST(vpp_stage AS VARCHAR) || ':' || coalesce(CAST(micro AS VARCHAR), 'N') || ':' || "
-        "coalesce(CAST(length(scope) AS VARCHAR) || ':' || scope, 'N') || ':' || name"
-    )
     values = ", ".join(f"CAST({quote(op)} AS DOUBLE) AS {quote('op_' + op)}" for op in ops)
-    inner = (
-        f"filename AS file, CAST(step AS BIGINT) AS step, CAST(vpp_stage AS BIGINT) AS vpp_stage, "
+    return (
+        f"{file} AS file, CAST(step AS BIGINT) AS step, CAST(vpp_stage AS BIGINT) AS vpp_stage, "
         f"{micro} AS micro, CAST({name} AS VARCHAR) AS name, CAST({scope} AS VARCHAR) AS scope"
         + (f", {values}" if values else "")
     )
-    return inner, key
+
+
+def _file_position(listed: list[str]) -> str:
+    """A row's file as its position in ``listed``: DuckDB's ``file_index`` (1.3 and later: an
+    integer per row, where ``filename`` is a string per row), else found from ``filename``."""
+    import duckdb
+
+    if tuple(int(part) for part in duckdb.__version__.split(".")[:2] if part.isdigit()) >= (1, 3):
+        return "CAST(file_index AS BIGINT)"
+    return "list_position([" + ", ".join(literal(p) for p in listed) + "], filename) - 1"
 
 
 def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> Iterator[ParsedFile]:
@@ -135,15 +140,15 @@ def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Monit
     roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
     ops = [header[i] for i in roles.op_cols]
     stats = {str(f.path): f.path.stat() for f in files}
-    inner, key = _select(layout, header, ops)
     listed = [str(f.path) for f in files]
+    inner = _select(layout, header, ops, _file_position(listed))
     if fmt == "csv":
         source = _read_csv(listed, header)
         order = "ordinality"
     else:
         source = "read_parquet([" + ", ".join(literal(p) for p in listed) + "], filename=true, file_row_number=true)"
         order = "file_row_number"
-    sql = f"SELECT *, {key} AS target FROM (SELECT {inner}, {order} AS row_order FROM {source})"
+    sql = f"SELECT {inner}, {order} AS row_order FROM {source}"
     duck = require("duckdb")
     try:
         table = con.sql(sql).to_arrow_table()
@@ -152,51 +157,74 @@ def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Monit
             raise ConfigError(f"{listed[0]}: DuckDB could not read it: {str(exc).splitlines()[0]}") from None
         yield from map(parse_file, files)  # says which file, row and cell is wrong, or reads it
         return
-    by_file = _split_by_file(table, listed)
-    for file in files:
+    by_file = _split_by_file(table)
+    for position, file in enumerate(files):
         stat = stats[str(file.path)]
-        rows = by_file.get(str(file.path))
-        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), rows)
+        found = by_file.get(position)
+        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), *(found or (None, None)))
 
 
-def _split_by_file(table: pa.Table, listed: list[str]) -> dict[str, pa.Table]:
-    """The rows of each file of a batch, in the file's order."""
+def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]:
+    """The rows of each file of a batch (by its position in the batch), in the file's order, with
+    their target codes (:func:`_target_codes`)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if table.num_rows == 0:
         return {}
-    position = {path: i for i, path in enumerate(listed)}
-    encoded = pc.dictionary_encode(table.column("file")).combine_chunks()
-    file_index = np.asarray([position[p] for p in encoded.dictionary.to_pylist()], dtype=np.int64)[
-        encoded.indices.to_numpy()
-    ]
+    file_index = table.column("file").to_numpy()
     row_order = table.column("row_order").to_numpy()
     if np.any(np.diff(file_index) < 0) or np.any((np.diff(row_order) <= 0) & (np.diff(file_index) == 0)):
         order = np.lexsort((row_order, file_index))
         table, file_index = table.take(pa.array(order)), file_index[order]
+    codes = _target_codes(table)
     starts = np.flatnonzero(np.diff(file_index, prepend=-1))
     ends = [*starts[1:].tolist(), table.num_rows]
-    return {listed[int(file_index[s])]: table.slice(int(s), int(e - s)) for s, e in zip(starts, ends)}
+    return {
+        int(file_index[s]): (table.slice(int(s), int(e - s)), codes[s:e]) for s, e in zip(starts.tolist(), ends)
+    }
 
 
-def _parsed(file: MonitorCsv, size: int, mtime_ns: int, ops: tuple[str, ...], rows: pa.Table | None) -> ParsedFile:
-    """One file's rows (None: it has none) as a :class:`ParsedFile`."""
+def _target_codes(table: pa.Table) -> np.ndarray[Any, Any]:
+    """Per row, an integer naming its target key ``(name, vpp_stage, micro, scope)``: equal codes,
+    equal keys (a null apart from every value, an empty scope apart from none)."""
     import numpy as np
     import pyarrow.compute as pc
 
-    if rows is None or rows.num_rows == 0:
+    codes = np.zeros(table.num_rows, dtype=np.int64)
+    distinct = 1
+    for column in ("name", "vpp_stage", "micro", "scope"):
+        encoded = pc.dictionary_encode(table.column(column).combine_chunks(), null_encoding="encode")
+        width = len(encoded.dictionary)
+        if distinct * width >= 1 << 62:  # renumber densely before the product could overflow
+            unique, codes = np.unique(codes, return_inverse=True)
+            distinct = len(unique)
+        codes = codes * width + encoded.indices.to_numpy().astype(np.int64)
+        distinct *= width
+    return codes
+
+
+def _parsed(
+    file: MonitorCsv,
+    size: int,
+    mtime_ns: int,
+    ops: tuple[str, ...],
+    rows: pa.Table | None,
+    codes: np.ndarray[Any, Any] | None,
+) -> ParsedFile:
+    """One file's rows (None: it has none) with their target codes as a :class:`ParsedFile`."""
+    import numpy as np
+
+    if rows is None or codes is None or rows.num_rows == 0:
         return ParsedFile(file, size, mtime_ns, ops, [], [], [], [[] for _ in ops], None, 0)
     steps = _keys(rows, "step", file)
     _keys(rows, "vpp_stage", file)
-    encoded = pc.dictionary_encode(rows.column("target")).combine_chunks()
-    codes = encoded.indices.to_numpy().astype(np.int64)
-    _, first = np.unique(codes, return_index=True)  # first row of each code, by code
-    seen = np.sort(first)  # codes in first-seen order are the codes of these rows
+    _, first, dense = np.unique(codes, return_index=True, return_inverse=True)  # by code
+    by_seen = np.argsort(first)  # the codes in first-seen order
+    seen = first[by_seen]  # the first row of each target, in first-seen order
     local = np.empty(len(first), dtype=np.int64)
-    local[codes[seen]] = np.arange(len(seen))
-    index = local[codes]
+    local[by_seen] = np.arange(len(seen))
+    index = local[dense.reshape(-1)]
     picked = rows.take(seen)
     base: list[BaseKey] = list(
         zip(

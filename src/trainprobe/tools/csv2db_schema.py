@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.safe_files import INT_MAX
@@ -27,6 +27,18 @@ VIEW = "metric_values"
 BATCH_ROWS = 500_000
 #: Rows per INSERT statement (fewer where SQLite allows fewer ``?``).
 ROWS_PER_INSERT = 100
+
+
+class _Into(NamedTuple):
+    """Where rows go: the value table, their rank and data type (the same for all rows of a
+    file: written into the INSERT statement), the file's ops, and whether a nan_mask is bound
+    per row (else 0, the file has no NaN)."""
+
+    table: str
+    rank: int
+    data_type_id: int
+    ops: tuple[str, ...]
+    masks: bool
 
 
 class RowsLostError(RuntimeError):
@@ -65,7 +77,7 @@ class MetricsDatabase:
                 f"output_dirpath: {str(path)!r} is not a csv2db database ({exc}); delete it or choose another folder"
             ) from None
         self._key_ids: dict[TargetKey, int] = {}
-        self._sql: dict[tuple[str, tuple[str, ...], int], str] = {}
+        self._sql: dict[tuple[_Into, str, int], str] = {}
         self._max_variables = _max_variables(self.conn)
         self._rows_before = self._count_rows()
         self.added = 0  # rows read and stored by this connection
@@ -106,14 +118,16 @@ class MetricsDatabase:
             metric_ids = [self._metric_id(op, file) for op in parsed.ops]
             target_ids = self._target_ids(parsed)
             masks = _remap_masks(parsed.nan_masks, metric_ids)
-            if self._may_overlap(file, data_type_id, parsed.steps):
+            overlap = self._may_overlap(file, data_type_id, parsed.steps)
+            if overlap:
                 self.replaced += self._stored_keys(file.rank, data_type_id, parsed.steps, target_ids)
             for first, rows in self._split(parsed.steps):
-                columns: list[list[Any] | None] = [_pick(parsed.steps, rows), _pick(target_ids, rows)]
+                columns = [_pick(parsed.steps, rows), _pick(target_ids, rows)]
                 columns += [_pick(column, rows) for column in parsed.values]
-                columns.append(None if masks is None else _pick(masks, rows))
-                flat = _interleave(file.rank, data_type_id, columns)
-                self._insert(self._partition(first), parsed.ops, flat)
+                if masks is not None:
+                    columns.append(_pick(masks, rows))
+                into = _Into(self._partition(first), file.rank, data_type_id, parsed.ops, masks is not None)
+                self._insert(into, _interleave(columns), replace=overlap)
         self._record_file(parsed, count)
         self.added += count
         self._in_transaction += count + 1
@@ -348,26 +362,44 @@ class MetricsDatabase:
         for part in sorted(groups):
             yield part * size, groups[part]
 
-    def _insert(self, table: str, ops: tuple[str, ...], flat: list[Any]) -> None:
-        """Store rows given as one flat list of cells (key columns, ``ops``, nan_mask per row),
-        many rows per INSERT statement: half the cost of one statement per row."""
-        width = len(KEY_COLUMNS) + len(ops) + 1
+    def _insert(self, into: _Into, flat: list[Any], replace: bool) -> None:
+        """Store rows given as one flat list of cells (step, target_id, the ops, nan_mask if
+        ``into.masks``, per row), many rows per INSERT statement (half the cost of one statement
+        per row); ``rank`` and ``data_type_id`` are in the statement's text, not bound per row.
+
+        Without ``replace`` (no stored row can have one of these keys) a plain INSERT, cheaper than
+        INSERT OR REPLACE (no search before each row); should a key clash after all (rows of one
+        file repeating a key: a bug that :meth:`finish` reports), the rows are stored again with
+        INSERT OR REPLACE, which ends as if it had been used from the start (the failed statement's
+        rows that were stored already are replaced by themselves: there is no journal to undo them)."""
+        if not replace:
+            try:
+                self._insert_rows(into, flat, "INSERT")
+                return
+            except sqlite3.IntegrityError:
+                pass
+        self._insert_rows(into, flat, "INSERT OR REPLACE")
+
+    def _insert_rows(self, into: _Into, flat: list[Any], verb: str) -> None:
+        width = len(into.ops) + 2 + int(into.masks)
         per_statement = max(1, min(ROWS_PER_INSERT, self._max_variables // width))
         step = per_statement * width
         whole = len(flat) // step * step
         if whole:
-            sql = self._insert_sql(table, ops, per_statement)
+            sql = self._insert_sql(into, verb, per_statement)
             self.conn.executemany(sql, (flat[i : i + step] for i in range(0, whole, step)))
         if whole < len(flat):
-            self.conn.execute(self._insert_sql(table, ops, (len(flat) - whole) // width), flat[whole:])
+            self.conn.execute(self._insert_sql(into, verb, (len(flat) - whole) // width), flat[whole:])
 
-    def _insert_sql(self, table: str, ops: tuple[str, ...], rows: int) -> str:
-        sql = self._sql.get((table, ops, rows))
+    def _insert_sql(self, into: _Into, verb: str, rows: int) -> str:
+        sql = self._sql.get((into, verb, rows))
         if sql is None:
-            columns = [*KEY_COLUMNS, *map(_q, ops), NAN_MASK]
-            row = f"({', '.join('?' * len(columns))})"
-            sql = f"INSERT OR REPLACE INTO {_q(table)} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}"
-            self._sql[(table, ops, rows)] = sql
+            columns = [*KEY_COLUMNS, *map(_q, into.ops), NAN_MASK]
+            cells = [str(int(into.rank)), str(int(into.data_type_id)), *["?"] * (len(into.ops) + 2)]
+            cells.append("?" if into.masks else "0")
+            row = f"({', '.join(cells)})"
+            sql = f"{verb} INTO {_q(into.table)} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}"
+            self._sql[(into, verb, rows)] = sql
         return sql
 
     def _record_file(self, parsed: ParsedFile, rows: int) -> None:
@@ -432,17 +464,13 @@ def _max_variables(conn: sqlite3.Connection) -> int:
     return int(getlimit(limit)) if getlimit and limit is not None else 999
 
 
-def _interleave(rank: int, data_type_id: int, columns: list[list[Any] | None]) -> list[Any]:
-    """The cells of all rows in one flat list, row after row: ``rank``, ``data_type_id``, then
-    one cell of each column (a None column: 0 in every row)."""
-    count = len(columns[0] or ())
-    width = 2 + len(columns)
+def _interleave(columns: list[list[Any]]) -> list[Any]:
+    """The cells of all rows in one flat list, row after row: one cell of each column."""
+    count = len(columns[0])
+    width = len(columns)
     flat: list[Any] = [0] * (count * width)
-    flat[0::width] = [rank] * count
-    flat[1::width] = [data_type_id] * count
-    for offset, column in enumerate(columns, start=2):
-        if column is not None:
-            flat[offset::width] = column
+    for offset, column in enumerate(columns):
+        flat[offset::width] = column
     return flat
 
 
