@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 #: CSV or Parquet bytes read by one DuckDB query.
 BATCH_BYTES = 64 << 20
+#: The first query's bytes; each next query's limit is twice the last, up to BATCH_BYTES (the
+#: database starts storing rows while the first files are read, not after a whole batch).
+FIRST_BATCH_BYTES = 4 << 20
 
 _Group = tuple[str, str, tuple[str, ...]]  # (layout, format, header)
 _T = TypeVar("_T")
@@ -69,15 +72,17 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
 
 def _batches(files: Sequence[MonitorCsv]) -> Iterator[tuple[_Group | None, list[MonitorCsv]]]:
     """Runs of consecutive files DuckDB reads together (same layout, format, header; at most
-    :data:`BATCH_BYTES`), and files for the Python reader alone (group None)."""
+    :data:`BATCH_BYTES`, the first ones less), and files for the Python reader alone (group None)."""
     current: list[MonitorCsv] = []
     group: _Group | None = None
     held = 0
+    limit = FIRST_BATCH_BYTES
     for file in files:
         found = _group_of(file)
-        if current and (found != group or held >= BATCH_BYTES):
+        if current and (found != group or held >= limit):
             yield group, current
             current, held = [], 0
+            limit = min(2 * limit, BATCH_BYTES)
         if found is None:
             yield None, [file]
             group = None
@@ -114,7 +119,8 @@ def _select(layout: str, header: tuple[str, ...], ops: list[str], file: str) -> 
     """The SELECT list of a batch: ``file`` (the file's position in the batch), the keys, the ops."""
     micro = f"CAST({quote(MICRO_COLUMN)} AS BIGINT)" if MICRO_COLUMN in header else "CAST(NULL AS BIGINT)"
     name = quote("name" if layout == "v1" else "module_name")
-    scope = quote("scope") if layout == "v2" else "CAST(NULL AS VARCHAR)"
+    # an empty scope is none, as in the Python reader and the targets' key (a Parquet file can hold both)
+    scope = f"NULLIF(CAST({quote('scope')} AS VARCHAR), '')" if layout == "v2" else "CAST(NULL AS VARCHAR)"
     values = ", ".join(f"CAST({quote(op)} AS DOUBLE) AS {quote('op_' + op)}" for op in ops)
     return (
         f"{file} AS file, CAST(step AS BIGINT) AS step, CAST(vpp_stage AS BIGINT) AS vpp_stage, "
@@ -187,7 +193,7 @@ def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any,
 
 def _target_codes(table: pa.Table) -> np.ndarray[Any, Any]:
     """Per row, an integer naming its target key ``(name, vpp_stage, micro, scope)``: equal codes,
-    equal keys (a null apart from every value, an empty scope apart from none)."""
+    equal keys (a null apart from every value)."""
     import numpy as np
     import pyarrow.compute as pc
 
