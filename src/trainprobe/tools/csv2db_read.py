@@ -182,7 +182,7 @@ def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any,
         return {}
     file_index = table.column("file").to_numpy()
     row_order = table.column("row_order").to_numpy()
-    if np.any(np.diff(file_index) < 0) or np.any((np.diff(row_order) <= 0) & (np.diff(file_index) == 0)):
+    if not _in_order(file_index, row_order):
         order = np.lexsort((row_order, file_index))
         table, file_index = table.take(pa.array(order)), file_index[order]
     codes = _target_codes(table)
@@ -193,23 +193,51 @@ def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any,
     }
 
 
+def _in_order(file_index: np.ndarray[Any, Any], row_order: np.ndarray[Any, Any]) -> bool:
+    """Whether the rows come file after file, each file's rows in their order."""
+    import numpy as np
+
+    step = np.diff(file_index)
+    if np.any(step < 0):
+        return False
+    same = step == 0
+    return not np.any(row_order[1:][same] <= row_order[:-1][same])
+
+
 def _target_codes(table: pa.Table) -> np.ndarray[Any, Any]:
     """Per row, an integer naming its target key ``(name, vpp_stage, micro, scope)``: equal codes,
     equal keys (a null apart from every value)."""
     import numpy as np
-    import pyarrow.compute as pc
 
     codes = np.zeros(table.num_rows, dtype=np.int64)
     distinct = 1
     for column in ("name", "vpp_stage", "micro", "scope"):
-        encoded = pc.dictionary_encode(table.column(column).combine_chunks(), null_encoding="encode")
-        width = len(encoded.dictionary)
+        width, indices = _dictionary_codes(table.column(column))
         if distinct * width >= 1 << 62:  # renumber densely before the product could overflow
             unique, codes = np.unique(codes, return_inverse=True)
             distinct = len(unique)
-        codes = codes * width + encoded.indices.to_numpy().astype(np.int64)
+        codes = codes * width + indices
         distinct *= width
     return codes
+
+
+def _dictionary_codes(column: pa.ChunkedArray) -> tuple[int, np.ndarray[Any, Any]]:
+    """How many distinct values ``column`` has (null one of them) and each row's number for its
+    value. The chunks are encoded as they are (one dictionary for all: no copy of the column);
+    a pyarrow that gave each chunk its own dictionary gets the column in one chunk."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    chunks = encoded.chunks
+    if not chunks:
+        return 1, np.zeros(0, dtype=np.int64)
+    dictionary = chunks[-1].dictionary
+    if any(chunk.dictionary is not dictionary and not chunk.dictionary.equals(dictionary) for chunk in chunks):
+        whole = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode")
+        return len(whole.dictionary), whole.indices.to_numpy().astype(np.int64)
+    indices = [chunk.indices.to_numpy().astype(np.int64) for chunk in chunks]
+    return len(dictionary), np.concatenate(indices)
 
 
 def _parsed(
