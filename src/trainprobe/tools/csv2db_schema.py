@@ -439,9 +439,11 @@ def _set_pragmas(conn: sqlite3.Connection) -> None:
     """Bulk-load settings: no rollback journal, no fsync (:meth:`MetricsDatabase.close` syncs
     the file once), one connection, a 128 MiB cache.
 
-    Not ``PRAGMA threads``: SQLite sorts on extra threads only runs smaller than the page cache,
-    and a cache small enough for that (16 MiB) makes the index build read the table's pages
-    again; measured, more CPU in all and no faster."""
+    Not ``PRAGMA threads``: SQLite's sorter uses worker threads only with temporary files on
+    disk (``temp_store = FILE``; none with MEMORY) and sorted runs smaller than the page cache.
+    Measured on the 3.2 M-row benchmark database: the index build 1.4 s instead of 1.9 s with a
+    core free, but temporary files add a failure (a temp folder that is full or read-only) in
+    the middle of a statement that, with no journal, cannot be rolled back."""
     for pragma in (
         "journal_mode = OFF",
         "synchronous = OFF",
