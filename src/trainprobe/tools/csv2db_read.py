@@ -60,6 +60,7 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     require("pyarrow")
     con = duck.connect()
     con.execute("SET enable_progress_bar = false")
+    con.execute("SET preserve_insertion_order = true")  # rows in the order of the files listed, and of their lines
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     try:
@@ -150,13 +151,11 @@ def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Monit
     stats = {str(f.path): f.path.stat() for f in files}
     listed = [str(f.path) for f in files]
     inner = _select(layout, header, ops, _file_position(listed))
-    if fmt == "csv":
-        source = _read_csv(listed, header)
-        order = "ordinality"
+    if fmt == "csv":  # in file order (preserve_insertion_order): no row number needed (it costs 20% of the scan)
+        sql = f"SELECT {inner} FROM {_read_csv(listed, header, ordinality=False)}"
     else:
         source = "read_parquet([" + ", ".join(literal(p) for p in listed) + "], filename=true, file_row_number=true)"
-        order = "file_row_number"
-    sql = f"SELECT {inner}, {order} AS row_order FROM {source}"
+        sql = f"SELECT {inner}, file_row_number AS row_order FROM {source}"
     duck = require("duckdb")
     try:
         table = con.sql(sql).to_arrow_table()
@@ -181,7 +180,8 @@ def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any,
     if table.num_rows == 0:
         return {}
     file_index = table.column("file").to_numpy()
-    row_order = table.column("row_order").to_numpy()
+    names = table.column_names
+    row_order = table.column("row_order").to_numpy() if "row_order" in names else np.arange(table.num_rows)
     if not _in_order(file_index, row_order):
         order = np.lexsort((row_order, file_index))
         table, file_index = table.take(pa.array(order)), file_index[order]
