@@ -620,3 +620,30 @@ def test_targets_differing_in_one_key_column_stay_apart_and_an_empty_scope_is_no
     assert stored == [(step, target, float(i)) for i, (step, target) in enumerate(
         [(s, t) for s in (0, 1) for t in (1, 2, 3, 4)] + [(2, 4)]
     )]
+
+
+def test_an_index_build_that_fails_on_temporary_files_is_made_again_in_memory(tmp_path, monkeypatch):
+    """The ``_by_target`` indexes are sorted on SQLite's worker threads with temporary files on
+    disk; when that fails (a full temporary folder: here the first build, after it made its
+    indexes, raises as SQLite would), the indexes are dropped and made again, in memory, and the
+    database is whole."""
+    from trainprobe.tools.csv2db_schema import MetricsDatabase
+
+    write_reference_v1(tmp_path / "monitor")
+    real = MetricsDatabase._index_all
+    calls: list[str] = []
+
+    def failing_once(self: MetricsDatabase, tables: Any) -> None:
+        calls.append(self.conn.execute("PRAGMA temp_store").fetchone()[0])
+        real(self, tables)
+        if len(calls) == 1:
+            self.conn.execute("BEGIN")
+            raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(MetricsDatabase, "_index_all", failing_once)
+    result = convert(tmp_path / "monitor", tmp_path / "db", step_partition=1)
+    assert calls == [1, 2]  # FILE, then MEMORY
+    assert query(result.db_path, "PRAGMA integrity_check") == [("ok",)]
+    indexes = query(result.db_path, "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE '%_by_target'")
+    assert sorted(name for (name,) in indexes) == sorted(f"{table}_by_target" for table in result.tables)
+    assert len(result.tables) == 2

@@ -30,6 +30,10 @@ BATCH_ROWS = 500_000
 ROWS_PER_INSERT = 100
 #: SQLite's page cache while loading (KiB).
 CACHE_KIB = 131072
+#: Worker threads sorting an index's entries (``PRAGMA threads``; 0: none), and the page cache
+#: while indexing (KiB), which is also the size of each sorted run they share out.
+SORT_THREADS = min(4, os.cpu_count() or 1)
+SORT_RUN_KIB = 32768
 
 
 class _Into(NamedTuple):
@@ -162,14 +166,43 @@ class MetricsDatabase:
                 "were not all stored; please report this bug with the monitor output"
             )
         tables = tuple(name for _, name in sorted((first, name) for name, first in self._partitions.items()))
+        self._create_indexes(tables)
         self.conn.execute("BEGIN")
-        for table in tables:
-            self.conn.execute(f"CREATE INDEX IF NOT EXISTS {_q(table + '_by_target')} ON {_q(table)}(target_id, step)")
         self._create_view(tables)
         self.conn.execute("COMMIT")
         self.conn.execute("PRAGMA analysis_limit=1000")
         self.conn.execute("ANALYZE")
         return tables
+
+    def _create_indexes(self, tables: Sequence[str]) -> None:
+        """The ``_by_target`` index of each value table that lacks it. SQLite sorts the entries on
+        :data:`SORT_THREADS` worker threads, which it uses only with temporary files on disk
+        (``temp_store = FILE``) for sorted runs smaller than the page cache; should that fail (a
+        temporary folder that is full), the indexes are dropped and made again the plain way: in
+        memory, on this thread."""
+        conn = self.conn
+        if SORT_THREADS:
+            for pragma in ("temp_store = FILE", f"threads = {SORT_THREADS}", f"cache_size = -{SORT_RUN_KIB}"):
+                conn.execute(f"PRAGMA {pragma}")
+            try:
+                self._index_all(tables)
+                return
+            except sqlite3.OperationalError:
+                conn.execute("COMMIT")
+                conn.execute("BEGIN")
+                for table in tables:
+                    conn.execute(f"DROP INDEX IF EXISTS {_q(table + '_by_target')}")
+                conn.execute("COMMIT")
+            finally:
+                for pragma in ("temp_store = MEMORY", "threads = 0", f"cache_size = -{CACHE_KIB}"):
+                    conn.execute(f"PRAGMA {pragma}")
+        self._index_all(tables)
+
+    def _index_all(self, tables: Sequence[str]) -> None:
+        self.conn.execute("BEGIN")
+        for table in tables:
+            self.conn.execute(f"CREATE INDEX IF NOT EXISTS {_q(table + '_by_target')} ON {_q(table)}(target_id, step)")
+        self.conn.execute("COMMIT")
 
     # -- schema -------------------------------------------------------------------------------
 
@@ -439,11 +472,7 @@ def _set_pragmas(conn: sqlite3.Connection) -> None:
     """Bulk-load settings: no rollback journal, no fsync (:meth:`MetricsDatabase.close` syncs
     the file once), one connection, a 128 MiB cache.
 
-    Not ``PRAGMA threads``: SQLite's sorter uses worker threads only with temporary files on
-    disk (``temp_store = FILE``; none with MEMORY) and sorted runs smaller than the page cache.
-    Measured on the 3.2 M-row benchmark database: the index build 1.4 s instead of 1.9 s with a
-    core free, but temporary files add a failure (a temp folder that is full or read-only) in
-    the middle of a statement that, with no journal, cannot be rolled back."""
+    The index build at the end changes some of them (:meth:`MetricsDatabase._create_indexes`)."""
     for pragma in (
         "journal_mode = OFF",
         "synchronous = OFF",
