@@ -132,14 +132,16 @@ def _select(layout: str, header: tuple[str, ...], ops: list[str], file: str) -> 
     )
 
 
-def _file_position(listed: list[str]) -> str:
-    """A row's file as its position in ``listed``: DuckDB's ``file_index`` (1.3 and later: an
-    integer per row, where ``filename`` is a string per row), else found from ``filename``."""
-    import duckdb
-
-    if tuple(int(part) for part in duckdb.__version__.split(".")[:2] if part.isdigit()) >= (1, 3):
-        return "CAST(file_index AS BIGINT)"
-    return "list_position([" + ", ".join(literal(p) for p in listed) + "], filename) - 1"
+def _file_position(con: duckdb.DuckDBPyConnection, source: str, listed: list[str]) -> str:
+    """A row's file as its position in ``listed`` (the files of ``source``): DuckDB's
+    ``file_index`` where it has one (an integer per row, where ``filename`` is a string per row),
+    else found from ``filename``."""
+    duck = require("duckdb")
+    try:
+        con.execute(f"SELECT file_index FROM {source} LIMIT 0")
+    except duck.Error:
+        return "list_position([" + ", ".join(literal(p) for p in listed) + "], filename) - 1"
+    return "CAST(file_index AS BIGINT)"
 
 
 def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> Iterator[ParsedFile]:
@@ -150,15 +152,15 @@ def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Monit
     ops = [header[i] for i in roles.op_cols]
     stats = {str(f.path): f.path.stat() for f in files}
     listed = [str(f.path) for f in files]
-    inner = _select(layout, header, ops, _file_position(listed))
     if fmt == "csv":  # in file order (preserve_insertion_order): no row number needed (it costs 20% of the scan)
-        sql = f"SELECT {inner} FROM {_read_csv(listed, header, ordinality=False)}"
+        source, order = _read_csv(listed, header, ordinality=False), ""
     else:
         source = "read_parquet([" + ", ".join(literal(p) for p in listed) + "], filename=true, file_row_number=true)"
-        sql = f"SELECT {inner}, file_row_number AS row_order FROM {source}"
+        order = ", file_row_number AS row_order"
     duck = require("duckdb")
     try:
-        table = con.sql(sql).to_arrow_table()
+        inner = _select(layout, header, ops, _file_position(con, source, listed))
+        table = con.sql(f"SELECT {inner}{order} FROM {source}").to_arrow_table()
     except duck.Error as exc:
         if fmt == "parquet":
             raise ConfigError(f"{listed[0]}: DuckDB could not read it: {str(exc).splitlines()[0]}") from None
