@@ -572,3 +572,78 @@ def test_parquet_runs_give_the_same_database(monitor_runs, tmp_path, layout):
     result = convert(mixed, tmp_path / "from_mixed")
     assert result.rows == len(expected) and db_rows(result.db_path, calls=True) == expected
     assert query(result.db_path, "SELECT count(*) FROM files WHERE path LIKE '%.csv'")[0][0] == 1
+
+
+def test_the_database_is_synced_to_disk_when_the_conversion_ends(tmp_path, monkeypatch):
+    """The bulk load runs without fsync (``synchronous=OFF``); the finished file and its folder
+    are synced once at the end, so the database is durable when ``csv2db`` returns."""
+    write_reference_v1(tmp_path / "monitor")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = convert(tmp_path / "monitor", tmp_path / "db")
+    assert str(result.db_path) in synced and str(result.db_path.parent) in synced
+
+
+def test_targets_differing_in_one_key_column_stay_apart_and_an_empty_scope_is_none(tmp_path):
+    """Rows whose targets differ only in vpp_stage, in ``micro_step`` (none against 0) or in
+    ``scope`` are different targets; an empty scope is no scope, as the targets' key says (a
+    Parquet file can hold both; the empty one failed with "UNIQUE constraint failed")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "monitor" / "rank_0"
+    folder.mkdir(parents=True)
+    keys = [(0, None, "reduced"), (1, None, "reduced"), (0, 0, "reduced"), (0, None, None)]
+    rows = [(vpp, step, micro, scope) for step in (0, 1) for vpp, micro, scope in keys] + [(0, 2, None, "")]
+    table = pa.table(
+        {
+            "vpp_stage": pa.array([r[0] for r in rows], pa.int64()),
+            "step": pa.array([r[1] for r in rows], pa.int64()),
+            "module_name": ["fc.weight"] * len(rows),
+            "scope": pa.array([r[3] for r in rows], pa.string()),
+            "micro_step": pa.array([r[2] for r in rows], pa.int64()),
+            "norm": [float(i) for i in range(len(rows))],
+        }
+    )
+    pq.write_table(table, folder / "weight_grad_step0-2.parquet")
+    result = convert(tmp_path / "monitor", tmp_path / "db")
+    assert (result.rows, result.replaced) == (9, 0)
+    targets = query(result.db_path, "SELECT vpp_stage, micro_step, scope, call_index FROM targets ORDER BY target_id")
+    assert targets == [(vpp, micro, scope, 0) for vpp, micro, scope in keys]
+    stored = query(result.db_path, "SELECT step, target_id, norm FROM metric_values ORDER BY step, target_id")
+    assert stored == [(step, target, float(i)) for i, (step, target) in enumerate(
+        [(s, t) for s in (0, 1) for t in (1, 2, 3, 4)] + [(2, 4)]
+    )]
+
+
+def test_an_index_build_that_fails_on_temporary_files_is_made_again_in_memory(tmp_path, monkeypatch):
+    """The ``_by_target`` indexes are sorted on SQLite's worker threads with temporary files on
+    disk; when that fails (a full temporary folder: here the first build, after it made its
+    indexes, raises as SQLite would), the indexes are dropped and made again, in memory, and the
+    database is whole."""
+    from trainprobe.tools.csv2db_schema import MetricsDatabase
+
+    write_reference_v1(tmp_path / "monitor")
+    real = MetricsDatabase._index_all
+    calls: list[str] = []
+
+    def failing_once(self: MetricsDatabase, tables: Any) -> None:
+        calls.append(self.conn.execute("PRAGMA temp_store").fetchone()[0])
+        real(self, tables)
+        if len(calls) == 1:
+            self.conn.execute("BEGIN")
+            raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(MetricsDatabase, "_index_all", failing_once)
+    result = convert(tmp_path / "monitor", tmp_path / "db", step_partition=1)
+    assert calls == [1, 2]  # FILE, then MEMORY
+    assert query(result.db_path, "PRAGMA integrity_check") == [("ok",)]
+    indexes = query(result.db_path, "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE '%_by_target'")
+    assert sorted(name for (name,) in indexes) == sorted(f"{table}_by_target" for table in result.tables)
+    assert len(result.tables) == 2

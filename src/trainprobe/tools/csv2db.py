@@ -60,7 +60,9 @@ converting again later adds the rest. The files are read by DuckDB (every core;
 process, the only writer, stores them; see :mod:`trainprobe.tools.csv2db_read`.
 
 The bulk load runs with ``journal_mode=OFF`` and ``synchronous=OFF``: a conversion killed
-midway may leave a damaged database; delete it and convert again.
+midway may leave a damaged database; delete it and convert again. When the conversion ends the
+database file and its folder are synced to the disk once (``fsync``): the database is durable
+when :func:`csv2db` returns.
 
 Every bad input raises :class:`~trainprobe.engine.errors.ConfigError`; the command line prints it on one
 line and exits with 2.
@@ -87,7 +89,7 @@ from trainprobe.tools.csv2db_read import read_ahead, read_files
 from trainprobe.tools.csv2db_rows import ParsedFile, call_indices, parse_file
 from trainprobe.tools.csv2db_schema import DB_NAME, MetricsDatabase, RowsLostError
 from trainprobe.tools.monitor_files import find_monitor_files
-from trainprobe.tools.monitor_output import MonitorCsv, check_data_types, parse_time
+from trainprobe.tools.monitor_layout import MonitorCsv, check_data_types, parse_time
 from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder
 
 __all__ = [

@@ -3,8 +3,10 @@
 in the order given.
 
 Consecutive files of one layout, format and header are read by one DuckDB query (at most
-:data:`BATCH_BYTES` of files: memory is bounded by a batch, not the run); its Arrow result is
-cut into files and turned into columns with NumPy. CSV files go through the layer's typed
+:data:`BATCH_BYTES` of files: memory is bounded by a batch, not the run; the first queries
+smaller, so that storing starts early); its Arrow result is cut into files (by DuckDB's
+``file_index``) and turned into columns with NumPy, the targets numbered from dictionary codes
+of their key columns (no key text per row). CSV files go through the layer's typed
 ``read_csv`` (no type sniffing: keys BIGINT, ops DOUBLE, names VARCHAR; an empty op cell reads
 as NaN, an empty ``micro_step`` or ``scope`` as none), Parquet files through ``read_parquet``.
 
@@ -26,7 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import MICRO_COLUMN
 from trainprobe.tools.csv2db_rows import NAN_BITS, BaseKey, ParsedFile, number_targets, parse_file
-from trainprobe.tools.monitor_output import MAX_CSV_BYTES, MonitorCsv, column_roles
+from trainprobe.tools.monitor_layout import MonitorCsv, column_roles
+from trainprobe.tools.monitor_output import MAX_CSV_BYTES
 from trainprobe.tools.query import _read_csv, literal, quote, require
 from trainprobe.tools.query_files import clean_length, csv_header
 
@@ -37,6 +40,9 @@ if TYPE_CHECKING:
 
 #: CSV or Parquet bytes read by one DuckDB query.
 BATCH_BYTES = 64 << 20
+#: The first query's bytes; each next query's limit is twice the last, up to BATCH_BYTES (the
+#: database starts storing rows while the first files are read, not after a whole batch).
+FIRST_BATCH_BYTES = 4 << 20
 
 _Group = tuple[str, str, tuple[str, ...]]  # (layout, format, header)
 _T = TypeVar("_T")
@@ -55,6 +61,7 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     require("pyarrow")
     con = duck.connect()
     con.execute("SET enable_progress_bar = false")
+    con.execute("SET preserve_insertion_order = true")  # rows in the order of the files listed, and of their lines
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     try:
@@ -69,15 +76,17 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
 
 def _batches(files: Sequence[MonitorCsv]) -> Iterator[tuple[_Group | None, list[MonitorCsv]]]:
     """Runs of consecutive files DuckDB reads together (same layout, format, header; at most
-    :data:`BATCH_BYTES`), and files for the Python reader alone (group None)."""
+    :data:`BATCH_BYTES`, the first ones less), and files for the Python reader alone (group None)."""
     current: list[MonitorCsv] = []
     group: _Group | None = None
     held = 0
+    limit = FIRST_BATCH_BYTES
     for file in files:
         found = _group_of(file)
-        if current and (found != group or held >= BATCH_BYTES):
+        if current and (found != group or held >= limit):
             yield group, current
             current, held = [], 0
+            limit = min(2 * limit, BATCH_BYTES)
         if found is None:
             yield None, [file]
             group = None
@@ -110,22 +119,30 @@ def _group_of(file: MonitorCsv) -> _Group | None:
     return file.layout, "csv", names
 
 
-def _select(layout: str, header: tuple[str, ...], ops: list[str]) -> tuple[str, str]:
-    """The SELECT list of a batch (file, keys, ops) and the target's key as one string."""
+def _select(layout: str, header: tuple[str, ...], ops: list[str], file: str) -> str:
+    """The SELECT list of a batch: ``file`` (the file's position in the batch), the keys, the ops."""
     micro = f"CAST({quote(MICRO_COLUMN)} AS BIGINT)" if MICRO_COLUMN in header else "CAST(NULL AS BIGINT)"
     name = quote("name" if layout == "v1" else "module_name")
-    scope = quote("scope") if layout == "v2" else "CAST(NULL AS VARCHAR)"
-    key = (
-        "CAST(vpp_stage AS VARCHAR) || ':' || coalesce(CAST(micro AS VARCHAR), 'N') || ':' || "
-        "coalesce(CAST(length(scope) AS VARCHAR) || ':' || scope, 'N') || ':' || name"
-    )
+    # an empty scope is none, as in the Python reader and the targets' key (a Parquet file can hold both)
+    scope = f"NULLIF(CAST({quote('scope')} AS VARCHAR), '')" if layout == "v2" else "CAST(NULL AS VARCHAR)"
     values = ", ".join(f"CAST({quote(op)} AS DOUBLE) AS {quote('op_' + op)}" for op in ops)
-    inner = (
-        f"filename AS file, CAST(step AS BIGINT) AS step, CAST(vpp_stage AS BIGINT) AS vpp_stage, "
+    return (
+        f"{file} AS file, CAST(step AS BIGINT) AS step, CAST(vpp_stage AS BIGINT) AS vpp_stage, "
         f"{micro} AS micro, CAST({name} AS VARCHAR) AS name, CAST({scope} AS VARCHAR) AS scope"
         + (f", {values}" if values else "")
     )
-    return inner, key
+
+
+def _file_position(con: duckdb.DuckDBPyConnection, source: str, listed: list[str]) -> str:
+    """A row's file as its position in ``listed`` (the files of ``source``): DuckDB's
+    ``file_index`` where it has one (an integer per row, where ``filename`` is a string per row),
+    else found from ``filename``."""
+    duck = require("duckdb")
+    try:
+        con.execute(f"SELECT file_index FROM {source} LIMIT 0")
+    except duck.Error:
+        return "list_position([" + ", ".join(literal(p) for p in listed) + "], filename) - 1"
+    return "CAST(file_index AS BIGINT)"
 
 
 def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> Iterator[ParsedFile]:
@@ -135,68 +152,118 @@ def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Monit
     roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
     ops = [header[i] for i in roles.op_cols]
     stats = {str(f.path): f.path.stat() for f in files}
-    inner, key = _select(layout, header, ops)
     listed = [str(f.path) for f in files]
-    if fmt == "csv":
-        source = _read_csv(listed, header)
-        order = "ordinality"
+    if fmt == "csv":  # in file order (preserve_insertion_order): no row number needed (it costs 20% of the scan)
+        source, order = _read_csv(listed, header, ordinality=False), ""
     else:
         source = "read_parquet([" + ", ".join(literal(p) for p in listed) + "], filename=true, file_row_number=true)"
-        order = "file_row_number"
-    sql = f"SELECT *, {key} AS target FROM (SELECT {inner}, {order} AS row_order FROM {source})"
+        order = ", file_row_number AS row_order"
     duck = require("duckdb")
     try:
-        table = con.sql(sql).to_arrow_table()
+        inner = _select(layout, header, ops, _file_position(con, source, listed))
+        table = con.sql(f"SELECT {inner}{order} FROM {source}").to_arrow_table()
     except duck.Error as exc:
         if fmt == "parquet":
             raise ConfigError(f"{listed[0]}: DuckDB could not read it: {str(exc).splitlines()[0]}") from None
         yield from map(parse_file, files)  # says which file, row and cell is wrong, or reads it
         return
-    by_file = _split_by_file(table, listed)
-    for file in files:
+    by_file = _split_by_file(table)
+    for position, file in enumerate(files):
         stat = stats[str(file.path)]
-        rows = by_file.get(str(file.path))
-        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), rows)
+        found = by_file.get(position)
+        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), *(found or (None, None)))
 
 
-def _split_by_file(table: pa.Table, listed: list[str]) -> dict[str, pa.Table]:
-    """The rows of each file of a batch, in the file's order."""
+def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]:
+    """The rows of each file of a batch (by its position in the batch), in the file's order, with
+    their target codes (:func:`_target_codes`)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if table.num_rows == 0:
         return {}
-    position = {path: i for i, path in enumerate(listed)}
-    encoded = pc.dictionary_encode(table.column("file")).combine_chunks()
-    file_index = np.asarray([position[p] for p in encoded.dictionary.to_pylist()], dtype=np.int64)[
-        encoded.indices.to_numpy()
-    ]
-    row_order = table.column("row_order").to_numpy()
-    if np.any(np.diff(file_index) < 0) or np.any((np.diff(row_order) <= 0) & (np.diff(file_index) == 0)):
+    file_index = table.column("file").to_numpy()
+    names = table.column_names
+    row_order = table.column("row_order").to_numpy() if "row_order" in names else np.arange(table.num_rows)
+    if not _in_order(file_index, row_order):
         order = np.lexsort((row_order, file_index))
         table, file_index = table.take(pa.array(order)), file_index[order]
+    codes = _target_codes(table)
     starts = np.flatnonzero(np.diff(file_index, prepend=-1))
     ends = [*starts[1:].tolist(), table.num_rows]
-    return {listed[int(file_index[s])]: table.slice(int(s), int(e - s)) for s, e in zip(starts, ends)}
+    return {
+        int(file_index[s]): (table.slice(int(s), int(e - s)), codes[s:e]) for s, e in zip(starts.tolist(), ends)
+    }
 
 
-def _parsed(file: MonitorCsv, size: int, mtime_ns: int, ops: tuple[str, ...], rows: pa.Table | None) -> ParsedFile:
-    """One file's rows (None: it has none) as a :class:`ParsedFile`."""
+def _in_order(file_index: np.ndarray[Any, Any], row_order: np.ndarray[Any, Any]) -> bool:
+    """Whether the rows come file after file, each file's rows in their order."""
+    import numpy as np
+
+    step = np.diff(file_index)
+    if np.any(step < 0):
+        return False
+    same = step == 0
+    return not np.any(row_order[1:][same] <= row_order[:-1][same])
+
+
+def _target_codes(table: pa.Table) -> np.ndarray[Any, Any]:
+    """Per row, an integer naming its target key ``(name, vpp_stage, micro, scope)``: equal codes,
+    equal keys (a null apart from every value)."""
+    import numpy as np
+
+    codes = np.zeros(table.num_rows, dtype=np.int64)
+    distinct = 1
+    for column in ("name", "vpp_stage", "micro", "scope"):
+        width, indices = _dictionary_codes(table.column(column))
+        if distinct * width >= 1 << 62:  # renumber densely before the product could overflow
+            unique, codes = np.unique(codes, return_inverse=True)
+            distinct = len(unique)
+        codes = codes * width + indices
+        distinct *= width
+    return codes
+
+
+def _dictionary_codes(column: pa.ChunkedArray) -> tuple[int, np.ndarray[Any, Any]]:
+    """How many distinct values ``column`` has (null one of them) and each row's number for its
+    value. The chunks are encoded as they are (one dictionary for all: no copy of the column);
+    a pyarrow that gave each chunk its own dictionary gets the column in one chunk."""
     import numpy as np
     import pyarrow.compute as pc
 
-    if rows is None or rows.num_rows == 0:
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    chunks = encoded.chunks
+    if not chunks:
+        return 1, np.zeros(0, dtype=np.int64)
+    dictionary = chunks[-1].dictionary
+    if any(chunk.dictionary is not dictionary and not chunk.dictionary.equals(dictionary) for chunk in chunks):
+        whole = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode")
+        return len(whole.dictionary), whole.indices.to_numpy().astype(np.int64)
+    indices = [chunk.indices.to_numpy().astype(np.int64) for chunk in chunks]
+    return len(dictionary), np.concatenate(indices)
+
+
+def _parsed(
+    file: MonitorCsv,
+    size: int,
+    mtime_ns: int,
+    ops: tuple[str, ...],
+    rows: pa.Table | None,
+    codes: np.ndarray[Any, Any] | None,
+) -> ParsedFile:
+    """One file's rows (None: it has none) with their target codes as a :class:`ParsedFile`."""
+    import numpy as np
+
+    if rows is None or codes is None or rows.num_rows == 0:
         return ParsedFile(file, size, mtime_ns, ops, [], [], [], [[] for _ in ops], None, 0)
     steps = _keys(rows, "step", file)
     _keys(rows, "vpp_stage", file)
-    encoded = pc.dictionary_encode(rows.column("target")).combine_chunks()
-    codes = encoded.indices.to_numpy().astype(np.int64)
-    _, first = np.unique(codes, return_index=True)  # first row of each code, by code
-    seen = np.sort(first)  # codes in first-seen order are the codes of these rows
+    _, first, dense = np.unique(codes, return_index=True, return_inverse=True)  # by code
+    by_seen = np.argsort(first)  # the codes in first-seen order
+    seen = first[by_seen]  # the first row of each target, in first-seen order
     local = np.empty(len(first), dtype=np.int64)
-    local[codes[seen]] = np.arange(len(seen))
-    index = local[codes]
+    local[by_seen] = np.arange(len(seen))
+    index = local[dense.reshape(-1)]
     picked = rows.take(seen)
     base: list[BaseKey] = list(
         zip(

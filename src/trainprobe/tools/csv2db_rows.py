@@ -10,10 +10,11 @@ Targets: a row's target is ``(name, vpp_stage, micro_step, scope, call_index)``;
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 
+from trainprobe.tools.execution_order import row_positions as call_indices  # the one row numbering within a key
 from trainprobe.tools.monitor_output import MonitorCsv, read_table
 
 #: Ops whose metric_id is at least this have no nan_mask bit (SQLite integers are 64-bit).
@@ -76,20 +77,6 @@ def parse_file(file: MonitorCsv) -> ParsedFile:
         nan_masks=_nan_masks(values, len(rows)),
         torn=table.torn,
     )
-
-
-def call_indices(keys: Sequence[Hashable]) -> list[int]:
-    """Per row, how many earlier rows of the same file had the same key (step and target):
-    0 for a target's first row in a step, 1 for its second, ...: the ``call_index`` that keeps
-    the rows of a module called twice in a step (or of micro-batches in a table without a
-    ``micro_step`` column) apart. Rows are numbered in file order, the order they were written."""
-    seen: dict[Hashable, int] = {}
-    out = []
-    for key in keys:
-        count = seen.get(key, 0)
-        seen[key] = count + 1
-        out.append(count)
-    return out
 
 
 def _repeats(steps: list[int], index: list[int], distinct: int) -> bool:

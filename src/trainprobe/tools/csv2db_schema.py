@@ -5,15 +5,16 @@ file, checked and indexed (:class:`MetricsDatabase`). The schema is the one docs
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.safe_files import INT_MAX
 from trainprobe.tools.csv2db_rows import NAN_BITS, ParsedFile, TargetKey
-from trainprobe.tools.monitor_output import MonitorCsv
+from trainprobe.tools.monitor_layout import MonitorCsv
 
 DB_NAME = "monitor_metrics.db"
 SCHEMA_VERSION = "2"
@@ -27,6 +28,24 @@ VIEW = "metric_values"
 BATCH_ROWS = 500_000
 #: Rows per INSERT statement (fewer where SQLite allows fewer ``?``).
 ROWS_PER_INSERT = 100
+#: SQLite's page cache while loading (KiB).
+CACHE_KIB = 131072
+#: Worker threads sorting an index's entries (``PRAGMA threads``; 0: none), and the page cache
+#: while indexing (KiB), which is also the size of each sorted run they share out.
+SORT_THREADS = min(4, os.cpu_count() or 1)
+SORT_RUN_KIB = 32768
+
+
+class _Into(NamedTuple):
+    """Where rows go: the value table, their rank and data type (the same for all rows of a
+    file: written into the INSERT statement), the file's ops, and whether a nan_mask is bound
+    per row (else 0, the file has no NaN)."""
+
+    table: str
+    rank: int
+    data_type_id: int
+    ops: tuple[str, ...]
+    masks: bool
 
 
 class RowsLostError(RuntimeError):
@@ -65,7 +84,7 @@ class MetricsDatabase:
                 f"output_dirpath: {str(path)!r} is not a csv2db database ({exc}); delete it or choose another folder"
             ) from None
         self._key_ids: dict[TargetKey, int] = {}
-        self._sql: dict[tuple[str, tuple[str, ...], int], str] = {}
+        self._sql: dict[tuple[_Into, str, int], str] = {}
         self._max_variables = _max_variables(self.conn)
         self._rows_before = self._count_rows()
         self.added = 0  # rows read and stored by this connection
@@ -90,6 +109,7 @@ class MetricsDatabase:
             self._in_transaction = 0
             self.conn.execute("COMMIT")
         self.conn.close()
+        _fsync(self.path)
 
     def holds(self, file: MonitorCsv) -> bool:
         """Whether the database holds ``file`` as it is now (same size and mtime as when read)."""
@@ -106,14 +126,17 @@ class MetricsDatabase:
             metric_ids = [self._metric_id(op, file) for op in parsed.ops]
             target_ids = self._target_ids(parsed)
             masks = _remap_masks(parsed.nan_masks, metric_ids)
-            if self._may_overlap(file, data_type_id, parsed.steps):
+            span = (min(parsed.steps), max(parsed.steps))
+            overlap = self._may_overlap(file, data_type_id, span)
+            if overlap:
                 self.replaced += self._stored_keys(file.rank, data_type_id, parsed.steps, target_ids)
-            for first, rows in self._split(parsed.steps):
-                columns: list[list[Any] | None] = [_pick(parsed.steps, rows), _pick(target_ids, rows)]
+            for first, rows in self._split(parsed.steps, span):
+                columns = [_pick(parsed.steps, rows), _pick(target_ids, rows)]
                 columns += [_pick(column, rows) for column in parsed.values]
-                columns.append(None if masks is None else _pick(masks, rows))
-                flat = _interleave(file.rank, data_type_id, columns)
-                self._insert(self._partition(first), parsed.ops, flat)
+                if masks is not None:
+                    columns.append(_pick(masks, rows))
+                into = _Into(self._partition(first), file.rank, data_type_id, parsed.ops, masks is not None)
+                self._insert(into, _interleave(columns), replace=overlap)
         self._record_file(parsed, count)
         self.added += count
         self._in_transaction += count + 1
@@ -143,14 +166,43 @@ class MetricsDatabase:
                 "were not all stored; please report this bug with the monitor output"
             )
         tables = tuple(name for _, name in sorted((first, name) for name, first in self._partitions.items()))
+        self._create_indexes(tables)
         self.conn.execute("BEGIN")
-        for table in tables:
-            self.conn.execute(f"CREATE INDEX IF NOT EXISTS {_q(table + '_by_target')} ON {_q(table)}(target_id, step)")
         self._create_view(tables)
         self.conn.execute("COMMIT")
         self.conn.execute("PRAGMA analysis_limit=1000")
         self.conn.execute("ANALYZE")
         return tables
+
+    def _create_indexes(self, tables: Sequence[str]) -> None:
+        """The ``_by_target`` index of each value table that lacks it. SQLite sorts the entries on
+        :data:`SORT_THREADS` worker threads, which it uses only with temporary files on disk
+        (``temp_store = FILE``) for sorted runs smaller than the page cache; should that fail (a
+        temporary folder that is full), the indexes are dropped and made again the plain way: in
+        memory, on this thread."""
+        conn = self.conn
+        if SORT_THREADS:
+            for pragma in ("temp_store = FILE", f"threads = {SORT_THREADS}", f"cache_size = -{SORT_RUN_KIB}"):
+                conn.execute(f"PRAGMA {pragma}")
+            try:
+                self._index_all(tables)
+                return
+            except sqlite3.OperationalError:
+                conn.execute("COMMIT")
+                conn.execute("BEGIN")
+                for table in tables:
+                    conn.execute(f"DROP INDEX IF EXISTS {_q(table + '_by_target')}")
+                conn.execute("COMMIT")
+            finally:
+                for pragma in ("temp_store = MEMORY", "threads = 0", f"cache_size = -{CACHE_KIB}"):
+                    conn.execute(f"PRAGMA {pragma}")
+        self._index_all(tables)
+
+    def _index_all(self, tables: Sequence[str]) -> None:
+        self.conn.execute("BEGIN")
+        for table in tables:
+            self.conn.execute(f"CREATE INDEX IF NOT EXISTS {_q(table + '_by_target')} ON {_q(table)}(target_id, step)")
+        self.conn.execute("COMMIT")
 
     # -- schema -------------------------------------------------------------------------------
 
@@ -158,11 +210,11 @@ class MetricsDatabase:
         """Rows in all value tables (the smallest index is scanned: fast)."""
         return sum(self.conn.execute(f"SELECT count(*) FROM {_q(table)}").fetchone()[0] for table in self._partitions)
 
-    def _may_overlap(self, file: MonitorCsv, data_type_id: int, steps: list[int]) -> bool:
+    def _may_overlap(self, file: MonitorCsv, data_type_id: int, span: tuple[int, int]) -> bool:
         """Whether a stored row can have a key of ``file``'s rows: a file of the same rank and
         data type (``file`` itself read before included) covers some of its steps (those its name
         says and those its rows hold). Also records ``file``'s range for the files that follow."""
-        low, high = min(file.first_step, min(steps)), max(file.last_step, max(steps))
+        low, high = min(file.first_step, span[0]), max(file.last_step, span[1])
         ranges = self._ranges.setdefault((file.rank, data_type_id), [])
         found = any(first <= high and low <= last for first, last in ranges)
         ranges.append((low, high))
@@ -335,10 +387,11 @@ class MetricsDatabase:
             self._targets[key] = found
         return found
 
-    def _split(self, steps: list[int]) -> Iterator[tuple[int, list[int] | None]]:
-        """``(first step of the partition, row indices or None for all)`` per partition touched."""
+    def _split(self, steps: list[int], span: tuple[int, int]) -> Iterator[tuple[int, list[int] | None]]:
+        """``(first step of the partition, row indices or None for all)`` per partition touched
+        (``span``: the smallest and largest of ``steps``)."""
         size = self.step_partition
-        low, high = min(steps) // size, max(steps) // size
+        low, high = span[0] // size, span[1] // size
         if low == high:
             yield low * size, None
             return
@@ -348,26 +401,44 @@ class MetricsDatabase:
         for part in sorted(groups):
             yield part * size, groups[part]
 
-    def _insert(self, table: str, ops: tuple[str, ...], flat: list[Any]) -> None:
-        """Store rows given as one flat list of cells (key columns, ``ops``, nan_mask per row),
-        many rows per INSERT statement: half the cost of one statement per row."""
-        width = len(KEY_COLUMNS) + len(ops) + 1
+    def _insert(self, into: _Into, flat: list[Any], replace: bool) -> None:
+        """Store rows given as one flat list of cells (step, target_id, the ops, nan_mask if
+        ``into.masks``, per row), many rows per INSERT statement (half the cost of one statement
+        per row); ``rank`` and ``data_type_id`` are in the statement's text, not bound per row.
+
+        Without ``replace`` (no stored row can have one of these keys) a plain INSERT, cheaper than
+        INSERT OR REPLACE (no search before each row); should a key clash after all (rows of one
+        file repeating a key: a bug that :meth:`finish` reports), the rows are stored again with
+        INSERT OR REPLACE, which ends as if it had been used from the start (the failed statement's
+        rows that were stored already are replaced by themselves: there is no journal to undo them)."""
+        if not replace:
+            try:
+                self._insert_rows(into, flat, "INSERT")
+                return
+            except sqlite3.IntegrityError:
+                pass
+        self._insert_rows(into, flat, "INSERT OR REPLACE")
+
+    def _insert_rows(self, into: _Into, flat: list[Any], verb: str) -> None:
+        width = len(into.ops) + 2 + int(into.masks)
         per_statement = max(1, min(ROWS_PER_INSERT, self._max_variables // width))
         step = per_statement * width
         whole = len(flat) // step * step
         if whole:
-            sql = self._insert_sql(table, ops, per_statement)
+            sql = self._insert_sql(into, verb, per_statement)
             self.conn.executemany(sql, (flat[i : i + step] for i in range(0, whole, step)))
         if whole < len(flat):
-            self.conn.execute(self._insert_sql(table, ops, (len(flat) - whole) // width), flat[whole:])
+            self.conn.execute(self._insert_sql(into, verb, (len(flat) - whole) // width), flat[whole:])
 
-    def _insert_sql(self, table: str, ops: tuple[str, ...], rows: int) -> str:
-        sql = self._sql.get((table, ops, rows))
+    def _insert_sql(self, into: _Into, verb: str, rows: int) -> str:
+        sql = self._sql.get((into, verb, rows))
         if sql is None:
-            columns = [*KEY_COLUMNS, *map(_q, ops), NAN_MASK]
-            row = f"({', '.join('?' * len(columns))})"
-            sql = f"INSERT OR REPLACE INTO {_q(table)} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}"
-            self._sql[(table, ops, rows)] = sql
+            columns = [*KEY_COLUMNS, *map(_q, into.ops), NAN_MASK]
+            cells = [str(int(into.rank)), str(int(into.data_type_id)), *["?"] * (len(into.ops) + 2)]
+            cells.append("?" if into.masks else "0")
+            row = f"({', '.join(cells)})"
+            sql = f"{verb} INTO {_q(into.table)} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}"
+            self._sql[(into, verb, rows)] = sql
         return sql
 
     def _record_file(self, parsed: ParsedFile, rows: int) -> None:
@@ -398,15 +469,34 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _set_pragmas(conn: sqlite3.Connection) -> None:
-    """Bulk-load settings: no rollback journal, no fsync, one connection, a 128 MiB cache."""
+    """Bulk-load settings: no rollback journal, no fsync (:meth:`MetricsDatabase.close` syncs
+    the file once), one connection, a 128 MiB cache.
+
+    The index build at the end changes some of them (:meth:`MetricsDatabase._create_indexes`)."""
     for pragma in (
         "journal_mode = OFF",
         "synchronous = OFF",
         "locking_mode = EXCLUSIVE",
         "temp_store = MEMORY",
-        "cache_size = -131072",
+        f"cache_size = -{CACHE_KIB}",
     ):
         conn.execute(f"PRAGMA {pragma}")
+
+
+def _fsync(path: Path) -> None:
+    """``path`` and its folder written through to the disk (the database is durable once
+    :func:`~trainprobe.tools.csv2db.csv2db` returns)."""
+    for target, flags in ((path, os.O_RDONLY), (path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))):
+        try:
+            fd = os.open(target, flags)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:  # a folder that cannot be synced (some file systems): the file was
+            pass
+        finally:
+            os.close(fd)
 
 
 def _q(identifier: str) -> str:
@@ -432,17 +522,13 @@ def _max_variables(conn: sqlite3.Connection) -> int:
     return int(getlimit(limit)) if getlimit and limit is not None else 999
 
 
-def _interleave(rank: int, data_type_id: int, columns: list[list[Any] | None]) -> list[Any]:
-    """The cells of all rows in one flat list, row after row: ``rank``, ``data_type_id``, then
-    one cell of each column (a None column: 0 in every row)."""
-    count = len(columns[0] or ())
-    width = 2 + len(columns)
+def _interleave(columns: list[list[Any]]) -> list[Any]:
+    """The cells of all rows in one flat list, row after row: one cell of each column."""
+    count = len(columns[0])
+    width = len(columns)
     flat: list[Any] = [0] * (count * width)
-    flat[0::width] = [rank] * count
-    flat[1::width] = [data_type_id] * count
-    for offset, column in enumerate(columns, start=2):
-        if column is not None:
-            flat[offset::width] = column
+    for offset, column in enumerate(columns):
+        flat[offset::width] = column
     return flat
 
 

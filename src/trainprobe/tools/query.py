@@ -229,12 +229,13 @@ def _csv_type(column: str) -> str:
     return "DOUBLE"
 
 
-def _read_csv(paths: Sequence[str], header: tuple[str, ...]) -> str:
+def _read_csv(paths: Sequence[str], header: tuple[str, ...], ordinality: bool = True) -> str:
+    """The typed ``read_csv`` of ``paths``; ``ordinality``: with a row number column (``ordinality``)."""
     types = ", ".join(f"{literal(h)}: {literal(_csv_type(h))}" for h in header)
     listed = "[" + ", ".join(literal(p) for p in paths) + "]"
     return (
         f"read_csv({listed}, header=true, filename=true, auto_detect=false, delim=',', quote='\"', "
-        f"escape='\"', columns={{{types}}}) WITH ORDINALITY"
+        f"escape='\"', columns={{{types}}})" + (" WITH ORDINALITY" if ordinality else "")
     )
 
 

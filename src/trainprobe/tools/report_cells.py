@@ -23,18 +23,6 @@ def target_ids(index: dict[str, int], codes: np.ndarray, names: Sequence[str]) -
     return lookup[inverse.reshape(-1)]
 
 
-def step_positions(steps: np.ndarray) -> np.ndarray:
-    """For rows in file order with these ``steps``, each row's place among the rows of its step:
-    :func:`~trainprobe.tools.execution_order.row_positions` with numpy."""
-    order = np.argsort(steps, kind="stable")
-    ordered = steps[order]
-    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
-    first_of_run = np.repeat(starts, np.diff(np.r_[starts, len(ordered)]))
-    positions = np.empty(len(steps), dtype=np.int64)
-    positions[order] = np.arange(len(steps)) - first_of_run
-    return positions
-
-
 def compact(values: np.ndarray) -> np.ndarray:
     """``values`` as float32, the precision the page draws: finite values clipped to float32's
     range (so that they stay finite), NaN and inf kept."""

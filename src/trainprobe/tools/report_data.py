@@ -48,16 +48,16 @@ from trainprobe.tools.execution_order import (
     PHASE_ORDER,
     V2_DEFAULT_TABLE,
     V2_TABLE_OF,
+    row_positions,
     table_rank,
 )
-from trainprobe.tools.monitor_output import V1_DATA_TYPES
+from trainprobe.tools.monitor_layout import V1_DATA_TYPES
 from trainprobe.tools.report_cells import (
     compact,
     grown,
     largest_per_key,
     merge_cells,
     real_rows,
-    step_positions,
     target_ids,
     unique_inverse,
 )
@@ -424,7 +424,7 @@ def _collect_file(file: ReportFile, table: FileRows, reading: _Reading, second: 
         "micro": table.micro,
         "vpp": table.vpp,
         "line": np.arange(n),
-        "pos": step_positions(table.steps),
+        "pos": row_positions(table.steps),
         "values": values,
     }
     keep = real_rows(table.shapes, values)
