@@ -7,6 +7,10 @@ name is empty (``0:`` + ``.input``). Activation rows are ``<module>.input`` / ``
 in file ``actv`` for the tensors and in file ``actv_grad`` for their gradients (the same row
 names: the file says it is a gradient); when a call has several tensors and the target does not
 pick one with ``"tuple[N]:i"``, each gets its index: ``<module>.input_0``, ``<module>.input_1``.
+An output that is a tuple (or list) of several entries numbers them by position, as the
+reference does, even when only one holds a tensor: ``nn.MultiheadAttention``'s ``(out, None)``
+gives the row ``<module>.output_0`` (and no row for the ``None``); a tensor or a one-entry tuple
+gives ``<module>.output``.
 
 With ``squash_name`` (the default) parameter and module names are shortened to their meaningful
 tail (:func:`squash_name`), except where that would give two different parameters (or two
@@ -69,12 +73,17 @@ def param_targeted(config: MonitorV1Config, name: str) -> bool:
     return False
 
 
-def _pick(spec: TensorSpec | None, row: str, tensors: list[torch.Tensor]) -> Picked:
+def _pick(spec: TensorSpec | None, row: str, tensors: list[torch.Tensor | None]) -> Picked:
+    """Rows of ``tensors`` as the reference names them: one slot is ``row``; several are
+    ``row_<i>`` with ``i`` the slot's position, holes (``None``: an entry of a tuple output without
+    a tensor, such as ``nn.MultiheadAttention``'s ``(out, None)``) counted but given no row (the
+    reference's NaN row for them is a bug). A target's ``index`` counts the tensors only."""
     if spec is not None and spec.index is not None:
-        return [(row, tensors[spec.index])] if spec.index < len(tensors) else []
+        found = [t for t in tensors if t is not None]
+        return [(row, found[spec.index])] if spec.index < len(found) else []
     if len(tensors) == 1:
-        return [(row, tensors[0])]
-    return [(f"{row}_{i}", t) for i, t in enumerate(tensors)]
+        return [(row, tensors[0])] if tensors[0] is not None else []
+    return [(f"{row}_{i}", t) for i, t in enumerate(tensors) if t is not None]
 
 
 def display_name(config: MonitorV1Config, name: str) -> str:
@@ -156,8 +165,8 @@ def display_names(config: MonitorV1Config, names: Iterable[str]) -> DisplayNames
 
 
 def with_roots(names: DisplayNames, roots: Iterable[str]) -> DisplayNames:
-    """``names`` where each chunk's root module (full name ``<vpp>:root``) is written ``<vpp>:``
-    (an empty module name, as the reference names the root)."""
+    """``names`` where each chunk's root module (full name ``<vpp>:``, the empty module name, as
+    the reference names the root) is written ``<vpp>:`` even when ``squash_name`` is set."""
     shown = dict(names.shown)
     for full in roots:
         head, sep, _ = full.partition(":")
