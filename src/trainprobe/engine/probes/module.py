@@ -277,11 +277,17 @@ def _warn_traced(ctx: object = None) -> None:
     )
 
 
+def _shown_name(name: str) -> str:
+    """``name`` as a message lists it: the root module's empty name as ``<root>`` (``0:<root>``)."""
+    head, sep, tail = name.rpartition(":")
+    return name + "<root>" if not tail and (not sep or head.isdigit()) else name
+
+
 def _warn_compiled(names: list[str]) -> None:
     """Warn once that the modules ``names`` run inside a compiled graph and have no rows."""
     if not names:
         return
-    shown = ", ".join(names[:_SHOWN_NAMES])
+    shown = ", ".join(map(_shown_name, names[:_SHOWN_NAMES]))
     more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
     warn_once(
         "module-compiled",
