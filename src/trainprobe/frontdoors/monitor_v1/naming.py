@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,7 +73,7 @@ def param_targeted(config: MonitorV1Config, name: str) -> bool:
     return False
 
 
-def _pick(spec: TensorSpec | None, row: str, tensors: list[torch.Tensor | None]) -> Picked:
+def _pick(spec: TensorSpec | None, row: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
     """Rows of ``tensors`` as the reference names them: one slot is ``row``; several are
     ``row_<i>`` with ``i`` the slot's position, holes (``None``: an entry of a tuple output without
     a tensor, such as ``nn.MultiheadAttention``'s ``(out, None)``) counted but given no row (the
@@ -212,12 +212,12 @@ class V1Naming:
     def wants(self, vpp_stage: int, name: str, module: nn.Module) -> bool:
         return self.config.all_xy or self._lookup(name)[1] is not None
 
-    def forward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+    def forward(self, name: str, kind: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
         if self.config.backward_only:
             return []
         return self._noted(self.forward_scope, self._select(name, kind, kind, tensors))
 
-    def backward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+    def backward(self, name: str, kind: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
         if self.config.forward_only:
             return []
         return self._noted(self.backward_scope, self._select(name, kind, f"{kind}_grad", tensors))
@@ -244,7 +244,7 @@ class V1Naming:
             found = self._known[name] = (shown, target)
             return found
 
-    def _select(self, name: str, kind: str, target_kind: str, tensors: list[torch.Tensor]) -> Picked:
+    def _select(self, name: str, kind: str, target_kind: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
         """Rows ``<module>.<kind>`` of ``tensors``, as the target's ``target_kind`` entry says."""
         shown, target = self._lookup(name)
         row = f"{shown}.{kind}"
