@@ -27,6 +27,7 @@ from runs import SCRIPT, ref_python, run
 
 from trainprobe.tools.diff import diff
 
+
 def both(out: Path, what: str) -> tuple[Path, Path]:
     """Train ``what`` (v1 or v2) under both packages; the two output folders."""
     jobs = [(ref_python(), "msprobe"), (sys.executable, "trainprobe")]
