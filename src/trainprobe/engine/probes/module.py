@@ -142,6 +142,8 @@ class ModuleProbe(Probe):
 
     name = "module"
     with_micro_step = True
+    """Rows carry the forward pass's index; Monitor V2 writes the column only when micro-batches
+    are configured (``trainer._with_micro_step``), as the reference's header has none."""
 
     def __init__(
         self,
