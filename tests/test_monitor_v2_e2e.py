@@ -70,14 +70,8 @@ def test_mlp_all_monitors_headers_names_and_values(tmp_path):
     names = sorted(p.name for p in rank_dir.iterdir())
     expected = [f"{m}_step{s}-{s}.csv" for m in ("module", "optimizer", "param", "weight_grad") for s in range(3)]
     assert names == sorted(expected)
-    assert read_csv(rank_dir / "module_step0-0.csv")[0] == [
-        "vpp_stage",
-        "step",
-        "module_name",
-        "scope",
-        "micro_step",
-        *OPS,
-    ]
+    # no micro-batches configured: no micro_step column, the reference's header
+    assert read_csv(rank_dir / "module_step0-0.csv")[0] == ["vpp_stage", "step", "module_name", "scope", *OPS]
     assert read_csv(rank_dir / "weight_grad_step1-1.csv")[0] == [
         "vpp_stage",
         "step",
@@ -113,12 +107,12 @@ def test_mlp_all_monitors_headers_names_and_values(tmp_path):
 
     module_rows = rows_of(out, "module")
     step0 = {(r["module_name"], r["scope"]) for r in module_rows if r["step"] == "0"}
-    for name in ("root", "fc1", "act", "fc2"):
+    for name in ("", "fc1", "act", "fc2"):  # the root's name is empty: ".input.0"
         assert (f"{name}.input.0", "forward") in step0
         assert (f"{name}.output.0", "forward") in step0
         assert (f"{name}.grad_output.0", "backward") in step0
     assert ("fc2.grad_input.0", "backward") in step0
-    assert ("root.grad_input.0", "backward") not in step0  # the data does not require grad
+    assert (".grad_input.0", "backward") not in step0  # the data does not require grad
 
 
 def test_module_values_match_forward_tensors(tmp_path):
@@ -771,9 +765,9 @@ def test_a_meta_tensor_gets_no_row_and_the_module_monitor_goes_on(tmp_path, capl
     for step in ("0", "1", "2"):  # every step, every real tensor: the monitor stayed on
         names = {r["module_name"] for r in rows if r["step"] == step}
         assert names == {
-            "root.input.0",
-            "root.output.0",
-            "root.grad_output.0",
+            ".input.0",
+            ".output.0",
+            ".grad_output.0",
             "fc.input.0",
             "fc.output.0",
             "fc.grad_output.0",

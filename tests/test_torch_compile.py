@@ -103,7 +103,7 @@ def test_a_compiled_model_trains_bitwise_as_without_monitoring(
     _assert_bitwise(plain, watched)
     module = rows_of(tmp_path, "module")
     # the compiled boundary is recorded every step, named like the model it compiles
-    assert sorted({r["module_name"] for r in module}) == ["root.grad_output.0", "root.input.0", "root.output.0"]
+    assert sorted({r["module_name"] for r in module}) == [".grad_output.0", ".input.0", ".output.0"]
     assert len(module) == 3 * 3
     for monitor in ("weight_grad", "param", "optimizer"):
         names = {
@@ -182,7 +182,7 @@ def test_a_model_compiled_in_place_warns_once_and_trains_bitwise(
     watched = _train(make, tmp_path)
     _assert_bitwise(plain, watched)
     assert rows_of(tmp_path, "module") == []
-    assert "4 module(s)" in caplog.text and "(root, fc1, act, fc2)" in caplog.text
+    assert "4 module(s)" in caplog.text and "(<root>, fc1, act, fc2)" in caplog.text
     assert "runs inside torch.compile" not in caplog.text
     assert len(rows_of(tmp_path, "param")) == 3 * 8
 

@@ -1,9 +1,9 @@
 """``trainprobe diff`` of the reference tool's Monitor V2 and V1 output against trainprobe's for
 the same training (``make interop``'s scripts; run with ``-k diff``).
 
-Within tolerance after the built-in normalisation (``vpp_stage`` -1 vs 0, V1 chunk prefixes) and
-one mapping (the root module's rows: ``root.input.0`` in trainprobe, ``.input.0`` in the
-reference). Excluded, each for a difference listed in docs/compatibility.md:
+Within tolerance after the built-in normalisation (``vpp_stage`` -1 vs 0, V1 chunk prefixes),
+without any name mapping (both name the root module's rows ``.input.0``). Excluded, each for a
+difference listed in docs/compatibility.md:
 
 * V2 ``module`` backward ``*.grad_input.*`` rows (``v2/rank_0/module: values of max/min/norm``:
   trainprobe reads input gradients with tensor hooks, the reference with full backward hooks);
@@ -27,8 +27,6 @@ from runs import SCRIPT, ref_python, run
 
 from trainprobe.tools.diff import diff
 
-ROOT_NAME = [("^root\\.", ".")]
-
 
 def both(out: Path, what: str) -> tuple[Path, Path]:
     """Train ``what`` (v1 or v2) under both packages; the two output folders."""
@@ -47,12 +45,12 @@ def both(out: Path, what: str) -> tuple[Path, Path]:
 
 def test_diff_reference_v2_against_trainprobe_v2(tmp_path: Path) -> None:
     ref, tp = both(tmp_path, "v2")
-    whole = diff(ref, tp, mapping=ROOT_NAME, limit=10_000)
+    whole = diff(ref, tp, limit=10_000)
     assert whole.counts["compared"] > 500
     assert whole.counts["only_baseline"] == 0  # every reference row has its trainprobe twin
     listed = [d for d in whole.divergences if d.table == "module" and d.scope == "backward" and ".grad_input." in d.name]
     assert listed == whole.divergences, [d.describe() for d in whole.divergences if d not in listed]
-    rest = diff(ref, tp, mapping=ROOT_NAME, tables=["param", "optimizer", "weight_grad"])
+    rest = diff(ref, tp, tables=["param", "optimizer", "weight_grad"])
     assert rest.exit_code == 0 and rest.counts["compared"] > 200, rest.answer()
 
 

@@ -4,7 +4,8 @@ A single model is ``vpp_stage`` 0 and its names are the framework's own (PyTorch
 ``named_modules()`` / ``named_parameters()``, MindSpore's ``cells_and_names()`` /
 ``parameters_and_names()``). For a list of chunks (virtual pipeline stages), chunk ``i`` has
 ``vpp_stage`` i and its names carry the prefix ``"i:"`` (``"1:layers.0.mlp"``). The root module
-itself, whose framework name is the empty string, is called ``root`` (``"0:root"`` in a chunk list).
+itself keeps its framework name, the empty string (``""``; ``"0:"`` in a chunk list), as the
+reference names it: its Monitor V2 rows are ``.input.0`` (``0:.input.0``).
 
 :class:`ModelView` is framework-neutral; each backend subclasses it
 (:class:`trainprobe.backends.torch.model_view.TorchModelView`,
@@ -21,7 +22,8 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.optimizer_view import OptimizerView
 
 NAME_SEP = ":"
-ROOT_NAME = "root"
+ROOT_NAME = ""
+"""The root module's name: empty, as PyTorch's ``named_modules()`` and the reference give it."""
 
 
 @dataclass(frozen=True, slots=True)

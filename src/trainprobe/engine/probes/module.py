@@ -3,7 +3,14 @@
 Rows (``module_<a>-<b>.csv``): ``module_name`` is ``<module>.<input|output>.<i>`` with scope
 ``forward`` and ``<module>.<grad_input|grad_output>.<i>`` with scope ``backward``; ``i`` counts
 the tensors of the call (positional arguments, then keyword arguments, nested tuples/lists
-flattened). ``micro_step`` is the index of the forward pass of the model chunk within the step.
+flattened). The root module's name is empty (``.input.0``; ``0:.input.0`` in a chunk list).
+``micro_step`` is the index of the forward pass of the model chunk within the step (a column of
+the Monitor V2 table only when micro-batches are configured).
+
+The tensors handed to a :class:`ModuleNaming` may hold ``None`` holes: a tuple or list output of
+several entries gives one slot per entry (:func:`output_slots`), ``None`` for an entry without a
+tensor, so that a dialect numbering by position (Monitor V1's ``output_0`` of ``(out, None)``)
+can; Monitor V2 numbers the tensors only, as the reference does.
 
 Gradients are read with tensor hooks (``Tensor.register_hook``), never with module full backward
 hooks, so the autograd graph is left exactly as it was and training stays bitwise identical.
@@ -53,6 +60,19 @@ Picked = list[tuple[str, Any]]
 """``(row name, tensor)`` pairs chosen from a call's tensors."""
 
 
+def output_slots(output: Any, tensor_type: Any) -> list[Any]:
+    """The tensors of a module's ``output``: for a tuple or list of two or more entries, one slot
+    per entry (its tensor, ``None`` where it holds none; an entry nesting several tensors gives
+    them all, in order); otherwise every tensor in it, nested ones flattened."""
+    if isinstance(output, (list, tuple)) and len(output) > 1:
+        slots: list[Any] = []
+        for item in output:
+            found = list(tensors_in(item, 1, tensor_type))
+            slots.extend(found if found else [None])
+        return slots
+    return list(tensors_in(output, 0, tensor_type))
+
+
 class ModuleNaming(Protocol):
     """Which modules are hooked and how their tensors are chosen and named (one per dialect)."""
 
@@ -71,7 +91,8 @@ class ModuleNaming(Protocol):
         ...
 
     def forward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
-        """Forward rows of ``kind`` (``input``/``output``) of module ``name``."""
+        """Forward rows of ``kind`` (``input``/``output``) of module ``name``; ``tensors`` may
+        hold ``None`` holes (entries of a tuple output without a tensor), never picked."""
         ...
 
     def backward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
@@ -92,10 +113,12 @@ class V2Naming:
         return not self.targets or any(t in name for t in self.targets)
 
     def forward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
-        return [(f"{name}.{kind}.{i}", t) for i, t in enumerate(tensors)]
+        found = [t for t in tensors if t is not None]
+        return [(f"{name}.{kind}.{i}", t) for i, t in enumerate(found)]
 
     def backward(self, name: str, kind: str, tensors: list[Any]) -> Picked:
-        return [(f"{name}.grad_{kind}.{i}", t) for i, t in enumerate(tensors)]
+        found = [t for t in tensors if t is not None]
+        return [(f"{name}.grad_{kind}.{i}", t) for i, t in enumerate(found)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +142,8 @@ class ModuleProbe(Probe):
 
     name = "module"
     with_micro_step = True
+    """Rows carry the forward pass's index; Monitor V2 writes the column only when micro-batches
+    are configured (``trainer._with_micro_step``), as the reference's header has none."""
 
     def __init__(
         self,
@@ -196,7 +221,7 @@ class ModuleProbe(Probe):
     def _post_hook(self, vpp: int, name: str) -> Any:
         def post(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             if self._records(module):
-                self._record(vpp, name, "output", list(tensors_in(output, 0, self._tensor_type)))
+                self._record(vpp, name, "output", output_slots(output, self._tensor_type))
             return None
 
         return post
@@ -254,11 +279,17 @@ def _warn_traced(ctx: object = None) -> None:
     )
 
 
+def _shown_name(name: str) -> str:
+    """``name`` as a message lists it: the root module's empty name as ``<root>`` (``0:<root>``)."""
+    head, sep, tail = name.rpartition(":")
+    return name + "<root>" if not tail and (not sep or head.isdigit()) else name
+
+
 def _warn_compiled(names: list[str]) -> None:
     """Warn once that the modules ``names`` run inside a compiled graph and have no rows."""
     if not names:
         return
-    shown = ", ".join(names[:_SHOWN_NAMES])
+    shown = ", ".join(map(_shown_name, names[:_SHOWN_NAMES]))
     more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
     warn_once(
         "module-compiled",

@@ -7,6 +7,10 @@ name is empty (``0:`` + ``.input``). Activation rows are ``<module>.input`` / ``
 in file ``actv`` for the tensors and in file ``actv_grad`` for their gradients (the same row
 names: the file says it is a gradient); when a call has several tensors and the target does not
 pick one with ``"tuple[N]:i"``, each gets its index: ``<module>.input_0``, ``<module>.input_1``.
+An output that is a tuple (or list) of several entries numbers them by position, as the
+reference does, even when only one holds a tensor: ``nn.MultiheadAttention``'s ``(out, None)``
+gives the row ``<module>.output_0`` (and no row for the ``None``); a tensor or a one-entry tuple
+gives ``<module>.output``.
 
 With ``squash_name`` (the default) parameter and module names are shortened to their meaningful
 tail (:func:`squash_name`), except where that would give two different parameters (or two
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -69,12 +73,17 @@ def param_targeted(config: MonitorV1Config, name: str) -> bool:
     return False
 
 
-def _pick(spec: TensorSpec | None, row: str, tensors: list[torch.Tensor]) -> Picked:
+def _pick(spec: TensorSpec | None, row: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
+    """Rows of ``tensors`` as the reference names them: one slot is ``row``; several are
+    ``row_<i>`` with ``i`` the slot's position, holes (``None``: an entry of a tuple output without
+    a tensor, such as ``nn.MultiheadAttention``'s ``(out, None)``) counted but given no row (the
+    reference's NaN row for them is a bug). A target's ``index`` counts the tensors only."""
     if spec is not None and spec.index is not None:
-        return [(row, tensors[spec.index])] if spec.index < len(tensors) else []
+        found = [t for t in tensors if t is not None]
+        return [(row, found[spec.index])] if spec.index < len(found) else []
     if len(tensors) == 1:
-        return [(row, tensors[0])]
-    return [(f"{row}_{i}", t) for i, t in enumerate(tensors)]
+        return [(row, tensors[0])] if tensors[0] is not None else []
+    return [(f"{row}_{i}", t) for i, t in enumerate(tensors) if t is not None]
 
 
 def display_name(config: MonitorV1Config, name: str) -> str:
@@ -156,8 +165,8 @@ def display_names(config: MonitorV1Config, names: Iterable[str]) -> DisplayNames
 
 
 def with_roots(names: DisplayNames, roots: Iterable[str]) -> DisplayNames:
-    """``names`` where each chunk's root module (full name ``<vpp>:root``) is written ``<vpp>:``
-    (an empty module name, as the reference names the root)."""
+    """``names`` where each chunk's root module (full name ``<vpp>:``, the empty module name, as
+    the reference names the root) is written ``<vpp>:`` even when ``squash_name`` is set."""
     shown = dict(names.shown)
     for full in roots:
         head, sep, _ = full.partition(":")
@@ -203,12 +212,12 @@ class V1Naming:
     def wants(self, vpp_stage: int, name: str, module: nn.Module) -> bool:
         return self.config.all_xy or self._lookup(name)[1] is not None
 
-    def forward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+    def forward(self, name: str, kind: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
         if self.config.backward_only:
             return []
         return self._noted(self.forward_scope, self._select(name, kind, kind, tensors))
 
-    def backward(self, name: str, kind: str, tensors: list[torch.Tensor]) -> Picked:
+    def backward(self, name: str, kind: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
         if self.config.forward_only:
             return []
         return self._noted(self.backward_scope, self._select(name, kind, f"{kind}_grad", tensors))
@@ -235,7 +244,7 @@ class V1Naming:
             found = self._known[name] = (shown, target)
             return found
 
-    def _select(self, name: str, kind: str, target_kind: str, tensors: list[torch.Tensor]) -> Picked:
+    def _select(self, name: str, kind: str, target_kind: str, tensors: Sequence[torch.Tensor | None]) -> Picked:
         """Rows ``<module>.<kind>`` of ``tensors``, as the target's ``target_kind`` entry says."""
         shown, target = self._lookup(name)
         row = f"{shown}.{kind}"

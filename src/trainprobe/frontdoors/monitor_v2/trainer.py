@@ -223,7 +223,7 @@ class TrainerMonitorV2:
             )
             patch = False
         # the column order is the spec's (the config's ops), as in V1; each kernel computes in that order
-        layouts = {p.name: TableLayout(p.with_micro_step, p.spec.ops) for p in probes}
+        layouts = {p.name: TableLayout(_with_micro_step(p, clock.micro_batches), p.spec.ops) for p in probes}
         sink: CsvSink | ParquetSink
         if cfg.format == "parquet":
             sink = ParquetSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
@@ -313,3 +313,13 @@ class TrainerMonitorV2:
                 log_path = rank_dir / CC_LOG_FILE
                 probes.append(CollectiveProbe(clock, cc_spec, rank, log_path, backend=backend, models=view.chunks))
         return probes
+
+
+def _with_micro_step(probe: Probe, micro_batches: int) -> bool:
+    """Whether ``probe``'s table has a ``micro_step`` column. The module table has one only when
+    micro-batches are configured (``grad_acc_steps`` / ``micro_batch_number`` > 1), as the spec
+    ("available only when micro-batch is enabled") and the reference's header
+    ``vpp_stage,step,module_name,scope,<ops>`` have it; the other tables as their probe says."""
+    if probe.name == "module":
+        return micro_batches > 1
+    return probe.with_micro_step
