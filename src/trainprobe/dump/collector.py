@@ -1,4 +1,4 @@
-"""Turns API calls and module calls into dump records: names, filters, forward and backward data.
+"""Turns API calls and module calls into dump records: names, filters and forward data.
 
 Names (per step; counters restart at every ``step()``):
 
@@ -7,15 +7,13 @@ Names (per step; counters restart at every ``step()``):
   ``Module.{name}.{Class}.parameters_grad.{k}`` (``k`` counts gradient arrivals, not calls).
 
 A forward record holds ``input_args``, ``input_kwargs``, ``output`` (and ``parameters`` for
-modules); a backward record ``input`` (gradients of the forward outputs) and ``output``
-(gradients of the forward inputs that require gradients: what this call passes back to each, see
-:meth:`Collector.watch_backward`). Gradients come from ``Tensor.register_hook`` on the forward
-outputs and from hooks on the autograd nodes the call made, which observe the gradients without
-changing the graph (training stays bitwise identical). APIs whose records are left out by
-``risk_level`` still count, so the numbers do not depend on the filter.
+modules). Its backward record is filled by the gradient hooks of the collector's
+:class:`~trainprobe.dump.backward_hooks.BackwardHooks` (:attr:`Collector.backward`), registered
+when the forward record is complete. APIs whose records are left out by ``risk_level`` still
+count, so the numbers do not depend on the filter.
 
 Task ``overflow_check`` keeps only the records that overflow, with their tensors
-(:mod:`trainprobe.dump.overflow`).
+(:mod:`trainprobe.dump.overflow`), at most ``overflow_nums`` of them (:meth:`Collector.take_overflow`).
 
 Fault isolation: any exception in the collector's own code is logged once, written to
 ``dump_error_info.log`` and disables dumping; the training goes on. The user's function itself is
@@ -35,9 +33,10 @@ from typing import Any
 import torch
 
 from trainprobe.dump.api_catalog import DISTRIBUTED_PREFIX, api_risk
+from trainprobe.dump.backward_hooks import BackwardHooks, backward_name, next_sequence_nr
 from trainprobe.dump.config import DumpConfig
 from trainprobe.dump.entries import EntryOptions, as_list, tensors_in, value_entry
-from trainprobe.dump.overflow import DeferredFiles, backward_overflows, data_names, forward_overflows, writes_inputs
+from trainprobe.dump.overflow import DeferredFiles, forward_overflows, writes_inputs
 from trainprobe.dump.store import StepStore
 from trainprobe.engine.guard import guarded
 from trainprobe.engine.log import error_once
@@ -48,10 +47,6 @@ thread: a reduction over one activation gains little from 2-4 threads, and an Op
 stalls for milliseconds whenever one of its cores is busy with another process (measured: 12 ms
 instead of 0.5 ms for the min/max of 2M floats on a shared 2-core machine). The training's own
 ops keep torch's setting; set/restore costs under a microsecond and only affects this thread."""
-next_sequence_nr: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
-"""The sequence number the next autograd node made on this thread gets (None: unknown here)."""
-LOCAL_GRAPH_LIMIT = 4096
-"""At most this many autograd nodes are walked to find a call's own gradient edges."""
 _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 _STACK_CACHE: dict[tuple[Any, ...], list[str]] = {}
 
@@ -106,6 +101,8 @@ class Collector:
         self.overflows = 0  # records kept by overflow_check over the run
         self.overflow_done = False  # overflow_nums reached: nothing more is recorded
         self._deferred: dict[str, DeferredFiles] = {}
+        self.backward = BackwardHooks(self)
+        """The backward records: :meth:`BackwardHooks.watch` after each forward record."""
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -314,188 +311,10 @@ class Collector:
             self.overflow_done = True
         return True
 
-    # -- backward ------------------------------------------------------------------------
-    def watch_backward(
-        self,
-        name: str,
-        inputs: Any,
-        output: Any,
-        parent: str | None,
-        *,
-        api: bool = False,
-        seq0: int | None = None,
-    ) -> None:
-        """Register gradient hooks filling the backward record ``name``: ``input`` holds the
-        gradients of ``output``'s tensors, ``output`` those of ``inputs``' tensors that require
-        gradients, in argument order: the gradient that flows from this call into the tensor
-        (its autograd edges made after ``seq0``, the sequence number taken before the call), or,
-        without ``seq0`` or in a graph too large to walk, the tensor's gradient over all uses. An
-        ``api`` whose output is made by one autograd node fed directly by its inputs (``relu``,
-        ``x + y``, ``layer_norm``) gets that node's input gradients: one entry per differentiable
-        argument of the node (``null`` for ``2`` in ``x * 2``), the reference tool's layout."""
-        cfg = self.config
-        if not cfg.backward or not torch.is_grad_enabled():
-            return
-        if isinstance(output, torch.Tensor):
-            if not output.requires_grad:
-                return
-            outs = [output]
-        else:
-            outs = [t for _, t in tensors_in(output)]
-            if not any(t.requires_grad for t in outs):
-                return
-        ins = [t for _, t in tensors_in(inputs) if t.requires_grad]
-        node = _single_node(outs, ins) if api else None
-        record: dict[str, Any] = {"input": [None] * len(outs) if cfg.inputs else [], "output": []}
-        if cfg.outputs:
-            record["output"] = [None] * (len(node.next_functions) if node is not None else len(ins))
-        state: dict[str, Any] = {"stored": False, "pending": 0}
-        if self.overflow_task:
-            state["deferred"] = DeferredFiles()
-        if cfg.inputs:
-            for i, t in enumerate(outs):
-                self._grad_hook(t, name, record, state, "input", i, parent)
-        if not cfg.outputs:
-            return
-        if node is not None:
-            self._node_hook(node, name, record, state, parent)
-            return
-        edges = _own_edges(outs, ins, seq0) if seq0 is not None else None
-        if edges:
-            self._edge_hooks(edges, ins, name, record, state, parent)
-            return
-        for i, t in enumerate(ins):
-            self._grad_hook(t, name, record, state, "output", i, parent)
-
-    def _grad_hook(
-        self,
-        t: torch.Tensor,
-        name: str,
-        record: dict[str, Any],
-        state: dict[str, Any],
-        side: str,
-        i: int,
-        parent: str | None,
-    ) -> None:
-        if not t.requires_grad:
-            return
-        state["pending"] += 1
-
-        def hook(grad: torch.Tensor) -> None:
-            if self.store is None:
-                return
-            record[side][i] = value_entry(grad, f"{name}.{side}.{i}", self.options(name, state.get("deferred")))
-            self._arrived(name, record, state, parent)
-
-        self.handles.append(t.register_hook(self.guarded(f"backward hook of {name}", hook)))
-
-    def _node_hook(
-        self, node: Any, name: str, record: dict[str, Any], state: dict[str, Any], parent: str | None
-    ) -> None:
-        """``record["output"]`` from the input gradients of the autograd ``node`` (read only)."""
-        state["pending"] += 1
-
-        def hook(grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: Any) -> None:
-            if self.store is None:
-                return
-            opts = self.options(name, state.get("deferred"))
-            record["output"] = [
-                None if g is None else value_entry(g, f"{name}.output.{i}", opts) for i, g in enumerate(grad_inputs)
-            ]
-            self._arrived(name, record, state, parent)
-
-        self.handles.append(node.register_hook(self.guarded(f"backward hook of {name}", hook)))
-
-    def _edge_hooks(
-        self,
-        edges: dict[Any, list[tuple[int, int]]],
-        ins: list[torch.Tensor],
-        name: str,
-        record: dict[str, Any],
-        state: dict[str, Any],
-        parent: str | None,
-    ) -> None:
-        """``record["output"][i]``: the sum of the gradients autograd passes along this call's own
-        edges into input ``i`` (node hooks only read them); an input passed several times gets that
-        sum in each place (the same tensor object in ``ins``: two inputs whose gradients autograd
-        happens to pass as one object, ``x + 1`` and ``x - 1``, keep their own entries)."""
-        n_inputs = len(ins)
-        sums: list[torch.Tensor | None] = [None] * n_inputs
-        for node, pairs in edges.items():
-            state["pending"] += 1
-
-            def hook(grad_inputs: tuple[torch.Tensor | None, ...], grad_outputs: Any, pairs: Any = pairs) -> None:
-                if self.store is None:
-                    return
-                opts = self.options(name, state.get("deferred"))
-                changed = set()
-                for j, i in pairs:
-                    g = grad_inputs[j]
-                    if g is not None:
-                        sums[i] = g if sums[i] is None else sums[i] + g  # type: ignore[operator]
-                        changed.add(i)
-                for i in changed:
-                    entry = value_entry(sums[i], f"{name}.output.{i}", opts)
-                    for k in range(n_inputs):
-                        if sums[k] is sums[i] and ins[k] is ins[i]:
-                            record["output"][k] = entry
-                self._arrived(name, record, state, parent)
-
-            self.handles.append(node.register_hook(self.guarded(f"backward hook of {name}", hook)))
-
-    def _arrived(self, name: str, record: dict[str, Any], state: dict[str, Any], parent: str | None) -> None:
-        """One more gradient of the backward record ``name`` is in: store or refresh the record."""
-        store = self.store
-        if store is None:
-            return
-        deferred: DeferredFiles | None = state.get("deferred")
-        state["pending"] -= 1
-        if deferred is not None:
-            self._judge_backward(name, record, state, deferred, store, parent)
-        elif not state["stored"]:
-            state["stored"] = True
-            store.add(name, record, parent=parent if self.with_construct else None)
-        else:
-            store.touch()
-
-    def _judge_backward(
-        self,
-        name: str,
-        record: dict[str, Any],
-        state: dict[str, Any],
-        deferred: DeferredFiles,
-        store: StepStore,
-        parent: str | None,
-    ) -> None:
-        """overflow_check: store the backward record ``name`` (and write its files) as soon as it
-        overflows; forget its held gradients once all arrived without it overflowing."""
-        if deferred.kept:
-            store.touch()
-        elif backward_overflows(name, record) and self.take_overflow():
-            state["stored"] = True
-            store.add(name, record, parent=parent if self.with_construct else None)
-            deferred.keep(store)
-        elif state["pending"] <= 0:
-            deferred.drop()
-
-    def drop_unoverflowed_backward(self) -> None:
-        """overflow_check: drop the backward records kept early whose verdict changed since (an
-        ``input`` gradient that arrived late overflowed too), with their files."""
-        store = self.store
-        if store is None or not self.overflow_task:
-            return
-        with store.lock:
-            for name in [n for n in store.data if ".backward" in n or ".parameters_grad." in n]:
-                record = store.data[name]
-                if backward_overflows(name, record):
-                    continue
-                del store.data[name]
-                store.construct.pop(name, None)
-                self.overflows -= 1
-                self.overflow_done = False
-                store.files.wait()
-                for file_name in data_names(record):
-                    (store.tensor_dir / file_name).unlink(missing_ok=True)
+    def give_back_overflow(self) -> None:
+        """Un-count one kept overflow_check record (dropped at the step's end): one more may be kept."""
+        self.overflows -= 1
+        self.overflow_done = False
 
     # -- APIs ------------------------------------------------------------------------------
     def api_call(self, base: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -546,7 +365,7 @@ class Collector:
         self.finish_forward(name, record, output, stack=stack, parent=parent)
         if not _is_identity_dropout(name, args, kwargs):
             bname = name[: -len("forward")] + "backward"
-            self.watch_backward(bname, [args, kwargs], result, _backward_name(parent), api=True, seq0=seq0)
+            self.backward.watch(bname, [args, kwargs], result, backward_name(parent), api=True, seq0=seq0)
         self.end_scope(name)
 
     def risk_selects(self, base: str) -> bool:
@@ -577,67 +396,5 @@ def _is_identity_dropout(name: str, args: tuple[Any, ...], kwargs: dict[str, Any
     return isinstance(p, (int, float)) and p == 0
 
 
-def _single_node(outs: list[torch.Tensor], ins: list[torch.Tensor]) -> Any:
-    """The autograd node that made ``outs[0]`` when each of its edges leads straight to one of
-    ``ins`` (or nowhere), else None: the API ran as one differentiable operation."""
-    node = outs[0].grad_fn if outs and outs[0].requires_grad else None
-    if node is None or any(o is t for o in outs for t in ins):
-        return None
-    edges = node.next_functions
-    if not edges:
-        return None
-    for target, nr in edges:
-        if target is None:
-            continue
-        leaf = getattr(target, "variable", None)
-        if leaf is not None:
-            if not any(t is leaf for t in ins):
-                return None
-        elif not any(t.grad_fn is target and t.output_nr == nr for t in ins):
-            return None
-    return node
-
-
-def _own_edges(outs: list[torch.Tensor], ins: list[torch.Tensor], seq0: int) -> dict[Any, list[tuple[int, int]]] | None:
-    """The autograd edges by which the call that made ``outs`` (its nodes: sequence number >=
-    ``seq0``) reads ``ins``: ``{node: [(edge index, input index), ...]}``; None when an output is
-    an input, nothing leads to an input, or the walk passes :data:`LOCAL_GRAPH_LIMIT` nodes."""
-    if any(o is t for o in outs for t in ins):
-        return None
-    by_node: dict[tuple[int, int], list[int]] = {}
-    by_leaf: dict[int, list[int]] = {}
-    for i, t in enumerate(ins):
-        if t.grad_fn is None:
-            by_leaf.setdefault(id(t), []).append(i)
-        else:
-            by_node.setdefault((id(t.grad_fn), t.output_nr), []).append(i)
-    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
-    seen: set[int] = set()
-    edges: dict[Any, list[tuple[int, int]]] = {}
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if len(seen) > LOCAL_GRAPH_LIMIT:
-            return None
-        for j, (target, nr) in enumerate(node.next_functions):
-            if target is None:
-                continue
-            leaf = getattr(target, "variable", None)
-            hits = by_leaf.get(id(leaf)) if leaf is not None else by_node.get((id(target), nr))
-            if hits:
-                edges.setdefault(node, []).extend((j, i) for i in hits)
-            elif leaf is None and target._sequence_nr() >= seq0:
-                stack.append(target)
-    return edges or None
-
-
 def _matches(name: str, pattern: str) -> bool:
     return name == pattern or name.startswith(pattern + ".") or name.startswith(pattern)
-
-
-def _backward_name(forward_parent: str | None) -> str | None:
-    if forward_parent is None:
-        return None
-    return forward_parent.replace(".forward.", ".backward.")

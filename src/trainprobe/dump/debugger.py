@@ -289,7 +289,7 @@ class PrecisionDebugger:
         if store is None:
             return
         try:
-            self.collector.drop_unoverflowed_backward()
+            self.collector.backward.drop_unoverflowed()
             store.flush(construct=self.config.level in ("L0", "mix"))
         except Exception as exc:  # noqa: BLE001 - dumping never crashes training
             if disk_full(exc, store.rank_dir):  # one "no space left" line; a later step may fit again

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainprobe.dump import collector as collector_module
-from trainprobe.dump.collector import Collector, _backward_name, call_stack
+from trainprobe.dump import backward_hooks
+from trainprobe.dump.backward_hooks import backward_name
+from trainprobe.dump.collector import Collector, call_stack
 from trainprobe.dump.entries import value_entry
 from trainprobe.dump.overflow import DeferredFiles, backward_overflows
 from trainprobe.dump.store import StepStore
@@ -119,7 +120,7 @@ class ModuleHooks:
             c.module_stack.append(name)
             if only_self:
                 c.suppress += 1
-            next_seq = collector_module.next_sequence_nr
+            next_seq = backward_hooks.next_sequence_nr
             if selected and next_seq is not None:
                 self._seq0[id(module)] = next_seq()
 
@@ -145,7 +146,7 @@ class ModuleHooks:
             params = dict(module.named_parameters(recurse=False))
             c.finish_forward(name, record, output, parameters=params, stack=stack, parent=parent)
             bname = f"{prefix}.backward.{name.rsplit('.', 1)[1]}"
-            c.watch_backward(bname, [args, kwargs], output, _backward_name(parent), seq0=seq0)
+            c.backward.watch(bname, [args, kwargs], output, backward_name(parent), seq0=seq0)
             c.end_scope(name)
 
         return post
