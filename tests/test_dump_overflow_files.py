@@ -238,3 +238,29 @@ def test_backward_after_stop_is_added_by_step(tmp_path: Path) -> None:
         "Module.linear.Linear.backward.0",
         "Module.linear.Linear.parameters_grad.0",
     ]
+
+
+def test_a_backward_record_whose_verdict_changes_is_dropped_and_gives_its_place_back(tmp_path: Path) -> None:
+    debugger = overflow_debugger(tmp_path, overflow_nums=1)
+    x = torch.tensor([0.0, 4.0], requires_grad=True)
+    debugger.start()
+    y = torch.sqrt(x)
+    debugger.stop()
+    y.sum().backward(retain_graph=True)  # input gradient finite, output inf: kept, its files written
+    assert debugger.collector.overflow_done
+    assert debugger.store is not None
+    debugger.store.files.wait()
+    tensor_dir = rank_dir(tmp_path / "d") / "dump_tensor_data"
+    assert sorted(p.name for p in tensor_dir.iterdir()) == [
+        "Torch.sqrt.0.backward.input.0.pt",
+        "Torch.sqrt.0.backward.output.0.pt",
+    ]
+    (y * torch.tensor([INF, 1.0])).sum().backward()  # now its input gradient overflows too
+    debugger.step()
+    assert load(tmp_path / "d")["data"] == {}
+    assert list(tensor_dir.iterdir()) == []
+    debugger.start()  # the dropped record's place in overflow_nums is free again
+    torch.log(torch.tensor([-1.0]))
+    debugger.stop()
+    debugger.step()
+    assert list(load(tmp_path / "d", 1)["data"]) == ["Torch.log.0.forward"]

@@ -119,6 +119,7 @@ class Collector:
         )
 
     def _busy(self) -> bool:
+        """Whether this thread is inside trainprobe's own code now (or is a trainprobe thread)."""
         busy = getattr(self._tls, "busy", None)
         if busy is None:
             busy = self._tls.busy = threading.current_thread().name.startswith("trainprobe-")
@@ -236,6 +237,7 @@ class Collector:
         return opts
 
     def _save_tensor(self, file_name: str, tensor: torch.Tensor, entry: dict[str, Any]) -> None:
+        """Write ``tensor`` as ``file_name`` into the current store's tensor folder (none: nothing)."""
         store = self.store
         if store is not None:
             store.save_tensor(file_name, tensor)
@@ -329,6 +331,8 @@ class Collector:
     def _api_before_impl(
         self, base: str, args: tuple[Any, ...], kwargs: dict[str, Any], frame: FrameType
     ) -> tuple[str, dict[str, Any], str | None, list[str]] | None:
+        """Before an API call: count it and, when selected, its name, forward record (inputs),
+        construct parent and call stack at ``frame``; None when the filters leave it out."""
         n = self.next_index(base)
         name = f"{base}.{n}.forward"
         if not self.select(name) or not self.risk_selects(base):
@@ -355,6 +359,9 @@ class Collector:
         result: Any,
         seq0: int | None,
     ) -> None:
+        """After an API call: complete and store its forward record with ``result`` and watch its
+        backward (``seq0``: the autograd sequence number before the call); an identity dropout gets
+        no backward record."""
         name, record, parent, stack = prepared
         output = result
         if result is None and name.startswith("Distributed."):
@@ -397,4 +404,5 @@ def _is_identity_dropout(name: str, args: tuple[Any, ...], kwargs: dict[str, Any
 
 
 def _matches(name: str, pattern: str) -> bool:
+    """Whether the record ``name`` is the ``scope`` bound ``pattern`` (a name or a name's prefix)."""
     return name == pattern or name.startswith(pattern + ".") or name.startswith(pattern)
