@@ -68,10 +68,20 @@ TOOLS = (
     "trainprobe.tools.query_spark",
     "trainprobe.tools.query_sql",
     "trainprobe.tools.report",
+    "trainprobe.tools.report_cells",
+    "trainprobe.tools.report_collect",
     "trainprobe.tools.report_data",
+    "trainprobe.tools.report_digest",
+    "trainprobe.tools.report_downsample",
+    "trainprobe.tools.report_events",
     "trainprobe.tools.report_figures",
+    "trainprobe.tools.report_groups",
     "trainprobe.tools.report_html",
+    "trainprobe.tools.report_onsets",
     "trainprobe.tools.report_read",
+    "trainprobe.tools.report_rows",
+    "trainprobe.tools.report_run",
+    "trainprobe.tools.report_types",
 )
 TORCH_FREE = ("trainprobe", "trainprobe.cli", "trainprobe.engine.layout", "trainprobe.dump.cli", *TOOLS)
 

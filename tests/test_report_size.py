@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from test_tool_report import assert_page_ok, needs_chromium, render
-from trainprobe.tools import report_data
+from trainprobe.tools import report_data, report_digest, report_groups, report_onsets
 from trainprobe.tools.report import write_report
 from trainprobe.tools.report_data import MAX_TARGETS, event_target, load_report_data
 
@@ -66,7 +66,8 @@ def test_many_targets_are_sampled_and_the_page_stays_small(tmp_path):
 
 
 def test_onsets_kept_are_bounded_and_counted(tmp_path, monkeypatch):
-    monkeypatch.setattr(report_data, "MAX_ONSETS", 5)
+    for module in (report_data, report_digest, report_groups, report_onsets):  # every module that bounds onsets
+        monkeypatch.setattr(module, "MAX_ONSETS", 5)
     nan_targets = tuple(range(100, 150))
     data = load_report_data(write_many_targets(tmp_path / "nan", targets=300, nan_targets=nan_targets))
     assert data.onset_count == 50 and len(data.onsets) == 5
