@@ -59,10 +59,13 @@ converting again later adds the rest. The files are read by DuckDB (every core;
 ``process_num > 1`` sets its threads to that number) in batches of consecutive files, while this
 process, the only writer, stores them; see :mod:`trainprobe.tools.csv2db_read`.
 
-The bulk load runs with ``journal_mode=OFF`` and ``synchronous=OFF``: a conversion killed
-midway may leave a damaged database; delete it and convert again. When the conversion ends the
-database file and its folder are synced to the disk once (``fsync``): the database is durable
-when :func:`csv2db` returns.
+A killed conversion (``kill -9``, a power cut) damages nothing: a new database is built under
+the hidden name ``.monitor_metrics.db.partial`` with no journal and no syncs while loading
+(fast), synced and renamed to ``monitor_metrics.db`` when finished, so it appears whole or not
+at all (the next conversion starts again). A database that exists already is extended with a
+rollback journal (``journal_mode=DELETE``, ``synchronous=NORMAL``): a conversion killed midway
+leaves it as its last commit left it, every file stored with all its rows or not at all, and
+the next conversion adds the rest. The database is durable when :func:`csv2db` returns.
 
 Every bad input raises :class:`~trainprobe.engine.errors.ConfigError`; the command line prints it on one
 line and exits with 2.
@@ -72,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sqlite3
 import sys
 import time
@@ -87,7 +91,7 @@ from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import INT_MAX
 from trainprobe.tools.csv2db_read import read_ahead, read_files
 from trainprobe.tools.csv2db_rows import ParsedFile, call_indices, parse_file
-from trainprobe.tools.csv2db_schema import DB_NAME, MetricsDatabase, RowsLostError
+from trainprobe.tools.csv2db_schema import DB_NAME, PARTIAL_NAME, MetricsDatabase, RowsLostError, fsync
 from trainprobe.tools.monitor_files import find_monitor_files
 from trainprobe.tools.monitor_layout import MonitorCsv, check_data_types, parse_time
 from trainprobe.tools.options import add_selection_arguments, check_process_num, output_folder
@@ -194,8 +198,13 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
         Path(config.monitor_path).expanduser(), config.time_start, config.time_end, config.data_type_list or None
     )
     db_path = output_folder(config.output_dirpath, COMMAND) / DB_NAME
+    fresh = not db_path.exists()
+    build = db_path.with_name(PARTIAL_NAME) if fresh else db_path
+    if fresh:
+        build.unlink(missing_ok=True)  # left by a conversion killed before: start again
+    done = False
     try:
-        with _gc_paused(), MetricsDatabase(db_path, config.step_partition) as db:
+        with _gc_paused(), MetricsDatabase(build, config.step_partition, journal=not fresh) as db:
             todo = [f for f in files if not db.holds(f)]
             rows = torn = 0
             with _progress_bar(todo, progress) as advance:
@@ -207,8 +216,15 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
                     torn += parsed.torn
                     advance(parsed.size)
             tables = db.finish()
+        done = True
     except sqlite3.OperationalError as exc:  # locked by another program, disk full ...
         raise ConfigError(f"output_dirpath: cannot write {str(db_path)!r}: {exc}") from None
+    finally:
+        if fresh and not done:
+            build.unlink(missing_ok=True)
+    if fresh:
+        os.replace(build, db_path)  # the database appears whole, or not at all
+        fsync(db_path)  # the file and the folder entry that now names it
     if todo and len(todo) == len(files) and rows == 0:
         raise ConfigError(
             f"monitor_path: the {len(files)} selected CSV file(s) under {str(config.monitor_path)!r} hold no "

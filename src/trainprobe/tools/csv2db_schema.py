@@ -17,6 +17,8 @@ from trainprobe.tools.csv2db_rows import NAN_BITS, ParsedFile, TargetKey
 from trainprobe.tools.monitor_layout import MonitorCsv
 
 DB_NAME = "monitor_metrics.db"
+PARTIAL_NAME = ".monitor_metrics.db.partial"
+"""A new database is built under this name beside ``DB_NAME`` and renamed when finished."""
 SCHEMA_VERSION = "2"
 #: Older schema versions opened and upgraded in place (version 1 had no ``targets.call_index``).
 UPGRADABLE_VERSIONS = ("1",)
@@ -63,7 +65,7 @@ class MetricsDatabase:
             was made with another ``step_partition``.
     """
 
-    def __init__(self, path: Path, step_partition: int) -> None:
+    def __init__(self, path: Path, step_partition: int, *, journal: bool = False) -> None:
         self.path = path
         self.step_partition = step_partition
         self._in_transaction = 0  # rows since BEGIN
@@ -72,7 +74,7 @@ class MetricsDatabase:
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"output_dirpath: cannot open {str(path)!r} as a database ({exc})") from None
         try:
-            _set_pragmas(self.conn)
+            _set_pragmas(self.conn, journal)
             self._open_schema()
             self._load_ids()
         except (sqlite3.OperationalError, ConfigError):  # locked, ...: said by the caller
@@ -97,7 +99,7 @@ class MetricsDatabase:
         if exc_type is None:
             self.close()
             return
-        try:  # keep what was stored (there is no journal to roll back); say the first error
+        try:  # keep what was committed; say the first error
             self.close()
         except sqlite3.Error:
             self.conn.close()
@@ -109,7 +111,7 @@ class MetricsDatabase:
             self._in_transaction = 0
             self.conn.execute("COMMIT")
         self.conn.close()
-        _fsync(self.path)
+        fsync(self.path)
 
     def holds(self, file: MonitorCsv) -> bool:
         """Whether the database holds ``file`` as it is now (same size and mtime as when read)."""
@@ -468,14 +470,17 @@ def _connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path, isolation_level=None)
 
 
-def _set_pragmas(conn: sqlite3.Connection) -> None:
-    """Bulk-load settings: no rollback journal, no fsync (:meth:`MetricsDatabase.close` syncs
-    the file once), one connection, a 128 MiB cache.
+def _set_pragmas(conn: sqlite3.Connection, journal: bool) -> None:
+    """Bulk-load settings: one connection, a 128 MiB cache; with ``journal`` (a database that
+    already holds conversions) a rollback journal and syncs at each commit, so that a conversion
+    killed midway leaves the database as its last commit left it; without (a database built
+    under a temporary name, renamed when finished), no journal and no fsync
+    (:meth:`MetricsDatabase.close` syncs the file once).
 
     The index build at the end changes some of them (:meth:`MetricsDatabase._create_indexes`)."""
     for pragma in (
-        "journal_mode = OFF",
-        "synchronous = OFF",
+        "journal_mode = DELETE" if journal else "journal_mode = OFF",
+        "synchronous = NORMAL" if journal else "synchronous = OFF",
         "locking_mode = EXCLUSIVE",
         "temp_store = MEMORY",
         f"cache_size = -{CACHE_KIB}",
@@ -483,7 +488,7 @@ def _set_pragmas(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA {pragma}")
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
     """``path`` and its folder written through to the disk (the database is durable once
     :func:`~trainprobe.tools.csv2db.csv2db` returns)."""
     for target, flags in ((path, os.O_RDONLY), (path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))):
