@@ -266,3 +266,114 @@ def test_a_key_twice_in_a_run_pairs_first_with_first(runs, tmp_path):
     result = diff(twice(tmp_path / "b", False), twice(tmp_path / "c", True), exact=True)
     assert result.counts["diverged"] == 1 and result.counts["only_baseline"] == result.counts["only_candidate"] == 0
     assert result.first is not None and result.first.op == "norm" and result.first.step == 0
+
+
+SUMMARY_KEYS = {
+    "schema", "answer", "diverged", "exit_code", "baseline", "candidate", "settings", "first", "counts", "tables",
+    "ops", "micro_step_matched", "divergences", "largest", "only_baseline", "only_candidate", "tables_only",
+}
+ROW_KEYS = {
+    "table", "step", "micro_step", "rank", "vpp_stage", "name", "scope", "op", "baseline", "candidate", "rel_diff",
+    "candidate_name",
+}
+COUNT_KEYS = ["equal", "within_tolerance", "diverged", "only_baseline", "only_candidate"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m trainprobe diff ARGS`` in a fresh process."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainprobe", "diff", *args],
+        capture_output=True, text=True, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}, timeout=120,
+    )
+
+
+def csv_rows(folder: Path, table: str) -> int:
+    """Data rows of ``table``'s CSV files in ``folder/rank_0``."""
+    return sum(len(p.read_text().splitlines()) - 1 for p in (folder / "rank_0").glob(f"{table}_step*.csv"))
+
+
+def test_cli_tables_limit_and_every_summary_field(runs, tmp_path):
+    """``--tables param,weight_grad --limit 2 --exact --steps 0:7 --out``: against a candidate
+    (weight scaled after step 5) without its optimizer files and with the last param row lost,
+    every documented key of diff_summary.json holds what docs/diff.md says."""
+    cand = tmp_path / "cand"
+    shutil.copytree(runs["scaled"], cand)
+    for path in (cand / "rank_0").glob("optimizer_*.csv"):
+        path.unlink()
+    last_param = cand / "rank_0" / "param_step4-7.csv"
+    lines = last_param.read_text().splitlines()
+    lost = lines[-1].split(",")  # vpp_stage, step, module_name, scope, ...
+    last_param.write_text("\n".join(lines[:-1]) + "\n")
+    full = json.loads(json.dumps(diff(runs["base"], runs["scaled"], exact=True).summary()))
+
+    proc = cli(str(runs["base"]), str(cand), "--exact", "--tables", "param,weight_grad", "--limit", "2",
+               "--steps", "0:7", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 1, proc.stderr
+    s = json.loads((tmp_path / "out" / "diff_summary.json").read_text())
+    assert set(s) == SUMMARY_KEYS
+    assert s["schema"] == 1 and s["diverged"] is True and s["exit_code"] == 1
+    assert s["baseline"] == str(runs["base"]) and s["candidate"] == str(cand)
+    assert s["settings"] == {"rtol": 1e-3, "exact": True, "offset": 0, "steps": [0, 7]}
+    first = s["first"]
+    assert proc.stdout.splitlines()[0] == s["answer"]
+    assert s["answer"].startswith("first divergence: step 6, ")
+    assert f"{first['table']} {first['scope']} {first['name']} {first['op']} " in s["answer"]
+    # only the tables asked for are compared; their counts are those of the full comparison
+    assert set(s["tables"]) == set(s["ops"]) == set(s["micro_step_matched"]) == {"param", "weight_grad"}
+    assert s["tables"]["weight_grad"] == full["tables"]["weight_grad"]
+    assert s["ops"] == {t: ["min", "max", "mean", "norm", "nans"] for t in ("param", "weight_grad")}
+    assert s["micro_step_matched"] == {"param": False, "weight_grad": True}
+    param = s["tables"]["param"]
+    assert param["only_baseline"] == 1 and param["only_candidate"] == 0
+    assert sum(param[k] for k in COUNT_KEYS[:3]) == csv_rows(runs["base"], "param") - 1
+    assert s["counts"] == {
+        "compared": sum(s["tables"][t][k] for t in s["tables"] for k in COUNT_KEYS[:3]),
+        **{k: sum(s["tables"][t][k] for t in s["tables"]) for k in COUNT_KEYS},
+    }
+    assert s["counts"]["compared"] + 1 == csv_rows(runs["base"], "param") + csv_rows(runs["base"], "weight_grad")
+    # --limit 2: two divergences, the earliest, execution order; the first is the first of them
+    assert len(s["divergences"]) == 2 and s["first"] == s["divergences"][0]
+    assert all(set(r) == ROW_KEYS and r["table"] in ("param", "weight_grad") for r in s["divergences"])
+    assert [r["step"] for r in s["divergences"]] == [6, 6]
+    assert f"earliest divergences (2 of {s['counts']['diverged']:,}, execution order):" in proc.stdout
+    assert 1 <= len(s["largest"]) <= 2
+    assert len({(r["table"], r["scope"], r["name"]) for r in s["largest"]}) == len(s["largest"])  # one per tensor
+    assert max(r["rel_diff"] for r in s["largest"]) == max(
+        r["rel_diff"] for r in full["largest"] if r["table"] in ("param", "weight_grad"))
+    # the row the candidate lost, in one run only: no op, no values
+    assert s["only_candidate"] == []
+    (only,) = s["only_baseline"]
+    assert set(only) == ROW_KEYS
+    assert (only["table"], only["step"], only["name"], only["scope"]) == ("param", int(lost[1]), lost[2], lost[3])
+    assert only["op"] is None and only["baseline"] is None and only["candidate"] is None and only["rel_diff"] is None
+    assert s["tables_only"] == {"baseline": ["optimizer"], "candidate": []}
+    assert "tables only in baseline: optimizer" in proc.stdout
+    with (tmp_path / "out" / "diff.csv").open(newline="") as fh:
+        table_col = [row["table"] for row in csv.DictReader(fh)]
+    assert len(table_col) == s["counts"]["diverged"] and set(table_col) == {"param", "weight_grad"}
+
+
+def test_cli_limit_0_lists_none_but_still_answers_the_first_divergence(runs, tmp_path):
+    """Before, ``--limit 0`` printed "no divergence" (and ``first`` null) with exit status 1."""
+    proc = cli(str(runs["base"]), str(runs["scaled"]), "--exact", "--limit", "0", "--out", str(tmp_path))
+    assert proc.returncode == 1, proc.stderr
+    s = json.loads((tmp_path / "diff_summary.json").read_text())
+    assert s["divergences"] == [] and s["largest"] == []
+    assert s["first"] is not None and s["first"]["step"] == 6
+    assert proc.stdout.splitlines()[0] == s["answer"] and s["answer"].startswith("first divergence: step 6, rank 0, ")
+    assert "earliest divergences" not in proc.stdout
+    assert cli(str(runs["base"]), str(runs["scaled"]), "--limit", "-1").returncode == 2
+
+
+def test_cli_tables_naming_no_table_is_bad_input(runs):
+    """Before: "the runs have no row in common", as if the runs were unrelated."""
+    proc = cli(str(runs["base"]), str(runs["same"]), "--tables", "param,weightgrad")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        "trainprobe diff: error: --tables: ['weightgrad'] in neither run (baseline tables: "
+        "['module', 'optimizer', 'param', 'weight_grad'], candidate tables: ['module', 'optimizer', 'param', "
+        "'weight_grad'])"
+    )
+    only = cli(str(runs["base"]), str(runs["same"]), "--exact", "--tables", "optimizer")
+    assert only.returncode == 0, only.stderr
+    assert only.stdout.splitlines()[0] == f"no divergence: {csv_rows(runs['base'], 'optimizer'):,} matched rows, all bit-equal"

@@ -2,7 +2,9 @@
 
 Every front door creates its output folder through :func:`make_output_folder`, so a folder under
 a file, an unwritable parent, a name too long or a NUL byte is reported the same way, at
-construction or ``start()``, before any hook is attached. A folder created only when its first
+construction or ``start()``, before any hook is attached. The writers create their folders (again, when one was removed
+during training) through it too: there the :class:`ConfigError` is a fault of that output,
+logged once in one line (:func:`one_line_fault`), and that monitor is disabled. A folder created only when its first
 file is written (Monitor V1's ``anomaly_detected/rank<r>`` and ``module_struct/rank<r>``,
 ``random_save``'s folder) is checked at start with :func:`check_output_folder`, which creates
 nothing and raises the error :func:`make_output_folder` would.
@@ -15,6 +17,13 @@ import os
 from pathlib import Path
 
 from trainprobe.engine.errors import ConfigError
+
+
+def one_line_fault(exc: BaseException) -> bool:
+    """Whether a fault during training is said in one line, without a traceback: an ``OSError``
+    (disk full, permissions) or a :class:`ConfigError` (an output folder that became unusable,
+    from :func:`make_output_folder`): its message says it all."""
+    return isinstance(exc, (OSError, ConfigError))
 
 
 def make_output_folder(path: str | Path, field: str) -> Path:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainprobe.engine.folders import one_line_fault
 from trainprobe.engine.log import error_once, logger
 from trainprobe.engine.optimizer_view import Removable, StepHooks
 from trainprobe.engine.probes.base import Probe, StepClock
@@ -302,7 +303,7 @@ class Session:
         if probe is not None:
             probe.disabled = True
             message += f"; the {monitor} monitor is disabled for the rest of the run, training continues"
-        error_once(f"write-failed-{monitor}-{id(self)}", message, traceback=not isinstance(exc, OSError))
+        error_once(f"write-failed-{monitor}-{id(self)}", message, traceback=not one_line_fault(exc))
 
 
 class NullSession:

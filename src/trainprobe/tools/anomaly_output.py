@@ -58,7 +58,7 @@ def write_result(events: Sequence[AnomalyEvent], path: Path) -> None:
         ConfigError: the file cannot be written.
     """
     try:
-        write_json_atomically(path, {e.key: e.data for e in events}, indent=4)
+        write_json_atomically(path, {e.key: e.data for e in events}, indent=4, field="out_path")
     except OSError as exc:
         raise ConfigError(f"out_path: cannot write {str(path)!r}: {exc.strerror or exc}") from None
 

@@ -49,7 +49,7 @@ def _diagnose_command(args: argparse.Namespace) -> int:
         out = Path(args.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
-            write_json_atomically(out / "diagnosis.json", result.to_json(), indent=2)
+            write_json_atomically(out / "diagnosis.json", result.to_json(), indent=2, field="--out")
         except OSError as exc:
             raise ConfigError(f"--out: cannot write {str(out / 'diagnosis.json')!r}: {exc.strerror or exc}") from None
     print("\n".join(result.lines()), flush=True)

@@ -215,10 +215,11 @@ def diff(
         mapping: the candidate's renames: a ``--map`` file, or its pairs (``[(pattern, repl)]``).
         steps: only baseline steps ``first..last`` (inclusive).
         offset: candidate step ``s`` is baseline step ``s + offset``.
-        limit: divergences kept in :attr:`DiffResult.divergences`.
+        limit: divergences kept in :attr:`DiffResult.divergences` (``first`` is found whatever
+            the limit, 0 included).
         out: write ``diff.csv`` and ``diff_summary.json`` there.
         html: write the page there (:mod:`trainprobe.tools.diff_html`).
-        tables: compare only these tables (views).
+        tables: compare only these tables (views); a name in neither run is a ConfigError.
 
     Raises:
         ConfigError: an input is missing, empty, not monitor output (a precision dump: use
@@ -247,6 +248,13 @@ def diff(
     con.execute(f"SET temp_directory = {literal(str(Path(tempfile.gettempdir()) / 'trainprobe-diff'))}")
     check_mapping(con, pairs)
     views = _attach(con, baseline, candidate, steps, offset)
+    if tables is not None:
+        unknown = sorted(set(tables) - set(views["b"]) - set(views["c"]))
+        if unknown:
+            raise ConfigError(
+                f"--tables: {unknown} in neither run (baseline tables: {sorted(views['b'])}, "
+                f"candidate tables: {sorted(views['c'])})"
+            )
     common = [t for t in views["b"] if t in views["c"] and (tables is None or t in tables)]
     result = DiffResult(str(baseline), str(candidate), rtol, exact, offset, steps)
     result.tables_only = {
@@ -290,8 +298,9 @@ def diff(
             f"{totals['only_candidate']} only in the candidate (different models? a --map or --offset needed?)"
         )
     if sources:
-        result.divergences = _rows(con, DIVERGED, limit)
-        result.first = result.divergences[0] if result.divergences else None
+        earliest = _rows(con, DIVERGED, max(limit, 1))  # the first divergence even with limit 0
+        result.first = earliest[0] if earliest else None
+        result.divergences = earliest[:limit]
         result.largest = _largest(con, limit, any("norm" in o for o in result.ops.values()))
         result.only_baseline = _rows(con, ONLY_BASELINE, EXAMPLES)
         result.only_candidate = _rows(con, ONLY_CANDIDATE, EXAMPLES)

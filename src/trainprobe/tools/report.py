@@ -103,7 +103,7 @@ def write_report(
     path = output_path(output)
     text = render_page(data, diagnosis=diagnosis, baseline=_baseline_adder(baseline, monitor_dir))
     try:
-        write_atomically(path, text)
+        write_atomically(path, text, field="output")
     except OSError as exc:
         raise ConfigError(f"output: cannot write {str(path)!r}: {exc.strerror or exc}") from None
     return path

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from trainprobe.engine.folders import one_line_fault
 from trainprobe.engine.guard import guarded
 from trainprobe.engine.log import error_once
 from trainprobe.engine.records import RowBuffer
@@ -127,6 +128,7 @@ class Probe:
             f"probe-failed-{self.name}-{id(self)}",
             f"trainprobe: the {self.name} monitor failed and is disabled for the rest of the run; "
             f"training continues ({type(exc).__name__}: {exc})",
+            traceback=not one_line_fault(exc),
         )
 
     def eager(self, hook: F, traced: Callable[[object], None] | None = None) -> F:

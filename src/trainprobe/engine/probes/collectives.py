@@ -404,9 +404,12 @@ class CollectiveProbe(Probe):
         *,
         backend: Backend,
         models: Sequence[Any] = (),
+        field: str = "output_dir",
     ) -> None:
-        """``log_path``: where ``cc_log_only`` keeps the call sites; ``models``: the model chunks
-        whose DistributedDataParallel buckets ``ddp_comm_hook`` follows."""
+        """``log_path``: where ``cc_log_only`` keeps the call sites (its folder made with
+        :func:`~trainprobe.engine.folders.make_output_folder`, whose ConfigError names ``field``:
+        a fault of this monitor); ``models``: the model chunks whose DistributedDataParallel
+        buckets ``ddp_comm_hook`` follows."""
         super().__init__(clock, spec, backend=backend)
         api = self.backend.collective_api()
         assert api is not None, "the trainer refuses cc for a backend without collectives"
@@ -414,6 +417,7 @@ class CollectiveProbe(Probe):
         self.spec: CcSpec = spec
         self.rank = rank
         self.log_path = log_path
+        self.field = field
         self._counts: dict[str, int] = {}
         self._pending: list[Any] = []
         self._sites: dict[tuple[str, str], dict[str, Any]] = {}
@@ -566,4 +570,4 @@ class CollectiveProbe(Probe):
             source = (fs.line or "").strip()
             lines.append(f"    {fs.filename}[{fs.lineno}] in {fs.name}" + (f": {source}" if source else ""))
         print("\n".join(lines), flush=True)
-        write_json_atomically(self.log_path, snapshot)
+        write_json_atomically(self.log_path, snapshot, field=self.field)

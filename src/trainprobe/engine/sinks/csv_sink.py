@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from pathlib import Path
 
+from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import V2_KEY_COLUMNS, v2_file_name
 from trainprobe.engine.records import RowKey, StepBatch
 from trainprobe.engine.schedule import Schedule
@@ -237,6 +238,9 @@ class CsvSink:
             Monitor V1's after a ``reload_xy`` or an ``ops`` change): its first file is named from
             there, not from the window's first step, so it never shares a name range with the
             file of the session before it.
+        field: the config field that named the folder: it is created through
+            :func:`~trainprobe.engine.folders.make_output_folder` when a file is opened (again
+            after it was removed during training), whose ConfigError names ``field``.
     """
 
     def __init__(
@@ -249,8 +253,10 @@ class CsvSink:
         name_file: Callable[[str, int, int], str] = file_name,
         append: bool = False,
         first_step: int = 0,
+        field: str = "output_dir",
     ) -> None:
         self.rank_dir = rank_dir
+        self.field = field
         self.first_step = first_step
         self.schedule = schedule
         self.layouts = dict(layouts)
@@ -318,7 +324,7 @@ class CsvSink:
             return current
         if current is not None:
             self._close_file(table, None)
-        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        make_output_folder(self.rank_dir, self.field)  # removed during training: made again, or a fault
         path = self.rank_dir / self.name_file(table, first, last)
         continuing = self.append and path.is_file() and path.stat().st_size > 0
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if continuing else os.O_TRUNC)

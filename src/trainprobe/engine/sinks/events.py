@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.sinks.fast_crc import event_file_writer, use_fast_crc
 
 
@@ -101,10 +102,12 @@ class EventWriter:
             into the folder (a resumed run); None for a fresh run.
         missing: the exception raised when the ``tensorboard`` package is missing (each front
             door names its own field and fix).
+        field: the config field that named ``log_dir``, for the ConfigError of
+            :func:`~trainprobe.engine.folders.make_output_folder`, which creates it.
 
     Raises:
-        Exception: ``missing(exc)`` when tensorboard cannot be imported; ``OSError`` when the
-            file cannot be created.
+        Exception: ``missing(exc)`` when tensorboard cannot be imported; ``ConfigError`` naming
+            ``field`` when the folder cannot be created; ``OSError`` when the file cannot be.
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class EventWriter:
         max_queue: int = 10,
         purge_step: int | None = None,
         missing: Callable[[ImportError], Exception],
+        field: str = "output_dir",
     ) -> None:
         require_tensorboard(missing)
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -122,7 +126,7 @@ class EventWriter:
         self._event = event_pb2.Event
         self._session_log = event_pb2.SessionLog
         self.Summary = summary_pb2.Summary  # noqa: N815 - the protobuf class, for callers building values
-        log_dir.mkdir(parents=True, exist_ok=True)
+        make_output_folder(log_dir, field)
         self.log_dir = log_dir
         self._file = EventFileWriter(str(log_dir), max_queue, 120, "")
         use_fast_crc(self._file)

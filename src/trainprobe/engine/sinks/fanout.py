@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Generic
 
+from trainprobe.engine.folders import one_line_fault
 from trainprobe.engine.log import error_once
 from trainprobe.engine.sinks.background import B, Sink
 
@@ -44,5 +45,5 @@ class FanOut(Generic[B]):
                 error_once(
                     f"fanout-{type(member).__name__}-{id(self)}",
                     f"trainprobe: the {type(member).__name__} output failed and is disabled ({type(exc).__name__}: {exc})",
-                    traceback=not isinstance(exc, OSError),  # disk full, permissions: the one line says it all
+                    traceback=not one_line_fault(exc),  # disk full, permissions, a folder gone: one line says it all
                 )

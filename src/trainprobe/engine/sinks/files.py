@@ -10,9 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from trainprobe.engine.folders import make_output_folder
+
 
 def write_atomically(
-    path: Path, data: str | bytes | Callable[[BinaryIO], None], unless: Callable[[], bool] | None = None
+    path: Path,
+    data: str | bytes | Callable[[BinaryIO], None],
+    unless: Callable[[], bool] | None = None,
+    field: str = "output folder",
 ) -> bool:
     """Write ``path`` whole or not at all: ``data`` (text is UTF-8 encoded, or a function writing
     into the binary file it is given) goes into a new temporary file created with a random name
@@ -21,7 +26,8 @@ def write_atomically(
     permissions a plain new file would get (``0o666`` less the umask), and then replaces ``path``
     with ``os.replace`` (a symbolic link at ``path`` itself is replaced, not followed). A reader,
     or a killed process, sees the old file or the new one, never half of one. Creates the parent
-    folder. On any failure the temporary file is removed, ``path`` is left as it was and the
+    folder with :func:`~trainprobe.engine.folders.make_output_folder` (a ConfigError naming
+    ``field`` when it cannot be). On any failure the temporary file is removed, ``path`` is left as it was and the
     error is raised.
 
     Every temporary-file-then-rename writer of trainprobe calls this one function.
@@ -33,7 +39,7 @@ def write_atomically(
     Returns:
         Whether ``path`` was replaced (False only when ``unless`` said so).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_output_folder(path.parent, field)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -67,12 +73,16 @@ def _umask() -> int:
 
 
 def write_json_atomically(
-    path: Path, data: Any, indent: int | None = 2, default: Callable[[Any], Any] | None = None
+    path: Path,
+    data: Any,
+    indent: int | None = 2,
+    default: Callable[[Any], Any] | None = None,
+    field: str = "output folder",
 ) -> None:
     """Write ``data`` as JSON to ``path`` with :func:`write_atomically`, so a reader (or a killed
     process) never sees a half-written file. Creates the parent folder. A failed write (disk
     full) removes the temporary file and leaves ``path`` as it was."""
-    write_atomically(path, json.dumps(data, indent=indent, default=default))
+    write_atomically(path, json.dumps(data, indent=indent, default=default), field=field)
 
 
 def append_whole(fd: int, data: bytes) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import PARQUET_SUFFIX, v2_file_name
 from trainprobe.engine.records import RowKey, StepBatch
 from trainprobe.engine.schedule import Schedule
@@ -92,6 +93,9 @@ class ParquetSink:
         table_of: the table of a row, from its monitor and key (default: the monitor).
         name_file: file name of a table's window, with the ``.parquet`` suffix.
         first_step: the first step this sink can see (as the CSV sink's).
+        field: the config field that named the folder: it is created through
+            :func:`~trainprobe.engine.folders.make_output_folder` when a file is opened (again
+            after it was removed during training), whose ConfigError names ``field``.
     """
 
     def __init__(
@@ -103,8 +107,10 @@ class ParquetSink:
         table_of: Callable[[str, RowKey], str] | None = None,
         name_file: Callable[[str, int, int], str] = parquet_file_name,
         first_step: int = 0,
+        field: str = "output_dir",
     ) -> None:
         self.rank_dir = rank_dir
+        self.field = field
         self.schedule = schedule
         self.layouts = dict(layouts)
         self.table_of = table_of
@@ -176,7 +182,7 @@ class ParquetSink:
             return current
         if current is not None:
             self._finish(table, None)
-        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        make_output_folder(self.rank_dir, self.field)  # removed during training: made again, or a fault
         layout = self.layouts[table]
         partial = self.rank_dir / f".{self.name_file(table, first, last)}.partial"
         handle = _OpenFile(partial, first, last, layout, {name: [] for name in layout.header})

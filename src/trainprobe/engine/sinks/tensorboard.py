@@ -64,6 +64,7 @@ class TensorBoardSink:
             run's events from there on).
         missing: the ConfigError for a missing tensorboard package (default: Monitor V1's
             ``format`` field).
+        field: the config field that named ``log_dir`` (see :class:`EventWriter`).
 
     Raises:
         ConfigError: the tensorboard package is missing (at construction, never in training).
@@ -80,8 +81,9 @@ class TensorBoardSink:
         max_queue: int = 10,
         purge_step: int | None = None,
         missing: Callable[[ImportError], Exception] = _missing_for_monitors,
+        field: str = "output_dir",
     ) -> None:
-        self._writer = EventWriter(log_dir, max_queue=max_queue, purge_step=purge_step, missing=missing)
+        self._writer = EventWriter(log_dir, max_queue=max_queue, purge_step=purge_step, missing=missing, field=field)
         self.log_dir = log_dir
         self.ops = dict(ops or {})
         self.table_of = table_of

@@ -50,7 +50,7 @@ from trainprobe.backends.torch.optimizer import innermost_optimizer
 from trainprobe.backends.torch.stats import shared_fused
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folder_lock import FolderLock
-from trainprobe.engine.folders import make_output_folder
+from trainprobe.engine.folders import make_output_folder, one_line_fault
 from trainprobe.engine.guard import Fuses, guarded
 from trainprobe.engine.log import error_once, logger, warn_once
 from trainprobe.engine.probes.model_view import ModelView
@@ -545,7 +545,7 @@ def _output_failed(output: Sink, exc: BaseException) -> None:
     error_once(
         f"metrics-output-{name}",
         f"trainprobe: {name} failed and is disabled; the other outputs continue ({type(exc).__name__}: {exc})",
-        traceback=not isinstance(exc, OSError),  # disk full, permissions: one line says it all
+        traceback=not one_line_fault(exc),  # disk full, permissions, a folder gone: one line says it all
     )
 
 
@@ -554,7 +554,7 @@ def _write_failed(monitor: str, exc: BaseException) -> None:
     error_once(
         f"metrics-writer-{monitor}",
         f"trainprobe: writing the training metrics failed ({type(exc).__name__}: {exc}); training continues",
-        traceback=not isinstance(exc, OSError),
+        traceback=not one_line_fault(exc),
     )
 
 

@@ -206,7 +206,10 @@ class TrainingStateSink:
 def tensorboard_sink(log_dir: Path, queue_size: int, resume_at: int | None) -> TensorBoardSink:
     """The metrics' event files (``purge_step`` = ``resume_at``); a missing tensorboard package is
     a ConfigError naming ``tensorboard.tensorboard_dir``."""
-    return TensorBoardSink(log_dir, max_queue=queue_size, purge_step=resume_at, missing=_missing_tensorboard)
+    return TensorBoardSink(
+        log_dir, max_queue=queue_size, purge_step=resume_at, missing=_missing_tensorboard,
+        field="tensorboard.tensorboard_dir",
+    )
 
 
 def _missing_tensorboard(exc: ImportError) -> ConfigError:

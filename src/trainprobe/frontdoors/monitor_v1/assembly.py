@@ -85,6 +85,7 @@ class SessionFactory:
                 name_file=output.file_name,
                 append=bool(cfg.append_output),
                 first_step=self.attachment.clock.step,
+                field=output.OUTPUT_ENV,
             )
             sinks.append(csv)
         elif cfg.format == "parquet":  # an extension: the CSV layout's files as Parquet (append_output: CSV only)
@@ -97,13 +98,18 @@ class SessionFactory:
                     table_of=output.table_of,
                     name_file=_parquet_name,
                     first_step=self.attachment.clock.step,
+                    field=output.OUTPUT_ENV,
                 )
             )
         elif cfg.format == "tensorboard":
             folder = self.attachment.run_folder(cfg)
             tag_of = output.tag_of(self.attachment.rank, cfg.monitor_mbs_grad)
             histograms = output.HISTOGRAM_TABLES.values()
-            sinks.append(TensorBoardSink(folder, ops_of, output.table_of, tag_of, histogram_tables=histograms))
+            sinks.append(
+                TensorBoardSink(
+                    folder, ops_of, output.table_of, tag_of, histogram_tables=histograms, field=output.OUTPUT_ENV
+                )
+            )
         if cfg.alert.rules:
             sinks.append(self._alert_detector(cfg, ops_of))
         return sinks

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from trainprobe.engine.probes.base import StepClock
 from trainprobe.engine.probes.collectives import CcSpec, CollectiveProbe, codeline_matches
+from trainprobe.frontdoors.monitor_v1.output import OUTPUT_ENV
 
 if TYPE_CHECKING:
     from trainprobe.engine.backend import Backend
@@ -29,7 +30,7 @@ class V1CollectiveProbe(CollectiveProbe):
     """Collectives selected by the reference's ``cc_codeline`` patterns."""
 
     def __init__(self, clock: StepClock, spec: CcSpec, rank: int, log_path: Path, *, backend: Backend) -> None:
-        super().__init__(clock, spec, rank, log_path, backend=backend)
+        super().__init__(clock, spec, rank, log_path, backend=backend, field=OUTPUT_ENV)
         self._patterns = [re.compile(line) for line in spec.cc_codeline]
 
     def _selected(self, full_site: str) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folders import check_output_folder
 from trainprobe.engine.layout import CC_LOG_FILE
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec
@@ -258,8 +259,10 @@ def _collectives(cfg: MonitorV1Config, attachment: Attachment) -> list[Probe]:
         cc_log_only=cfg.cc.cc_log_only,
         cc_pre_hook=cfg.cc.cc_pre_hook,
     )
-    # cc_log.json goes to the run folder, or with format api (no run folder) next to it
-    folder = (
-        attachment.run_folder(cfg) if cfg.format != "api" else output.output_root() / f"cc_log-rank{attachment.rank}"
-    )
+    # cc_log.json goes to the run folder, or with format api (no run folder) next to it: that
+    # folder is made with the first call site logged, an unusable path fails now
+    if cfg.format != "api":
+        folder = attachment.run_folder(cfg)
+    else:
+        folder = check_output_folder(output.output_root() / f"cc_log-rank{attachment.rank}", output.OUTPUT_ENV)
     return [V1CollectiveProbe(attachment.clock, cc, attachment.rank, folder / CC_LOG_FILE, backend=attachment.backend)]
