@@ -10,7 +10,7 @@ on. With ``patch_step`` the optimizer's step post-hook ends the step, and so doe
 ``GradScaler.step`` that skips the optimizer's step, where the front door passes ``skip_watch``
 (the backend's ``watch_skipped_steps``: :mod:`trainprobe.backends.torch.amp_skips`).
 
-Trailing rows (``patch_step``, or ``trails=True`` for a front door whose own optimizer post-step
+Trailing rows (``patch_step``, or ``trailing=True`` for a front door whose own optimizer post-step
 hook calls :meth:`Session.end_step`, as Monitor V1's does): a probe whose :meth:`~Probe.watch_next_step` returns a
 handle (``cc``) keeps recording for the step that just ended until the next step's first
 activity (the next ``nn.Module`` forward in the process), so a collective issued after
@@ -58,7 +58,7 @@ class _TrailingStep:
 
 
 class Session:
-    """Runs ``probes`` on ``schedule`` and writes their rows to ``sink``; ``trails`` (default:
+    """Runs ``probes`` on ``schedule`` and writes their rows to ``sink``; ``trailing`` (default:
     ``patch_step``) keeps trailing probes recording for the step that ended until the next
     step's first forward (see the module doc): only right when :meth:`end_step` runs right after
     ``optimizer.step()``.
@@ -82,7 +82,7 @@ class Session:
         patch_step: bool = False,
         pre_step_hook: bool = True,
         skip_watch: SkipWatcher | None = None,
-        trails: bool | None = None,
+        trailing: bool | None = None,
     ) -> None:
         self.probes = list(probes)
         self.schedule = schedule
@@ -99,7 +99,7 @@ class Session:
         self._optimizer_handles: list[Removable] = []
         self._by_name = {p.name: p for p in self.probes}
         self._tail: _TrailingStep | None = None
-        self._trailing = patch_step if trails is None else trails
+        self._trailing = patch_step if trailing is None else trailing
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         clock.collecting = schedule.collects(clock.step)
 
@@ -214,7 +214,7 @@ class Session:
     def _trailing_probes(self) -> list[Probe]:
         if not self._trailing:
             return []
-        return [p for p in self.probes if not p.disabled and p.trails]
+        return [p for p in self.probes if not p.disabled and p.records_after_step]
 
     def _open_tail(self, step: int, probes: list[Probe]) -> None:
         """Keep ``probes`` recording for ``step`` until the next step's first activity."""

@@ -97,7 +97,7 @@ class Probe:
         """Called once at the end of every step, collected or not, before the rows are taken."""
 
     # -- trailing rows (see trainprobe.engine.session) ------------------------------------------
-    trails: bool = False
+    records_after_step: bool = False
     """Whether calls made after ``optimizer.step()`` still belong to the step that ended
     (``cc``); such a probe implements the three methods below."""
 

@@ -424,7 +424,7 @@ class CollectiveProbe(Probe):
         self._lock = threading.Lock()
         self._tail: bool | None = None  # open tail: whether the step that ended was collected
         self._listening: Listening | None = None
-        self.trails = not spec.cc_log_only
+        self.records_after_step = not spec.cc_log_only
         self.models = list(models)
         self.before_call = self.guard(self._before)
         self.after_call = self.guard(self._after)

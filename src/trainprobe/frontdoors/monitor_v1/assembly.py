@@ -57,7 +57,7 @@ class SessionFactory:
         if not probes:
             return self.idle
         sinks = self._sinks(cfg, schedule, shapes)
-        # trails: TrainerMon ends each step from the optimizer's post-step hook, so a collective
+        # trailing: TrainerMon ends each step from the optimizer's post-step hook, so a collective
         # issued after optimizer.step() belongs to the step that trained, as in Monitor V2
         session = Session(
             probes=probes,
@@ -65,7 +65,7 @@ class SessionFactory:
             sink=sinks,
             background=cfg.format != "api",
             clock=self.attachment.clock,
-            trails=True,
+            trailing=True,
         )
         session.attach()
         return session
