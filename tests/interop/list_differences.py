@@ -4,7 +4,8 @@ Usage: TRAINPROBE_REF_PYTHON=.venv-ref/bin/python python tests/interop/list_diff
 
 Runs the whole harness into OUT (default: a temporary folder) and prints the markdown table:
 one row per difference id, with the "why" and "document" cells of rows already in the doc
-kept and ``TODO`` for new ones. Paste it over the table in docs/compatibility.md.
+kept and ``TODO`` for new ones; an intermittent row not found this time is kept as it was
+(its detail cell from the doc). Paste it over the table in docs/compatibility.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compat_doc import known_columns, listed_ids, table  # noqa: E402
+from compat_doc import intermittent_ids, known_columns, known_details, listed_ids, table  # noqa: E402
+from differ import Diff  # noqa: E402
 from runs import collect  # noqa: E402
 
 
@@ -23,8 +25,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="interop-") as tmp:
         out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp)
         diffs = collect(out)
+        found_ids, details = {d.id for d in diffs}, known_details()
+        kept = [Diff(i, details[i]) for i in sorted(intermittent_ids() - found_ids)]
+        diffs = sorted([*diffs, *kept], key=lambda d: d.id)
         print(table(diffs, known_columns()))
-        found, listed = {d.id for d in diffs}, listed_ids()
+        found, listed = found_ids, listed_ids() - intermittent_ids()
         print(
             f"\n{len(found)} differences; new since the doc: {len(found - listed)}, "
             f"gone since the doc: {len(listed - found)}",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from compat_doc import listed_ids, mismatch, table
+from compat_doc import intermittent_ids, known_details, listed_ids, mismatch, table
 from differ import Diff, diff_anomalies, diff_csv_trees, diff_dumps, diff_module_struct, diff_run_folder_clock
 from runs import ref_python
 
@@ -95,6 +95,18 @@ def test_doc_table_round_trip_and_mismatch_message(tmp_path: Path) -> None:
     assert "NEW  v2/new: header: d" in message
     assert "GONE dump-L0/y: layout" in message
     assert mismatch(diffs, listed_ids(doc)) == ""
+
+
+def test_an_intermittent_row_may_be_absent_but_never_hides_a_new_difference(tmp_path: Path) -> None:
+    diffs = [Diff("v1/x: header", "a"), Diff("dump-scope/dump.json: values of md5", "b")]
+    text = table(diffs, {"dump-scope/dump.json: values of md5": ["**Intermittent:** a race in the reference", "d"]})
+    doc = write(tmp_path / "compatibility.md", text + "\n")
+    assert intermittent_ids(doc) == {"dump-scope/dump.json: values of md5"}
+    assert known_details(doc)["dump-scope/dump.json: values of md5"] == "b"
+    assert mismatch(diffs[:1], listed_ids(doc), intermittent_ids(doc)) == ""
+    assert mismatch(diffs, listed_ids(doc), intermittent_ids(doc)) == ""
+    assert "GONE v1/x: header" in mismatch(diffs[1:], listed_ids(doc), intermittent_ids(doc))
+    assert "NEW  v2/y: header" in mismatch([*diffs, Diff("v2/y: header", "c")], listed_ids(doc), intermittent_ids(doc))
 
 
 def test_without_the_reference_the_harness_says_to_run_make_interop(monkeypatch: pytest.MonkeyPatch) -> None:
