@@ -74,11 +74,15 @@ def test_same_seed_is_bit_equal_and_the_command_exits_0(runs, capsys):
 def test_a_weight_scaled_after_step_5_diverges_at_step_6_on_that_tensor(runs, capsys):
     # scaled once step 5 is over (after its optimizer step, whose param_updated row was already
     # written): the first row that can differ is step 6's, and the first one in execution order
-    # is that weight (its parameter row before the step) or its module's forward output
+    # is its module's forward output (the weight's param_origin row is in the optimizer phase, at
+    # the end of step 6: first only when the param table alone is compared), as docs/diff.md shows
     result = diff(runs["base"], runs["scaled"], exact=True)
     assert result.exit_code == 1
     assert result.first is not None and result.first.step == 6
-    assert result.first.name.startswith(SCALED.rsplit(".", 1)[0]), result.first
+    assert (result.first.table, result.first.scope, result.first.name) == (
+        "module", "forward", SCALED.rsplit(".", 1)[0] + ".output.0"), result.first
+    param = diff(runs["base"], runs["scaled"], exact=True, tables=["param"]).first
+    assert param is not None and (param.step, param.scope, param.name) == (6, "param_origin", SCALED), param
     assert diff(runs["base"], runs["scaled"], exact=True, steps=(0, 5)).exit_code == 0
     default = diff(runs["base"], runs["scaled"])  # 1.001 is a 1e-3 change: the default rtol flags its effects
     assert default.first is not None and default.first.step >= 6
