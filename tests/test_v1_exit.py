@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent(
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = TrainerMon({config!r}, params_have_main_grad=False)
     mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    {after_start}
     for step in range({steps!r}):
         model(torch.randn(4, 6)).sum().backward()
         if {dist!r}:
@@ -47,6 +48,7 @@ def _run(
     dynamic: bool = False,
     edit: dict | None = None,
     steps: int = 3,
+    after_start: str = "",
 ) -> subprocess.CompletedProcess:
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(config))
@@ -54,7 +56,8 @@ def _run(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = SCRIPT.format(
-        tests=str(Path(__file__).parent), dist=use_dist, port=port, config=str(cfg), edit=edit, steps=steps
+        tests=str(Path(__file__).parent), dist=use_dist, port=port, config=str(cfg), edit=edit, steps=steps,
+        after_start=after_start,
     )
     env = {**os.environ, "MONITOR_OUTPUT_DIR": str(tmp_path / "out")}
     env["DYNAMIC_MONITOR"] = "True" if dynamic else "False"
@@ -82,6 +85,19 @@ def test_cc_log_only_prints_call_sites_and_exits_0(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "all_reduce at" in proc.stdout and "cc_log_only is set" in proc.stdout
     assert "trained step 0" not in proc.stdout and "training finished" not in proc.stdout
+
+
+def test_cc_log_only_that_cannot_write_its_file_says_so_and_exits_1(tmp_path):
+    """A cc_log.json that cannot be written (here a folder stands where the file goes; a full
+    disk alike) must not end the run as if the log were kept: the call sites are still printed,
+    the message names the file and the error, the exit code is 1."""
+    block = "import pathlib; [(d / 'cc_log.json').mkdir() for d in pathlib.Path(os.environ['MONITOR_OUTPUT_DIR']).glob('*rank0*')]"
+    proc = _run(tmp_path, {"cc_distribution": {"enable": True, "cc_log_only": True}}, use_dist=True, after_start=block)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "all_reduce at" in proc.stdout and "trained step 0" not in proc.stdout
+    assert "cc_log.json could not be written" in proc.stdout and "(exit code 1)" in proc.stdout
+    assert proc.stdout.count("all_reduce at") == proc.stdout.count("[trainprobe cc rank 0]")  # every site printed
+    assert "cc_log_only is set: the collective call sites were printed (and kept" not in proc.stdout
 
 
 def test_print_struct_waits_for_dynamic_on(tmp_path):

@@ -50,6 +50,8 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import warn_once
 from trainprobe.engine.patching import AttrPatch
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.records import RowKey
@@ -418,6 +420,8 @@ class CollectiveProbe(Probe):
         self.rank = rank
         self.log_path = log_path
         self.field = field
+        self.log_error: str | None = None
+        """Why ``log_path`` could not be written (``cc_log_only``), or None: the run's end says so."""
         self._counts: dict[str, int] = {}
         self._pending: list[Any] = []
         self._sites: dict[tuple[str, str], dict[str, Any]] = {}
@@ -570,4 +574,14 @@ class CollectiveProbe(Probe):
             source = (fs.line or "").strip()
             lines.append(f"    {fs.filename}[{fs.lineno}] in {fs.name}" + (f": {source}" if source else ""))
         print("\n".join(lines), flush=True)
-        write_json_atomically(self.log_path, snapshot, field=self.field)
+        if self.log_error is not None:
+            return  # the console keeps the call sites; the file failed once, said once
+        try:
+            write_json_atomically(self.log_path, snapshot, field=self.field)
+        except (OSError, ConfigError) as exc:
+            self.log_error = str(exc)
+            warn_once(
+                f"cc-log:{self.log_path}",
+                f"trainprobe: cc_log_only: {self.log_path} could not be written ({exc}); the call sites are "
+                "still printed on the console",
+            )

@@ -288,11 +288,12 @@ class TrainerMon:
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._control.end_step()
         try:
-            message = run_end_message([self._struct] if self._struct is not None else [], self._control.probes)
-            if message is not None:
+            ending = run_end_message([self._struct] if self._struct is not None else [], self._control.probes)
+            if ending is not None:
+                message, code = ending
                 self.stop()
                 print(message, flush=True)
-                raise SystemExit(0)
+                raise SystemExit(code)
             self._control.after_step()
             self._sync_struct()
         except SystemExit:
