@@ -198,6 +198,24 @@ def test_overwrite_replaces_an_earlier_parquet_run(tmp_path: Path) -> None:
     assert {r["step"] for r in _parquet_rows(rank_dir, "param")} == {0, 1, 2}
 
 
+def test_overwrite_and_resume_remove_the_open_windows_a_killed_parquet_run_left(tmp_path: Path) -> None:
+    """A run killed mid-window leaves ``.<window>.partial`` (never whole, no reader picks it up):
+    overwriting or resuming removes those of the monitor tables, and only those."""
+    pytest.importorskip("pyarrow")
+    rank_dir = tmp_path / "rank_0"
+    for how in ({"overwrite": True}, {"initial_step": 8}):
+        _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 8, overwrite=True)
+        whole = rank_dir / "weight_grad_step4-7.parquet"
+        left = [rank_dir / ".weight_grad_step8-11.parquet.partial", rank_dir / ".param_step8-11.parquet.partial"]
+        for path in left:  # as kill -9 leaves it: the head of a Parquet file, no footer
+            path.write_bytes(whole.read_bytes()[:64])
+        other = rank_dir / ".notes.partial"
+        other.write_text("not ours")
+        _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 3, **how)
+        assert not any(p.exists() for p in left), how
+        assert other.read_text() == "not ours"
+
+
 def test_resume_continues_a_parquet_run_and_its_summaries_stay_true(tmp_path: Path) -> None:
     """As for CSV: a Parquet run killed after step 6 resumes at step 4; rows 0-3 stay (the file
     rewritten as ``step0-3``, its footer summary true of what is left), each step once, and the

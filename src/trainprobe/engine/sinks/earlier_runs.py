@@ -9,7 +9,8 @@ asks, at ``start()``, what the user wants (``docs/monitor_v2.md``, "Re-using an 
 
 * nothing said: :func:`refuse_earlier_run` raises a :class:`ConfigError` naming the folder;
 * ``start(overwrite=True)`` or ``TRAINPROBE_OVERWRITE=1``: :func:`keep_rows_before` with step 0
-  removes the earlier run's window files (only those: nothing else in the folder is touched);
+  removes the earlier run's window files (only those, and the hidden ``.partial`` windows a
+  killed Parquet run left open (:func:`open_windows`): nothing else in the folder is touched);
 * ``start(initial_step=N)`` with N > 0 (a resumed run): :func:`keep_rows_before` with step N
   keeps the earlier rows of steps below N and drops the rest, the way TensorBoard's
   ``purge_step`` does, so the resumed run continues the files instead of repeating steps.
@@ -62,6 +63,23 @@ def window_files(rank_dir: Path, tables: Iterable[str]) -> list[WindowFile]:
         match = V2_DATA_FILE.fullmatch(path.name)
         if match and match["type"] in wanted and path.is_file() and not path.is_symlink():
             found.append(WindowFile(path, match["type"], int(match["first"]), int(match["last"])))
+    return found
+
+
+def open_windows(rank_dir: Path, tables: Iterable[str]) -> list[Path]:
+    """The hidden ``.<window file>.partial`` files of ``tables`` in ``rank_dir``: windows a killed
+    Parquet run left open (no reader picks them up; their rows were never complete)."""
+    wanted = set(tables)
+    try:
+        entries = sorted(rank_dir.iterdir())
+    except OSError:
+        return []
+    found = []
+    for path in entries:
+        inner = path.name[1 : -len(".partial")] if path.name.startswith(".") and path.name.endswith(".partial") else ""
+        match = V2_DATA_FILE.fullmatch(inner)
+        if match and match["type"] in wanted and path.is_file() and not path.is_symlink():
+            found.append(path)
     return found
 
 

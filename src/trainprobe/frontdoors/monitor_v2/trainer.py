@@ -28,7 +28,13 @@ from trainprobe.engine.probes.optimizer_state import OptimizerStateProbe
 from trainprobe.engine.probes.param import ParamProbe
 from trainprobe.engine.session import NullSession, Session
 from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
-from trainprobe.engine.sinks.earlier_runs import keep_rows_before, overwrite_requested, refuse_earlier_run, window_files
+from trainprobe.engine.sinks.earlier_runs import (
+    keep_rows_before,
+    open_windows,
+    overwrite_requested,
+    refuse_earlier_run,
+    window_files,
+)
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
 
@@ -190,6 +196,8 @@ class TrainerMonitorV2:
             raise refuse_earlier_run(rank_dir, files)
         try:
             dropped = keep_rows_before(files, keep_before, v2_file_name)
+            for stale in open_windows(rank_dir, V2_MONITORS):  # a killed run's open windows: never whole
+                stale.unlink()
         except OSError as exc:
             raise ConfigError(f"output_dir: cannot make room in {str(rank_dir)!r}: {exc}") from None
         logger.info("trainprobe: %s: %d rows of an earlier run from step %d on removed", rank_dir, dropped, keep_before)
