@@ -75,7 +75,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -334,37 +334,73 @@ def kernel_floor(active: bool) -> Iterator[None]:
 
 
 class OneReadHooks:
-    """The ``one-read`` row: a minimal hook set, no trainprobe, that reads every tensor that
-    ``weight_grad + optimizer + param`` reads, once, at each point where it reads it, with one
-    ``torch.sum`` per tensor: every gradient at the end of backward (``unreduced``) and again
-    just before ``optimizer.step()`` (``reduced``), every parameter before the step
-    (``param_origin``) and after it (``param_updated``), and both Adam moments after it. No
-    min/max/norm, no rows, no files: the lower bound of any design that reads each monitored
-    tensor once per point. ``start(model, optimizer)`` / ``stop()`` like a monitor."""
+    """The ``one-read`` rows: a minimal hook set, no trainprobe, that reads every tensor a monitor
+    configuration reads, once, at each point where it reads it, with one ``torch.sum`` per
+    tensor, and copies the step's sums to the host once, when the step ends (as the monitors
+    copy a step's statistics once): no min/max/norm, no rows, no files. The lower bound of any
+    design that reads each monitored tensor once per point. ``points`` says which configuration:
 
-    def __init__(self, *_: Any, **__: Any) -> None:
+    * ``"wg+opt+param"`` (V2 ``weight_grad + optimizer + param``, V1 ``wg + mv + param``): every
+      gradient at the end of backward (``unreduced``) and again just before ``optimizer.step()``
+      (``reduced``), every parameter before the step (``param_origin``) and after it
+      (``param_updated``), and both Adam moments after it;
+    * ``"weight_grad"`` (V2 ``weight_grad`` alone): the two gradient points;
+    * ``"module"`` (V2 ``module`` and V1 ``xy`` over all modules): every module's input tensors
+      in a forward pre-hook and its outputs in a forward hook, and, through tensor hooks (as the
+      monitors read them, never module backward hooks), the gradient of each output and of each
+      input that requires one.
+
+    ``start(model, optimizer)`` / ``stop()`` like a monitor."""
+
+    POINTS = ("wg+opt+param", "weight_grad", "module")
+
+    def __init__(self, points: str = "wg+opt+param", *_: Any, **__: Any) -> None:
+        if points not in self.POINTS:
+            raise ValueError(f"points: one of {self.POINTS}, not {points!r}")
+        self.points = points
         self._handles: list[Any] = []
         self._params: list[torch.nn.Parameter] = []
         self._optimizer: torch.optim.Optimizer | None = None
-        self.sums: list[torch.Tensor] = []  # the last point's sums (kept so none is optimised away)
+        self._pending: list[torch.Tensor] = []  # this step's sums, not yet on the host
+        self.sums: list[float] = []  # the last step's sums, on the host
 
     def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **_: Any) -> None:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._optimizer = optimizer
-        self._handles = [
-            self._params[-1].register_hook(self._backward_started),
-            optimizer.register_step_pre_hook(self._before_step),
-            optimizer.register_step_post_hook(self._after_step),
-        ]
+        if self.points == "module":
+            for module in model.modules():
+                self._handles.append(module.register_forward_pre_hook(self._module_inputs, with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._module_outputs))
+        else:
+            self._handles.append(self._params[-1].register_hook(self._backward_started))
+            self._handles.append(optimizer.register_step_pre_hook(self._before_step))
+        self._handles.append(optimizer.register_step_post_hook(self._after_step))
 
     def stop(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
 
-    def _read(self, tensors: list[torch.Tensor]) -> None:
+    def _read(self, tensors: Iterable[Any]) -> None:
         with torch.no_grad():
-            self.sums = [torch.sum(t) for t in tensors]
+            self._pending.extend(torch.sum(t) for t in tensors if isinstance(t, torch.Tensor))
+
+    def _read_grad(self, grad: torch.Tensor) -> None:
+        self._read([grad])
+
+    def _watch(self, tensors: Iterable[Any]) -> None:
+        """Read ``tensors`` now and their gradients when autograd computes them."""
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+        self._read(tensors)
+        for t in tensors:
+            if t.requires_grad:
+                t.register_hook(self._read_grad)
+
+    def _module_inputs(self, _module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._watch([*args, *kwargs.values()])
+
+    def _module_outputs(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
+        self._watch(output if isinstance(output, (tuple, list)) else [output])
 
     def _backward_started(self, grad: torch.Tensor) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(self._backward_finished)
@@ -374,15 +410,20 @@ class OneReadHooks:
 
     def _before_step(self, *_: Any) -> None:
         self._read([p.grad for p in self._params if p.grad is not None])
-        self._read(self._params)
+        if self.points == "wg+opt+param":
+            self._read(self._params)
 
     def _after_step(self, *_: Any) -> None:
         assert self._optimizer is not None
-        self._read(self._params)
-        state = self._optimizer.state
-        self._read(
-            [state[p][k] for p in self._params if p in state for k in ("exp_avg", "exp_avg_sq") if k in state[p]]
-        )
+        if self.points == "wg+opt+param":
+            self._read(self._params)
+            state = self._optimizer.state
+            self._read(
+                [state[p][k] for p in self._params if p in state for k in ("exp_avg", "exp_avg_sq") if k in state[p]]
+            )
+        if self._pending:  # the one host copy of the step
+            self.sums = torch.stack(self._pending).tolist()
+            self._pending = []
 
 
 def _measure(cfg: BenchConfig, trainer: Trainer, out: Path, args: argparse.Namespace, framework: str) -> Result:
