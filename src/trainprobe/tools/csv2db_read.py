@@ -53,6 +53,10 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     """Each of ``files`` read into columns, in the order given (see the module docstring);
     ``threads``: DuckDB's threads (None: its default, every core).
 
+    The DuckDB queries run in a thread of their own, one batch ahead of the batch whose files are
+    handed out (DuckDB releases the GIL): the next batch is read while the caller uses the files
+    of this one, not after it.
+
     Raises:
         ConfigError: a file that is not a monitor file (the message names it); DuckDB, PyArrow
             or NumPy not installed (the message says how to install them).
@@ -65,13 +69,28 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     try:
-        for group, batch in _batches(files):
+        for group, batch, found in read_ahead(_queried(con, _batches(files)), depth=1):
             if group is None:
                 yield parse_file(batch[0])
+            elif found is None:  # DuckDB refused the batch: the Python reader says which file and cell
+                yield from map(parse_file, batch)
             else:
-                yield from _read_batch(con, group, batch)
+                yield from _files_of(group, batch, found)
     finally:
         con.close()
+
+
+_Found = tuple[dict[str, Any], "dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]"]
+
+
+def _queried(
+    con: duckdb.DuckDBPyConnection, batches: Iterator[tuple[_Group | None, list[MonitorCsv]]]
+) -> Iterator[tuple[_Group | None, list[MonitorCsv], _Found | None]]:
+    """Each batch with what its DuckDB query found: the files' stats and their rows by position
+    in the batch (:func:`_split_by_file`); None for a file of the Python reader, or a batch
+    DuckDB refused."""
+    for group, batch in batches:
+        yield group, batch, (None if group is None else _query_batch(con, group, batch))
 
 
 def _batches(files: Sequence[MonitorCsv]) -> Iterator[tuple[_Group | None, list[MonitorCsv]]]:
@@ -145,9 +164,9 @@ def _file_position(con: duckdb.DuckDBPyConnection, source: str, listed: list[str
     return "CAST(file_index AS BIGINT)"
 
 
-def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> Iterator[ParsedFile]:
-    """The files of one batch, read by one query (the Python reader for all of them when DuckDB
-    refuses the batch: it names the file and the cell)."""
+def _query_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> _Found | None:
+    """The rows of the files of one batch, read by one query, by file (None when DuckDB refuses
+    the batch: the Python reader then reads its files, naming the file and cell that is wrong)."""
     layout, fmt, header = group
     roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
     ops = [header[i] for i in roles.op_cols]
@@ -165,13 +184,20 @@ def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Monit
     except duck.Error as exc:
         if fmt == "parquet":
             raise ConfigError(f"{listed[0]}: DuckDB could not read it: {str(exc).splitlines()[0]}") from None
-        yield from map(parse_file, files)  # says which file, row and cell is wrong, or reads it
-        return
-    by_file = _split_by_file(table)
+        return None
+    return stats, _split_by_file(table)
+
+
+def _files_of(group: _Group, files: list[MonitorCsv], found: _Found) -> Iterator[ParsedFile]:
+    """The files of one batch as :class:`ParsedFile`, from what its query found."""
+    layout, _, header = group
+    roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
+    ops = tuple(header[i] for i in roles.op_cols)
+    stats, by_file = found
     for position, file in enumerate(files):
         stat = stats[str(file.path)]
-        found = by_file.get(position)
-        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), *(found or (None, None)))
+        rows = by_file.get(position)
+        yield _parsed(file, stat.st_size, stat.st_mtime_ns, ops, *(rows or (None, None)))
 
 
 def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]:
@@ -291,6 +317,7 @@ def _parsed(
         values=[column.tolist() for column in values],
         nan_masks=_nan_masks(values),
         torn=0,
+        span=(int(steps.min()), int(steps.max())),
     )
 
 
