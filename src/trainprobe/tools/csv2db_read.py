@@ -290,7 +290,7 @@ def _parsed(
     local = np.empty(len(first), dtype=np.int64)
     local[by_seen] = np.arange(len(seen))
     index = local[dense.reshape(-1)]
-    picked = rows.take(seen)
+    picked = rows.select(["name", "vpp_stage", "micro", "scope"]).take(seen)
     base: list[BaseKey] = list(
         zip(
             picked.column("name").to_pylist(),
@@ -333,6 +333,10 @@ def _repeats(steps: np.ndarray[Any, Any], index: np.ndarray[Any, Any]) -> bool:
     """Whether some ``(step, target)`` pair occurs twice."""
     import numpy as np
 
+    targets = int(index.max()) + 1
+    low, high = int(steps.min()), int(steps.max())
+    if (high - low + 1) * targets <= 1 << 24:  # the usual file: count each pair in one pass
+        return bool(np.bincount((steps - low) * targets + index).max() > 1)
     order = np.lexsort((index, steps))
     s, t = steps[order], index[order]
     return bool(np.any((s[1:] == s[:-1]) & (t[1:] == t[:-1])))
