@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 #: CSV or Parquet bytes read by one DuckDB query.
-BATCH_BYTES = 64 << 20
+BATCH_BYTES = 32 << 20
 #: The first query's bytes; each next query's limit is twice the last, up to BATCH_BYTES (the
 #: database starts storing rows while the first files are read, not after a whole batch).
 FIRST_BATCH_BYTES = 4 << 20
