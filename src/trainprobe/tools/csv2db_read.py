@@ -3,10 +3,11 @@
 in the order given.
 
 Consecutive files of one layout, format and header are read by one DuckDB query (at most
-:data:`BATCH_BYTES` of files: memory is bounded by a batch, not the run; the first queries
-smaller, so that storing starts early); its Arrow result is cut into files (by DuckDB's
-``file_index``) and turned into columns with NumPy, the targets numbered from dictionary codes
-of their key columns (no key text per row). CSV files go through the layer's typed
+:data:`BATCH_BYTES` of files: memory is bounded by a few batches, not the run; the first queries
+smaller, so that storing starts early), in a thread of its own, one batch ahead of the files
+handed out; its Arrow result is cut into files (by DuckDB's ``file_index``) and turned into
+columns with NumPy, the targets numbered from dictionary codes of their key columns (no key
+text per row). CSV files go through the layer's typed
 ``read_csv`` (no type sniffing: keys BIGINT, ops DOUBLE, names VARCHAR; an empty op cell reads
 as NaN, an empty ``micro_step`` or ``scope`` as none), Parquet files through ``read_parquet``.
 
