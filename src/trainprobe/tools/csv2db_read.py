@@ -69,8 +69,9 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     con.execute("SET preserve_insertion_order = true")  # rows in the order of the files listed, and of their lines
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
+    ahead = read_ahead(_queried(con, _batches(files)), depth=1)
     try:
-        for group, batch, found in read_ahead(_queried(con, _batches(files)), depth=1):
+        for group, batch, found in ahead:
             if group is None:
                 yield parse_file(batch[0])
             elif found is None:  # DuckDB refused the batch: the Python reader says which file and cell
@@ -78,6 +79,7 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
             else:
                 yield from _files_of(group, batch, found)
     finally:
+        ahead.close()  # the query thread ends (its query done) before its connection closes
         con.close()
 
 
