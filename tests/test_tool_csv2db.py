@@ -647,3 +647,71 @@ def test_an_index_build_that_fails_on_temporary_files_is_made_again_in_memory(tm
     indexes = query(result.db_path, "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE '%_by_target'")
     assert sorted(name for (name,) in indexes) == sorted(f"{table}_by_target" for table in result.tables)
     assert len(result.tables) == 2
+
+
+def test_the_next_batch_is_read_while_this_one_is_stored(tmp_path, monkeypatch):
+    """DuckDB reads the next batch of files in a thread of its own while the caller still holds
+    the files of this one (it used to start only when the caller asked for the next file: the
+    database then waited for every query). Same files, same order, same rows either way."""
+    import threading
+
+    import trainprobe.tools.csv2db_read as csv2db_read
+    from trainprobe.tools.monitor_files import find_monitor_files
+
+    write_reference_v1(tmp_path / "monitor")
+    files = find_monitor_files(tmp_path / "monitor")
+    assert len(files) >= 3
+    queried = threading.Event()
+    real = csv2db_read._split_by_file
+    calls: list[int] = []
+
+    def recording(table: Any) -> Any:
+        calls.append(table.num_rows)
+        if len(calls) == 2:
+            queried.set()
+        return real(table)
+
+    monkeypatch.setattr(csv2db_read, "_split_by_file", recording)
+    monkeypatch.setattr(csv2db_read, "FIRST_BATCH_BYTES", 1)  # one file per batch
+    monkeypatch.setattr(csv2db_read, "BATCH_BYTES", 1)
+    reader = csv2db_read.read_files(files)
+    first = next(reader)
+    assert queried.wait(10), "the second batch was not read while the first file was held"
+    rest = list(reader)
+    assert [p.file for p in (first, *rest)] == list(files)
+    assert len(calls) == len(files) and sum(len(p.steps) for p in (first, *rest)) == sum(calls)
+
+
+def test_a_reader_closed_early_ends_its_query_thread_first(tmp_path, monkeypatch):
+    """Closing the reader while DuckDB reads the next batch (a failed conversion stops reading)
+    waits for that query, then closes DuckDB's connection: the query never runs on a closed
+    connection, and no thread is left."""
+    import threading
+    import time
+
+    import trainprobe.tools.csv2db_read as csv2db_read
+    from trainprobe.tools.monitor_files import find_monitor_files
+
+    write_reference_v1(tmp_path / "monitor")
+    real = csv2db_read._query_batch
+    calls: list[int] = []
+    errors: list[BaseException] = []
+
+    def slow(*args: Any) -> Any:
+        if calls:
+            time.sleep(0.3)  # the second batch: still being read when the reader is closed
+        calls.append(1)
+        try:
+            return real(*args)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    monkeypatch.setattr(csv2db_read, "_query_batch", slow)
+    monkeypatch.setattr(csv2db_read, "FIRST_BATCH_BYTES", 1)
+    monkeypatch.setattr(csv2db_read, "BATCH_BYTES", 1)
+    reader = csv2db_read.read_files(find_monitor_files(tmp_path / "monitor"))
+    next(reader)
+    reader.close()
+    assert len(calls) == 2 and errors == []
+    assert not [t for t in threading.enumerate() if t.name == "csv2db-reader"]

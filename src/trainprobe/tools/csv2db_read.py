@@ -3,10 +3,11 @@
 in the order given.
 
 Consecutive files of one layout, format and header are read by one DuckDB query (at most
-:data:`BATCH_BYTES` of files: memory is bounded by a batch, not the run; the first queries
-smaller, so that storing starts early); its Arrow result is cut into files (by DuckDB's
-``file_index``) and turned into columns with NumPy, the targets numbered from dictionary codes
-of their key columns (no key text per row). CSV files go through the layer's typed
+:data:`BATCH_BYTES` of files: memory is bounded by a few batches, not the run; the first queries
+smaller, so that storing starts early), in a thread of its own, one batch ahead of the files
+handed out; its Arrow result is cut into files (by DuckDB's ``file_index``) and turned into
+columns with NumPy, the targets numbered from dictionary codes of their key columns (no key
+text per row). CSV files go through the layer's typed
 ``read_csv`` (no type sniffing: keys BIGINT, ops DOUBLE, names VARCHAR; an empty op cell reads
 as NaN, an empty ``micro_step`` or ``scope`` as none), Parquet files through ``read_parquet``.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainprobe.engine.errors import ConfigError
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 #: CSV or Parquet bytes read by one DuckDB query.
-BATCH_BYTES = 64 << 20
+BATCH_BYTES = 32 << 20
 #: The first query's bytes; each next query's limit is twice the last, up to BATCH_BYTES (the
 #: database starts storing rows while the first files are read, not after a whole batch).
 FIRST_BATCH_BYTES = 4 << 20
@@ -53,6 +54,10 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     """Each of ``files`` read into columns, in the order given (see the module docstring);
     ``threads``: DuckDB's threads (None: its default, every core).
 
+    The DuckDB queries run in a thread of their own, one batch ahead of the batch whose files are
+    handed out (DuckDB releases the GIL): the next batch is read while the caller uses the files
+    of this one, not after it.
+
     Raises:
         ConfigError: a file that is not a monitor file (the message names it); DuckDB, PyArrow
             or NumPy not installed (the message says how to install them).
@@ -64,14 +69,31 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     con.execute("SET preserve_insertion_order = true")  # rows in the order of the files listed, and of their lines
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
+    ahead = read_ahead(_queried(con, _batches(files)), depth=1)
     try:
-        for group, batch in _batches(files):
+        for group, batch, found in ahead:
             if group is None:
                 yield parse_file(batch[0])
+            elif found is None:  # DuckDB refused the batch: the Python reader says which file and cell
+                yield from map(parse_file, batch)
             else:
-                yield from _read_batch(con, group, batch)
+                yield from _files_of(group, batch, found)
     finally:
+        ahead.close()  # the query thread ends (its query done) before its connection closes
         con.close()
+
+
+_Found = tuple[dict[str, Any], "dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]"]
+
+
+def _queried(
+    con: duckdb.DuckDBPyConnection, batches: Iterator[tuple[_Group | None, list[MonitorCsv]]]
+) -> Iterator[tuple[_Group | None, list[MonitorCsv], _Found | None]]:
+    """Each batch with what its DuckDB query found: the files' stats and their rows by position
+    in the batch (:func:`_split_by_file`); None for a file of the Python reader, or a batch
+    DuckDB refused."""
+    for group, batch in batches:
+        yield group, batch, (None if group is None else _query_batch(con, group, batch))
 
 
 def _batches(files: Sequence[MonitorCsv]) -> Iterator[tuple[_Group | None, list[MonitorCsv]]]:
@@ -145,9 +167,9 @@ def _file_position(con: duckdb.DuckDBPyConnection, source: str, listed: list[str
     return "CAST(file_index AS BIGINT)"
 
 
-def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> Iterator[ParsedFile]:
-    """The files of one batch, read by one query (the Python reader for all of them when DuckDB
-    refuses the batch: it names the file and the cell)."""
+def _query_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> _Found | None:
+    """The rows of the files of one batch, read by one query, by file (None when DuckDB refuses
+    the batch: the Python reader then reads its files, naming the file and cell that is wrong)."""
     layout, fmt, header = group
     roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
     ops = [header[i] for i in roles.op_cols]
@@ -165,13 +187,20 @@ def _read_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Monit
     except duck.Error as exc:
         if fmt == "parquet":
             raise ConfigError(f"{listed[0]}: DuckDB could not read it: {str(exc).splitlines()[0]}") from None
-        yield from map(parse_file, files)  # says which file, row and cell is wrong, or reads it
-        return
-    by_file = _split_by_file(table)
+        return None
+    return stats, _split_by_file(table)
+
+
+def _files_of(group: _Group, files: list[MonitorCsv], found: _Found) -> Iterator[ParsedFile]:
+    """The files of one batch as :class:`ParsedFile`, from what its query found."""
+    layout, _, header = group
+    roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
+    ops = tuple(header[i] for i in roles.op_cols)
+    stats, by_file = found
     for position, file in enumerate(files):
         stat = stats[str(file.path)]
-        found = by_file.get(position)
-        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), *(found or (None, None)))
+        rows = by_file.get(position)
+        yield _parsed(file, stat.st_size, stat.st_mtime_ns, ops, *(rows or (None, None)))
 
 
 def _split_by_file(table: pa.Table) -> dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]:
@@ -264,7 +293,7 @@ def _parsed(
     local = np.empty(len(first), dtype=np.int64)
     local[by_seen] = np.arange(len(seen))
     index = local[dense.reshape(-1)]
-    picked = rows.take(seen)
+    picked = rows.select(["name", "vpp_stage", "micro", "scope"]).take(seen)
     base: list[BaseKey] = list(
         zip(
             picked.column("name").to_pylist(),
@@ -291,6 +320,7 @@ def _parsed(
         values=[column.tolist() for column in values],
         nan_masks=_nan_masks(values),
         torn=0,
+        span=(int(steps.min()), int(steps.max())),
     )
 
 
@@ -306,6 +336,10 @@ def _repeats(steps: np.ndarray[Any, Any], index: np.ndarray[Any, Any]) -> bool:
     """Whether some ``(step, target)`` pair occurs twice."""
     import numpy as np
 
+    targets = int(index.max()) + 1
+    low, high = int(steps.min()), int(steps.max())
+    if (high - low + 1) * targets <= 1 << 24:  # the usual file: count each pair in one pass
+        return bool(np.bincount((steps - low) * targets + index).max() > 1)
     order = np.lexsort((index, steps))
     s, t = steps[order], index[order]
     return bool(np.any((s[1:] == s[:-1]) & (t[1:] == t[:-1])))
@@ -326,7 +360,7 @@ def _nan_masks(values: list[np.ndarray[Any, Any]]) -> list[int] | None:
 
 
 
-def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+def read_ahead(items: Iterator[_T], depth: int = 2) -> Generator[_T, None, None]:
     """``items`` produced by a background thread, at most ``depth`` ahead of the consumer (DuckDB
     and SQLite both release the GIL: reading the next batch overlaps storing this one). An
     exception of the producer is raised here, where the consumer is; closing this generator

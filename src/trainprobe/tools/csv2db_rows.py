@@ -33,7 +33,7 @@ class ParsedFile:
     :func:`call_indices`) in first-seen order and ``target_index`` one index into it per row;
     ``steps`` one step per row; ``values`` one list per op (one float per row, NaN for an
     empty cell); ``nan_masks`` has bit ``i`` set where op ``i`` of the file is NaN, or is None when
-    the file holds no NaN.
+    the file holds no NaN; ``span`` the smallest and largest step (None: not computed).
     """
 
     file: MonitorCsv
@@ -47,6 +47,7 @@ class ParsedFile:
     nan_masks: list[int] | None
     torn: int
     warnings: tuple[str, ...] = ()
+    span: tuple[int, int] | None = None  # (smallest, largest) step when the reader knows it; None: not given
 
 
 def parse_file(file: MonitorCsv) -> ParsedFile:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -128,7 +129,7 @@ class MetricsDatabase:
             metric_ids = [self._metric_id(op, file) for op in parsed.ops]
             target_ids = self._target_ids(parsed)
             masks = _remap_masks(parsed.nan_masks, metric_ids)
-            span = (min(parsed.steps), max(parsed.steps))
+            span = parsed.span or (min(parsed.steps), max(parsed.steps))
             overlap = self._may_overlap(file, data_type_id, span)
             if overlap:
                 self.replaced += self._stored_keys(file.rank, data_type_id, parsed.steps, target_ids)
@@ -376,7 +377,10 @@ class MetricsDatabase:
             if found is None:
                 found = self._key_ids[key] = self._target_id(key)
             ids.append(found)
-        return list(map(ids.__getitem__, parsed.target_index))
+        index = parsed.target_index
+        if len(index) < 2:  # itemgetter of one index gives the item, not a tuple
+            return [ids[i] for i in index]
+        return list(itemgetter(*index)(ids))  # one C call (a third of map's time)
 
     def _target_id(self, key: TargetKey) -> int:
         found = self._targets.get(key)
