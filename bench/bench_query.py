@@ -161,6 +161,7 @@ def main() -> None:
         if args.only == "report":
             print(f"  bare DuckDB scan:  {bare['seconds']:.2f} s, {bare['rss_mb']:.0f} MB RSS -> {bare['answer']}")
             print_report_row(csv_run, bare)
+            return
         if args.only == "csv2db":
             print(f"  bare DuckDB scan:  {bare['seconds']:.2f} s, {bare['rss_mb']:.0f} MB RSS -> {bare['answer']}")
             print(csv2db_line(csv_run, bare))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainprobe.engine.errors import ConfigError
@@ -326,7 +326,7 @@ def _nan_masks(values: list[np.ndarray[Any, Any]]) -> list[int] | None:
 
 
 
-def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+def read_ahead(items: Iterator[_T], depth: int = 2) -> Generator[_T, None, None]:
     """``items`` produced by a background thread, at most ``depth`` ahead of the consumer (DuckDB
     and SQLite both release the GIL: reading the next batch overlaps storing this one). An
     exception of the producer is raised here, where the consumer is; closing this generator
