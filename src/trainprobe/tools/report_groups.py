@@ -80,9 +80,10 @@ def _rank_matrix(
     """Cells of one rank (rows of the drawn targets: ``position`` ≥ 0): the value of largest
     magnitude where several micro-steps share a cell; counts and the global norm from ``digest``."""
     n_steps = len(steps)
-    values = np.full((n_targets * n_steps, len(ops)), np.nan)
-    flags = np.zeros(values.shape, dtype=bool)
-    if rows is not None:
+    flags = np.zeros((n_targets * n_steps, len(ops)), dtype=bool)
+    if rows is None:
+        values = np.full(flags.shape, np.nan)
+    else:
         step_index = np.searchsorted(steps, rows.steps)
         finite = np.isfinite(rows.values)
         drawn = position[rows.targets] >= 0
