@@ -102,6 +102,10 @@ class TopShares:
 
     def _fold(self, steps: list[int], sums: list[float], tops: list[list[tuple[float, int]]]) -> None:
         """Add each step's sum and merge its k largest (squared norm, parameter id), largest first."""
+        if self.total.keys().isdisjoint(steps):  # steps new to it (a file's): no merging, one update
+            self.total.update(zip(steps, sums))  # a sum of squares is never -0.0: 0.0 + sum is sum
+            self.top.update(zip(steps, tops))
+            return
         for step, total, best in zip(steps, sums, tops):
             self.total[step] = self.total.get(step, 0.0) + total
             old = self.top.get(step)
