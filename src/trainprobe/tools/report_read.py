@@ -141,7 +141,9 @@ def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> I
     """``(file, its rows)`` for each of ``files``, in their order, as :func:`read_file` reads
     them, but each run of consecutive CSV files of one table, layout and header (none of them
     torn) in one DuckDB scan, streamed in batches of :data:`BATCH_ROWS` rows: the scan runs in
-    parallel, and memory holds a batch and the file being assembled, not the run.
+    parallel, a thread reads the next batch while the caller works on this file's rows, and
+    memory holds two batches and the file being assembled, not the run. The connection is free
+    again once the iteration ends or is closed.
 
     Raises:
         ConfigError: as :func:`read_file` (a scan that fails is read again file by file, so
