@@ -74,6 +74,20 @@ def test_one_scan_reads_the_rows_a_file_by_file_read_reads(tmp_path, monkeypatch
         assert len(rows.steps) == 4 * 2 * len(PARAMS)
 
 
+def test_a_scan_left_early_frees_its_connection(tmp_path):
+    """The scan reads its next batch in a thread while the caller works on this one; a caller
+    that stops early (an error in its own work) gets the connection back idle, at once."""
+    root = write_v2_run(tmp_path / "run")
+    files = find_report_files(root)
+    con = connection()
+    scan = read_files(con, files)
+    first, rows = next(scan)
+    scan.close()
+    _same(read_file(con, files[-1]), read_file(con, files[-1]))
+    _same(rows, read_file(con, first))
+    assert [f for f, _ in read_files(con, files)] == files
+
+
 def test_a_bad_file_among_many_is_named(tmp_path):
     root = write_v2_run(tmp_path / "run")
     bad = root / "rank_1" / "weight_grad_step4-7.csv"

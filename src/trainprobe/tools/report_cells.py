@@ -50,7 +50,7 @@ def merge_cells(keys: np.ndarray, values: np.ndarray, finite: np.ndarray, size: 
     magnitude among rows sharing a cell; NaN where none is finite or no row falls."""
     cells = np.full((size, values.shape[1]), np.nan)
     clean = np.where(finite, values, np.nan)
-    if not has_repeats(keys):  # one row per cell: no micro-steps to merge
+    if not has_repeats(keys, size):  # one row per cell: no micro-steps to merge
         cells[keys] = clean
         return cells
     for op in range(values.shape[1]):
@@ -75,8 +75,13 @@ def largest_per_key(keys: np.ndarray, values: np.ndarray, finite: np.ndarray) ->
     return keys[last], np.where(finite[last], values[last], np.nan)
 
 
-def has_repeats(keys: np.ndarray) -> bool:
-    """Whether some key occurs twice."""
+def has_repeats(keys: np.ndarray, size: int | None = None) -> bool:
+    """Whether some key occurs twice; ``size``: every key is in ``range(size)`` (a mark per key,
+    no sort)."""
+    if size is not None and len(keys):
+        seen = np.zeros(size, dtype=bool)
+        seen[keys] = True
+        return int(np.count_nonzero(seen)) < len(keys)
     ordered = np.sort(keys)
     return bool((ordered[1:] == ordered[:-1]).any())
 

@@ -144,7 +144,8 @@ def collect_file(file: ReportFile, table: FileRows, reading: Reading, second: bo
             ids = ids[drawn[ids]]
             if not ids.size:
                 continue
-        block = Block(ops=table.ops, source=file.path, targets=ids, **{k: v[mine] for k, v in columns.items()})
+        at = np.flatnonzero(mine)  # the mask counted once, not once per column
+        block = Block(ops=table.ops, source=file.path, targets=ids, **{k: v[at] for k, v in columns.items()})
         if second:
             reading.blocks.setdefault((name, file.rank), []).append(_slim(block))
         else:

@@ -80,16 +80,22 @@ def _rank_matrix(
     """Cells of one rank (rows of the drawn targets: ``position`` ≥ 0): the value of largest
     magnitude where several micro-steps share a cell; counts and the global norm from ``digest``."""
     n_steps = len(steps)
-    values = np.full((n_targets * n_steps, len(ops)), np.nan)
-    flags = np.zeros(values.shape, dtype=bool)
-    if rows is not None:
+    flags = np.zeros((n_targets * n_steps, len(ops)), dtype=bool)
+    if rows is None:
+        values = np.full(flags.shape, np.nan)
+    else:
         step_index = np.searchsorted(steps, rows.steps)
         finite = np.isfinite(rows.values)
         drawn = position[rows.targets] >= 0
-        keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
-        bad_rows, bad_ops = np.nonzero((rows.known & ~finite)[drawn])
+        if drawn.all():  # every target drawn (a group of at most MAX_TARGETS): no row to leave out
+            keys = position[rows.targets] * n_steps + step_index
+            known, kept, kept_finite = rows.known, rows.values, finite
+        else:
+            keys = position[rows.targets[drawn]] * n_steps + step_index[drawn]
+            known, kept, kept_finite = rows.known[drawn], rows.values[drawn], finite[drawn]
+        bad_rows, bad_ops = np.nonzero(known & ~kept_finite)
         flags[keys[bad_rows], bad_ops] = True
-        values = merge_cells(keys, rows.values[drawn], finite[drawn], n_targets * n_steps)
+        values = merge_cells(keys, kept, kept_finite, n_targets * n_steps)
     global_value = np.array([digest.global_value.get(int(s), np.nan) for s in steps], dtype=np.float64)
     label = "global norm" if digest.global_norm else f"max |{ops[default_op(ops)]}|"
     return RankMatrix(

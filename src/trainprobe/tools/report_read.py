@@ -16,7 +16,7 @@ Needs the ``[query]`` extra (DuckDB); without it, one line says how to install i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,7 +141,9 @@ def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> I
     """``(file, its rows)`` for each of ``files``, in their order, as :func:`read_file` reads
     them, but each run of consecutive CSV files of one table, layout and header (none of them
     torn) in one DuckDB scan, streamed in batches of :data:`BATCH_ROWS` rows: the scan runs in
-    parallel, and memory holds a batch and the file being assembled, not the run.
+    parallel, a thread reads the next batch while the caller works on this file's rows, and
+    memory holds two batches and the file being assembled, not the run. The connection is free
+    again once the iteration ends or is closed.
 
     Raises:
         ConfigError: as :func:`read_file` (a scan that fails is read again file by file, so
@@ -201,6 +203,8 @@ def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Itera
     import duckdb
     import pyarrow as pa
 
+    from trainprobe.tools.csv2db_read import read_ahead
+
     index = {str(f.path): n for n, f in enumerate(batch)}
     made = table_sql(con, batch[0].data_type, [f.source for f in batch])
     if made is None:
@@ -210,13 +214,13 @@ def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Itera
     v2 = batch[0].layout == "v2"
     pending: list[pa.Table] = []
     current = 0
+    ahead: Generator[pa.RecordBatch, None, None] | None = None
     try:
         reader = con.sql(f"SELECT {_items(ops, names)}, file FROM ({view})").to_arrow_reader(BATCH_ROWS)
-        for record in reader:
-            files = record.column("file").to_numpy(zero_copy_only=False)
-            cuts = np.r_[0, np.flatnonzero(files[1:] != files[:-1]) + 1, len(files)]
-            for start, end in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-                at = index.get(str(files[start]), -1)
+        ahead = read_ahead(iter(reader), depth=1)  # the scan of the next batch overlaps this one's numpy work
+        for record in ahead:
+            for start, end, name in _file_runs(record.column("file")):
+                at = index.get(name, -1)
                 if at < current:
                     raise _Unordered
                 if at > current:
@@ -230,11 +234,28 @@ def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Itera
                 pending.append(record.slice(start, end - start))
     except (duckdb.Error, pa.ArrowException, OSError):  # a failure in the stream comes as an Arrow OSError
         raise _BulkError from None
+    finally:
+        if ahead is not None:
+            ahead.close()  # its thread has stopped: the connection is free for a file-by-file read
     if pending:
         yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
         current += 1
     for file in batch[current:]:
         yield file, _empty(0)
+
+
+def _file_runs(column: object) -> list[tuple[int, int, str]]:
+    """A batch's ``file`` column (Arrow strings) as runs of one file: ``(start, end, file)``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    files: pa.Array = column  # type: ignore[assignment]
+    n = len(files)
+    if n < 2:
+        return [(0, n, str(files[0].as_py()))] if n else []
+    change = pc.not_equal(files.slice(1), files.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    cuts = np.r_[0, np.flatnonzero(change) + 1, n].tolist()
+    return [(a, b, str(files[a].as_py())) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _torn(file: ReportFile) -> int:

@@ -50,7 +50,22 @@ def table_phase(table: str, target: str = "") -> tuple[str, bool]:
 
 def join_blocks(parts: list[Block], ops: tuple[str, ...]) -> Rows:
     """One rank's blocks of a group as one set of arrays; values NaN (and not known) where a file
-    lacks an op."""
+    lacks an op. One block with the group's ops (float64, as read) is not copied: its arrays are
+    the rows' (read only)."""
+    if len(parts) == 1 and parts[0].ops == ops and parts[0].values.dtype == np.float64:
+        block = parts[0]
+        return Rows(
+            targets=block.targets,
+            steps=block.steps,
+            micro=block.micro,
+            vpp=block.vpp,
+            line=block.line,
+            pos=block.pos,
+            values=block.values,
+            known=np.ones(block.values.shape, dtype=bool),
+            source=np.zeros(len(block.steps), dtype=np.int64),
+            sources=[block.source],
+        )
     values = np.full((sum(len(b.steps) for b in parts), len(ops)), np.nan)
     known = np.zeros(values.shape, dtype=bool)
     start = 0

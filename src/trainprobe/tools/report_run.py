@@ -79,6 +79,10 @@ class TopShares:
         if size > len(self.energy):
             self.energy = np.concatenate([self.energy, np.zeros(size - len(self.energy))])
         np.add.at(self.energy, targets, squares)
+        grid = _step_grid(steps, targets)
+        if grid is not None:  # every step with the same parameters: one small sort per step
+            self._fold(*_grid_tops(grid, steps, targets, squares, self.k))
+            return
         order = np.lexsort((targets, -squares, steps))
         ordered = steps[order]
         starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
@@ -90,12 +94,52 @@ class TopShares:
         kept_steps = steps[kept].tolist()
         pairs = list(zip(squares[kept].tolist(), targets[kept].tolist()))
         bounds = np.r_[0, np.flatnonzero(np.diff(steps[kept])) + 1, len(kept)].tolist()
-        for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-            step = kept_steps[start]
-            self.total[step] = self.total.get(step, 0.0) + sums[n]
-            best = pairs[start:end]
+        self._fold(
+            [kept_steps[start] for start in bounds[:-1]],
+            sums,
+            [pairs[start:end] for start, end in zip(bounds[:-1], bounds[1:])],
+        )
+
+    def _fold(self, steps: list[int], sums: list[float], tops: list[list[tuple[float, int]]]) -> None:
+        """Add each step's sum and merge its k largest (squared norm, parameter id), largest first."""
+        if self.total.keys().isdisjoint(steps):  # steps new to it (a file's): no merging, one update
+            self.total.update(zip(steps, sums))  # a sum of squares is never -0.0: 0.0 + sum is sum
+            self.top.update(zip(steps, tops))
+            return
+        for step, total, best in zip(steps, sums, tops):
+            self.total[step] = self.total.get(step, 0.0) + total
             old = self.top.get(step)
             self.top[step] = best if old is None else sorted(old + best, key=lambda p: (-p[0], p[1]))[: self.k]
+
+
+def _step_grid(steps: np.ndarray, targets: np.ndarray) -> np.ndarray | None:
+    """The cells' order as a ``(steps, parameters)`` grid when every step of the block has the
+    same number of cells and, taken in the cells' order, its parameter ids ascend (a file's steps
+    in order, parameters in model order): each row one step, ascending; else None."""
+    order = np.argsort(steps, kind="stable")  # cheap on the runs of ascending steps a block holds
+    ordered = steps[order]
+    change = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    width = int(change[0]) if len(change) else len(ordered)
+    if len(ordered) % width or (len(change) and not (np.diff(np.r_[0, change, len(ordered)]) == width).all()):
+        return None
+    grid = order.reshape(-1, width)
+    if width > 1 and not (np.diff(targets[grid], axis=1) > 0).all():
+        return None
+    return grid
+
+
+def _grid_tops(
+    grid: np.ndarray, steps: np.ndarray, targets: np.ndarray, squares: np.ndarray, k: int
+) -> tuple[list[int], list[float], list[list[tuple[float, int]]]]:
+    """Per row of ``grid`` (:func:`_step_grid`): its step, the sum of its squares (added largest
+    first, as :meth:`TopShares.add` sums a step) and its ``k`` largest (square, id), ties by id."""
+    values = squares[grid]
+    order = np.argsort(-values, axis=1, kind="stable")  # ties: the smaller id first (ids ascend along a row)
+    ranked = np.take_along_axis(values, order, axis=1)
+    ids = np.take_along_axis(targets[grid], order[:, :k], axis=1)
+    sums = ranked.sum(axis=1).tolist()
+    tops = [list(zip(row, keys)) for row, keys in zip(ranked[:, :k].tolist(), ids.tolist())]
+    return steps[grid[:, 0]].tolist(), sums, tops
 
 
 @dataclass
