@@ -1,5 +1,6 @@
-"""The query layer on Apache Spark (local mode): the same views and the same first NaN/inf as on
-DuckDB, from the same Parquet files, the query defined once and transpiled by sqlglot.
+"""The query layer on Apache Spark (local mode): the same views, the same first NaN/inf and the
+same ``trainprobe diagnose`` (spikes included) as on DuckDB, from the same Parquet files, each
+query defined once and transpiled by sqlglot.
 
 Skipped without pyspark (not in ``[all]``: ``make test-spark`` installs ``[spark]`` and runs
 this file; see the README for why)."""
@@ -17,9 +18,11 @@ pytest.importorskip("duckdb")
 pytest.importorskip("pyspark")
 pytest.importorskip("sqlglot")
 
+from diagnose_runs import BAD_RANK, SPIKE_PARAM, SPIKE_STEP, make_diagnose_runs  # noqa: E402
 from monitor_runs import NAN_RANK, NAN_STEP  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
+from trainprobe.tools.diagnose import diagnose  # noqa: E402
 from trainprobe.tools.query import connect, describe  # noqa: E402
 from trainprobe.tools.query_convert import convert_run  # noqa: E402
 from trainprobe.tools.query_spark import register_views, spark_session, to_spark  # noqa: E402
@@ -76,3 +79,34 @@ def test_cli_engine_spark_and_csv_only_runs(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("table,stage,step,micro_step,rank,vpp_stage,name")
     assert lines[1].split(",")[:7] == ["weight_grad", str(STAGES["weight_grad", "reduced"]), str(NAN_STEP), "1", str(NAN_RANK), "0", "fc2.bias"]
+
+
+def test_to_spark_rewrites_what_spark_reads_otherwise() -> None:
+    """Spark refuses ``median`` over a window frame and reads no tuple as an ordering key."""
+    window = to_spark("SELECT median(a) OVER (ORDER BY i ROWS BETWEEN 3 PRECEDING AND 1 PRECEDING) FROM t")
+    assert "PERCENTILE(a, 0.5) OVER" in window and "MEDIAN" not in window
+    assert "MIN_BY(name, STRUCT(file_row, k))" in to_spark("SELECT arg_min(name, (file_row, k)) FROM t")
+    assert to_spark("SELECT median(a) FROM t") == "SELECT PERCENTILE(a, 0.5) FROM t"
+
+
+def test_diagnose_gives_the_same_answer_on_both_engines(
+    tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real 2-rank runs with a 50x gradient spike and a NaN (``diagnose_runs.py``), as Parquet:
+    ``diagnose(engine="spark")`` gives the document DuckDB gives, spike first; the CLI too."""
+    runs = make_diagnose_runs(tmp_path / "runs")
+    for layout in ("v2", "v1"):
+        run = _parquet_copy(getattr(runs, layout), tmp_path / layout)
+        on_duckdb = diagnose(run).to_json()
+        assert diagnose(run, engine="spark", spark=spark).to_json() == on_duckdb
+        first = on_duckdb["first"]
+        assert (first["kind"], first["step"], first["rank"]) == ("spike", SPIKE_STEP, BAD_RANK), first
+        assert first["name"].startswith(SPIKE_PARAM.rsplit(".", 1)[0]), first
+        assert on_duckdb["first_nonfinite"] is not None
+    assert main(["diagnose", str(tmp_path / "v2"), "--engine", "spark"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == "first anomaly: " + diagnose(tmp_path / "v2").first.describe()
+    assert spark.sql("SELECT 1").collect()[0][0] == 1  # the command used the active session and left it running
+    with pytest.raises(ConfigError, match="has CSV only; convert it first"):
+        diagnose(runs.v2, engine="spark", spark=spark)
+    with pytest.raises(ConfigError, match="--engine: one of duckdb, spark, not 'polars'"):
+        diagnose(runs.v2, engine="polars")

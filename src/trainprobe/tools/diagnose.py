@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.diagnose_engines import ENGINES, DiagnoseEngine, DuckEngine, SparkEngine
 from trainprobe.tools.diagnose_sql import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_WARMUP,
@@ -47,7 +48,6 @@ from trainprobe.tools.execution_order import execution_key, phase_of_table, tabl
 from trainprobe.tools.query_files import RunFile
 
 if TYPE_CHECKING:
-    import duckdb
 
     from trainprobe.tools.query_files import RunFile
 
@@ -242,10 +242,17 @@ def diagnose(
     baseline: str | Path | None = None,
     files: Sequence[RunFile] | None = None,
     memory_limit: str = MEMORY_LIMIT,
+    engine: str = "duckdb",
+    spark: Any = None,
 ) -> Diagnosis:
     """Diagnose ``run`` (see the module docstring); ``files``: its data files when the caller
     found them already (:func:`~trainprobe.tools.query_files.find_run_files`); ``memory_limit``:
     DuckDB's (it spills to a temporary folder beyond it; ``trainprobe report`` gives less).
+
+    ``engine="spark"`` runs the same queries on Apache Spark over the run's Parquet files
+    (``trainprobe convert RUN --to parquet`` first for a CSV run): ``spark`` is your
+    ``SparkSession`` (a cluster's), or None for one in local mode
+    (:func:`~trainprobe.tools.query_spark.spark_session`). The answer is the same as DuckDB's.
 
     Three reads of the files: each rank's first non-finite step (the run's first is the least),
     that step's rows (:func:`~trainprobe.tools.query_sql.first_nonfinite_sql`, over the files of
@@ -254,20 +261,20 @@ def diagnose(
     Raises:
         ConfigError: bad input, one line: not a folder, no monitor data (an empty folder, unrelated
             CSV files), a precision dump folder (use ``trainprobe compare``), a bad option, a
-            malformed ``anomaly.json``.
+            malformed ``anomaly.json``; with ``engine="spark"``, a run without Parquet files or
+            without the ``[spark]`` extra.
     """
     _check_options(spike_factor, window, warmup, limit)
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine: one of {', '.join(ENGINES)}, not {engine!r}")
     root = Path(run).expanduser()
     _refuse_dump(root)
-    from trainprobe.tools.query import require, short_error
-    duck = require("duckdb")
     found = _run_files(root, files)
-    own = duck.connect(config={"memory_limit": memory_limit})
-    own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
-    try:
-        nonfinite, spikes, by_rank = _scan(root, found, own, (spike_factor, window, warmup), limit)
-    except duck.Error as exc:
-        raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
+    rule = (spike_factor, window, warmup)
+    if engine == "spark":
+        nonfinite, spikes, by_rank = _scan_on_spark(root, found, spark, rule, limit)
+    else:
+        nonfinite, spikes, by_rank = _scan_on_duckdb(root, found, memory_limit, rule, limit)
     alerts = _alerts(root)
     found_anomalies = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
     for event in alerts:
@@ -286,34 +293,61 @@ def diagnose(
     )
 
 
+def _scan_on_duckdb(
+    root: Path, found: Sequence[RunFile], memory_limit: str, rule: tuple[float, int, int], limit: int
+) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
+    from trainprobe.tools.query import require, short_error
+
+    duck = require("duckdb")
+    own = duck.connect(config={"memory_limit": memory_limit})
+    own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
+    try:
+        return _scan(DuckEngine(root, found, own), found, rule, limit, root)
+    except duck.Error as exc:
+        raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
+
+
+def _scan_on_spark(
+    root: Path, found: Sequence[RunFile], session: Any, rule: tuple[float, int, int], limit: int
+) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
+    from contextlib import nullcontext
+
+    from trainprobe.tools.query import short_error
+    from trainprobe.tools.query_spark import local_session
+
+    with local_session() if session is None else nullcontext(session) as spark:
+        engine = SparkEngine(root, spark)
+        try:
+            return _scan(engine, [f for f in found if f.format == "parquet"], rule, limit, root)
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Spark's errors (py4j, AnalysisException) have no common base
+            raise ConfigError(f"run: {str(root)!r}: Spark could not read the data: {short_error(str(exc))}") from None
+        finally:
+            engine.release()
+
+
 def _scan(
-    root: Path, files: Sequence[RunFile], con: duckdb.DuckDBPyConnection, rule: tuple[float, int, int], limit: int
+    engine: DiagnoseEngine, files: Sequence[RunFile], rule: tuple[float, int, int], limit: int, root: Path
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     """The non-finite candidates, the spike candidates and each rank's first anomalous step
-    (non-finite or spike) of the run, on ``con`` (see :func:`diagnose`)."""
-    from trainprobe.tools.query import connect, describe
+    (non-finite or spike) of the run, on ``engine`` (see :func:`diagnose`)."""
     from trainprobe.tools.query_sql import first_nonfinite_sql
 
-    connect(root, connection=con, files=files)
-    views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
+    views = engine.views()
     if not views:
         raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
-    by_rank: dict[int, int] = dict(con.execute(nonfinite_by_rank_sql(views, _nonfinite_conditions(views))).fetchall())
+    by_rank: dict[int, int] = dict(engine.fetch(nonfinite_by_rank_sql(views, _nonfinite_conditions(views))))
     last = min(by_rank.values()) if by_rank else None
     nonfinite: list[Anomaly] = []
     if last is not None:
-        narrow = any(f.format == "csv" and f.first_step <= last <= f.last_step for f in files)
-        at = connect(root, steps=(last, last), files=files) if narrow else con  # CSV: only that step's files
-        at_views = {v: [c for c, _ in cols] for v, cols in describe(at).items()}
-        result = at.execute(first_nonfinite_sql(at_views, last, _CANDIDATES))
-        names = [d[0] for d in result.description]
-        nonfinite = [_from_nonfinite(dict(zip(names, row))) for row in result.fetchall()]
-        first = min(f.first_step for f in files)
-        connect(root, connection=con, steps=(first, last), files=files)  # the spike scan reads up to ``last``
-        views = {v: [c for c, _ in cols] for v, cols in describe(con).items()}
-    con.execute(f"CREATE TEMP TABLE {_SPIKES} AS {spike_rows_sql(views, *rule, last)}")
-    spikes = _first_spikes(con, limit)
-    for rank, step in con.execute(f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank").fetchall():
+        at = engine.at_steps(last, last)  # CSV: only that step's files
+        nonfinite = [_from_nonfinite(row) for row in at.records(first_nonfinite_sql(at.views(), last, _CANDIDATES))]
+        engine = at.at_steps(min(f.first_step for f in files), last)  # the spike scan reads up to ``last``
+        views = engine.views()
+    engine.keep(_SPIKES, spike_rows_sql(views, *rule, last))
+    spikes = _first_spikes(engine, limit)
+    for rank, step in engine.fetch(f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank"):
         by_rank[rank] = min(by_rank.get(rank, step), step)
     return nonfinite, spikes, dict(sorted(by_rank.items()))
 
@@ -389,9 +423,9 @@ def _from_nonfinite(row: dict[str, Any]) -> Anomaly:
     )
 
 
-def _first_spikes(con: duckdb.DuckDBPyConnection, limit: int) -> list[Anomaly]:
+def _first_spikes(engine: DiagnoseEngine, limit: int) -> list[Anomaly]:
     """The spike candidates (first of each group in the first ``limit`` spike steps), placed."""
-    rows = con.execute(first_spikes_sql(_SPIKES, steps=limit, limit=_CANDIDATES)).fetchall()
+    rows = engine.fetch(first_spikes_sql(_SPIKES, steps=limit, limit=_CANDIDATES))
     if not rows:
         return []
     starts: dict[tuple[str, int, int], tuple[int, str]] = {}
@@ -399,7 +433,7 @@ def _first_spikes(con: duckdb.DuckDBPyConnection, limit: int) -> list[Anomaly]:
     # filter); both queries read the same views of one connection, so they share it
     for table in sorted({r[0] for r in rows}):
         steps = sorted({r[2] for r in rows if r[0] == table})
-        for rank, step, first_row, file in con.execute(step_starts_sql(table, steps)).fetchall():
+        for rank, step, first_row, file in engine.fetch(step_starts_sql(table, steps)):
             starts[(table, rank, step)] = (first_row, file)
     found = []
     for table, rank, step, micro, vpp, scope, name, op, value, median, file_row in rows:

@@ -1,8 +1,9 @@
-"""``trainprobe diagnose RUN [--baseline GOOD_RUN] [--spike-factor F] [--out DIR]``.
+"""``trainprobe diagnose RUN [--baseline GOOD_RUN] [--spike-factor F] [--out DIR] [--engine duckdb|spark]``.
 
 Prints the first anomaly of the run in execution order on one line, then the next few and which
 ranks saw something first (:mod:`trainprobe.tools.diagnose`); ``--out DIR`` writes
-``DIR/diagnosis.json``. Exit status: 0 nothing found, 1 an anomaly found, 2 bad input (one line
+``DIR/diagnosis.json``; ``--engine spark`` runs the same queries on Apache Spark (local mode)
+over the run's Parquet files, with the same answer. Exit status: 0 nothing found, 1 an anomaly found, 2 bad input (one line
 on stderr, no traceback). Nothing heavy is imported until the command runs.
 """
 
@@ -34,6 +35,11 @@ def add_parser(sub: Any) -> None:
         help="a spike is a value above F times its running median (default 10)",
     )
     parser.add_argument("--out", metavar="DIR", help="write DIR/diagnosis.json")
+    parser.add_argument(
+        "--engine", choices=("duckdb", "spark"), default="duckdb",
+        help="duckdb (default) or spark: the same queries on Apache Spark over the run's Parquet files "
+        "(trainprobe convert RUN --to parquet first; needs pip install 'trainprobe[spark]')",
+    )
     parser.set_defaults(run=_diagnose_command)
 
 
@@ -44,7 +50,7 @@ def _diagnose_command(args: argparse.Namespace) -> int:
     from trainprobe.tools.diagnose_sql import DEFAULT_SPIKE_FACTOR
 
     factor = DEFAULT_SPIKE_FACTOR if args.spike_factor is None else args.spike_factor
-    result = diagnose(args.run_folder, spike_factor=factor, baseline=args.baseline)
+    result = diagnose(args.run_folder, spike_factor=factor, baseline=args.baseline, engine=args.engine)
     if args.out:
         out = Path(args.out)
         try:

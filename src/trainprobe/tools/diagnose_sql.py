@@ -44,7 +44,10 @@ SERIES: tuple[str, ...] = ("rank", "name", "scope", "micro_step", "vpp_stage")
 
 
 def _finite_abs(op: str) -> str:
-    return f'CASE WHEN isfinite("{op}") THEN abs("{op}") END'
+    """``|op|`` where it is finite, else NULL. Written ``abs(x) < inf`` rather than DuckDB's
+    ``isfinite``, which Spark lacks: both engines order NaN above every number, so the test is
+    false for NaN and ±inf on both, NULL for NULL."""
+    return f'CASE WHEN abs("{op}") < CAST(\'inf\' AS DOUBLE) THEN abs("{op}") END'
 
 
 def signals(ops: Sequence[str]) -> dict[str, tuple[str, str, str]]:

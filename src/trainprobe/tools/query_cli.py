@@ -85,10 +85,9 @@ def run_query(
     from trainprobe.tools.query_sql import first_bad_step_sql, first_nonfinite_sql
 
     if engine == "spark":
-        from trainprobe.tools.query_spark import register_views, spark_session, to_spark
+        from trainprobe.tools.query_spark import local_session, register_views, to_spark
 
-        session = spark_session()
-        try:
+        with local_session() as session:
             views = register_views(session, run)
             if schema:
                 return ["view", "column", "type"], [(v, c, t) for v, cols in sorted(views.items()) for c, t in cols]
@@ -103,8 +102,6 @@ def run_query(
                 return list(frame.columns), [tuple(row) for row in frame.collect()]
             except Exception as exc:  # noqa: BLE001 - pyspark's errors share no base class worth naming
                 raise ConfigError(f"the SQL failed on Spark: {' '.join(str(exc).split())[:500]}") from None
-        finally:
-            session.stop()
     from trainprobe.tools.query import connect, describe, first_nonfinite, require
 
     duckdb = require("duckdb")  # or a ConfigError saying how to install it

@@ -14,7 +14,8 @@ Needs the ``[spark]`` extra (``pip install 'trainprobe[spark]'``: pyspark, sqlgl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +37,35 @@ def _require(module: str) -> Any:
 
 
 def to_spark(sql: str) -> str:
-    """``sql`` (DuckDB's dialect) as Spark SQL, by sqlglot.
+    """``sql`` (DuckDB's dialect) as Spark SQL, by sqlglot, with two rewrites sqlglot does not
+    make where Spark's SQL differs in meaning, not only in spelling (:func:`_spark_spelling`):
+
+    * ``median(x)`` becomes ``percentile(x, 0.5)``: the same value (the mean of the two middle
+      values for an even count), and unlike Spark's ``median`` usable over a window frame
+      (``ROWS BETWEEN 10 PRECEDING AND 1 PRECEDING``, diagnose's spike rule);
+    * a tuple ordering ``arg_min``/``arg_max`` (``arg_min(name, (file_row, k))``) becomes a
+      ``struct``, which Spark compares field by field as DuckDB compares the tuple.
 
     Raises:
         ConfigError: sqlglot cannot parse it (the message quotes sqlglot's).
     """
     sqlglot = _require("sqlglot")
     try:
-        return ";\n".join(sqlglot.transpile(sql, read="duckdb", write="spark"))
+        trees = sqlglot.parse(sql, read="duckdb")
     except sqlglot.errors.ParseError as exc:
         raise ConfigError(f"the SQL cannot be read: {' '.join(str(exc).split())}") from None
+    return ";\n".join(tree.transform(_spark_spelling).sql(dialect="spark") for tree in trees if tree is not None)
+
+
+def _spark_spelling(node: Any) -> Any:
+    """One node of a DuckDB query as Spark must read it (see :func:`to_spark`)."""
+    from sqlglot import exp
+
+    if isinstance(node, exp.Median):
+        return exp.Anonymous(this="percentile", expressions=[node.this.copy(), exp.Literal.number("0.5")])
+    if isinstance(node, exp.Tuple) and isinstance(node.parent, (exp.ArgMin, exp.ArgMax)):
+        return exp.Anonymous(this="struct", expressions=[e.copy() for e in node.expressions])
+    return node
 
 
 def spark_session(master: str = "local[2]") -> Any:
@@ -61,6 +81,21 @@ def spark_session(master: str = "local[2]") -> Any:
     )
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+@contextmanager
+def local_session() -> Iterator[Any]:
+    """The process's active Spark session if there is one (left running), else one in local
+    mode (:func:`spark_session`), stopped when the block ends: the command line's ``--engine
+    spark`` never stops a session it did not start."""
+    sql = _require("pyspark.sql")
+    active = sql.SparkSession.getActiveSession()
+    session = active if active is not None else spark_session()
+    try:
+        yield session
+    finally:
+        if active is None:
+            session.stop()
 
 
 def register_views(session: Any, run: str | Path) -> dict[str, list[tuple[str, str]]]:

@@ -1,0 +1,116 @@
+"""Where ``trainprobe diagnose`` runs its SQL: DuckDB on this machine (the default) or Apache
+Spark (``--engine spark``, a run's Parquet files, on a cluster or in local mode).
+
+Both run the same queries of :mod:`trainprobe.tools.diagnose_sql` (written once in DuckDB's
+dialect; Spark gets them through :func:`trainprobe.tools.query_spark.to_spark`): an engine only
+says which views a run has, runs a query, and keeps a query's rows under a name for the next
+queries. DuckDB also narrows its views to the steps a query needs (files outside them are not
+opened); Spark's views cover the whole run and the queries' own ``WHERE step`` conditions
+prune its Parquet reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainprobe.tools.query_files import RunFile
+
+ENGINES = ("duckdb", "spark")
+
+
+class DiagnoseEngine(Protocol):
+    """What :func:`trainprobe.tools.diagnose.diagnose` asks of an engine."""
+
+    def views(self) -> dict[str, list[str]]:
+        """View → its column names."""
+
+    def fetch(self, sql: str) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` (DuckDB's dialect)."""
+
+    def records(self, sql: str) -> list[dict[str, Any]]:
+        """The rows of ``sql`` as column name → value."""
+
+    def keep(self, name: str, sql: str) -> None:
+        """The rows of ``sql`` kept as the table ``name`` for later queries."""
+
+    def at_steps(self, first: int, last: int) -> DiagnoseEngine:
+        """An engine whose views hold at least steps ``first`` to ``last`` (maybe only those)."""
+
+
+class DuckEngine:
+    """DuckDB over the run's files (CSV or Parquet) on ``con``; see the module docstring."""
+
+    def __init__(self, root: Path, files: Sequence[RunFile], con: Any, steps: tuple[int, int] | None = None) -> None:
+        from trainprobe.tools.query import connect
+
+        self.root, self.files, self.con, self.steps = root, files, con, steps
+        connect(root, connection=con, files=files, steps=steps)
+
+    def views(self) -> dict[str, list[str]]:
+        from trainprobe.tools.query import describe
+
+        return {v: [c for c, _ in cols] for v, cols in describe(self.con).items()}
+
+    def fetch(self, sql: str) -> list[tuple[Any, ...]]:
+        return list(self.con.execute(sql).fetchall())
+
+    def records(self, sql: str) -> list[dict[str, Any]]:
+        result = self.con.execute(sql)
+        names = [d[0] for d in result.description]
+        return [dict(zip(names, row)) for row in result.fetchall()]
+
+    def keep(self, name: str, sql: str) -> None:
+        self.con.execute(f"CREATE TEMP TABLE {name} AS {sql}")
+
+    def at_steps(self, first: int, last: int) -> DuckEngine:
+        """An engine on the same connection whose views hold steps ``first``..``last``: narrowed
+        to them when some file of the run lies outside them (those files are then not opened),
+        else the whole run. The connection's views are replaced (tables kept earlier stay), so
+        the engine this one came from must not be used after; ``file_row`` is numbered over the
+        new views, so queries comparing it must read the same views."""
+        outside = any(f.first_step > last or f.last_step < first for f in self.files)
+        steps = (first, last) if outside else None
+        return self if steps == self.steps else DuckEngine(self.root, self.files, self.con, steps=steps)
+
+
+class SparkEngine:
+    """Spark over the run's Parquet files (:func:`trainprobe.tools.query_spark.register_views`)."""
+
+    def __init__(self, root: Path, session: Any) -> None:
+        from trainprobe.tools.query_spark import register_views
+
+        self.session = session
+        self._kept: dict[str, Any] = {}
+        self._views = {v: [c for c, _ in cols] for v, cols in register_views(session, root).items()}
+
+    def views(self) -> dict[str, list[str]]:
+        return self._views
+
+    def fetch(self, sql: str) -> list[tuple[Any, ...]]:
+        from trainprobe.tools.query_spark import to_spark
+
+        return [tuple(row) for row in self.session.sql(to_spark(sql)).collect()]
+
+    def records(self, sql: str) -> list[dict[str, Any]]:
+        from trainprobe.tools.query_spark import to_spark
+
+        return [row.asDict() for row in self.session.sql(to_spark(sql)).collect()]
+
+    def keep(self, name: str, sql: str) -> None:
+        from trainprobe.tools.query_spark import to_spark
+
+        frame = self.session.sql(to_spark(sql)).cache()  # read by several queries: computed once
+        frame.createOrReplaceTempView(name)
+        self._kept[name] = frame
+
+    def release(self) -> None:
+        """Drop the tables :meth:`keep` made and free their cache (the session may be the user's)."""
+        for name, frame in self._kept.items():
+            frame.unpersist()
+            self.session.catalog.dropTempView(name)
+        self._kept.clear()
+
+    def at_steps(self, first: int, last: int) -> SparkEngine:
+        return self
