@@ -520,8 +520,12 @@ def test_lost_rows_fail_loudly(tmp_path, monkeypatch):
     collapsing onto one key), the conversion fails instead of storing fewer rows than it read."""
     write_reference_repeats(tmp_path / "monitor")
     monkeypatch.setattr(csv2db_rows, "call_indices", lambda keys: [0] * len(keys))
-    with pytest.raises(RowsLostError, match=r"holds 6 value rows, expected 12 \(0 before \+ 12 read - 0"):
+    db = tmp_path / "db" / "monitor_metrics.db"
+    with pytest.raises(RowsLostError, match=r"holds 6 value rows, expected 12 \(0 before \+ 12 read - 0") as caught:
         convert(tmp_path / "monitor" / "v1", tmp_path / "db")
+    # the message names the database the user asked for, not the hidden file it was built in (removed)
+    assert str(caught.value).startswith(f"csv2db: {str(db)!r} holds"), caught.value
+    assert not list((tmp_path / "db").iterdir())
 
 
 def test_a_schema_1_database_is_upgraded(tmp_path):

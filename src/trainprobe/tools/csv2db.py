@@ -204,7 +204,7 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
         build.unlink(missing_ok=True)  # left by a conversion killed before: start again
     done = False
     try:
-        with _gc_paused(), MetricsDatabase(build, config.step_partition, journal=not fresh) as db:
+        with _gc_paused(), MetricsDatabase(build, config.step_partition, journal=not fresh, name=db_path) as db:
             todo = [f for f in files if not db.holds(f)]
             rows = torn = 0
             with _progress_bar(todo, progress) as advance:

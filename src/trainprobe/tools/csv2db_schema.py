@@ -66,8 +66,11 @@ class MetricsDatabase:
             was made with another ``step_partition``.
     """
 
-    def __init__(self, path: Path, step_partition: int, *, journal: bool = False) -> None:
+    def __init__(self, path: Path, step_partition: int, *, journal: bool = False, name: Path | None = None) -> None:
+        """``name``: the database as the user knows it, for error messages, when ``path`` is the
+        hidden file it is built in (renamed to ``name`` when finished; removed on an error)."""
         self.path = path
+        self.name = name if name is not None else path
         self.step_partition = step_partition
         self._in_transaction = 0  # rows since BEGIN
         try:
@@ -164,7 +167,7 @@ class MetricsDatabase:
         expected = self._rows_before + self.added - self.replaced
         if stored != expected:
             raise RowsLostError(
-                f"csv2db: {str(self.path)!r} holds {stored} value rows, expected {expected} ({self._rows_before} "
+                f"csv2db: {str(self.name)!r} holds {stored} value rows, expected {expected} ({self._rows_before} "
                 f"before + {self.added} read - {self.replaced} replacing stored rows of the same key): rows read "
                 "were not all stored; please report this bug with the monitor output"
             )
@@ -256,7 +259,7 @@ class MetricsDatabase:
             raise sqlite3.DatabaseError(f"schema_version {meta.get('schema_version')!r}, expected {SCHEMA_VERSION}")
         if meta.get("step_partition") != str(self.step_partition):
             raise ConfigError(
-                f"step_partition: {str(self.path)!r} was made with step_partition {meta.get('step_partition')}, "
+                f"step_partition: {str(self.name)!r} was made with step_partition {meta.get('step_partition')}, "
                 f"not {self.step_partition}; use that or another output folder"
             )
 
