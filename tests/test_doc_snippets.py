@@ -34,6 +34,7 @@ TIMEOUT_S = 240
 WORKERS = 3
 
 SKIPPED: dict[str, int] = {
+    "docs/diagnose.md": 1,  # --engine spark with the user's own SparkSession: the [spark] extra and Java
     "docs/diff.md": 1,  # two runs to compare: the tests of tests/test_tool_diff.py train them
     "docs/mindspore.md": 2,  # needs MindSpore
     "docs/monitor_v2.md": 1,  # the cc step boundary: needs a process group

@@ -51,7 +51,6 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.log import warn_once
 from trainprobe.engine.patching import AttrPatch
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.records import RowKey
@@ -574,14 +573,8 @@ class CollectiveProbe(Probe):
             source = (fs.line or "").strip()
             lines.append(f"    {fs.filename}[{fs.lineno}] in {fs.name}" + (f": {source}" if source else ""))
         print("\n".join(lines), flush=True)
-        if self.log_error is not None:
-            return  # the console keeps the call sites; the file failed once, said once
         try:
             write_json_atomically(self.log_path, snapshot, field=self.field)
         except (OSError, ConfigError) as exc:
-            self.log_error = str(exc)
-            warn_once(
-                f"cc-log:{self.log_path}",
-                f"trainprobe: cc_log_only: {self.log_path} could not be written ({exc}); the call sites are "
-                "still printed on the console",
-            )
+            self.log_error = str(exc)  # the run's end says so (V1 exits 1); the guard logs it once, disables us
+            raise
