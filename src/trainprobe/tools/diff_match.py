@@ -113,10 +113,11 @@ def parse_mapping(data: Any, where: str = "mapping") -> Mapping:
     return pairs
 
 
-def check_mapping(con: Any, mapping: Sequence[tuple[str, str]]) -> None:
-    """Each pattern compiled by DuckDB once, so that a bad one is a ConfigError naming it."""
+def check_mapping(engine: Any, mapping: Sequence[tuple[str, str]]) -> None:
+    """Each pattern compiled once by the engine that will apply it (its ``fetch(sql)``: DuckDB's
+    or Spark's, :mod:`trainprobe.tools.diff_engines`), so that a bad one is a ConfigError naming it."""
     for pattern, replacement in mapping:
         try:
-            con.execute(f"SELECT regexp_replace('x', {literal(pattern)}, {literal(replacement)}, 'g')").fetchall()
-        except Exception as exc:  # noqa: BLE001 - duckdb's errors: one message for the user
+            engine.fetch(f"SELECT regexp_replace('x', {literal(pattern)}, {literal(replacement)}, 'g')")
+        except Exception as exc:  # noqa: BLE001 - the engine's errors: one message for the user
             raise ConfigError(f"--map: pattern {pattern!r}: {' '.join(str(exc).split())[:200]}") from None
