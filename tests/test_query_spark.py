@@ -110,3 +110,40 @@ def test_diagnose_gives_the_same_answer_on_both_engines(
         diagnose(runs.v2, engine="spark", spark=spark)
     with pytest.raises(ConfigError, match="--engine: one of duckdb, spark, not 'polars'"):
         diagnose(runs.v2, engine="polars")
+
+
+def test_diff_gives_the_same_answer_on_both_engines(
+    tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real trainings of the demo GPT (``diff_runs.py``), one with a weight scaled after step 5,
+    as Parquet: ``diff(engine="spark")`` gives DuckDB's result, ``diff_summary.json``,
+    ``diff.csv`` and printed report, with a ``--map`` whose group reference (``\\1``) Spark
+    must read as Java's ``$1``, and with ``--steps``/``--offset``; a CSV run is refused."""
+    from diff_runs import SCALED, train
+
+    from trainprobe.tools.diff import diff
+
+    base = train(tmp_path / "csv_base", steps=7)
+    scaled = train(tmp_path / "csv_scaled", steps=7, scale_after=5)
+    b = _parquet_copy(base, tmp_path / "base")
+    c = _parquet_copy(scaled, tmp_path / "scaled")
+    mapping = {r"^layers\.([0-9]+)\.": r"layers.\1."}  # the identity, through a group
+    for options in ({"exact": True, "mapping": mapping}, {"steps": (3, 6), "offset": 1, "ops": ["norm", "max"]}):
+        on_duckdb = diff(b, c, out=tmp_path / "duck", **options)  # type: ignore[arg-type]
+        on_spark = diff(b, c, out=tmp_path / "spark", engine="spark", spark=spark, **options)  # type: ignore[arg-type]
+        assert on_spark.summary() == on_duckdb.summary()
+        for name in ("diff_summary.json", "diff.csv"):
+            assert (tmp_path / "spark" / name).read_text() == (tmp_path / "duck" / name).read_text(), name
+    assert on_duckdb.counts["compared"] > 0
+    first = diff(b, c, exact=True).first
+    assert first is not None and first.step == 6 and SCALED.rsplit(".", 1)[0] in first.name
+    assert main(["diff", str(b), str(c), "--exact"]) == 1
+    printed = capsys.readouterr().out
+    assert main(["diff", str(b), str(c), "--exact", "--engine", "spark"]) == 1
+    assert capsys.readouterr().out == printed
+    assert spark.sql("SELECT 1").collect()[0][0] == 1  # the command used the active session and left it running
+    assert not [t.name for t in spark.catalog.listTables() if "__diff_" in t.name]  # its views dropped
+    with pytest.raises(ConfigError, match="has CSV only; convert it first"):
+        diff(b, scaled, engine="spark", spark=spark)
+    with pytest.raises(ConfigError, match="--engine: one of duckdb, spark, not 'polars'"):
+        diff(b, c, engine="polars")
