@@ -19,10 +19,12 @@ pytest.importorskip("pyspark")
 pytest.importorskip("sqlglot")
 
 from diagnose_runs import BAD_RANK, SPIKE_PARAM, SPIKE_STEP, make_diagnose_runs  # noqa: E402
+from diff_runs import SCALED, train  # noqa: E402
 from monitor_runs import NAN_RANK, NAN_STEP  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.tools.diagnose import diagnose  # noqa: E402
+from trainprobe.tools.diff import diff  # noqa: E402
 from trainprobe.tools.query import connect, describe  # noqa: E402
 from trainprobe.tools.query_convert import convert_run  # noqa: E402
 from trainprobe.tools.query_spark import register_views, spark_session, to_spark  # noqa: E402
@@ -87,6 +89,10 @@ def test_to_spark_rewrites_what_spark_reads_otherwise() -> None:
     assert "PERCENTILE(a, 0.5) OVER" in window and "MEDIAN" not in window
     assert "MIN_BY(name, STRUCT(file_row, k))" in to_spark("SELECT arg_min(name, (file_row, k)) FROM t")
     assert to_spark("SELECT median(a) FROM t") == "SELECT PERCENTILE(a, 0.5) FROM t"
+    # RE2's group \1 is Java's $1; a literal $ is escaped for Java; the pattern is left as it is
+    assert to_spark(r"SELECT regexp_replace(n, '(a)\.', 'x\1$\\', 'g') FROM t") == (
+        r"SELECT REGEXP_REPLACE(n, '(a)\\.', 'x$1\\$\\\\') FROM t"
+    )
 
 
 def test_diagnose_gives_the_same_answer_on_both_engines(
@@ -119,10 +125,6 @@ def test_diff_gives_the_same_answer_on_both_engines(
     as Parquet: ``diff(engine="spark")`` gives DuckDB's result, ``diff_summary.json``,
     ``diff.csv`` and printed report, with a ``--map`` whose group reference (``\\1``) Spark
     must read as Java's ``$1``, and with ``--steps``/``--offset``; a CSV run is refused."""
-    from diff_runs import SCALED, train
-
-    from trainprobe.tools.diff import diff
-
     base = train(tmp_path / "csv_base", steps=7)
     scaled = train(tmp_path / "csv_scaled", steps=7, scale_after=5)
     b = _parquet_copy(base, tmp_path / "base")

@@ -460,15 +460,29 @@ def _largest(con: DiffEngine, limit: int, has_norm: bool) -> list[Divergence]:
     rows = _rows(con, DIVERGED, limit, order=f"{key} DESC, {ORDER}", source=per_tensor)
     if not has_norm:
         return rows
+    if not rows:
+        return rows
+    # one query for every listed row (one round trip: Spark's cost a query, not a row): per
+    # (table, step, rank, scope, name), its diverged row of the largest norm difference
+    tensor = "tbl, k_step, k_rank, k_scope, COALESCE(b_name, c_name)"
+    wanted = " OR ".join(
+        f"(tbl = {literal(r.table)} AND k_step = {r.step} AND k_rank = {r.rank} AND k_scope = {literal(r.scope)} "
+        f"AND COALESCE(b_name, c_name) = {literal(r.name)})"
+        for r in rows
+    )
+    norms = {
+        tuple(found[:5]): found[5:]
+        for found in con.fetch(
+            f"SELECT * EXCLUDE (norm_rank) FROM (SELECT {tensor}, b_norm, c_norm, r_norm, row_number() OVER "
+            f"(PARTITION BY {tensor} ORDER BY r_norm DESC, {ORDER}) AS norm_rank FROM diverged_rows "
+            f"WHERE status = {DIVERGED} AND ({wanted})) WHERE norm_rank = 1"
+        )
+    }
     out = []
     for row in rows:
-        norms = con.fetch(
-            f"SELECT b_norm, c_norm, r_norm FROM diverged_rows WHERE tbl = {literal(row.table)} AND k_step = {row.step} "
-            f"AND k_rank = {row.rank} AND k_scope = {literal(row.scope)} AND COALESCE(b_name, c_name) = "
-            f"{literal(row.name)} AND status = {DIVERGED} ORDER BY r_norm DESC LIMIT 1"
-        )
-        if norms and norms[0][2] is not None:
-            row = replace(row, op="norm", baseline=norms[0][0], candidate=norms[0][1], rel_diff=norms[0][2])
+        norm = norms.get((row.table, row.step, row.rank, row.scope, row.name))
+        if norm is not None and norm[2] is not None:
+            row = replace(row, op="norm", baseline=norm[0], candidate=norm[1], rel_diff=norm[2])
         out.append(row)
     return out
 
