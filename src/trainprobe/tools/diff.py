@@ -330,7 +330,7 @@ def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, setti
         if wanted is not None:
             table_ops = [o for o in table_ops if o in wanted]
         result.ops[table] = table_ops
-        micro = all(_has_micro(con, schema, table) for schema in ("b", "c"))
+        micro = all(_has_micro(con, side, table, shift, steps) for side, shift in (("b", 0), ("c", offset)))
         result.micro[table] = micro
         join = {"rtol": rtol, "exact": exact, "offset": offset, "mapping": pairs, "steps": steps, "micro": micro,
                 "ref": con.ref}
@@ -402,9 +402,12 @@ def _repeats(con: DiffEngine, table: str, counts: dict[int, int], offset: int, s
     return False
 
 
-def _has_micro(con: DiffEngine, side: str, table: str) -> bool:
-    """Whether a row of side ``side``'s ``table`` has a ``micro_step`` (the scan stops at the first)."""
-    return bool(con.fetch(f"SELECT 1 FROM {con.ref(side, table)} WHERE micro_step IS NOT NULL LIMIT 1"))
+def _has_micro(con: DiffEngine, side: str, table: str, offset: int, steps: tuple[int, int] | None) -> bool:
+    """Whether a row of side ``side``'s ``table`` in ``steps`` (baseline numbering) has a
+    ``micro_step`` (the scan stops at the first): the rows compared, whatever the files an
+    engine's views hold beyond them."""
+    within = f" AND step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}" if steps else ""
+    return bool(con.fetch(f"SELECT 1 FROM {con.ref(side, table)} WHERE micro_step IS NOT NULL{within} LIMIT 1"))
 
 
 def _kind(run: str | Path, side: str) -> str:

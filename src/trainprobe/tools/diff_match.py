@@ -12,7 +12,8 @@ Rows are matched on ``(table, rank, step, micro_step, vpp_stage, name, scope)`` 
   ``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``) and leading ``module.`` parts
   (DDP, Megatron's ``Float16Module``) removed;
 * then the candidate's names only: the ``--map`` pairs, in file order, each a regular expression
-  (RE2 syntax, as DuckDB's ``regexp_replace``; groups ``\\1``) replaced everywhere in the name.
+  (RE2 syntax, as DuckDB's ``regexp_replace``; groups ``\\1``; on Spark Java's, the groups translated by
+  :func:`trainprobe.tools.query_spark.to_spark`) replaced everywhere in the name.
 
 A map file is YAML or JSON: either a mapping ``{pattern: replacement, ...}`` (its order is kept)
 or a list of ``[pattern, replacement]`` pairs; either may sit under a top-level ``map`` key.
