@@ -7,6 +7,7 @@ this file; see the README for why)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +20,12 @@ pytest.importorskip("pyspark")
 pytest.importorskip("sqlglot")
 
 from diagnose_runs import BAD_RANK, SPIKE_PARAM, SPIKE_STEP, make_diagnose_runs  # noqa: E402
+from diff_runs import SCALED, train  # noqa: E402
 from monitor_runs import NAN_RANK, NAN_STEP  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.tools.diagnose import diagnose  # noqa: E402
+from trainprobe.tools.diff import diff  # noqa: E402
 from trainprobe.tools.query import connect, describe  # noqa: E402
 from trainprobe.tools.query_convert import convert_run  # noqa: E402
 from trainprobe.tools.query_spark import register_views, spark_session, to_spark  # noqa: E402
@@ -87,6 +90,10 @@ def test_to_spark_rewrites_what_spark_reads_otherwise() -> None:
     assert "PERCENTILE(a, 0.5) OVER" in window and "MEDIAN" not in window
     assert "MIN_BY(name, STRUCT(file_row, k))" in to_spark("SELECT arg_min(name, (file_row, k)) FROM t")
     assert to_spark("SELECT median(a) FROM t") == "SELECT PERCENTILE(a, 0.5) FROM t"
+    # RE2's group \1 is Java's $1; a literal $ is escaped for Java; the pattern is left as it is
+    assert to_spark(r"SELECT regexp_replace(n, '(a)\.', 'x\1$\\', 'g') FROM t") == (
+        r"SELECT REGEXP_REPLACE(n, '(a)\\.', 'x$1\\$\\\\') FROM t"
+    )
 
 
 def test_diagnose_gives_the_same_answer_on_both_engines(
@@ -110,3 +117,44 @@ def test_diagnose_gives_the_same_answer_on_both_engines(
         diagnose(runs.v2, engine="spark", spark=spark)
     with pytest.raises(ConfigError, match="--engine: one of duckdb, spark, not 'polars'"):
         diagnose(runs.v2, engine="polars")
+
+
+def _no_ids(text: str) -> str:
+    """``text`` without the random ids Plotly gives its figures."""
+    return re.sub(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", "ID", text)
+
+
+def test_diff_gives_the_same_answer_on_both_engines(
+    tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real trainings of the demo GPT (``diff_runs.py``), one with a weight scaled after step 5,
+    as Parquet: ``diff(engine="spark")`` gives DuckDB's result, ``diff_summary.json``,
+    ``diff.csv``, ``--html`` page and printed report, with a ``--map`` whose group reference (``\\1``) Spark
+    must read as Java's ``$1``, and with ``--steps``/``--offset``; a CSV run is refused."""
+    base = train(tmp_path / "csv_base", steps=7)
+    scaled = train(tmp_path / "csv_scaled", steps=7, scale_after=5)
+    b = _parquet_copy(base, tmp_path / "base")
+    c = _parquet_copy(scaled, tmp_path / "scaled")
+    mapping = {r"^layers\.([0-9]+)\.": r"layers.\1."}  # the identity, through a group
+    for options in ({"exact": True, "mapping": mapping}, {"steps": (3, 6), "offset": 1, "ops": ["norm", "max"]}):
+        html = options.get("exact", False)
+        on_duckdb = diff(b, c, out=tmp_path / "duck", html=tmp_path / "duck" / "d.html" if html else None, **options)  # type: ignore[arg-type]
+        on_spark = diff(b, c, out=tmp_path / "spark", html=tmp_path / "spark" / "d.html" if html else None,  # type: ignore[arg-type]
+                        engine="spark", spark=spark, **options)
+        assert on_spark.summary() == on_duckdb.summary()
+        for name in ("diff_summary.json", "diff.csv", *(["d.html"] if html else [])):
+            got, want = ((tmp_path / side / name).read_text() for side in ("spark", "duck"))
+            assert _no_ids(got) == _no_ids(want), name
+    assert on_duckdb.counts["compared"] > 0
+    first = diff(b, c, exact=True).first
+    assert first is not None and first.step == 6 and SCALED.rsplit(".", 1)[0] in first.name
+    assert main(["diff", str(b), str(c), "--exact"]) == 1
+    printed = capsys.readouterr().out
+    assert main(["diff", str(b), str(c), "--exact", "--engine", "spark"]) == 1
+    assert capsys.readouterr().out == printed
+    assert spark.sql("SELECT 1").collect()[0][0] == 1  # the command used the active session and left it running
+    assert not [t.name for t in spark.catalog.listTables() if "__diff_" in t.name]  # its views dropped
+    with pytest.raises(ConfigError, match="has CSV only; convert it first"):
+        diff(b, scaled, engine="spark", spark=spark)
+    with pytest.raises(ConfigError, match="--engine: one of duckdb, spark, not 'polars'"):
+        diff(b, c, engine="polars")

@@ -13,14 +13,15 @@ Both inputs are monitor outputs of the same kind, as the query layer reads them
 (:func:`trainprobe.tools.query.connect`): a Monitor V2 ``output_dir``, a Monitor V1
 ``MONITOR_OUTPUT_DIR``, or one rank's folder, written by trainprobe or by the reference tool,
 CSV or Parquet. Rows are matched as :mod:`trainprobe.tools.diff_match` says and compared as
-:mod:`trainprobe.tools.diff_sql` says; everything is joined in DuckDB. See docs/diff.md.
+:mod:`trainprobe.tools.diff_sql` says; everything is joined in DuckDB, or with
+``engine="spark"`` in Apache Spark over the runs' Parquet files (the same queries:
+:mod:`trainprobe.tools.diff_engines`). See docs/diff.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,6 +29,8 @@ from typing import Any
 
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.diagnose_engines import ENGINES
+from trainprobe.tools.diff_engines import MEMORY_LIMIT, DiffEngine, DuckDiff, SparkDiff  # noqa: F401 - MEMORY_LIMIT: public here before
 from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
 from trainprobe.tools.diff_sql import (
     DIVERGED,
@@ -42,7 +45,7 @@ from trainprobe.tools.diff_sql import (
     ordered_sql,
     rows_sql,
 )
-from trainprobe.tools.query import connect, literal, quote, require
+from trainprobe.tools.query import literal, quote
 from trainprobe.tools.query_files import find_run_files, is_precision_dump
 from trainprobe.tools.query_sql import ops_of
 
@@ -53,9 +56,6 @@ DEFAULT_LIMIT = 20
 """Divergences listed in the answer (``--limit``)."""
 EXAMPLES = 5
 """Rows present in one run only kept as examples, per side."""
-MEMORY_LIMIT = "1GB"
-"""DuckDB's memory for the join (it spills to the temporary folder beyond): the process stays
-under 2 GB with runs of any size."""
 SUMMARY_SCHEMA = 1
 """Version of ``diff_summary.json``'s layout (docs/diff.md)."""
 
@@ -204,6 +204,8 @@ def diff(
     html: str | Path | None = None,
     tables: Sequence[str] | None = None,
     page: Any = None,
+    engine: str = "duckdb",
+    spark: Any = None,
 ) -> DiffResult:
     """Compare two runs' monitor outputs row by row; the first divergence in execution order.
 
@@ -220,11 +222,17 @@ def diff(
         out: write ``diff.csv`` and ``diff_summary.json`` there.
         html: write the page there (:mod:`trainprobe.tools.diff_html`).
         tables: compare only these tables (views); a name in neither run is a ConfigError.
+        engine: ``"duckdb"`` (default) or ``"spark"``: the same queries on Apache Spark over
+            the runs' Parquet files (``trainprobe convert RUN --to parquet`` first for a CSV
+            run), the same result.
+        spark: with ``engine="spark"``, your ``SparkSession`` (a cluster's), or None for the
+            active one or else one in local mode (:func:`~trainprobe.tools.query_spark.local_session`).
 
     Raises:
         ConfigError: an input is missing, empty, not monitor output (a precision dump: use
             ``trainprobe compare``), the two are of different kinds (V1 and V2), they have no
-            row in common, or an option is invalid. The message is one line.
+            row in common, or an option is invalid; with ``engine="spark"``, a run without
+            Parquet files or without the ``[spark]`` extra. The message is one line.
     """
     if not exact and not (rtol >= 0 and math.isfinite(rtol)):
         raise ConfigError(f"--rtol: must be a finite number >= 0, got {rtol!r}")
@@ -241,13 +249,62 @@ def diff(
             f"the runs are of different kinds: baseline {baseline} is {kinds['baseline']} output, candidate "
             f"{candidate} is {kinds['candidate']} output; diff compares V1 with V1 or V2 with V2"
         )
-    duck = require("duckdb")
-    con = duck.connect()
-    con.execute("SET preserve_insertion_order = false")
-    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-    con.execute(f"SET temp_directory = {literal(str(Path(tempfile.gettempdir()) / 'trainprobe-diff'))}")
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine: one of {', '.join(ENGINES)}, not {engine!r}")
+    settings = _Settings(rtol, exact, ops, pairs, steps, offset, limit, out, html, tables, page)
+    if engine == "spark":
+        return _diff_on_spark(baseline, candidate, settings, spark)
+    duck = DuckDiff()
+    try:
+        return _compare(duck, baseline, candidate, settings)
+    finally:
+        duck.release()
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """:func:`diff`'s options, checked."""
+
+    rtol: float
+    exact: bool
+    ops: Sequence[str] | None
+    pairs: Mapping
+    steps: tuple[int, int] | None
+    offset: int
+    limit: int
+    out: str | Path | None
+    html: str | Path | None
+    tables: Sequence[str] | None
+    page: Any
+
+
+def _diff_on_spark(baseline: str | Path, candidate: str | Path, settings: _Settings, session: Any) -> DiffResult:
+    """:func:`_compare` on Spark; a session this call started is stopped at the end."""
+    from contextlib import nullcontext
+
+    from trainprobe.tools.query import short_error
+    from trainprobe.tools.query_spark import local_session
+
+    with local_session() if session is None else nullcontext(session) as spark:
+        engine = SparkDiff(spark)
+        try:
+            return _compare(engine, baseline, candidate, settings)
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Spark's errors (py4j, AnalysisException) have no common base
+            raise ConfigError(f"Spark could not compare {baseline} with {candidate}: {short_error(str(exc))}") from None
+        finally:
+            engine.release()
+
+
+def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, settings: _Settings) -> DiffResult:
+    """:func:`diff` on ``con`` (its options checked)."""
+    rtol, exact, ops, pairs, steps, offset = (settings.rtol, settings.exact, settings.ops, settings.pairs,
+                                              settings.steps, settings.offset)
+    limit, out, html, tables, page = settings.limit, settings.out, settings.html, settings.tables, settings.page
     check_mapping(con, pairs)
-    views = _attach(con, baseline, candidate, steps, offset)
+    views = {side: con.attach(side, run, window)
+             for side, run, window in (("b", baseline, steps), ("c", candidate, _shift(steps, -offset)))}
     if tables is not None:
         unknown = sorted(set(tables) - set(views["b"]) - set(views["c"]))
         if unknown:
@@ -273,21 +330,22 @@ def diff(
         if wanted is not None:
             table_ops = [o for o in table_ops if o in wanted]
         result.ops[table] = table_ops
-        micro = all(_has_micro(con, schema, table) for schema in ("b", "c"))
+        micro = all(_has_micro(con, side, table, shift, steps) for side, shift in (("b", 0), ("c", offset)))
         result.micro[table] = micro
-        settings = {"rtol": rtol, "exact": exact, "offset": offset, "mapping": pairs, "steps": steps, "micro": micro}
-        joined = joined_sql(table, table_ops, **settings)  # type: ignore[arg-type]
+        join = {"rtol": rtol, "exact": exact, "offset": offset, "mapping": pairs, "steps": steps, "micro": micro,
+                "ref": con.ref}
+        joined = joined_sql(table, table_ops, **join)  # type: ignore[arg-type]
         counts = _counts(con, joined)
         if _repeats(con, table, counts, offset, steps):
-            joined = joined_sql(table, table_ops, occurrence=True, **settings)  # type: ignore[arg-type]
+            joined = joined_sql(table, table_ops, occurrence=True, **join)  # type: ignore[arg-type]
             counts = _counts(con, joined)
         kept = f"kept_{len(sources)}"
-        con.execute(f"CREATE TEMP TABLE {kept} AS SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
+        con.keep(kept, f"SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
         result.tables[table] = {name: int(counts.get(code, 0)) for code, name in STATUS_NAMES.items()}
-        con.execute(f"CREATE TEMP VIEW ord_{len(sources)} AS {ordered_sql(table, kept)}")
+        con.view(f"ord_{len(sources)}", ordered_sql(table, kept, ref=con.ref))
         sources.append(f"ord_{len(sources)}")
     if sources:
-        con.execute("CREATE TEMP VIEW diverged_rows AS " + " UNION ALL BY NAME ".join(f"SELECT * FROM {s}" for s in sources))
+        con.view("diverged_rows", _union_by_name(con, sources))
     totals = {name: sum(t[name] for t in result.tables.values()) for name in STATUS_NAMES.values()}
     compared = totals["equal"] + totals["within_tolerance"] + totals["diverged"]
     result.counts = {"compared": compared, **totals}
@@ -317,24 +375,39 @@ def diff(
     return result
 
 
-def _counts(con: Any, joined: str) -> dict[int, int]:
+def _union_by_name(con: DiffEngine, sources: Sequence[str]) -> str:
+    """Every row of ``sources`` (whose columns differ: a table without an op lacks its
+    columns), NULL where a source lacks a column: DuckDB's ``UNION ALL BY NAME`` in SQL that
+    Spark reads too."""
+    columns = {s: con.columns(f"SELECT * FROM {s}") for s in sources}
+    every = list(dict.fromkeys(c for cols in columns.values() for c in cols))
+    return " UNION ALL ".join(
+        "SELECT " + ", ".join(quote(c) if c in columns[s] else f"NULL AS {quote(c)}" for c in every) + f" FROM {s}"
+        for s in sources
+    )
+
+
+def _counts(con: DiffEngine, joined: str) -> dict[int, int]:
     """Rows per status of a join."""
-    return {int(k): int(v) for k, v in con.execute(f"SELECT status, count(*) FROM ({joined}) GROUP BY status").fetchall()}
+    return {int(k): int(v) for k, v in con.fetch(f"SELECT status, count(*) FROM ({joined}) GROUP BY status")}
 
 
-def _repeats(con: Any, table: str, counts: dict[int, int], offset: int, steps: tuple[int, int] | None) -> bool:
+def _repeats(con: DiffEngine, table: str, counts: dict[int, int], offset: int, steps: tuple[int, int] | None) -> bool:
     """Whether a key repeats in either run: the join then counts some of its rows twice."""
     matched = sum(counts.get(s, 0) for s in (EQUAL, WITHIN, DIVERGED))
     for schema, only, shift in (("b", ONLY_BASELINE, 0), ("c", ONLY_CANDIDATE, offset)):
-        [(rows,)] = con.execute(rows_sql(schema, table, shift, steps)).fetchall()
+        [(rows,)] = con.fetch(rows_sql(schema, table, shift, steps, ref=con.ref))
         if matched + counts.get(only, 0) != rows:
             return True
     return False
 
 
-def _has_micro(con: Any, schema: str, table: str) -> bool:
-    """Whether a row of ``schema.table`` has a ``micro_step`` (the scan stops at the first)."""
-    return con.execute(f"SELECT 1 FROM {schema}.{quote(table)} WHERE micro_step IS NOT NULL LIMIT 1").fetchone() is not None
+def _has_micro(con: DiffEngine, side: str, table: str, offset: int, steps: tuple[int, int] | None) -> bool:
+    """Whether a row of side ``side``'s ``table`` in ``steps`` (baseline numbering) has a
+    ``micro_step`` (the scan stops at the first): the rows compared, whatever the files an
+    engine's views hold beyond them."""
+    within = f" AND step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}" if steps else ""
+    return bool(con.fetch(f"SELECT 1 FROM {con.ref(side, table)} WHERE micro_step IS NOT NULL{within} LIMIT 1"))
 
 
 def _kind(run: str | Path, side: str) -> str:
@@ -357,52 +430,28 @@ def _kind(run: str | Path, side: str) -> str:
     return "Monitor " + layouts[0].upper()
 
 
-def _attach(
-    con: Any, baseline: str | Path, candidate: str | Path, steps: tuple[int, int] | None, offset: int
-) -> dict[str, dict[str, list[str]]]:
-    """Both runs' views under schemas ``b`` and ``c``; their columns per view."""
-    for schema, run, window in (("b", baseline, steps), ("c", candidate, _shift(steps, -offset))):
-        con.execute(f"CREATE SCHEMA {schema}")
-        con.execute(f"USE {schema}")
-        connect(run, con, steps=window)
-    con.execute("USE main")
-    found: dict[str, dict[str, list[str]]] = {"b": {}, "c": {}}
-    for schema, view in con.execute(
-        "SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal AND schema_name IN ('b', 'c') ORDER BY 2"
-    ).fetchall():
-        cols = con.execute(f"SELECT column_name FROM duckdb_columns() WHERE schema_name = '{schema}' "
-                           f"AND table_name = '{view}' ORDER BY column_index").fetchall()
-        found[schema][view] = [c[0] for c in cols]
-    return found
-
-
 def _shift(steps: tuple[int, int] | None, by: int) -> tuple[int, int] | None:
     return None if steps is None else (steps[0] + by, steps[1] + by)
 
 
 def _rows(
-    con: Any, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows"
+    con: DiffEngine, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows"
 ) -> list[Divergence]:
     """The first ``limit`` kept rows of ``status`` in ``order`` (execution order)."""
-    rows = con.execute(
-        "SELECT tbl, k_step, k_micro, k_rank, k_vpp, COALESCE(b_name, c_name), k_scope, worst_op, rel, c_name, "
-        f"* FROM {source} WHERE status = {status} ORDER BY {order} LIMIT {int(limit)}"
-    )
-    names = [d[0] for d in rows.description]
     out = []
-    for row in rows.fetchall():
-        record = dict(zip(names[10:], row[10:]))
-        op = row[7]
+    for r in con.records(f"SELECT * FROM {source} WHERE status = {status} ORDER BY {order} LIMIT {int(limit)}"):
+        op = r["worst_op"]
         out.append(Divergence(
-            table=row[0], step=int(row[1]), micro_step=None if row[2] < 0 else int(row[2]), rank=int(row[3]),
-            vpp_stage=int(row[4]), name=row[5], scope=row[6], op=op,
-            baseline=record.get(f"b_{op}") if op else None, candidate=record.get(f"c_{op}") if op else None,
-            rel_diff=row[8], candidate_name=row[9],
+            table=r["tbl"], step=int(r["k_step"]), micro_step=None if r["k_micro"] < 0 else int(r["k_micro"]),
+            rank=int(r["k_rank"]), vpp_stage=int(r["k_vpp"]),
+            name=r["b_name"] if r["b_name"] is not None else r["c_name"], scope=r["k_scope"], op=op,
+            baseline=r.get(f"b_{op}") if op else None, candidate=r.get(f"c_{op}") if op else None,
+            rel_diff=r["rel"], candidate_name=r["c_name"],
         ))
     return out
 
 
-def _largest(con: Any, limit: int, has_norm: bool) -> list[Divergence]:
+def _largest(con: DiffEngine, limit: int, has_norm: bool) -> list[Divergence]:
     """One diverged row per tensor (table, scope, name), the tensors that differ most first: by the relative difference of ``norm`` where
     the table has it (the most robust summary of a tensor: a ``mean`` near 0 swings widely),
     else of the row's worst op; shown with that op."""
@@ -414,20 +463,34 @@ def _largest(con: Any, limit: int, has_norm: bool) -> list[Divergence]:
     rows = _rows(con, DIVERGED, limit, order=f"{key} DESC, {ORDER}", source=per_tensor)
     if not has_norm:
         return rows
+    if not rows:
+        return rows
+    # one query for every listed row (one round trip: Spark's cost a query, not a row): per
+    # (table, step, rank, scope, name), its diverged row of the largest norm difference
+    tensor = "tbl, k_step, k_rank, k_scope, COALESCE(b_name, c_name)"
+    wanted = " OR ".join(
+        f"(tbl = {literal(r.table)} AND k_step = {r.step} AND k_rank = {r.rank} AND k_scope = {literal(r.scope)} "
+        f"AND COALESCE(b_name, c_name) = {literal(r.name)})"
+        for r in rows
+    )
+    norms = {
+        tuple(found[:5]): found[5:]
+        for found in con.fetch(
+            f"SELECT * EXCLUDE (norm_rank) FROM (SELECT {tensor}, b_norm, c_norm, r_norm, row_number() OVER "
+            f"(PARTITION BY {tensor} ORDER BY r_norm DESC, {ORDER}) AS norm_rank FROM diverged_rows "
+            f"WHERE status = {DIVERGED} AND ({wanted})) WHERE norm_rank = 1"
+        )
+    }
     out = []
     for row in rows:
-        norm = con.execute(
-            "SELECT b_norm, c_norm, r_norm FROM diverged_rows WHERE tbl = ? AND k_step = ? AND k_rank = ? "
-            "AND k_scope = ? AND COALESCE(b_name, c_name) = ? AND status = ? ORDER BY r_norm DESC LIMIT 1",
-            [row.table, row.step, row.rank, row.scope, row.name, DIVERGED],
-        ).fetchone()
+        norm = norms.get((row.table, row.step, row.rank, row.scope, row.name))
         if norm is not None and norm[2] is not None:
             row = replace(row, op="norm", baseline=norm[0], candidate=norm[1], rel_diff=norm[2])
         out.append(row)
     return out
 
 
-def write_outputs(con: Any, result: DiffResult, out: Path, any_rows: bool) -> list[Path]:
+def write_outputs(con: DiffEngine, result: DiffResult, out: Path, any_rows: bool) -> list[Path]:
     """``diff.csv`` (every diverged row, execution order) and ``diff_summary.json`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     csv_path, summary_path = out / "diff.csv", out / "diff_summary.json"
@@ -440,11 +503,8 @@ def write_outputs(con: Any, result: DiffResult, out: Path, any_rows: bool) -> li
         f"worst_op, rel AS rel_diff{', ' + per_op if per_op else ''}"
     )
     if any_rows:
-        # a table without an op lacks its columns: UNION ALL BY NAME gave NULLs
-        con.execute(
-            f"COPY (SELECT {select} FROM diverged_rows WHERE status = {DIVERGED} ORDER BY {ORDER}) "
-            f"TO {literal(str(csv_path))} (HEADER, DELIMITER ',')"
-        )
+        # a table without an op lacks its columns: _union_by_name gave NULLs
+        con.write_csv(f"SELECT {select} FROM diverged_rows WHERE status = {DIVERGED} ORDER BY {ORDER}", csv_path)
     else:
         header = select.replace('"', "")
         csv_path.write_text(",".join(part.rsplit(" AS ", 1)[-1].strip() for part in _split(header)) + "\n")

@@ -3,7 +3,8 @@
 Prints the answer first (one line), then the earliest divergences in execution order, the
 largest relative differences, and the counts (with examples of rows present in one run only).
 Exit status: 0 every matched row within tolerance, 1 the runs diverge, 2 bad input (one line on
-stderr, from :func:`trainprobe.cli.main`).
+stderr, from :func:`trainprobe.cli.main`). ``--engine spark`` runs the same queries on Apache
+Spark over the runs' Parquet files (local mode, or the process's active session), the same output.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tables", help="compare only these tables/monitors, comma-separated")
     p.add_argument("--out", metavar="DIR", help="write diff.csv and diff_summary.json there")
     p.add_argument("--html", metavar="FILE", help="write a self-contained page with the heatmap of differences")
+    p.add_argument(
+        "--engine", choices=("duckdb", "spark"), default="duckdb",
+        help="duckdb (default) or spark: the same comparison on Apache Spark (Parquet runs; pip install 'trainprobe[spark]')",
+    )
     p.set_defaults(run=_command)
 
 
@@ -66,7 +71,7 @@ def _command(args: argparse.Namespace) -> int:
     result = diff(
         args.baseline, args.candidate, rtol=DEFAULT_RTOL if args.rtol is None else args.rtol, exact=args.exact,
         ops=ops, mapping=args.mapping, steps=parse_steps(args.steps), offset=args.offset, limit=args.limit,
-        out=args.out, html=args.html, tables=tables,
+        out=args.out, html=args.html, tables=tables, engine=args.engine,
     )
     print_result(result, sys.stdout)
     return result.exit_code

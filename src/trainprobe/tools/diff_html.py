@@ -30,10 +30,11 @@ LOG_CEIL = 1.0
 """``log10`` shown for a NaN/inf divergence (the relative difference is at most 2 otherwise)."""
 
 
-def write_html(con: Any, result: Any, path: Path, tables: Sequence[str], mapping: Sequence[tuple[str, str]]) -> Path:
-    """Write the page for ``result`` (a :class:`~trainprobe.tools.diff.DiffResult`) to ``path``."""
+def write_html(engine: Any, result: Any, path: Path, tables: Sequence[str], mapping: Sequence[tuple[str, str]]) -> Path:
+    """Write the page for ``result`` (a :class:`~trainprobe.tools.diff.DiffResult`) to ``path``; ``engine``
+    holds both runs' views (:mod:`trainprobe.tools.diff_engines`)."""
     page = PageBuilder()
-    add_heatmaps(page, con, result, tables, mapping)
+    add_heatmaps(page, engine, result, tables, mapping)
     path.parent.mkdir(parents=True, exist_ok=True)
     title = f"trainprobe diff: {Path(result.baseline).name} vs {Path(result.candidate).name}"
     path.write_text(
@@ -48,30 +49,30 @@ def write_html(con: Any, result: Any, path: Path, tables: Sequence[str], mapping
 
 
 def add_heatmaps(
-    page: PageBuilder, con: Any, result: Any, tables: Sequence[str], mapping: Sequence[tuple[str, str]], level: int = 2
+    page: PageBuilder, engine: Any, result: Any, tables: Sequence[str], mapping: Sequence[tuple[str, str]], level: int = 2
 ) -> None:
     """Add one heatmap per table (with a heading of ``level``) to ``page``."""
     for table in tables:
-        cells = _cells(con, table, result, mapping)
+        cells = _cells(engine, table, result, mapping)
         if cells:
             page.add(f"<h{level}>{_e(table)}</h{level}>")
             page.add_figure(heatmap(table, cells, result))
 
 
-def add_sections(page: PageBuilder, con: Any, result: Any, tables: Sequence[str], mapping: Sequence[tuple[str, str]]) -> None:
+def add_sections(page: PageBuilder, engine: Any, result: Any, tables: Sequence[str], mapping: Sequence[tuple[str, str]]) -> None:
     """The diff as a section of another page (``trainprobe report --baseline``): its summary and
     heatmaps under ``<section id="baseline">``."""
     page.add('<section id="baseline"><h2>Against the baseline (trainprobe diff)</h2>' + summary_html(result))
-    add_heatmaps(page, con, result, tables, mapping, level=3)
+    add_heatmaps(page, engine, result, tables, mapping, level=3)
     page.add("</section>")
 
 
-def _cells(con: Any, table: str, result: Any, mapping: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
+def _cells(engine: Any, table: str, result: Any, mapping: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
     """``(scope, name, step, rel, only, order)`` per tensor and step: the largest relative
     difference, whether a row is in one run only, the tensor's place in execution order."""
     joined = joined_sql(table, result.ops.get(table, []), rtol=result.rtol, exact=result.exact,
                         offset=result.offset, mapping=mapping, steps=result.steps,
-                        micro=result.micro.get(table, True))
+                        micro=result.micro.get(table, True), ref=engine.ref)
     from trainprobe.tools.query_sql import stage_sql
 
     sql = f"""WITH j AS ({joined}), first AS (SELECT arg_min(COALESCE(b_file, c_file), k_step) AS file FROM j)
@@ -80,7 +81,7 @@ SELECT k_scope, COALESCE(max(b_name), max(c_name)) AS name, k_step, max(rel) AS 
   {stage_sql(table).replace("scope", "k_scope")} AS stage,
   min(COALESCE(b_row, c_row)) FILTER (WHERE COALESCE(b_file, c_file) = (SELECT file FROM first)) AS pos
 FROM j GROUP BY k_scope, k_name, k_step"""
-    return [tuple(r) for r in con.execute(sql).fetchall()]
+    return [tuple(r) for r in engine.fetch(sql)]
 
 
 def heatmap(table: str, cells: Sequence[tuple[Any, ...]], result: Any) -> dict[str, Any]:

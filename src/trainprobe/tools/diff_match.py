@@ -12,7 +12,8 @@ Rows are matched on ``(table, rank, step, micro_step, vpp_stage, name, scope)`` 
   ``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``) and leading ``module.`` parts
   (DDP, Megatron's ``Float16Module``) removed;
 * then the candidate's names only: the ``--map`` pairs, in file order, each a regular expression
-  (RE2 syntax, as DuckDB's ``regexp_replace``; groups ``\\1``) replaced everywhere in the name.
+  (RE2 syntax, as DuckDB's ``regexp_replace``; groups ``\\1``; on Spark Java's, the groups translated by
+  :func:`trainprobe.tools.query_spark.to_spark`) replaced everywhere in the name.
 
 A map file is YAML or JSON: either a mapping ``{pattern: replacement, ...}`` (its order is kept)
 or a list of ``[pattern, replacement]`` pairs; either may sit under a top-level ``map`` key.
@@ -113,10 +114,11 @@ def parse_mapping(data: Any, where: str = "mapping") -> Mapping:
     return pairs
 
 
-def check_mapping(con: Any, mapping: Sequence[tuple[str, str]]) -> None:
-    """Each pattern compiled by DuckDB once, so that a bad one is a ConfigError naming it."""
+def check_mapping(engine: Any, mapping: Sequence[tuple[str, str]]) -> None:
+    """Each pattern compiled once by the engine that will apply it (its ``fetch(sql)``: DuckDB's
+    or Spark's, :mod:`trainprobe.tools.diff_engines`), so that a bad one is a ConfigError naming it."""
     for pattern, replacement in mapping:
         try:
-            con.execute(f"SELECT regexp_replace('x', {literal(pattern)}, {literal(replacement)}, 'g')").fetchall()
-        except Exception as exc:  # noqa: BLE001 - duckdb's errors: one message for the user
+            engine.fetch(f"SELECT regexp_replace('x', {literal(pattern)}, {literal(replacement)}, 'g')")
+        except Exception as exc:  # noqa: BLE001 - the engine's errors: one message for the user
             raise ConfigError(f"--map: pattern {pattern!r}: {' '.join(str(exc).split())[:200]}") from None

@@ -1,7 +1,9 @@
 """The SQL of ``trainprobe diff`` (DuckDB's dialect; standard library only).
 
-Both runs' views live on one connection under two schemas, ``b`` (baseline) and ``c``
-(candidate); one table is compared at a time by a FULL OUTER JOIN on the match key of
+Both runs' views live on one engine, the baseline's as side ``b``, the candidate's as ``c``:
+on DuckDB two schemas (``b.module``), on Spark prefixed temporary views (``ref`` arguments,
+:data:`Ref`); the queries are written once, in DuckDB's dialect, and Spark reads them through
+:func:`trainprobe.tools.query_spark.to_spark`. One table is compared at a time by a FULL OUTER JOIN on the match key of
 :mod:`trainprobe.tools.diff_match`. Per op, the relative difference is
 
     ``|a − b| / max(|a|, |b|, floor)``
@@ -22,7 +24,7 @@ file's rows of that step; rank.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from trainprobe.tools.diff_match import KEY, key_sql
 from trainprobe.tools.query import quote
@@ -44,6 +46,19 @@ COUNT_LIKE = (*COUNT_OPS, "zeros")
 """Ops that count elements (or their share): their floor is :data:`ABS_FLOOR` only."""
 INF = "CAST('inf' AS DOUBLE)"
 
+Ref = Callable[[str, str], str]
+"""``(side, table)`` → the SQL name of that run's view: ``b.module`` on DuckDB (:func:`schema_ref`)."""
+
+
+def schema_ref(side: str, table: str) -> str:
+    """DuckDB's name of a run's view: the side's schema, the table (``b."module"``)."""
+    return f"{side}.{quote(table)}"
+
+
+def _finite(value: str) -> str:
+    """Whether ``value`` is finite: ``abs(x) < inf`` rather than DuckDB's ``isfinite``, which
+    Spark lacks (both order NaN above every number: false for NaN and ±inf, NULL for NULL)."""
+    return f"abs({value}) < {INF}"
 
 
 def side_sql(
@@ -56,6 +71,7 @@ def side_sql(
     steps: tuple[int, int] | None = None,
     micro: bool = True,
     occurrence: bool = False,
+    ref: Ref = schema_ref,
 ) -> str:
     """One run's rows of ``table`` with the match key (``k_*``), the raw name (with a ``mapping``
     only), step, the file (its hash: 8 bytes a row in the join rather than the path), file row
@@ -70,7 +86,7 @@ def side_sql(
     inner = (
         f"SELECT {key_sql(offset, mapping, micro)}, {'name, ' if mapping else ''}step, hash(file) AS file, "
         f"file_row{values} "
-        f"FROM {schema}.{quote(table)} {where}"
+        f"FROM {ref(schema, table)} {where}"
     )
     if not occurrence:
         return f"SELECT *, 1 AS k_occ FROM ({inner})"
@@ -85,10 +101,10 @@ def rel_sql(op: str, scale: str | None) -> str:
     a, b = f"b.{quote(op)}", f"c.{quote(op)}"
     floor = str(ABS_FLOOR)
     if scale is not None and op not in COUNT_LIKE:
-        floor = f"CASE WHEN isfinite({scale}) THEN greatest({ABS_FLOOR}, {SCALE_FRACTION} * {scale}) ELSE {ABS_FLOOR} END"
+        floor = f"CASE WHEN {_finite(scale)} THEN greatest({ABS_FLOOR}, {SCALE_FRACTION} * {scale}) ELSE {ABS_FLOOR} END"
     return (
         f"CASE WHEN {a} IS NOT DISTINCT FROM {b} THEN 0.0 "
-        f"WHEN {a} IS NULL OR {b} IS NULL OR NOT isfinite({a}) OR NOT isfinite({b}) THEN {INF} "
+        f"WHEN {a} IS NULL OR {b} IS NULL OR NOT {_finite(a)} OR NOT {_finite(b)} THEN {INF} "
         f"ELSE abs({a} - {b}) / greatest(abs({a}), abs({b}), {floor}) END"
     )
 
@@ -104,19 +120,22 @@ def joined_sql(
     steps: tuple[int, int] | None = None,
     micro: bool = True,
     occurrence: bool = False,
+    ref: Ref = schema_ref,
 ) -> str:
     """Every row of ``table`` in either run with its status, its largest relative difference
     ``rel``, the op having it ``worst_op``, both values and the difference per op; ``micro``:
     whether ``micro_step`` is part of the key (see :mod:`trainprobe.tools.diff_match`);
-    ``occurrence``: see :func:`side_sql`."""
-    b_side = side_sql("b", table, ops, steps=steps, micro=micro, occurrence=occurrence)
-    c_side = side_sql("c", table, ops, offset=offset, mapping=mapping, steps=steps, micro=micro, occurrence=occurrence)
+    ``occurrence``, ``ref``: see :func:`side_sql`, :data:`Ref`."""
+    b_side = side_sql("b", table, ops, steps=steps, micro=micro, occurrence=occurrence, ref=ref)
+    c_side = side_sql(
+        "c", table, ops, offset=offset, mapping=mapping, steps=steps, micro=micro, occurrence=occurrence, ref=ref
+    )
     on = " AND ".join(f"b.{k} = c.{k}" for k in (*KEY, "k_occ"))
     scale = None
     if "min" in ops and "max" in ops:
         scale = 'greatest(abs(b."min"), abs(b."max"), abs(c."min"), abs(c."max"))'
     rels = [rel_sql(o, scale) for o in ops]
-    rel = f"greatest({', '.join(rels)})" if rels else "0.0"
+    rel = f"greatest({', '.join(rels)})" if rels else "CAST(0 AS DOUBLE)"
     equal = " AND ".join(f"b.{quote(o)} IS NOT DISTINCT FROM c.{quote(o)}" for o in ops) or "TRUE"
     diverged = "TRUE" if exact else f"rel > {float(rtol)!r}"
     keys = ", ".join(f"COALESCE(b.{k}, c.{k}) AS {k}" for k in KEY)
@@ -133,21 +152,23 @@ def joined_sql(
 FROM ({b_side}) b FULL OUTER JOIN ({c_side}) c ON {on}"""
 
 
-def rows_sql(schema: str, table: str, offset: int = 0, steps: tuple[int, int] | None = None) -> str:
+def rows_sql(
+    schema: str, table: str, offset: int = 0, steps: tuple[int, int] | None = None, ref: Ref = schema_ref
+) -> str:
     """How many rows of ``table`` one run has (in ``steps``): with the join's counts, whether a
     key repeats (a matched row counted more than once)."""
     where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}" if steps else ""
-    return f"SELECT count(*) FROM {schema}.{quote(table)} {where}"
+    return f"SELECT count(*) FROM {ref(schema, table)} {where}"
 
 
-def ordered_sql(table: str, source: str) -> str:
+def ordered_sql(table: str, source: str, ref: Ref = schema_ref) -> str:
     """``source`` (rows of :func:`joined_sql`, kept in a table) with ``stage`` and ``position``
     added (the row's place among its file's rows of its step: the baseline's file, the
     candidate's for a row only it has)."""
     firsts = (
-        f"SELECT 'b' AS side, hash(file) AS file, step, min(file_row) AS first FROM b.{quote(table)} "
+        f"SELECT 'b' AS side, hash(file) AS file, step, min(file_row) AS first FROM {ref('b', table)} "
         f"WHERE step IN (SELECT DISTINCT b_step FROM {source}) GROUP BY ALL UNION ALL "
-        f"SELECT 'c', hash(file), step, min(file_row) FROM c.{quote(table)} "
+        f"SELECT 'c', hash(file), step, min(file_row) FROM {ref('c', table)} "
         f"WHERE step IN (SELECT DISTINCT c_step FROM {source} WHERE b_file IS NULL) GROUP BY ALL"
     )
     return f"""SELECT * EXCLUDE (scope), {stage_sql(table)} AS stage FROM (

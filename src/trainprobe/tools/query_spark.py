@@ -37,14 +37,17 @@ def _require(module: str) -> Any:
 
 
 def to_spark(sql: str) -> str:
-    """``sql`` (DuckDB's dialect) as Spark SQL, by sqlglot, with two rewrites sqlglot does not
+    """``sql`` (DuckDB's dialect) as Spark SQL, by sqlglot, with three rewrites sqlglot does not
     make where Spark's SQL differs in meaning, not only in spelling (:func:`_spark_spelling`):
 
     * ``median(x)`` becomes ``percentile(x, 0.5)``: the same value (the mean of the two middle
       values for an even count), and unlike Spark's ``median`` usable over a window frame
       (``ROWS BETWEEN 10 PRECEDING AND 1 PRECEDING``, diagnose's spike rule);
     * a tuple ordering ``arg_min``/``arg_max`` (``arg_min(name, (file_row, k))``) becomes a
-      ``struct``, which Spark compares field by field as DuckDB compares the tuple.
+      ``struct``, which Spark compares field by field as DuckDB compares the tuple;
+    * a ``regexp_replace`` replacement's groups ``\\1`` (RE2's, DuckDB's) become ``$1`` (Java's),
+      a literal ``$`` becomes ``\\$`` (Spark's ``regexp_replace`` replaces every match, as DuckDB's
+      with the ``'g'`` flag that sqlglot drops).
 
     Raises:
         ConfigError: sqlglot cannot parse it (the message quotes sqlglot's).
@@ -65,7 +68,24 @@ def _spark_spelling(node: Any) -> Any:
         return exp.Anonymous(this="percentile", expressions=[node.this.copy(), exp.Literal.number("0.5")])
     if isinstance(node, exp.Tuple) and isinstance(node.parent, (exp.ArgMin, exp.ArgMax)):
         return exp.Anonymous(this="struct", expressions=[e.copy() for e in node.expressions])
+    if isinstance(node, exp.Literal) and isinstance(node.parent, exp.RegexpReplace) and node.arg_key == "replacement":
+        return exp.Literal.string(_java_replacement(node.this))
     return node
+
+
+def _java_replacement(text: str) -> str:
+    """An RE2 replacement (``\\1`` a group, ``\\\\`` a backslash) as Java's (``$1``, ``\\\\``, ``\\$``)."""
+    import re
+
+    def one(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token == "$":
+            return "\\$"
+        if token[1].isdigit():
+            return "$" + token[1]
+        return token  # \\ (a backslash) or \x: the same escape in Java
+
+    return re.sub(r"\\.|\$", one, text)
 
 
 def spark_session(master: str = "local[2]") -> Any:
@@ -98,9 +118,11 @@ def local_session() -> Iterator[Any]:
             session.stop()
 
 
-def register_views(session: Any, run: str | Path) -> dict[str, list[tuple[str, str]]]:
+def register_views(session: Any, run: str | Path, prefix: str = "") -> dict[str, list[tuple[str, str]]]:
     """One temporary view per table of ``run``'s Parquet files on ``session``, with the DuckDB
-    views' columns; returns view → ``(column, Spark type)``.
+    views' columns; returns table → ``(column, Spark type)``. A table's view is named
+    ``prefix + table`` (the table's name by default; ``trainprobe diff`` registers two runs, as
+    ``__diff_b_module`` and ``__diff_c_module``).
 
     Raises:
         ConfigError: the run has CSV files only (the message says how to convert them).
@@ -117,12 +139,12 @@ def register_views(session: Any, run: str | Path) -> dict[str, list[tuple[str, s
         groups.setdefault(f.table, {}).setdefault(f.layout, []).append(f)
     out = {}
     for table, layouts in groups.items():
-        frames = [_frame(session, table, layout, group) for layout, group in layouts.items()]
+        frames = [_frame(session, table, layout, group, prefix) for layout, group in layouts.items()]
         frame = frames[0]
         for other in frames[1:]:
             frame = frame.unionByName(other, allowMissingColumns=True)
         frame = frame.select(*_ordered(frame.columns))
-        frame.createOrReplaceTempView(table)
+        frame.createOrReplaceTempView(prefix + table)
         out[table] = [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
     return out
 
@@ -132,10 +154,10 @@ def _ordered(columns: Sequence[str]) -> list[str]:
     return [*KEY_COLUMNS, *ops, *(c for c in TEXT_COLUMNS if c in columns), *META_COLUMNS]
 
 
-def _frame(session: Any, table: str, layout: str, group: Sequence[RunFile]) -> Any:
+def _frame(session: Any, table: str, layout: str, group: Sequence[RunFile], prefix: str = "") -> Any:
     raw = session.read.option("mergeSchema", "true").parquet(*[str(f.path) for f in group])
     raw = raw.selectExpr("*", "_metadata.file_path AS __file", "_metadata.row_index AS __row")
-    source = f"__src_{table}_{layout}"
+    source = f"__src_{prefix}{table}_{layout}"
     raw.createOrReplaceTempView(source)
     header = [c for c in raw.columns if c not in ("__file", "__row")]
     file = "regexp_replace(__file, '^file:(//)?', '')"

@@ -1,0 +1,154 @@
+"""Where ``trainprobe diff`` joins two runs: DuckDB on this machine (the default) or Apache Spark
+(``--engine spark``, the runs' Parquet files, on a cluster or in local mode).
+
+Both run the same queries of :mod:`trainprobe.tools.diff_sql` (written once in DuckDB's dialect;
+Spark gets them through :func:`trainprobe.tools.query_spark.to_spark`). An engine holds both
+runs' views (:meth:`DiffEngine.ref` names them: DuckDB's schemas ``b`` and ``c``, Spark's
+temporary views ``__diff_b_<table>`` and ``__diff_c_<table>``), runs a query, keeps rows under
+a name for later queries, and writes ``diff.csv``. DuckDB narrows each run's views to the
+steps compared (files outside them are not opened); Spark's views cover the whole runs and the
+queries' own ``WHERE step`` conditions prune its Parquet reads.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainprobe.tools.diagnose_engines import DuckEngine, SparkEngine
+from trainprobe.tools.diff_sql import schema_ref
+from trainprobe.tools.query import literal, quote
+
+MEMORY_LIMIT = "1GB"
+"""DuckDB's memory for the join (it spills to the temporary folder beyond): the process stays
+under 2 GB with runs of any size."""
+SPARK_PREFIX = "__diff_"
+"""Spark's views of the two runs: ``__diff_b_<table>``, ``__diff_c_<table>``."""
+
+
+class DiffEngine(Protocol):
+    """What :func:`trainprobe.tools.diff.diff` asks of an engine."""
+
+    def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
+        """``run``'s views as side ``side`` (``b`` or ``c``), holding at least ``steps``; table → columns."""
+
+    def ref(self, side: str, table: str) -> str:
+        """The SQL name of side ``side``'s view of ``table``."""
+
+    def fetch(self, sql: str) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` (DuckDB's dialect)."""
+
+    def records(self, sql: str) -> list[dict[str, Any]]:
+        """The rows of ``sql`` as column name → value."""
+
+    def keep(self, name: str, sql: str) -> None:
+        """The rows of ``sql`` kept as the table ``name`` for later queries."""
+
+    def view(self, name: str, sql: str) -> None:
+        """``sql`` as the view ``name`` (computed where read)."""
+
+    def columns(self, sql: str) -> list[str]:
+        """The column names of ``sql``'s rows."""
+
+    def write_csv(self, sql: str, path: Path) -> None:
+        """The rows of ``sql`` as a CSV file with a header (NULL an empty cell)."""
+
+    def release(self) -> None:
+        """Drop what the engine made (the Spark session may be the user's)."""
+
+
+class DuckDiff(DuckEngine):
+    """DuckDB: both runs' views on one connection of its own, in schemas ``b`` and ``c``."""
+
+    def __init__(self) -> None:  # noqa: D107 - no run of its own: attach() adds them
+        from trainprobe.tools.query import require
+
+        self.con = require("duckdb").connect()
+        self.con.execute("SET preserve_insertion_order = false")
+        self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+        self.con.execute(f"SET temp_directory = {literal(str(Path(tempfile.gettempdir()) / 'trainprobe-diff'))}")
+
+    def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
+        from trainprobe.tools.query import connect
+
+        self.con.execute(f"CREATE SCHEMA {side}")
+        self.con.execute(f"USE {side}")
+        connect(run, self.con, steps=steps)
+        self.con.execute("USE main")
+        found: dict[str, list[str]] = {}
+        for (view,) in self.con.execute(
+            f"SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = '{side}' ORDER BY 1"
+        ).fetchall():
+            cols = self.con.execute(f"SELECT column_name FROM duckdb_columns() WHERE schema_name = '{side}' "
+                                    f"AND table_name = '{view}' ORDER BY column_index").fetchall()
+            found[view] = [c[0] for c in cols]
+        return found
+
+    def ref(self, side: str, table: str) -> str:
+        return schema_ref(side, table)
+
+    def view(self, name: str, sql: str) -> None:
+        self.con.execute(f"CREATE TEMP VIEW {name} AS {sql}")
+
+    def columns(self, sql: str) -> list[str]:
+        return [d[0] for d in self.con.execute(f"SELECT * FROM ({sql}) LIMIT 0").description]
+
+    def write_csv(self, sql: str, path: Path) -> None:
+        self.con.execute(f"COPY ({sql}) TO {literal(str(path))} (HEADER, DELIMITER ',')")
+
+    def release(self) -> None:
+        self.con.close()
+
+
+class SparkDiff(SparkEngine):
+    """Spark: both runs' Parquet files as temporary views (:data:`SPARK_PREFIX`) on ``session``."""
+
+    def __init__(self, session: Any) -> None:  # noqa: D107 - no run of its own: attach() adds them
+        self.session = session
+        self._kept: dict[str, Any] = {}
+        self._views: dict[str, list[str]] = {}
+
+    def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
+        from trainprobe.tools.query_spark import register_views
+
+        found = {t: [c for c, _ in cols] for t, cols in register_views(self.session, run, prefix=self._prefix(side)).items()}
+        return dict(sorted(found.items()))
+
+    def _prefix(self, side: str) -> str:
+        return f"{SPARK_PREFIX}{side}_"
+
+    def ref(self, side: str, table: str) -> str:
+        return quote(self._prefix(side) + table)
+
+    def view(self, name: str, sql: str) -> None:
+        self.keep(name, sql)  # read by several queries: computed once
+
+    def columns(self, sql: str) -> list[str]:
+        from trainprobe.tools.query_spark import to_spark
+
+        return list(self.session.sql(to_spark(sql)).columns)
+
+    def write_csv(self, sql: str, path: Path) -> None:
+        from trainprobe.tools.query_spark import to_spark
+
+        frame = self.session.sql(to_spark(sql))
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(frame.columns)
+            for row in frame.toLocalIterator():
+                writer.writerow(["" if v is None else _csv_value(v) for v in row])
+
+    def release(self) -> None:
+        super().release()
+        for table in self.session.catalog.listTables():
+            if table.isTemporary and table.name.startswith((SPARK_PREFIX, f"__src_{SPARK_PREFIX}")):
+                self.session.catalog.dropTempView(table.name)
+
+
+def _csv_value(value: Any) -> str:
+    """A cell as DuckDB's ``COPY`` writes it (``true``, ``1.5``, ``inf``, ``nan``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
