@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.diagnose_engines import ENGINES, DiagnoseEngine, DuckEngine, SparkEngine
+from trainprobe.tools.diagnose_engines import ENGINES, DiagnoseEngine, DuckEngine, SparkEngine, on_spark
 from trainprobe.tools.diagnose_sql import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_WARMUP,
@@ -310,21 +310,9 @@ def _scan_on_duckdb(
 def _scan_on_spark(
     root: Path, found: Sequence[RunFile], session: Any, rule: tuple[float, int, int], limit: int
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
-    from contextlib import nullcontext
-
-    from trainprobe.tools.query import short_error
-    from trainprobe.tools.query_spark import local_session
-
-    with local_session() if session is None else nullcontext(session) as spark:
-        engine = SparkEngine(root, spark)
-        try:
-            return _scan(engine, [f for f in found if f.format == "parquet"], rule, limit, root)
-        except ConfigError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Spark's errors (py4j, AnalysisException) have no common base
-            raise ConfigError(f"run: {str(root)!r}: Spark could not read the data: {short_error(str(exc))}") from None
-        finally:
-            engine.release()
+    failure = f"run: {str(root)!r}: Spark could not read the data"
+    with on_spark(session, lambda spark: SparkEngine(root, spark), failure) as engine:
+        return _scan(engine, [f for f in found if f.format == "parquet"], rule, limit, root)
 
 
 def _scan(

@@ -11,13 +11,16 @@ prune its Parquet reads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from trainprobe.tools.query_files import RunFile
 
 ENGINES = ("duckdb", "spark")
+
+_Spark = TypeVar("_Spark", bound="SparkEngine")
 
 
 class DiagnoseEngine(Protocol):
@@ -114,3 +117,25 @@ class SparkEngine:
 
     def at_steps(self, first: int, last: int) -> SparkEngine:
         return self
+
+
+@contextmanager
+def on_spark(session: Any, make: Callable[[Any], _Spark], failure: str) -> Iterator[_Spark]:
+    """The engine ``make`` builds on ``session`` (None: the active session or one in local mode,
+    stopped at the end if this started it, :func:`~trainprobe.tools.query_spark.local_session`),
+    released at the end. A Spark error in the block becomes one ConfigError line,
+    ``"<failure>: <Spark's message>"`` (Spark's errors, py4j's and the analyser's, share no base)."""
+    from trainprobe.engine.errors import ConfigError
+    from trainprobe.tools.query import short_error
+    from trainprobe.tools.query_spark import local_session
+
+    with local_session() if session is None else nullcontext(session) as spark:
+        engine = make(spark)
+        try:
+            yield engine
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            raise ConfigError(f"{failure}: {short_error(str(exc))}") from None
+        finally:
+            engine.release()

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.diagnose_engines import ENGINES
+from trainprobe.tools.diagnose_engines import ENGINES, on_spark
 from trainprobe.tools.diff_engines import MEMORY_LIMIT, DiffEngine, DuckDiff, SparkDiff  # noqa: F401 - MEMORY_LIMIT: public here before
 from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
 from trainprobe.tools.diff_sql import (
@@ -280,21 +280,9 @@ class _Settings:
 
 def _diff_on_spark(baseline: str | Path, candidate: str | Path, settings: _Settings, session: Any) -> DiffResult:
     """:func:`_compare` on Spark; a session this call started is stopped at the end."""
-    from contextlib import nullcontext
-
-    from trainprobe.tools.query import short_error
-    from trainprobe.tools.query_spark import local_session
-
-    with local_session() if session is None else nullcontext(session) as spark:
-        engine = SparkDiff(spark)
-        try:
-            return _compare(engine, baseline, candidate, settings)
-        except ConfigError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - Spark's errors (py4j, AnalysisException) have no common base
-            raise ConfigError(f"Spark could not compare {baseline} with {candidate}: {short_error(str(exc))}") from None
-        finally:
-            engine.release()
+    failure = f"Spark could not compare {baseline} with {candidate}"
+    with on_spark(session, SparkDiff, failure) as engine:
+        return _compare(engine, baseline, candidate, settings)
 
 
 def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, settings: _Settings) -> DiffResult:
