@@ -311,7 +311,7 @@ def _scan_on_spark(
     root: Path, found: Sequence[RunFile], session: Any, rule: tuple[float, int, int], limit: int
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     failure = f"run: {str(root)!r}: Spark could not read the data"
-    with on_spark(session, lambda spark: SparkEngine(root, spark), failure) as engine:
+    with on_spark(session, lambda spark: SparkEngine(spark, root), failure) as engine:
         return _scan(engine, [f for f in found if f.format == "parquet"], rule, limit, root)
 
 
@@ -329,9 +329,9 @@ def _scan(
     last = min(by_rank.values()) if by_rank else None
     nonfinite: list[Anomaly] = []
     if last is not None:
-        at = engine.at_steps(last, last)  # CSV: only that step's files
-        nonfinite = [_from_nonfinite(row) for row in at.records(first_nonfinite_sql(at.views(), last, _CANDIDATES))]
-        engine = at.at_steps(min(f.first_step for f in files), last)  # the spike scan reads up to ``last``
+        engine.narrow(last, last)  # CSV: only that step's files
+        nonfinite = [_from_nonfinite(row) for row in engine.records(first_nonfinite_sql(engine.views(), last, _CANDIDATES))]
+        engine.narrow(min(f.first_step for f in files), last)  # the spike scan reads up to ``last``
         views = engine.views()
     engine.keep(_SPIKES, spike_rows_sql(views, *rule, last))
     spikes = _first_spikes(engine, limit)

@@ -38,8 +38,8 @@ class DiagnoseEngine(Protocol):
     def keep(self, name: str, sql: str) -> None:
         """The rows of ``sql`` kept as the table ``name`` for later queries."""
 
-    def at_steps(self, first: int, last: int) -> DiagnoseEngine:
-        """An engine whose views hold at least steps ``first`` to ``last`` (maybe only those)."""
+    def narrow(self, first: int, last: int) -> None:
+        """From now on, views holding at least steps ``first`` to ``last`` (maybe only those)."""
 
 
 class DuckEngine:
@@ -67,26 +67,32 @@ class DuckEngine:
     def keep(self, name: str, sql: str) -> None:
         self.con.execute(f"CREATE TEMP TABLE {name} AS {sql}")
 
-    def at_steps(self, first: int, last: int) -> DuckEngine:
-        """An engine on the same connection whose views hold steps ``first``..``last``: narrowed
-        to them when some file of the run lies outside them (those files are then not opened),
-        else the whole run. The connection's views are replaced (tables kept earlier stay), so
-        the engine this one came from must not be used after; ``file_row`` is numbered over the
-        new views, so queries comparing it must read the same views."""
+    def narrow(self, first: int, last: int) -> None:
+        """Replace the connection's views by views of steps ``first``..``last``: narrowed to them
+        when some file of the run lies outside them (those files are then not opened), else the
+        whole run. Tables kept earlier stay; ``file_row`` is numbered over the new views, so
+        queries comparing it must read the same views."""
+        from trainprobe.tools.query import connect
+
         outside = any(f.first_step > last or f.last_step < first for f in self.files)
         steps = (first, last) if outside else None
-        return self if steps == self.steps else DuckEngine(self.root, self.files, self.con, steps=steps)
+        if steps != self.steps:
+            connect(self.root, connection=self.con, files=self.files, steps=steps)
+            self.steps = steps
 
 
 class SparkEngine:
     """Spark over the run's Parquet files (:func:`trainprobe.tools.query_spark.register_views`)."""
 
-    def __init__(self, root: Path, session: Any) -> None:
+    def __init__(self, session: Any, root: Path | None = None) -> None:
+        """``root``: the run whose views are registered now (None: none yet, a subclass adds them)."""
         from trainprobe.tools.query_spark import register_views
 
         self.session = session
         self._kept: dict[str, Any] = {}
-        self._views = {v: [c for c, _ in cols] for v, cols in register_views(session, root).items()}
+        self._views: dict[str, list[str]] = {}
+        if root is not None:
+            self._views = {v: [c for c, _ in cols] for v, cols in register_views(session, root).items()}
 
     def views(self) -> dict[str, list[str]]:
         return self._views
@@ -115,8 +121,8 @@ class SparkEngine:
             self.session.catalog.dropTempView(name)
         self._kept.clear()
 
-    def at_steps(self, first: int, last: int) -> SparkEngine:
-        return self
+    def narrow(self, first: int, last: int) -> None:
+        """Nothing: the queries' own ``WHERE step`` conditions prune Spark's Parquet reads."""
 
 
 @contextmanager

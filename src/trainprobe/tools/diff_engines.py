@@ -106,9 +106,7 @@ class SparkDiff(SparkEngine):
     """Spark: both runs' Parquet files as temporary views (:data:`SPARK_PREFIX`) on ``session``."""
 
     def __init__(self, session: Any) -> None:  # noqa: D107 - no run of its own: attach() adds them
-        self.session = session
-        self._kept: dict[str, Any] = {}
-        self._views: dict[str, list[str]] = {}
+        super().__init__(session)
 
     def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
         from trainprobe.tools.query_spark import register_views
