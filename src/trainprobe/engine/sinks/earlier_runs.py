@@ -55,11 +55,7 @@ def window_files(rank_dir: Path, tables: Iterable[str]) -> list[WindowFile]:
     """The regular files of ``rank_dir`` named like a window file of one of ``tables``, sorted."""
     wanted = set(tables)
     found = []
-    try:
-        entries = sorted(rank_dir.iterdir())
-    except OSError:
-        return []
-    for path in entries:
+    for path in _entries(rank_dir):
         match = V2_DATA_FILE.fullmatch(path.name)
         if match and match["type"] in wanted and path.is_file() and not path.is_symlink():
             found.append(WindowFile(path, match["type"], int(match["first"]), int(match["last"])))
@@ -70,17 +66,21 @@ def open_windows(rank_dir: Path, tables: Iterable[str]) -> list[Path]:
     """The hidden ``.<window file>.partial`` files of ``tables`` in ``rank_dir``: windows a killed
     Parquet run left open (no reader picks them up; their rows were never complete)."""
     wanted = set(tables)
-    try:
-        entries = sorted(rank_dir.iterdir())
-    except OSError:
-        return []
     found = []
-    for path in entries:
+    for path in _entries(rank_dir):
         inner = path.name[1 : -len(".partial")] if path.name.startswith(".") and path.name.endswith(".partial") else ""
         match = V2_DATA_FILE.fullmatch(inner)
         if match and match["type"] in wanted and path.is_file() and not path.is_symlink():
             found.append(path)
     return found
+
+
+def _entries(rank_dir: Path) -> list[Path]:
+    """The entries of ``rank_dir``, sorted; none when it cannot be listed (missing: a first run)."""
+    try:
+        return sorted(rank_dir.iterdir())
+    except OSError:
+        return []
 
 
 def overwrite_requested() -> bool:
