@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -64,3 +65,21 @@ def train(
                 dict(model.named_parameters())[SCALED].mul_(1.001)
     monitor.stop()
     return out
+
+
+def resumed_copy(src: Path, dst: Path) -> Path:
+    """A copy of the V2 run ``src`` as a resumed run leaves it: its steps 2-3 of ``param`` (rank 0)
+    written again in a file of their own, ``param_step2-3.csv``, with every ``norm`` doubled (a
+    key repeated across files, with other values)."""
+    shutil.copytree(src, dst)
+    lines = (dst / "rank_0" / "param_step0-3.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    step, norm = header.index("step"), header.index("norm")
+    again = []
+    for line in lines[1:]:
+        cells = line.split(",")
+        if int(cells[step]) >= 2:
+            cells[norm] = str(float(cells[norm]) * 2)
+            again.append(",".join(cells))
+    (dst / "rank_0" / "param_step2-3.csv").write_text("\n".join([lines[0], *again]) + "\n")
+    return dst

@@ -20,7 +20,7 @@ pytest.importorskip("pyspark")
 pytest.importorskip("sqlglot")
 
 from diagnose_runs import BAD_RANK, SPIKE_PARAM, SPIKE_STEP, make_diagnose_runs  # noqa: E402
-from diff_runs import SCALED, train  # noqa: E402
+from diff_runs import SCALED, resumed_copy, train  # noqa: E402
 from monitor_runs import NAN_RANK, NAN_STEP  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
@@ -90,6 +90,7 @@ def test_to_spark_rewrites_what_spark_reads_otherwise() -> None:
     assert "PERCENTILE(a, 0.5) OVER" in window and "MEDIAN" not in window
     assert "MIN_BY(name, STRUCT(file_row, k))" in to_spark("SELECT arg_min(name, (file_row, k)) FROM t")
     assert to_spark("SELECT median(a) FROM t") == "SELECT PERCENTILE(a, 0.5) FROM t"
+    assert to_spark("SELECT hash(file) FROM t") == "SELECT XXHASH64(file) FROM t"  # 64 bits, as DuckDB's
     # RE2's group \1 is Java's $1; a literal $ is escaped for Java; the pattern is left as it is
     assert to_spark(r"SELECT regexp_replace(n, '(a)\.', 'x\1$\\', 'g') FROM t") == (
         r"SELECT REGEXP_REPLACE(n, '(a)\\.', 'x$1\\$\\\\') FROM t"
@@ -154,6 +155,12 @@ def test_diff_gives_the_same_answer_on_both_engines(
     assert capsys.readouterr().out == printed
     assert spark.sql("SELECT 1").collect()[0][0] == 1  # the command used the active session and left it running
     assert not [t.name for t in spark.catalog.listTables() if "__diff_" in t.name]  # its views dropped
+    # a key repeated across files (a resumed run): both engines pair the files in the same order
+    b2 = _parquet_copy(resumed_copy(base, tmp_path / "csv_b2"), tmp_path / "b2")
+    c2 = _parquet_copy(resumed_copy(scaled, tmp_path / "csv_c2"), tmp_path / "c2")
+    repeated = diff(b2, c2, exact=True)
+    assert diff(b2, c2, exact=True, engine="spark", spark=spark).summary() == repeated.summary()
+    assert repeated.first is not None and repeated.first.step == 6
     with pytest.raises(ConfigError, match="has CSV only; convert it first"):
         diff(b, scaled, engine="spark", spark=spark)
     with pytest.raises(ConfigError, match="--engine: one of duckdb, spark, not 'polars'"):

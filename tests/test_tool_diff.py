@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("duckdb")
 
-from diff_runs import SCALED, train  # noqa: E402
+from diff_runs import SCALED, resumed_copy, train  # noqa: E402
 from reference_layouts import write_reference_v1  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
@@ -270,6 +270,26 @@ def test_a_key_twice_in_a_run_pairs_first_with_first(runs, tmp_path):
     result = diff(twice(tmp_path / "b", False), twice(tmp_path / "c", True), exact=True)
     assert result.counts["diverged"] == 1 and result.counts["only_baseline"] == result.counts["only_candidate"] == 0
     assert result.first is not None and result.first.op == "norm" and result.first.step == 0
+
+
+def test_a_key_repeated_across_files_pairs_file_order_whatever_the_folders_are_called(runs, tmp_path):
+    # a resumed run writes steps 2-3 again in a file of its own, with other values: the baseline
+    # and the candidate are the same run in two folders, so nothing may diverge. Pairing used to
+    # follow the hash of each file's full path, which differs between the folders: the candidate
+    # folder is chosen so that the two paths' hashes order the other way round in it
+    import duckdb
+
+    def hash_order(run: Path) -> bool:
+        paths = [str(run / "rank_0" / name) for name in ("param_step0-3.csv", "param_step2-3.csv")]
+        first, second = duckdb.connect().execute("SELECT hash(?), hash(?)", paths).fetchone()
+        return bool(first < second)
+
+    baseline = resumed_copy(runs["base"], tmp_path / "b")
+    name = next(n for n in (f"c{i}" for i in range(64)) if hash_order(tmp_path / n) != hash_order(baseline))
+    candidate = resumed_copy(runs["base"], tmp_path / name)
+    result = diff(baseline, candidate, exact=True)
+    assert result.counts["diverged"] == result.counts["only_baseline"] == result.counts["only_candidate"] == 0
+    assert result.counts["equal"] > 0 and result.first is None
 
 
 SUMMARY_KEYS = {

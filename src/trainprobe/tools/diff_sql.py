@@ -78,21 +78,25 @@ def side_sql(
     and the ``ops``; with ``steps`` (in the baseline's numbering) only those. With
     ``occurrence``, an occurrence number ``k_occ`` too (a key that appears twice in a run, a
     module called twice, pairs first with first): a window over every row, costly at 10^7 rows,
-    so :func:`trainprobe.tools.diff.diff` asks for it only when the join shows repeated keys."""
+    so :func:`trainprobe.tools.diff.diff` asks for it only when the join shows repeated keys.
+    Occurrences are numbered in file order (the file's first step, then its path), then row
+    order: the same on every engine and for both runs, so that a key repeated across files (a
+    resumed run writing some steps again) pairs the baseline's earlier file with the
+    candidate's earlier file, whatever the runs' folders are called."""
     where = ""
     if steps is not None:
         where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}"
     values = "".join(f", {quote(o)}" for o in ops)
     inner = (
         f"SELECT {key_sql(offset, mapping, micro)}, {'name, ' if mapping else ''}step, hash(file) AS file, "
-        f"file_row{values} "
+        f"file_row{values}{', file AS path' if occurrence else ''} "
         f"FROM {ref(schema, table)} {where}"
     )
     if not occurrence:
         return f"SELECT *, 1 AS k_occ FROM ({inner})"
     return (
-        f"SELECT *, row_number() OVER (PARTITION BY {', '.join(KEY)} ORDER BY file, file_row) AS k_occ "
-        f"FROM ({inner})"
+        f"SELECT *, row_number() OVER (PARTITION BY {', '.join(KEY)} ORDER BY file_first, path, file_row) AS k_occ "
+        f"FROM (SELECT *, min(step) OVER (PARTITION BY path) AS file_first FROM ({inner}))"
     )
 
 

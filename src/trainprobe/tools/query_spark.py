@@ -37,7 +37,7 @@ def _require(module: str) -> Any:
 
 
 def to_spark(sql: str) -> str:
-    """``sql`` (DuckDB's dialect) as Spark SQL, by sqlglot, with three rewrites sqlglot does not
+    """``sql`` (DuckDB's dialect) as Spark SQL, by sqlglot, with four rewrites sqlglot does not
     make where Spark's SQL differs in meaning, not only in spelling (:func:`_spark_spelling`):
 
     * ``median(x)`` becomes ``percentile(x, 0.5)``: the same value (the mean of the two middle
@@ -47,7 +47,9 @@ def to_spark(sql: str) -> str:
       ``struct``, which Spark compares field by field as DuckDB compares the tuple;
     * a ``regexp_replace`` replacement's groups ``\\1`` (RE2's, DuckDB's) become ``$1`` (Java's),
       a literal ``$`` becomes ``\\$`` (Spark's ``regexp_replace`` replaces every match, as DuckDB's
-      with the ``'g'`` flag that sqlglot drops).
+      with the ``'g'`` flag that sqlglot drops);
+    * ``hash(x)`` becomes ``xxhash64(x)``: 64 bits like DuckDB's ``hash`` (Spark's ``hash`` has
+      32, so keys made of it, such as ``trainprobe diff``'s file key, would collide far sooner).
 
     Raises:
         ConfigError: sqlglot cannot parse it (the message quotes sqlglot's).
@@ -68,6 +70,8 @@ def _spark_spelling(node: Any) -> Any:
         return exp.Anonymous(this="percentile", expressions=[node.this.copy(), exp.Literal.number("0.5")])
     if isinstance(node, exp.Tuple) and isinstance(node.parent, (exp.ArgMin, exp.ArgMax)):
         return exp.Anonymous(this="struct", expressions=[e.copy() for e in node.expressions])
+    if isinstance(node, exp.Anonymous) and str(node.this).lower() == "hash":
+        return exp.Anonymous(this="xxhash64", expressions=[e.copy() for e in node.expressions])
     if isinstance(node, exp.Literal) and isinstance(node.parent, exp.RegexpReplace) and node.arg_key == "replacement":
         return exp.Literal.string(_java_replacement(node.this))
     return node
