@@ -189,6 +189,32 @@ def test_a_torn_last_record_is_left_out(tmp_path: Path, torn: str) -> None:
     assert _contents(parquet) == _contents(tmp_path / "run")
 
 
+def test_file_row_follows_files_and_lines_across_parallel_scans(tmp_path: Path) -> None:
+    """30 CSV files of 3 ranks, read as several row-numbered scans (more than DuckDB's threads):
+    within each file ``file_row`` follows its lines, and across the files of one view it grows in
+    the order the files are listed (rank, then step window), as one scan would number them."""
+    import duckdb
+
+    for rank in range(3):
+        for window in range(10):
+            lines = [f"0,{2 * window + s},p{i},reduced,,{rank}.{window}{s}{i},1.0,0" for s in range(2) for i in range(3)]
+            folder = tmp_path / "run" / f"rank_{rank}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"weight_grad_step{2 * window}-{2 * window + 1}.csv").write_text(HEADER + "\n".join(lines) + "\n")
+    con = duckdb.connect(config={"threads": 2})
+    connect(tmp_path / "run", connection=con)
+    rows = con.execute("SELECT rank, step, name, min, file, file_row FROM weight_grad ORDER BY file_row").fetchall()
+    assert len(rows) == 180
+    listed = [(r, s, n, m) for r, s, n, m, _, _ in rows]
+    assert listed == sorted(listed)  # rank, then step, then the line (p0, p1, p2): file order, line order
+    files = {f for *_, f, _ in rows}
+    assert len(files) == 30
+    gaps = {b[-1] - a[-1] for a, b in zip(rows, rows[1:]) if a[-2] == b[-2]}
+    assert gaps == {1}  # the lines of one file are numbered one after the other
+    plan = con.execute("EXPLAIN SELECT sum(file_row) FROM weight_grad").fetchall()[0][1]
+    assert plan.count("READ_CSV") > 2  # several scans, read side by side
+
+
 def test_empty_and_header_only_files(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "rank_0"
     _v2_file(folder, HEADER + "0,3,w,reduced,,1.0,2.0,0\n")

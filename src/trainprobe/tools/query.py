@@ -21,8 +21,8 @@ connection: ``weight_grad``, ``module``, ``optimizer``, ``param``, ``cc`` for V2
 ``dtype``       VARCHAR
 ``file``        VARCHAR   the file the row was read from (provenance)
 ``file_row``    BIGINT    increases with the row's place in its file: compare it only between
-                          rows of one file (Parquet: the row's index; CSV: a count over the
-                          files of one scan)
+                          rows of one file (Parquet: the row's index; CSV: a count over a few
+                          consecutive files, read in parallel with other such groups)
 ==============  ========  ==============================================================
 
 No import step: the files are scanned where they are, in parallel, with DuckDB's projection and
@@ -178,8 +178,9 @@ def table_sql(
         elif cut > len(",".join(header)) + 1:
             parts.append(_torn_part(con, f, header, cut))
             _merge(columns, _csv_columns(header, f.layout))
+    pieces = CSV_PIECES_PER_THREAD * _threads(con) if csv_groups else 1
     for (layout, header), group in csv_groups.items():
-        parts.append(_csv_part(group, header, layout, table))
+        parts.append(_csv_part(group, header, layout, table, pieces))
         _merge(columns, _csv_columns(header, layout))
     by_layout: dict[tuple[str, tuple[str, ...] | None], list[RunFile]] = {}
     for f in files:
@@ -227,6 +228,14 @@ def _csv_type(column: str) -> str:
     if column in ("name", "module_name", "scope", *TEXT_COLUMNS):
         return "VARCHAR"
     return "DOUBLE"
+
+
+#: CSV scans per DuckDB thread over the files of one view (see :func:`_csv_part`): 4 took the
+#: spike scan of ``trainprobe diagnose`` (2 M rows, 128 files) from 3.0 s to 2.2 s on 2 cores,
+#: its row-numbered scan from 0.78 s to 0.29 s.
+CSV_PIECES_PER_THREAD = 4
+#: ``file_row`` offset between two scans of one view: room for 2**40 rows a scan.
+_PIECE_ROWS = 1 << 40
 
 
 def _read_csv(paths: Sequence[str], header: tuple[str, ...], ordinality: bool = True) -> str:
@@ -281,10 +290,28 @@ def _rank_from(column: str, layout: str) -> str:
     return f"CAST(regexp_extract({column}, {literal(_RANK_PATTERN[layout])}, 1) AS BIGINT)"
 
 
-def _csv_part(group: Sequence[RunFile], header: tuple[str, ...], layout: str, table: str) -> str:
-    source = _read_csv([str(f.path) for f in group], header)
-    select = _projection(header, layout, table, _rank_from("filename", layout), "filename", "ordinality - 1")
-    return f"SELECT {select} FROM {source}"
+def _csv_part(group: Sequence[RunFile], header: tuple[str, ...], layout: str, table: str, pieces: int = 1) -> str:
+    """The SELECT over CSV files ``group`` (one header), as up to ``pieces`` scans of consecutive
+    files. A row number (``WITH ORDINALITY``) makes DuckDB read one scan on one thread; several
+    scans are read side by side. ``file_row`` is a scan's row number plus the scan's index times
+    :data:`_PIECE_ROWS`: it still grows in the order of the files listed and of their lines."""
+    size = -(-len(group) // max(1, pieces))
+    scans = []
+    for index, first in enumerate(range(0, len(group), size)):
+        source = _read_csv([str(f.path) for f in group[first : first + size]], header)
+        row = f"ordinality - 1 + {index * _PIECE_ROWS}" if index else "ordinality - 1"
+        select = _projection(header, layout, table, _rank_from("filename", layout), "filename", row)
+        scans.append(f"SELECT {select} FROM {source}")
+    return scans[0] if len(scans) == 1 else "\nUNION ALL\n".join(f"({scan})" for scan in scans)
+
+
+def _threads(con: duckdb.DuckDBPyConnection) -> int:
+    """DuckDB's threads on ``con`` (asked on a cursor of its own: ``con`` may be streaming a result)."""
+    cursor = con.cursor()
+    try:
+        return max(1, int(cursor.execute("SELECT current_setting('threads')").fetchone()[0]))
+    finally:
+        cursor.close()
 
 
 def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ...], cut: int) -> str:
