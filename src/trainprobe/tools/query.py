@@ -309,7 +309,8 @@ def _threads(con: duckdb.DuckDBPyConnection) -> int:
     """DuckDB's threads on ``con`` (asked on a cursor of its own: ``con`` may be streaming a result)."""
     cursor = con.cursor()
     try:
-        return max(1, int(cursor.execute("SELECT current_setting('threads')").fetchone()[0]))
+        [(threads,)] = cursor.execute("SELECT current_setting('threads')").fetchall()
+        return max(1, int(threads))
     finally:
         cursor.close()
 
