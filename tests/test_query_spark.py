@@ -7,6 +7,7 @@ this file; see the README for why)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -82,6 +83,31 @@ def test_cli_engine_spark_and_csv_only_runs(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("table,stage,step,micro_step,rank,vpp_stage,name")
     assert lines[1].split(",")[:7] == ["weight_grad", str(STAGES["weight_grad", "reduced"]), str(NAN_STEP), "1", str(NAN_RANK), "0", "fc2.bias"]
+
+
+def test_a_local_session_started_by_the_command_prints_no_spark_warnings(tmp_path: Path) -> None:
+    """``trainprobe diagnose --engine spark`` in a fresh process starts Spark in local mode: the
+    answer on stdout, and no Spark warnings or log-level advice on stderr (the JVM's own line
+    about incubator modules is not Spark's to silence)."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "run" / "rank_0"
+    folder.mkdir(parents=True)
+    (folder / "weight_grad_step0-1.csv").write_text(
+        "vpp_stage,step,module_name,scope,micro_step,min,max,mean,norm,nans\n"
+        "0,0,w,reduced,0,-1,1,0,1,0\n0,1,w,reduced,0,-1,1,0,nan,1\n"
+    )
+    convert_run(tmp_path / "run", remove_csv=True)
+    src = Path(__file__).resolve().parent.parent / "src"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainprobe", "diagnose", str(tmp_path / "run"), "--engine", "spark"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(src)},
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith("first anomaly: step 1, rank 0"), done.stdout
+    spark_lines = [line for line in done.stderr.splitlines() if not line.startswith("WARNING: Using incubator modules")]
+    assert spark_lines == [], done.stderr
 
 
 def test_to_spark_rewrites_what_spark_reads_otherwise() -> None:
