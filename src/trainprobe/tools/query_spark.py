@@ -14,7 +14,6 @@ Needs the ``[spark]`` extra (``pip install 'trainprobe[spark]'``: pyspark, sqlgl
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,23 +92,12 @@ def _java_replacement(text: str) -> str:
     return re.sub(r"\\.|\$", one, text)
 
 
-#: Log4j 2 settings of the local sessions trainprobe starts: errors only, on stderr. Without them
-#: a start prints Spark's startup warnings (the log4j profile in use, the host's loopback
-#: address, Hadoop's native library) and its shell's advice on log levels (silenced by giving
-#: the shell's loggers a level) on every ``--engine spark`` command. Errors still show.
-LOG4J2 = """status = error
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-rootLogger.level = error
-rootLogger.appenderRef.stdout.ref = console
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
-logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
-logger.gateway.level = error
-"""
+#: Log4j 2 settings of the local sessions trainprobe starts (a file shipped with the package,
+#: read by Spark's JVM; nothing is written): errors only, on stderr. Without them a start
+#: prints Spark's startup warnings (the log4j profile in use, the host's loopback address,
+#: Hadoop's native library) and its shell's advice on log levels (silenced by giving the shell's
+#: loggers a level) on every ``--engine spark`` command. Errors still show.
+LOG4J2 = Path(__file__).with_name("spark_log4j2.properties")
 
 
 def spark_session(master: str = "local[2]") -> Any:
@@ -122,24 +110,11 @@ def spark_session(master: str = "local[2]") -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_log_settings()}")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
     return session
-
-
-def _log_settings() -> str:
-    """:data:`LOG4J2` in a file of the temporary folder (written once per content), as a URI."""
-    import hashlib
-    import tempfile
-
-    path = Path(tempfile.gettempdir()) / f"trainprobe-log4j2-{hashlib.sha1(LOG4J2.encode()).hexdigest()[:12]}.properties"
-    if not path.exists():
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(LOG4J2, encoding="utf-8")
-        os.replace(partial, path)
-    return path.as_uri()
 
 
 @contextmanager
