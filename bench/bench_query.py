@@ -231,6 +231,7 @@ if kind == "bare_all":  # every column of every file, as csv2db must read them
     rows = sum(batch.num_rows for batch in reader)
 elif kind == "store_only":  # csv2db's SQLite side alone: every file read beforehand (not timed)
     from pathlib import Path
+    from trainprobe.tools.csv2db import DEFAULT_STEP_PARTITION
     from trainprobe.tools.csv2db_read import read_files
     from trainprobe.tools.csv2db_schema import MetricsDatabase
     from trainprobe.tools.monitor_files import find_monitor_files
@@ -238,7 +239,7 @@ elif kind == "store_only":  # csv2db's SQLite side alone: every file read before
     shutil.rmtree(out, ignore_errors=True)
     Path(out).mkdir(parents=True)
     start = time.perf_counter()
-    with MetricsDatabase(Path(out) / "monitor_metrics.db", 500) as db:
+    with MetricsDatabase(Path(out) / "monitor_metrics.db", DEFAULT_STEP_PARTITION) as db:
         rows = sum(db.add(one) for one in parsed)
         db.finish()
 else:
