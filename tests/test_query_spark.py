@@ -191,3 +191,18 @@ def test_diff_gives_the_same_answer_on_both_engines(
         diff(b, scaled, engine="spark", spark=spark)
     with pytest.raises(ConfigError, match="--engine: one of duckdb, spark, not 'polars'"):
         diff(b, c, engine="polars")
+
+
+def test_a_run_folder_with_glob_and_uri_characters_reads_its_own_files(
+    monitor_runs: Any, tmp_path: Path, spark: Any
+) -> None:
+    """Spark reads a listed path as a Hadoop glob and names files by URI: ``run[1]`` must read
+    ``run[1]``'s files (not ``run1``'s) and ``file`` must be the path as DuckDB gives it."""
+    mine = _parquet_copy(monitor_runs.v2, tmp_path / "it's run[1] {a} +%20")
+    _parquet_copy(monitor_runs.v2, tmp_path / "run1")
+    (sorted(mine.glob("rank_0/weight_grad_*.parquet"))[0]).unlink()  # the two runs now differ
+    register_views(spark, mine)
+    got = sorted(tuple(r) for r in spark.sql("SELECT file, count(*) FROM weight_grad GROUP BY file").collect())
+    want = sorted(connect(mine).execute("SELECT file, count(*) FROM weight_grad GROUP BY file").fetchall())
+    assert got == want
+    assert all(str(f).startswith(str(mine)) for f, _ in got)

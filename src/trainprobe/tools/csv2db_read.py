@@ -31,8 +31,12 @@ from trainprobe.engine.layout import MICRO_COLUMN
 from trainprobe.tools.csv2db_rows import NAN_BITS, BaseKey, ParsedFile, number_targets, parse_file
 from trainprobe.tools.monitor_layout import MonitorCsv, column_roles
 from trainprobe.tools.monitor_output import MAX_CSV_BYTES
-from trainprobe.tools.query import _read_csv, literal, quote, require
+from trainprobe.tools.query import _read_csv, require
 from trainprobe.tools.query_files import clean_length, csv_header
+from trainprobe.tools.query_lock import lock
+from trainprobe.tools.sql_names import file_list
+from trainprobe.tools.sql_names import ident as quote
+from trainprobe.tools.sql_names import text as literal
 
 if TYPE_CHECKING:
     import duckdb
@@ -69,6 +73,7 @@ def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Itera
     con.execute("SET preserve_insertion_order = true")  # rows in the order of the files listed, and of their lines
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
+    lock(con, (f.path for f in files))
     ahead = read_ahead(_queried(con, _batches(files)), depth=1)
     try:
         for group, batch, found in ahead:
@@ -178,7 +183,7 @@ def _query_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Moni
     if fmt == "csv":  # in file order (preserve_insertion_order): no row number needed (it costs 20% of the scan)
         source, order = _read_csv(listed, header, ordinality=False), ""
     else:
-        source = "read_parquet([" + ", ".join(literal(p) for p in listed) + "], filename=true, file_row_number=true)"
+        source = f"read_parquet({file_list(listed)}, filename=true, file_row_number=true)"
         order = ", file_row_number AS row_order"
     duck = require("duckdb")
     try:

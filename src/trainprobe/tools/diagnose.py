@@ -297,12 +297,15 @@ def _scan_on_duckdb(
     root: Path, found: Sequence[RunFile], memory_limit: str, rule: tuple[float, int, int], limit: int
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     from trainprobe.tools.query import require, short_error
+    from trainprobe.tools.query_lock import lock
 
     duck = require("duckdb")
     own = duck.connect(config={"memory_limit": memory_limit})
     own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
     try:
-        return _scan(DuckEngine(root, found, own), found, rule, limit, root)
+        engine = DuckEngine(root, found, own)
+        lock(own, (f.path for f in found))
+        return _scan(engine, found, rule, limit, root)
     except duck.Error as exc:
         raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
 

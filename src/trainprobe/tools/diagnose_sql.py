@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from trainprobe.tools.query_sql import ops_of
+from trainprobe.tools.sql_names import ident, text
 
 DEFAULT_SPIKE_FACTOR = 10.0
 """``--spike-factor``'s default: a value 10 times its running median."""
@@ -47,7 +48,7 @@ def _finite_abs(op: str) -> str:
     """``|op|`` where it is finite, else NULL. Written ``abs(x) < inf`` rather than DuckDB's
     ``isfinite``, which Spark lacks: both engines order NaN above every number, so the test is
     false for NaN and ±inf on both, NULL for NULL."""
-    return f'CASE WHEN abs("{op}") < CAST(\'inf\' AS DOUBLE) THEN abs("{op}") END'
+    return f"CASE WHEN abs({ident(op)}) < CAST('inf' AS DOUBLE) THEN abs({ident(op)}) END"
 
 
 def signals(ops: Sequence[str]) -> dict[str, tuple[str, str, str]]:
@@ -67,7 +68,7 @@ def signals(ops: Sequence[str]) -> dict[str, tuple[str, str, str]]:
         )
     elif "max" in ops or "min" in ops:
         op = "max" if "max" in ops else "min"
-        out["amax"] = (_finite_abs(op), f'"{op}"', f"'{op}'")
+        out["amax"] = (_finite_abs(op), ident(op), text(op))
     return out
 
 
@@ -102,17 +103,17 @@ def spike_rows_sql(
         )
         stats = ", ".join(f"median(a_{k}) OVER w AS m_{k}, count(a_{k}) OVER w AS n_{k}" for k in series)
         checks = []
-        squared = ", ".join(f"'{scope}'" for scope in SQUARED_SCOPES)
+        squared = ", ".join(text(scope) for scope in SQUARED_SCOPES)
         bar = f"CASE WHEN scope IN ({squared}) THEN {float(factor) ** 2!r} ELSE {float(factor)!r} END"
         for k in series:
             hit = f"n_{k} >= {int(warmup)} AND m_{k} > 0 AND a_{k} > {bar} * m_{k}"
             checks.append(
-                f"SELECT '{table}' AS \"table\", rank, step, micro_step, vpp_stage, name, scope, o_{k} AS op, "
+                f"SELECT {text(table)} AS \"table\", rank, step, micro_step, vpp_stage, name, scope, o_{k} AS op, "
                 f"v_{k} AS value, m_{k} AS median, file_row FROM scored WHERE {hit}"
             )
         union = " UNION ALL ".join(checks)
         parts.append(
-            f"(WITH base AS (SELECT {', '.join(SERIES)}, step, file_row, {values} FROM \"{table}\" {where}), "
+            f"(WITH base AS (SELECT {', '.join(SERIES)}, step, file_row, {values} FROM {ident(table)} {where}), "
             f"scored AS (SELECT *, {stats} FROM base WINDOW w AS ({frame})) {union})"
         )
     if not parts:
@@ -130,7 +131,7 @@ def first_spikes_sql(spikes: str, steps: int, limit: int) -> str:
     spike, at most ``limit`` of them (earliest steps first): the candidates that execution order
     then sorts. Same columns, the op and value of the group's first row (an op order of
     :data:`SPIKE_OPS` within one row)."""
-    op_rank = "CASE op " + " ".join(f"WHEN '{op}' THEN {i}" for i, op in enumerate(SPIKE_OPS)) + " END"
+    op_rank = "CASE op " + " ".join(f"WHEN {text(op)} THEN {i}" for i, op in enumerate(SPIKE_OPS)) + " END"
     return f"""WITH chosen AS (SELECT DISTINCT step FROM {spikes} ORDER BY step LIMIT {int(steps)})
 SELECT "table", rank, step, micro_step, vpp_stage, scope,
   arg_min(name, (file_row, {op_rank})) AS name, arg_min(op, (file_row, {op_rank})) AS op,
@@ -147,7 +148,7 @@ def step_starts_sql(table: str, steps: Sequence[int]) -> str:
     rows of one step of one table are in one file)."""
     listed = ", ".join(str(int(s)) for s in steps) or "NULL"
     return (
-        f'SELECT rank, step, min(file_row) AS first_row, arg_min(file, file_row) AS file FROM "{table}" '
+        f"SELECT rank, step, min(file_row) AS first_row, arg_min(file, file_row) AS file FROM {ident(table)} "
         f"WHERE step IN ({listed}) GROUP BY rank, step"
     )
 
@@ -157,7 +158,7 @@ def nonfinite_by_rank_sql(views: Mapping[str, Sequence[str]], nonfinite: Mapping
     non-finite, as ``rank, step``, by rank (one filtered scan; the run's first such step is the
     least of them)."""
     parts = [
-        f'SELECT rank, min(step) AS step FROM "{table}" WHERE {nonfinite[table]} GROUP BY rank'
+        f"SELECT rank, min(step) AS step FROM {ident(table)} WHERE {nonfinite[table]} GROUP BY rank"
         for table in views
         if table in nonfinite
     ]

@@ -45,9 +45,10 @@ from trainprobe.tools.diff_sql import (
     ordered_sql,
     rows_sql,
 )
-from trainprobe.tools.query import literal, quote
 from trainprobe.tools.query_files import find_run_files, is_precision_dump
 from trainprobe.tools.query_sql import ops_of
+from trainprobe.tools.sql_names import ident as quote
+from trainprobe.tools.sql_names import text as literal
 
 DEFAULT_RTOL = 1e-3
 """Default tolerance: above the noise of fp32 reruns (reduction order, kernels chosen at run
@@ -293,6 +294,7 @@ def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, setti
     check_mapping(con, pairs)
     views = {side: con.attach(side, run, window)
              for side, run, window in (("b", baseline, steps), ("c", candidate, _shift(steps, -offset)))}
+    con.seal()
     if tables is not None:
         unknown = sorted(set(tables) - set(views["b"]) - set(views["c"]))
         if unknown:

@@ -13,13 +13,16 @@ queries' own ``WHERE step`` conditions prune its Parquet reads.
 from __future__ import annotations
 
 import csv
+import io
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
 from trainprobe.tools.diagnose_engines import DuckEngine, SparkEngine
 from trainprobe.tools.diff_sql import schema_ref
-from trainprobe.tools.query import literal, quote
+from trainprobe.tools.sql_names import ident as quote
+from trainprobe.tools.sql_names import text as literal
 
 MEMORY_LIMIT = "1GB"
 """DuckDB's memory for the join (it spills to the temporary folder beyond): the process stays
@@ -53,7 +56,11 @@ class DiffEngine(Protocol):
         """The column names of ``sql``'s rows."""
 
     def write_csv(self, sql: str, path: Path) -> None:
-        """The rows of ``sql`` as a CSV file with a header (NULL an empty cell)."""
+        """The rows of ``sql`` as a CSV file with a header (NULL an empty cell), written atomically."""
+
+    def seal(self) -> None:
+        """Both runs attached: from now on the engine reads their files only and writes nothing
+        but its own outputs (:mod:`~trainprobe.tools.query_lock`)."""
 
     def release(self) -> None:
         """Drop what the engine made (the Spark session may be the user's)."""
@@ -68,21 +75,26 @@ class DuckDiff(DuckEngine):
         self.con = require("duckdb").connect()
         self.con.execute("SET preserve_insertion_order = false")
         self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-        self.con.execute(f"SET temp_directory = {literal(str(Path(tempfile.gettempdir()) / 'trainprobe-diff'))}")
+        self.spill = Path(tempfile.mkdtemp(prefix="trainprobe-diff-"))  # private (0700): the join's spill, diff.csv
+        self.con.execute(f"SET temp_directory = {literal(str(self.spill))}")
+        self.files: list[Path] = []
 
     def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
         from trainprobe.tools.query import connect
+        from trainprobe.tools.query_files import find_run_files
 
-        self.con.execute(f"CREATE SCHEMA {side}")
-        self.con.execute(f"USE {side}")
-        connect(run, self.con, steps=steps)
+        found = find_run_files(run)
+        self.files += [f.path for f in found]
+        self.con.execute(f"CREATE SCHEMA {quote(side)}")
+        self.con.execute(f"USE {quote(side)}")
+        connect(run, self.con, steps=steps, files=found)
         self.con.execute("USE main")
         found: dict[str, list[str]] = {}
         for (view,) in self.con.execute(
-            f"SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = '{side}' ORDER BY 1"
+            f"SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = {literal(side)} ORDER BY 1"
         ).fetchall():
-            cols = self.con.execute(f"SELECT column_name FROM duckdb_columns() WHERE schema_name = '{side}' "
-                                    f"AND table_name = '{view}' ORDER BY column_index").fetchall()
+            cols = self.con.execute(f"SELECT column_name FROM duckdb_columns() WHERE schema_name = {literal(side)} "
+                                    f"AND table_name = {literal(view)} ORDER BY column_index").fetchall()
             found[view] = [c[0] for c in cols]
         return found
 
@@ -96,10 +108,24 @@ class DuckDiff(DuckEngine):
         return [d[0] for d in self.con.execute(f"SELECT * FROM ({sql}) LIMIT 0").description]
 
     def write_csv(self, sql: str, path: Path) -> None:
-        self.con.execute(f"COPY ({sql}) TO {literal(str(path))} (HEADER, DELIMITER ',')")
+        from trainprobe.engine.sinks.files import write_atomically
+
+        made = self.spill / "diff.csv"
+        self.con.execute(f"COPY ({sql}) TO {literal(str(made))} (HEADER, DELIMITER ',')")
+        try:
+            with made.open("rb") as source:
+                write_atomically(path, lambda out: shutil.copyfileobj(source, out, 1 << 20), field="-o/--output")
+        finally:
+            made.unlink()
+
+    def seal(self) -> None:
+        from trainprobe.tools.query_lock import lock
+
+        lock(self.con, self.files, spill=self.spill)
 
     def release(self) -> None:
         self.con.close()
+        shutil.rmtree(self.spill, ignore_errors=True)
 
 
 class SparkDiff(SparkEngine):
@@ -129,14 +155,24 @@ class SparkDiff(SparkEngine):
         return list(self.session.sql(to_spark(sql)).columns)
 
     def write_csv(self, sql: str, path: Path) -> None:
+        from trainprobe.engine.sinks.files import write_atomically
         from trainprobe.tools.query_spark import to_spark
 
         frame = self.session.sql(to_spark(sql))
-        with path.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh, lineterminator="\n")
+
+        def rows(out: Any) -> None:
+            text = io.TextIOWrapper(out, encoding="utf-8", newline="")
+            writer = csv.writer(text, lineterminator="\n")
             writer.writerow(frame.columns)
             for row in frame.toLocalIterator():
                 writer.writerow(["" if v is None else _csv_value(v) for v in row])
+            text.flush()
+            text.detach()
+
+        write_atomically(path, rows, field="-o/--output")
+
+    def seal(self) -> None:
+        """Nothing to lock on Spark: its views are registered from the runs' files only."""
 
     def release(self) -> None:
         super().release()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.query import literal
+from trainprobe.tools.sql_names import text as literal
 
 WRAPPER_PARTS: tuple[str, ...] = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 """Name parts that wrappers insert and that carry no meaning for a comparison."""

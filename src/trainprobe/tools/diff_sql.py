@@ -27,8 +27,9 @@ import math
 from collections.abc import Callable, Sequence
 
 from trainprobe.tools.diff_match import KEY, key_sql
-from trainprobe.tools.query import quote
 from trainprobe.tools.query_sql import COUNT_OPS, ONCE_STAGE, stage_sql
+from trainprobe.tools.sql_names import ident as quote
+from trainprobe.tools.sql_names import text as literal
 
 EQUAL, WITHIN, DIVERGED, ONLY_BASELINE, ONLY_CANDIDATE = 0, 1, 2, 3, 4
 STATUS_NAMES = {
@@ -144,9 +145,9 @@ def joined_sql(
     diverged = "TRUE" if exact else f"rel > {float(rtol)!r}"
     keys = ", ".join(f"COALESCE(b.{k}, c.{k}) AS {k}" for k in KEY)
     values = "".join(f", b.{quote(o)} AS {quote('b_' + o)}, c.{quote(o)} AS {quote('c_' + o)}, r{i} AS {quote('r_' + o)}" for i, o in enumerate(ops))
-    worst = " ".join(f"WHEN r{i} = rel_all THEN '{o}'" for i, o in enumerate(ops))
+    worst = " ".join(f"WHEN r{i} = rel_all THEN {literal(o)}" for i, o in enumerate(ops))
     per_op = "".join(f"{r} AS r{i}, " for i, r in enumerate(rels))
-    return f"""SELECT '{table}' AS tbl, {keys}, {per_op}{rel} AS rel_all,
+    return f"""SELECT {literal(table)} AS tbl, {keys}, {per_op}{rel} AS rel_all,
   CASE WHEN b.k_rank IS NULL THEN {ONLY_CANDIDATE} WHEN c.k_rank IS NULL THEN {ONLY_BASELINE}
        WHEN {equal} THEN {EQUAL} WHEN {diverged.replace("rel", "rel_all")} THEN {DIVERGED} ELSE {WITHIN} END AS status,
   CASE WHEN b.k_rank IS NULL OR c.k_rank IS NULL THEN NULL ELSE rel_all END AS rel,

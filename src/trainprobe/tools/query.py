@@ -43,9 +43,7 @@ Example::
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +52,7 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.sinks.parquet_summary import Summary, read_summary
 from trainprobe.tools.query_files import RunFile, clean_length, csv_header, find_run_files
+from trainprobe.tools.query_lock import is_locked, lock
 from trainprobe.tools.query_sql import (
     KEY_COLUMNS,
     META_COLUMNS,
@@ -61,12 +60,15 @@ from trainprobe.tools.query_sql import (
     first_bad_step_sql,
     first_nonfinite_sql,
 )
+from trainprobe.tools.sql_names import check_columns, file_list
+from trainprobe.tools.sql_names import ident as quote
+from trainprobe.tools.sql_names import text as literal
 
 if TYPE_CHECKING:
     import duckdb
 
 INSTALL_HINT = "pip install 'trainprobe[query]'"
-_FILE_KEYS = {"v1": ("vpp_stage", "name", "step"), "v2": ("vpp_stage", "step", "module_name", "scope")}
+FILE_KEYS: dict[str, tuple[str, ...]] = {"v1": ("vpp_stage", "name", "step"), "v2": ("vpp_stage", "step", "module_name", "scope")}
 _INT_COLUMNS = ("vpp_stage", "step", "micro_step")
 _RANK_PATTERN = {
     "v1": r"-rank([0-9]+)-[^/\\]*[/\\][^/\\]+$",
@@ -89,18 +91,26 @@ def connect(
     connection: duckdb.DuckDBPyConnection | None = None,
     steps: tuple[int, int] | None = None,
     files: Sequence[RunFile] | None = None,
+    *,
+    locked: bool = True,
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection (``connection``, else a new in-memory one) with one view per table of
     ``run`` (see the module docstring for the columns); with ``steps`` (first, last), over only
     the files whose window (from their names) meets that range; ``files``: the run's files, found
     already (:func:`~trainprobe.tools.query_files.find_run_files`), else found here.
 
+    A connection made here is **locked** to the run (:func:`~trainprobe.tools.query_lock.lock`):
+    it reads the run's files only, writes nothing and its settings are frozen, so SQL run on it
+    (yours, or anything a crafted file might smuggle in) cannot read or change anything else.
+    ``locked=False`` leaves it open (your own code may then ``COPY`` results where it likes); a
+    ``connection`` you pass is never locked here.
+
     Raises:
         ConfigError: ``run`` holds no data file; a CSV header names a column twice or lacks the
             layout's key columns; DuckDB or PyArrow is not installed (the message says how to
             install them).
     """
-    return _connect(run, connection, steps, files)[0]
+    return _connect(run, connection, steps, files, locked=locked)[0]
 
 
 def _connect(
@@ -109,13 +119,15 @@ def _connect(
     steps: tuple[int, int] | None = None,
     files: Sequence[RunFile] | None = None,
     headers: Mapping[Path, tuple[str, ...]] | None = None,
+    locked: bool = True,
 ) -> tuple[duckdb.DuckDBPyConnection, dict[str, list[str]], list[RunFile]]:
     """:func:`connect`, also returning each view's columns (no ``DESCRIBE`` needed) and the run's
     files (before the ``steps`` selection; ``files``: those, already found; ``headers``: the
     columns of Parquet files, known from their summaries)."""
     duck = require("duckdb")
     con = connection if connection is not None else duck.connect()
-    con.execute("SET parquet_metadata_cache = true")  # the footers read for the views serve the queries
+    if not is_locked(con):
+        con.execute("SET parquet_metadata_cache = true")  # the footers read for the views serve the queries
     found = list(files) if files is not None else find_run_files(run)
     chosen = found
     if steps is not None:
@@ -129,17 +141,9 @@ def _connect(
         if made is not None:
             view, views[table] = made
             con.execute(f"CREATE OR REPLACE VIEW {quote(table)} AS {view}")
+    if connection is None and locked:
+        lock(con, (f.path for f in found))
     return con, views, found
-
-
-def quote(name: str) -> str:
-    """``name`` as a SQL identifier (double quotes, inner quotes doubled)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def literal(text: str) -> str:
-    """``text`` as a SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def short_error(text: str) -> str:
@@ -208,17 +212,18 @@ def _merge(columns: list[str], names: Iterable[str]) -> None:
 
 
 def _check_header(header: tuple[str, ...], f: RunFile) -> None:
+    check_columns(header, f.path, allowed=(*FILE_KEYS[f.layout], "micro_step"))
     if len(set(header)) != len(header):
         twice = next(h for h in header if header.count(h) > 1)
         raise ConfigError(f"{f.path}: the header names column {twice!r} twice; a monitor file names each once")
-    missing = [k for k in _FILE_KEYS[f.layout] if k not in header]
+    missing = [k for k in FILE_KEYS[f.layout] if k not in header]
     if missing:
         raise ConfigError(f"{f.path}: header {list(header)[:12]} lacks {missing}; is this a monitor file?")
 
 
 def _csv_columns(header: tuple[str, ...], layout: str) -> list[str]:
     """The view's column names a file with ``header`` provides."""
-    file_keys = {*_FILE_KEYS[layout], "micro_step"}
+    file_keys = {*FILE_KEYS[layout], "micro_step"}
     return [*KEY_COLUMNS, *(h for h in header if h not in file_keys), *META_COLUMNS]
 
 
@@ -241,7 +246,7 @@ _PIECE_ROWS = 1 << 40
 def _read_csv(paths: Sequence[str], header: tuple[str, ...], ordinality: bool = True) -> str:
     """The typed ``read_csv`` of ``paths``; ``ordinality``: with a row number column (``ordinality``)."""
     types = ", ".join(f"{literal(h)}: {literal(_csv_type(h))}" for h in header)
-    listed = "[" + ", ".join(literal(p) for p in paths) + "]"
+    listed = file_list(paths)
     return (
         f"read_csv({listed}, header=true, filename=true, auto_detect=false, delim=',', quote='\"', "
         f"escape='\"', columns={{{types}}})" + (" WITH ORDINALITY" if ordinality else "")
@@ -269,7 +274,7 @@ def _projection(
         name = f"CASE WHEN starts_with(name, {vpp}) THEN substr(name, length({vpp}) + 1) ELSE name END"
         scope = literal(table)
     micro = "CAST(micro_step AS BIGINT)" if "micro_step" in present else "CAST(NULL AS BIGINT)"
-    file_keys = {*_FILE_KEYS[layout], "micro_step"}
+    file_keys = {*FILE_KEYS[layout], "micro_step"}
     values = [
         f"{quote(h)}::VARCHAR AS {quote(h)}" if h in TEXT_COLUMNS else f"{_op(quote(h), nan_guard)} AS {quote(h)}"
         for h in header
@@ -316,20 +321,36 @@ def _threads(con: duckdb.DuckDBPyConnection) -> int:
 
 
 def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ...], cut: int) -> str:
-    """A temporary table holding the complete records of a CSV file whose last one is torn."""
+    """A temporary table holding the complete records (the first ``cut`` bytes) of a CSV file
+    whose last one is torn. They are parsed in memory (pyarrow, the types of :func:`_csv_type`),
+    so nothing is written to disk and the connection needs no file beyond the run's."""
+    import io
+
+    pa, csv = require("pyarrow"), require("pyarrow.csv")
     warn_once(f"torn:{f.path}", f"{f.path}: skipped 1 torn row(s) (a run killed while writing?)")
+    kinds = {"BIGINT": pa.int64(), "VARCHAR": pa.string(), "DOUBLE": pa.float64()}
     with open(f.path, "rb") as handle:
         data = handle.read(cut)
-    fd, temp = tempfile.mkstemp(suffix=".csv", prefix="trainprobe-torn-")
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
+        rows = csv.read_csv(
+            io.BytesIO(data),
+            parse_options=csv.ParseOptions(newlines_in_values=True),
+            convert_options=csv.ConvertOptions(
+                column_types={h: kinds[_csv_type(h)] for h in header}, null_values=[""], strings_can_be_null=True
+            ),
+        )
+    except pa.ArrowInvalid as exc:
+        raise ConfigError(f"{f.path}: {' '.join(str(exc).split())[:300]}") from None
+    rows = rows.append_column("ordinality", pa.array(range(1, rows.num_rows + 1), pa.int64()))
+    name = f"__torn_{abs(hash(str(f.path)))}"
+    source = f"{name}_rows"
+    con.register(source, rows)
+    try:
         select = _projection(header, layout=f.layout, table=f.table, rank=str(f.rank), file=literal(str(f.path)),
                              row="ordinality - 1")
-        name = f"__torn_{abs(hash(str(f.path)))}"
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {quote(name)} AS SELECT {select} FROM {_read_csv([temp], header)}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {quote(name)} AS SELECT {select} FROM {quote(source)}")
     finally:
-        os.unlink(temp)
+        con.unregister(source)
     return f"SELECT * FROM {quote(name)}"
 
 
@@ -342,7 +363,7 @@ def _parquet_part(
 ) -> tuple[str, list[str]]:
     """The SELECT over Parquet files ``group``; ``header``: their columns (all the same), known
     already; else read from their footers (the union of their columns)."""
-    listed = "[" + ", ".join(literal(str(f.path)) for f in group) + "]"
+    listed = file_list(str(f.path) for f in group)
     if header is None:
         source = f"read_parquet({listed}, union_by_name=true, filename=true, file_row_number=true)"
         described = con.execute(f"DESCRIBE SELECT * FROM read_parquet({listed}, union_by_name=true)").fetchall()

@@ -14,15 +14,18 @@ Needs the ``[spark]`` extra (``pip install 'trainprobe[spark]'``: pyspark, sqlgl
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.query import _projection, _rank_from, quote
+from trainprobe.tools.query import FILE_KEYS, _projection, _rank_from
 from trainprobe.tools.query_files import RunFile, find_run_files
 from trainprobe.tools.query_sql import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
+from trainprobe.tools.sql_names import check_columns, hadoop_glob_literal
+from trainprobe.tools.sql_names import ident as quote
 
 SPARK_HINT = "pip install 'trainprobe[spark]'"
 
@@ -169,23 +172,64 @@ def _ordered(columns: Sequence[str]) -> list[str]:
 
 
 def _frame(session: Any, table: str, layout: str, group: Sequence[RunFile], prefix: str = "") -> Any:
-    raw = session.read.option("mergeSchema", "true").parquet(*[str(f.path) for f in group])
+    raw = session.read.option("mergeSchema", "true").parquet(*[hadoop_glob_literal(str(f.path)) for f in group])
+    header = list(raw.columns)
+    check_columns(header, group[0].path, allowed=(*FILE_KEYS[layout], "micro_step"))
     raw = raw.selectExpr("*", "_metadata.file_path AS __file", "_metadata.row_index AS __row")
     source = f"__src_{prefix}{table}_{layout}"
     raw.createOrReplaceTempView(source)
-    header = [c for c in raw.columns if c not in ("__file", "__row")]
-    file = "regexp_replace(__file, '^file:(//)?', '')"
+    # Spark names a file by its URI: ``file:`` dropped, percent escapes (``run%5B1%5D``) decoded ('+' kept)
+    file = "url_decode(replace(regexp_replace(__file, '^file:(//)?', ''), '+', '%2B'))"
     select = _projection(header, layout, table, _rank_from("__file", layout), file, "__row", nan_guard=True)
     return session.sql(to_spark(f"SELECT {select} FROM {quote(source)}"))
 
 
 def spark_query(session: Any, run: str | Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Column names and rows of ``sql`` (DuckDB's dialect, transpiled) over ``run``'s views."""
-    register_views(session, run)
-    frame = session.sql(to_spark(sql))
+    """Column names and rows of ``sql`` (DuckDB's dialect, transpiled) over ``run``'s views.
+
+    Raises:
+        ConfigError: ``sql`` is not one read-only query over the run's views (:func:`read_only`).
+    """
+    views = register_views(session, run)
+    frame = session.sql(to_spark(read_only(sql, views)))
     return list(frame.columns), [tuple(row) for row in frame.collect()]
 
 
 def spark_schema(session: Any, run: str | Path) -> list[tuple[Any, ...]]:
     """``(view, column, type)`` of every view of ``run`` on Spark."""
     return [(v, c, t) for v, cols in sorted(register_views(session, run).items()) for c, t in cols]
+
+
+def read_only(sql: str, views: Iterable[str]) -> str:
+    """``sql`` when it is one read-only query (``SELECT``, ``WITH``, ``VALUES``, set operations)
+    whose tables are the run's ``views`` and the query's own ``WITH`` names; else a ConfigError.
+
+    Spark has no setting that keeps SQL to a list of files (as DuckDB's ``allowed_paths``, see
+    :mod:`~trainprobe.tools.query_lock`), so user SQL is checked before it runs: no ``INSERT``,
+    ``CREATE``, ``ADD JAR``, ``SET``; no ``parquet.`/path``` or other table outside the run. A
+    result is written with ``-o/--output FILE``.
+
+    Raises:
+        ConfigError: one line saying what is refused.
+    """
+    sqlglot = _require("sqlglot")
+    exp = sqlglot.exp
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="duckdb") if s is not None]
+    except sqlglot.errors.ParseError:
+        try:  # Spark's own spelling (backquotes, ``parquet.`path```) is checked as Spark reads it
+            statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
+        except sqlglot.errors.ParseError as exc:
+            plain = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # sqlglot underlines the token in ANSI colour
+            raise ConfigError(f"query: {' '.join(plain.split())[:300]}") from None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Query):
+        raise ConfigError(
+            "query: --engine spark runs one read-only query (SELECT, WITH ... SELECT, VALUES) over the run's views; "
+            "write a result with -o/--output FILE"
+        )
+    known = set(views) | {cte.alias_or_name for cte in statements[0].find_all(exp.CTE)}
+    for table in statements[0].find_all(exp.Table):
+        if table.name and (table.db or table.catalog or table.name not in known):
+            shown = table.sql(dialect="duckdb").encode("unicode_escape").decode("ascii")[:120]
+            raise ConfigError(f"query: {shown} is not a view of this run (views: {', '.join(sorted(set(views)))})")
+    return sql

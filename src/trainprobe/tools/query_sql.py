@@ -30,6 +30,7 @@ from trainprobe.tools.execution_order import (
     phase_of_table,
     table_rank,
 )
+from trainprobe.tools.sql_names import ident, text
 
 KEY_COLUMNS: tuple[str, ...] = ("rank", "step", "micro_step", "vpp_stage", "name", "scope")
 """The key columns every view starts with, in this order."""
@@ -45,8 +46,7 @@ MG_DIRECTION = "%.mg_direction"
 """``name LIKE`` pattern of the ``mg_direction`` rows of the V1 ``other`` table (optimizer phase)."""
 
 
-def _sql_text(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+_sql_text = text
 
 
 def _place(table: str, target: str = "") -> tuple[int, int, int, bool]:
@@ -141,13 +141,13 @@ INF = "CAST('inf' AS DOUBLE)"
 
 def is_nonfinite(column: str) -> str:
     """SQL true when ``column`` is NaN or infinite (``isinf`` has no Spark equivalent)."""
-    return f'(isnan("{column}") OR abs("{column}") = {INF})'
+    return f"(isnan({ident(column)}) OR abs({ident(column)}) = {INF})"
 
 
 def nonfinite_sql(ops: Sequence[str]) -> str:
     """True for a row with an op that is NaN or infinite (or a NaN count above 0)."""
     tests = [is_nonfinite(op) for op in ops if op not in COUNT_OPS]
-    tests += [f'"{op}" > 0' for op in ops if op in COUNT_OPS]
+    tests += [f"{ident(op)} > 0" for op in ops if op in COUNT_OPS]
     return " OR ".join(tests) if tests else "FALSE"
 
 
@@ -166,16 +166,16 @@ def bad_rows_sql(columns: Sequence[str]) -> str:
 def first_bad_step_sql(views: Mapping[str, Sequence[str]]) -> str:
     """The first step with a non-finite row in any view (NULL when none): the first of the two
     queries of "first NaN/inf" (a filtered scan of ``step`` and the ops only)."""
-    parts = [f'SELECT min(step) AS step FROM "{t}" WHERE {bad_rows_sql(cols)}' for t, cols in views.items()]
+    parts = [f"SELECT min(step) AS step FROM {ident(t)} WHERE {bad_rows_sql(cols)}" for t, cols in views.items()]
     return "SELECT min(step) AS step FROM (" + " UNION ALL ".join(parts) + ")"
 
 
 def _keyed(table: str, extra: Sequence[str], where: str) -> str:
     """The rows of view ``table`` matching ``where`` with its name, stage, key columns, ``extra``
     items and the execution-key columns."""
-    items = [f"{_sql_text(table)} AS tbl", f"{stage_sql(table)} AS stage", *(f'"{c}"' for c in KEY_COLUMNS)]
+    items = [f"{_sql_text(table)} AS tbl", f"{stage_sql(table)} AS stage", *(ident(c) for c in KEY_COLUMNS)]
     items += ["file", "file_row", *extra, *order_columns_sql(table)]
-    return f'SELECT {", ".join(items)} FROM "{table}" WHERE {where}'
+    return f"SELECT {', '.join(items)} FROM {ident(table)} WHERE {where}"
 
 
 def _order_by() -> str:
@@ -207,8 +207,8 @@ def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int, limit: in
     for table, columns in views.items():
         ops = ops_of(columns)
         value_ops = [op for op in ops if op not in COUNT_OPS] or list(ops)
-        op_case = " ".join(f"WHEN {is_nonfinite(o)} THEN '{o}'" for o in value_ops) or "WHEN FALSE THEN NULL"
-        val_case = " ".join(f'WHEN {is_nonfinite(o)} THEN "{o}"' for o in value_ops) or "WHEN FALSE THEN NULL"
+        op_case = " ".join(f"WHEN {is_nonfinite(o)} THEN {text(o)}" for o in value_ops) or "WHEN FALSE THEN NULL"
+        val_case = " ".join(f"WHEN {is_nonfinite(o)} THEN {ident(o)}" for o in value_ops) or "WHEN FALSE THEN NULL"
         extra = [
             f"{bad_rows_sql(columns)} AS bad",
             f"CASE {op_case} ELSE NULL END AS op",

@@ -85,7 +85,7 @@ def load_report_data(
     """
     root = Path(monitor_dir).expanduser()
     files = find_report_files(root) if files is None else files
-    con = connection()
+    con = connection(files)
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     anomaly_files, alerts = read_alerts(root, files)

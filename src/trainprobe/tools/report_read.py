@@ -110,9 +110,14 @@ def run_files(files: Sequence[ReportFile]) -> list[RunFile]:
     return sorted((f.source for f in files), key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
 
 
-def connection() -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection for :func:`read_file` (ConfigError naming the ``[query]`` extra without DuckDB)."""
-    return require("duckdb").connect()  # type: ignore[no-any-return]
+def connection(files: Sequence[ReportFile]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection for :func:`read_file`, locked to reading ``files``
+    (:mod:`~trainprobe.tools.query_lock`; ConfigError naming the ``[query]`` extra without DuckDB)."""
+    from trainprobe.tools.query_lock import lock
+
+    con = require("duckdb").connect()
+    lock(con, (f.path for f in files))
+    return con  # type: ignore[no-any-return]
 
 
 def read_file(con: duckdb.DuckDBPyConnection, file: ReportFile) -> FileRows:

@@ -1,0 +1,234 @@
+"""The read side locked to the run folder (issue #33, "Locked to the run"): names from files
+never become SQL, paths are never patterns, and the connections the tools open read the run's
+files only and write nothing, user SQL included.
+
+Every case runs the real command line in a subprocess (exit code, stderr, files on disk) over
+real Monitor V2/V1 output (``monitor_runs``), changed by hand the way an attacker with write
+access to a shared run folder would change it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("duckdb")
+pytest.importorskip("pyarrow")
+
+from trainprobe.engine.errors import ConfigError  # noqa: E402
+from trainprobe.tools.query import connect, first_nonfinite  # noqa: E402
+from trainprobe.tools.sql_names import check_columns, file_list, glob_literal, hadoop_glob_literal  # noqa: E402
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "trainprobe", *args], capture_output=True, text=True, timeout=300, env=env, cwd=cwd
+    )
+
+
+def _one_line_refusal(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stdout[-500:], done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines, "no message"
+    for word in words:
+        assert word in done.stderr, done.stderr
+
+
+def _copy(run: Path, target: Path) -> Path:
+    shutil.copytree(run, target)
+    return target
+
+
+def _first_csv(run: Path, table: str = "weight_grad") -> Path:
+    return sorted(run.glob(f"rank_0/{table}_step*.csv"))[0]
+
+
+def _replace_header(path: Path, old: str, new: str) -> None:
+    head, _, rest = path.read_text(encoding="utf-8").partition("\n")
+    assert old in head.split(","), head
+    path.write_text(",".join(new if h == old else h for h in head.split(",")) + "\n" + rest, encoding="utf-8")
+
+
+# --- names from files -----------------------------------------------------------------------
+
+PLANTED = "planted_by_header.csv"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["query", "{run}", "SELECT count(*) FROM weight_grad"],
+        ["query", "{run}", "--first-nonfinite"],
+        ["diagnose", "{run}"],
+        ["report", "{run}", "-o", "{out}/report.html"],
+        ["diff", "{run}", "{run}"],
+    ],
+    ids=["query", "first-nonfinite", "diagnose", "report", "diff"],
+)
+def test_a_header_holding_sql_is_refused_and_runs_nothing(
+    monitor_runs: Any, tmp_path: Path, command: list[str]
+) -> None:
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    target = tmp_path / PLANTED
+    payload = f"norm\") TO '{target}' (HEADER); COPY (SELECT 1 AS x) TO '{target}'; SELECT (\"norm"
+    _replace_header(_first_csv(run), "norm", payload)
+    done = _cli(*(part.format(run=run, out=tmp_path) for part in command))
+    _one_line_refusal(done, "is not a monitor column name")
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("name", ["rank", "file", "file_row", "name", "x_phase", "ordinality"])
+def test_an_op_taking_a_view_column_name_is_one_line(monitor_runs: Any, tmp_path: Path, name: str) -> None:
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    _replace_header(_first_csv(run), "mean", name)
+    done = _cli("query", str(run), "SELECT count(*) FROM weight_grad")
+    _one_line_refusal(done, f"column '{name}' takes the name of a column the query layer defines")
+
+
+def test_a_parquet_schema_holding_sql_is_refused(monitor_runs: Any, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    source = _first_csv(run)
+    table = pa.csv.read_csv(source) if hasattr(pa, "csv") else None
+    if table is None:
+        import pyarrow.csv as pacsv
+
+        table = pacsv.read_csv(source)
+    table = table.rename_columns(['norm"; DROP VIEW weight_grad; --' if c == "norm" else c for c in table.column_names])
+    pq.write_table(table, source.with_suffix(".parquet"))
+    source.unlink()
+    done = _cli("diagnose", str(run))
+    _one_line_refusal(done, "is not a monitor column name", source.with_suffix(".parquet").name)
+
+
+def test_v1_keeps_its_name_column_and_plain_ops_pass() -> None:
+    check_columns(["vpp_stage", "name", "step", "micro_step", "min", "norm", "shape", "dtype"], "f.csv",
+                  allowed=("vpp_stage", "name", "step", "micro_step"))
+    with pytest.raises(ConfigError, match=r"f.csv: column 'name' takes the name"):
+        check_columns(["vpp_stage", "step", "module_name", "scope", "name"], "f.csv",
+                      allowed=("vpp_stage", "step", "module_name", "scope"))
+    with pytest.raises(ConfigError, match=r"column '\\x1b\[2Jnorm' is not a monitor column name"):
+        check_columns(["\x1b[2Jnorm"], "f.csv")
+
+
+# --- paths are never patterns ---------------------------------------------------------------
+
+def test_glob_escaping_reads_each_path_as_itself() -> None:
+    assert glob_literal("/r/run[1]/a*b?.csv") == "/r/run[[]1]/a[*]b[?].csv"
+    assert file_list(["/r/it's[x]"]) == "['/r/it''s[[]x]']"
+    assert hadoop_glob_literal("/r/run[1]/{a,b}*?\\") == "/r/run\\[1\\]/\\{a,b\\}\\*\\?\\\\"
+
+
+@pytest.mark.parametrize("folder", ["run[1]", "run*", "run?", "it's [a] {b}"])
+def test_a_run_folder_with_glob_characters_reads_its_own_files(
+    monitor_runs: Any, tmp_path: Path, folder: str
+) -> None:
+    mine = _copy(monitor_runs.v2, tmp_path / folder)
+    other = _copy(monitor_runs.v2, tmp_path / "run1")  # what run[1] and run? match as patterns
+    for path in other.rglob("*.csv"):  # other's rows differ: a mix would show
+        head, _, rest = path.read_text(encoding="utf-8").partition("\n")
+        path.write_text(head + "\n" + rest + rest, encoding="utf-8")
+    con = connect(mine)
+    [(rows, files)] = con.execute("SELECT count(*), count(DISTINCT file) FROM weight_grad").fetchall()
+    expected = sum(len(p.read_text(encoding="utf-8").splitlines()) - 1 for p in mine.rglob("weight_grad_*.csv"))
+    assert rows == expected
+    assert {r[0] for r in con.execute("SELECT DISTINCT file FROM weight_grad").fetchall()} == {
+        str(p) for p in mine.rglob("weight_grad_*.csv")
+    }
+    assert files == len(list(mine.rglob("weight_grad_*.csv")))
+    done = _cli("query", str(mine), "SELECT count(*) AS n FROM weight_grad", "--csv")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["n", str(expected)]
+
+
+# --- user SQL stays inside the run ----------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "COPY weight_grad TO '{own}'",
+        "COPY (SELECT 1) TO '{out}/leak.csv'",
+        "EXPORT DATABASE '{out}/exported'",
+        "ATTACH '{out}/x.db' AS x",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT * FROM read_text('/etc/hostname')",
+        "SELECT * FROM glob('/etc/*')",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SET enable_external_access = true",
+        "SET allowed_directories = ['/']",
+        "SET lock_configuration = false",
+    ],
+)
+def test_user_sql_cannot_read_or_write_outside_the_run(monitor_runs: Any, tmp_path: Path, sql: str) -> None:
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    own = _first_csv(run)
+    before = own.read_bytes()
+    listing = sorted(p.name for p in tmp_path.iterdir())
+    done = _cli("query", str(run), sql.format(own=own, out=tmp_path))
+    _one_line_refusal(done)
+    assert own.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing
+    assert "root:" not in done.stdout + done.stderr
+
+
+def test_connect_is_locked_by_default_and_open_when_asked(monitor_runs: Any, tmp_path: Path) -> None:
+    import duckdb
+
+    con = connect(monitor_runs.v2)
+    assert con.execute("SELECT count(*) FROM weight_grad").fetchall()[0][0] > 0
+    with pytest.raises(duckdb.Error, match="disabled by configuration"):
+        con.execute(f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'")
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_external_access = true")
+    open_con = connect(monitor_runs.v2, locked=False)
+    open_con.execute(f"COPY (SELECT count(*) FROM weight_grad) TO '{tmp_path / 'x.csv'}' (HEADER false)")
+    assert (tmp_path / "x.csv").read_text().strip().isdigit()
+
+
+# --- a torn file on a locked connection -----------------------------------------------------
+
+def test_a_torn_file_is_read_in_memory_on_a_locked_connection(monitor_runs: Any, tmp_path: Path) -> None:
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    path = _first_csv(run)
+    text = path.read_text(encoding="utf-8")
+    whole = len(text.splitlines()) - 1
+    path.write_text(text + text.splitlines()[1][:7], encoding="utf-8")  # a torn last record
+    before = set(os.listdir(tempfile.gettempdir()))
+    con = connect(run)
+    [(rows,)] = con.execute(f"SELECT count(*) FROM weight_grad WHERE file = '{path}'").fetchall()
+    assert rows == whole
+    assert not {n for n in set(os.listdir(tempfile.gettempdir())) - before if n.startswith("trainprobe-torn")}
+    first_nonfinite(run)  # its own locked connection, narrowed to one step: reads the torn file again
+    done = _cli("diagnose", str(run))
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr
+
+
+# --- Spark ------------------------------------------------------------------------------------
+
+def test_spark_user_sql_is_one_read_only_query_over_the_views() -> None:
+    pytest.importorskip("sqlglot")
+    from trainprobe.tools.query_spark import read_only
+
+    views = ["weight_grad", "module"]
+    assert read_only("WITH a AS (SELECT * FROM weight_grad) SELECT * FROM a JOIN module USING (step)", views)
+    for sql, why in [
+        ("INSERT OVERWRITE DIRECTORY '/tmp/x' SELECT * FROM weight_grad", "one read-only query"),
+        ("SELECT 1; SELECT 2", "one read-only query"),
+        ("SELECT * FROM parquet.`/etc/secret`", "is not a view of this run"),
+        ("SELECT * FROM other_table", "is not a view of this run"),
+        ("CREATE TABLE t AS SELECT 1", "one read-only query"),
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            read_only(sql, views)
