@@ -77,17 +77,17 @@ class DuckDiff(DuckEngine):
         self.con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         self.spill = Path(tempfile.mkdtemp(prefix="trainprobe-diff-"))  # private (0700): the join's spill, diff.csv
         self.con.execute(f"SET temp_directory = {literal(str(self.spill))}")
-        self.files: list[Path] = []
+        self.readable: list[Path] = []  # both runs' files: all the locked connection may read
 
     def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
         from trainprobe.tools.query import connect
         from trainprobe.tools.query_files import find_run_files
 
-        found = find_run_files(run)
-        self.files += [f.path for f in found]
+        run_files = find_run_files(run)
+        self.readable += [f.path for f in run_files]
         self.con.execute(f"CREATE SCHEMA {quote(side)}")
         self.con.execute(f"USE {quote(side)}")
-        connect(run, self.con, steps=steps, files=found)
+        connect(run, self.con, steps=steps, files=run_files)
         self.con.execute("USE main")
         found: dict[str, list[str]] = {}
         for (view,) in self.con.execute(
@@ -121,7 +121,7 @@ class DuckDiff(DuckEngine):
     def seal(self) -> None:
         from trainprobe.tools.query_lock import lock
 
-        lock(self.con, self.files, spill=self.spill)
+        lock(self.con, self.readable, spill=self.spill)
 
     def release(self) -> None:
         self.con.close()
