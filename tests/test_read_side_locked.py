@@ -232,3 +232,51 @@ def test_spark_user_sql_is_one_read_only_query_over_the_views() -> None:
     ]:
         with pytest.raises(ConfigError, match=why):
             read_only(sql, views)
+
+
+# --- control characters in printed names ----------------------------------------------------
+
+def _plant_name(path: Path, name: str) -> None:
+    """The first data row of ``path`` renamed to ``name`` with a NaN norm (what diagnose names)."""
+    import csv
+
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    header = rows[0]
+    rows[1][header.index("module_name")] = name
+    rows[1][header.index("norm")] = "nan"
+    with path.open("w", newline="", encoding="utf-8") as handle:  # as the monitors quote: "\r" too
+        csv.writer(handle, lineterminator="\n").writerow(header)
+        csv.writer(handle, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC).writerow(rows[1])
+        csv.writer(handle, lineterminator="\n").writerows(rows[2:])
+
+
+@pytest.mark.parametrize("command", [["diagnose", "{run}"], ["diff", "{base}", "{run}"],
+                                     ["query", "{run}", "--first-nonfinite"]])
+def test_a_crafted_name_cannot_rewrite_the_terminal(monitor_runs: Any, tmp_path: Path, command: list[str]) -> None:
+    base = _copy(monitor_runs.v2, tmp_path / "base")
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    _plant_name(_first_csv(run), "evil\x1b[2K\rno anomaly\x07\u2028")
+    done = _cli(*(part.format(run=run, base=base) for part in command))
+    assert done.returncode == {"diagnose": 1, "diff": 0, "query": 0}[command[0]], done.stderr  # diff: a row only in one run
+    assert "Traceback" not in done.stderr
+    for char in "\x1b\r\x07\u2028":
+        assert char not in done.stdout + done.stderr
+    assert "evil\\x1b[2K\\rno anomaly\\x07\\u2028" in done.stdout
+
+
+# --- no traceback ---------------------------------------------------------------------------
+
+def test_diff_of_a_truncated_parquet_and_a_huge_offset_are_one_line(monitor_runs: Any, tmp_path: Path) -> None:
+    from trainprobe.tools.query_convert import convert_run
+
+    base = _copy(monitor_runs.v2, tmp_path / "base")
+    cut = _copy(monitor_runs.v2, tmp_path / "cut")
+    convert_run(cut, remove_csv=True)
+    victim = sorted(cut.glob("rank_0/weight_grad_*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    done = _cli("diff", str(base), str(cut))
+    _one_line_refusal(done, "the data could not be read", victim.name)
+    assert "LINE 1" not in done.stderr  # trainprobe's own SQL is not quoted at the user
+    for offset in ("9223372036854775807", "-9223372036854775808"):
+        _one_line_refusal(_cli("diff", str(base), str(base), "--offset", offset), "--offset: at most")

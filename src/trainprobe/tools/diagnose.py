@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.printable import printable
 from trainprobe.tools.diagnose_engines import ENGINES, DiagnoseEngine, DuckEngine, SparkEngine, on_spark
 from trainprobe.tools.diagnose_sql import (
     DEFAULT_SPIKE_FACTOR,
@@ -118,7 +119,7 @@ class Anomaly:
             what = f"{self.op} (the alert gives no value)"
         else:
             what = f"{self.op} = {_number(self.value)}"
-        text = f"step {self.step}{micro}, rank {self.rank}, {where} {self.name}: {what}"
+        text = f"step {self.step}{micro}, rank {self.rank}, {printable(where)} {printable(self.name)}: {printable(what)}"
         if self.kind == "spike" and self.median:
             text += f", {abs(self.value or 0) / self.median:.1f}x its running median {_number(self.median)} (spike)"
         elif self.kind == "nonfinite":

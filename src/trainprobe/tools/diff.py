@@ -29,6 +29,7 @@ from typing import Any
 
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.printable import printable
 from trainprobe.tools.diagnose_engines import ENGINES, on_spark
 from trainprobe.tools.diff_engines import MEMORY_LIMIT, DiffEngine, DuckDiff, SparkDiff  # noqa: F401 - MEMORY_LIMIT: public here before
 from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
@@ -45,6 +46,7 @@ from trainprobe.tools.diff_sql import (
     ordered_sql,
     rows_sql,
 )
+from trainprobe.tools.query import require, short_error
 from trainprobe.tools.query_files import find_run_files, is_precision_dump
 from trainprobe.tools.query_sql import ops_of
 from trainprobe.tools.sql_names import ident as quote
@@ -85,7 +87,7 @@ class Divergence:
         """``step 5, rank 0, weight_grad reduced layers.0.fc.weight`` (micro-step when there is one)."""
         micro = f", micro-step {self.micro_step}" if self.micro_step is not None else ""
         scope = "" if self.scope == self.table else f" {self.scope}"
-        return f"step {self.step}{micro}, rank {self.rank}, {self.table}{scope} {self.name}"
+        return f"step {self.step}{micro}, rank {self.rank}, {self.table}{printable(scope)} {printable(self.name)}"
 
     def describe(self) -> str:
         """:meth:`where` and the op: ``... norm 1.23e-02 vs nan``."""
@@ -255,11 +257,19 @@ def diff(
     settings = _Settings(rtol, exact, ops, pairs, steps, offset, limit, out, html, tables, page)
     if engine == "spark":
         return _diff_on_spark(baseline, candidate, settings, spark)
+    if abs(int(offset)) > MAX_OFFSET:
+        raise ConfigError(f"--offset: at most {MAX_OFFSET} steps either way, got {offset}")
     duck = DuckDiff()
     try:
         return _compare(duck, baseline, candidate, settings)
+    except require("duckdb").Error as exc:
+        raise ConfigError(f"diff of {baseline} with {candidate}: the data could not be read: {short_error(str(exc))}") from None
     finally:
         duck.release()
+
+
+MAX_OFFSET = 2**53
+"""The largest ``--offset`` (either way): step numbers stay exact in every engine and in JSON."""
 
 
 @dataclass(frozen=True)

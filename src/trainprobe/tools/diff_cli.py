@@ -78,10 +78,12 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def print_result(result: Any, out: TextIO) -> None:
-    """The report of a :class:`~trainprobe.tools.diff.DiffResult` (see the module docstring)."""
+    """The report of a :class:`~trainprobe.tools.diff.DiffResult` (see the module docstring);
+    names with control characters escaped (:func:`~trainprobe.engine.printable.printable`)."""
+    from trainprobe.engine.printable import printable
     from trainprobe.tools.diff import fmt
 
-    out.write(result.answer() + "\n")
+    out.write(printable(result.answer()) + "\n")
     c = result.counts
     if result.divergences:
         out.write(f"\nearliest divergences ({len(result.divergences)} of {c['diverged']:,}, execution order):\n")
@@ -101,9 +103,12 @@ def print_result(result: Any, out: TextIO) -> None:
 
 
 def _table(out: TextIO, rows: Sequence[Any], fmt: Any) -> None:
+    from trainprobe.engine.printable import printable
+
     head = ("step", "rank", "table", "tensor", "op", "baseline", "candidate", "rel_diff")
     cells = [
-        (str(r.step), str(r.rank), r.table if r.scope == r.table else f"{r.table} {r.scope}", r.name, r.op or "",
+        (str(r.step), str(r.rank), r.table if r.scope == r.table else f"{r.table} {printable(r.scope)}", printable(r.name),
+         printable(r.op or ""),
          fmt(r.baseline), fmt(r.candidate), f"{r.rel_diff:.2e}" if r.rel_diff is not None else "")
         for r in rows
     ]

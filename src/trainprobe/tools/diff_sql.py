@@ -176,8 +176,8 @@ def ordered_sql(table: str, source: str, ref: Ref = schema_ref) -> str:
         f"SELECT 'c', hash(file), step, min(file_row) FROM {ref('c', table)} "
         f"WHERE step IN (SELECT DISTINCT c_step FROM {source} WHERE b_file IS NULL) GROUP BY ALL"
     )
-    return f"""SELECT * EXCLUDE (scope), {stage_sql(table)} AS stage FROM (
-SELECT d.*, d.k_scope AS scope, COALESCE(d.b_row - fb.first, d.c_row - fc.first) AS position
+    return f"""SELECT * EXCLUDE (scope, name), {stage_sql(table)} AS stage FROM (
+SELECT d.*, d.k_scope AS scope, d.k_name AS name, COALESCE(d.b_row - fb.first, d.c_row - fc.first) AS position
 FROM {source} d
 LEFT JOIN ({firsts}) fb ON fb.side = 'b' AND fb.file = d.b_file AND fb.step = d.b_step
 LEFT JOIN ({firsts}) fc ON fc.side = 'c' AND fc.file = d.c_file AND fc.step = d.c_step)"""

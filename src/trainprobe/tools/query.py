@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
+from trainprobe.engine.printable import printable
 from trainprobe.engine.sinks.parquet_summary import Summary, read_summary
 from trainprobe.tools.query_files import RunFile, clean_length, csv_header, find_run_files
 from trainprobe.tools.query_lock import is_locked, lock
@@ -147,8 +148,11 @@ def _connect(
 
 
 def short_error(text: str) -> str:
-    """DuckDB's error message on one line, without its list of reader options (the file named)."""
-    flat = " ".join(text.split())
+    """DuckDB's error message on one line, without its list of reader options (the file named)
+    and without the SQL it quotes (``LINE 1: ...`` and its caret line: trainprobe's own query,
+    no help to the reader), control characters escaped."""
+    text = text.split("\nLINE ", 1)[0]
+    flat = printable(" ".join(text.split()))
     if "Possible solutions" not in flat:
         return flat
     head = flat.split("Possible solutions")[0].strip()
