@@ -33,7 +33,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trainprobe.engine.optimizer_view import OptimizerView, Removable, StepHooks
 
-__all__ = ["Backend", "OptimizerView", "Removable", "StatsKernel", "StepHooks"]
+__all__ = ["Backend", "OptimizerView", "ParamLayouts", "Removable", "StatsKernel", "StepHooks"]
+
+ParamLayouts = tuple[int, dict[int, tuple[dict[str, Any], dict[str, Any]]]]
+"""``(world size, {id(param): (layout of its rows, layout of its unreduced gradient rows)})``."""
 
 if TYPE_CHECKING:
     from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
@@ -134,6 +137,13 @@ class Backend(Protocol):
 
     def distributed(self) -> bool:
         """Whether the framework's distributed communication is initialised."""
+        ...
+
+    def param_layouts(self, params: Sequence[NamedParam], chunks: Sequence[Any]) -> ParamLayouts:
+        """What each of ``params`` is on this rank (:mod:`trainprobe.engine.tensor_layout`):
+        the world size and, per parameter (``id``), the layout of its rows and of its
+        ``unreduced`` gradient rows (``rank_local`` before a data-parallel reduction); an empty
+        mapping where the framework's placements are not read."""
         ...
 
     def group_rank(self, group: Any, where: str) -> int:

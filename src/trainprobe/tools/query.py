@@ -142,6 +142,10 @@ def _connect(
         if made is not None:
             view, views[table] = made
             con.execute(f"CREATE OR REPLACE VIEW {quote(table)} AS {view}")
+    if str(run) and views:
+        from trainprobe.tools.query_full import add_full_views
+
+        add_full_views(con, Path(run).expanduser().absolute(), views)  # not in ``views``: the tools' SQL reads rank-local rows
     if connection is None and locked:
         lock(con, (f.path for f in found))
     return con, views, found
@@ -381,9 +385,16 @@ def _parquet_part(
     return f"SELECT {select} FROM {source}", _csv_columns(header, layout)
 
 
-def describe(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[str, str]]]:
-    """Every view of ``con``: name → its columns as ``(name, type)``, views in name order."""
-    views = [row[0] for row in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall()]
+def describe(con: duckdb.DuckDBPyConnection, full: bool = False) -> dict[str, list[tuple[str, str]]]:
+    """Every view of ``con``: name → its columns as ``(name, type)``, views in name order; the
+    full-tensor views (:mod:`~trainprobe.tools.query_full`) only with ``full``."""
+    from trainprobe.tools.query_full import FULL_COMMENT
+
+    skip = "" if full else f" AND comment IS DISTINCT FROM {literal(FULL_COMMENT)}"
+    views = [
+        row[0]
+        for row in con.execute(f"SELECT view_name FROM duckdb_views() WHERE NOT internal{skip} ORDER BY 1").fetchall()
+    ]
     return {v: [(str(r[0]), str(r[1])) for r in con.execute(f"DESCRIBE {quote(v)}").fetchall()] for v in views}
 
 

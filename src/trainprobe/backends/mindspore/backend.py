@@ -92,6 +92,10 @@ class MindSporeBackend:
 
         return bool(GlobalComm.INITED)
 
+    def param_layouts(self, params: Sequence[Any], chunks: Sequence[Any]) -> tuple[int, dict[int, Any]]:
+        """MindSpore's placements are not read: no layout file (every row is of the local tensor)."""
+        return 1, {}
+
     def group_rank(self, group: Any, where: str) -> int:
         if not self.distributed():
             raise ConfigError(f"{where}: needs mindspore.communication to be initialised (init())")

@@ -23,6 +23,7 @@ from trainprobe.backends.torch.model_view import TorchModelView
 from trainprobe.backends.torch.optimizer import TorchOptimizerView, torch_optimizer_view
 from trainprobe.backends.torch.stats import TensorStats
 from trainprobe.backends.torch.weight_grad import WeightGradProbe
+from trainprobe.engine.backend import ParamLayouts
 from trainprobe.engine.optimizer_view import OptimizerView
 from trainprobe.engine.probes.model_view import ModelView, NamedParam
 
@@ -88,6 +89,11 @@ class TorchBackend:
 
     def distributed(self) -> bool:
         return distributed_ready()
+
+    def param_layouts(self, params: Sequence[NamedParam], chunks: Sequence[Any]) -> ParamLayouts:
+        from trainprobe.backends.torch.placement import param_layouts
+
+        return param_layouts(params, chunks)
 
     group_rank = staticmethod(group_rank)
     group_ranks = staticmethod(group_ranks)

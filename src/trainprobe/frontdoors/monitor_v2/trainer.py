@@ -36,6 +36,7 @@ from trainprobe.engine.sinks.earlier_runs import (
     window_files,
 )
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
+from trainprobe.engine.tensor_layout import LAYOUT_FILE, LayoutFile
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
 
 _NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
@@ -221,6 +222,7 @@ class TrainerMonitorV2:
         clock = self._clock
         clock.micro_batches = self._micro_batches(context)
         probes = self._probes(enabled, view, opt, rank, rank_dir)
+        self._describe_layouts(enabled, view, opt, rank, rank_dir)
         pre_step_hook = context.get("optimizer_pre_step_hook", True)
         if not isinstance(pre_step_hook, bool):
             raise ConfigError(f"start(optimizer_pre_step_hook=...): must be True or False, got {pre_step_hook!r}")
@@ -248,6 +250,35 @@ class TrainerMonitorV2:
             pre_step_hook=pre_step_hook,
             skip_watch=self._backend.watch_skipped_steps,
         )
+
+    def _describe_layouts(
+        self, enabled: list[str], view: ModelView, opt: OptimizerView | None, rank: int, rank_dir: Path
+    ) -> None:
+        """Write ``tensor_layout.json`` (:mod:`trainprobe.engine.tensor_layout`) when a row may be
+        a piece of a tensor: several ranks, or a parameter that is not whole. Parameters'
+        layouts are read once, here: a parameter resharded later in the run is not followed."""
+        params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
+        world, layouts = self._backend.param_layouts(params, view.chunks)
+        if not layouts or (world == 1 and all(lay[0]["kind"] == "whole" for lay in layouts.values())):
+            return
+        file = LayoutFile(rank_dir / LAYOUT_FILE, rank, world)
+        for named in params:
+            if id(named.param) not in layouts:
+                continue
+            layout, unreduced = layouts[id(named.param)]
+            if "weight_grad" in enabled:
+                file.add("weight_grad", named.name, layout)
+                if unreduced != layout:
+                    file.add("weight_grad", named.name, unreduced, scope="unreduced")
+            if "param" in enabled:
+                file.add("param", named.name, layout)
+            if "optimizer" in enabled:
+                for moment in ("exp_avg", "exp_avg_sq"):
+                    file.add("optimizer", f"{named.name}.{moment}", layout)
+        try:
+            file.write(self._clock.step)
+        except OSError as exc:
+            warn_once("v2-layout-write", f"trainprobe: {file.path}: could not be written ({exc}); rows are still written")
 
     def _micro_batches(self, context: dict[str, Any]) -> int:
         wg = self.config.weight_grad

@@ -1,0 +1,160 @@
+"""What a monitored tensor is on this rank: the whole tensor, one shard of it, a replica, or a
+partial sum, and how many elements the rank's statistics summarise.
+
+Under FSDP2, tensor parallelism (DTensor) and their 2-D mixes every statistic trainprobe writes is
+of the rank's *local* tensor (``DTensor.to_local()``). A row alone cannot say whether it is a
+whole tensor or a piece of one, so each rank describes its tensors once, beside its files
+(``tensor_layout.json``, :mod:`trainprobe.engine.tensor_layout`), and the read side merges the
+pieces into full-tensor statistics (min/max exact, norm √Σ norm², mean weighted by element
+counts, replicas counted once).
+
+:func:`layout_of` maps a tensor onto that description:
+
+* a DTensor: its mesh (shape, dimension names, this rank's coordinate) and placements; ``Shard(d)``
+  cuts dimension ``d`` as ``torch.chunk`` does (⌈n/k⌉ a piece, the last ones shorter or empty),
+  which is what DTensor and FSDP2 do, and gives this rank's offsets and local shape;
+* a parameter carrying Megatron's attributes (``tensor_model_parallel``, ``partition_dim``): a
+  shard along ``partition_dim`` of a tensor whose global shape is not known here (offsets
+  unknown; the read side then merges by rank);
+* anything else: the whole tensor.
+
+Kinds, in the order checked: ``partial`` (a ``Partial`` placement: the local tensor is a summand,
+not a piece; its statistics describe no tensor), ``shard``, ``replica`` (every placement
+``Replicate`` on a mesh of more than one rank), ``whole``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+
+PARTIAL, SHARD, REPLICA, WHOLE = "partial", "shard", "replica", "whole"
+
+
+def is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a DTensor (has a device mesh and placements)."""
+    return hasattr(t, "device_mesh") and hasattr(t, "placements") and hasattr(t, "to_local")
+
+
+def layout_of(t: Any) -> dict[str, Any]:
+    """The description of ``t`` on this rank (see the module docstring), as JSON-ready values:
+    ``kind``, ``numel`` (elements of the local tensor), ``local_shape``, ``global_shape``,
+    ``offsets`` (of the local piece in the global tensor; None when unknown), and for a DTensor
+    ``placements`` (``["S(0)", "R"]``) and ``mesh`` (``shape``, ``dim_names``, ``coordinate``)."""
+    if is_dtensor(t):
+        return _dtensor_layout(t)
+    shape = [int(s) for s in t.shape]
+    if getattr(t, "tensor_model_parallel", False):
+        dim = int(getattr(t, "partition_dim", 0))
+        return {"kind": SHARD, "numel": int(t.numel()), "local_shape": shape, "global_shape": None,
+                "offsets": None, "partition_dim": dim}
+    return {"kind": WHOLE, "numel": int(t.numel()), "local_shape": shape, "global_shape": shape,
+            "offsets": [0] * len(shape)}
+
+
+def _dtensor_layout(t: Any) -> dict[str, Any]:
+    mesh, placements = t.device_mesh, tuple(t.placements)
+    global_shape = [int(s) for s in t.shape]
+    local = t.to_local()
+    coordinate = mesh.get_coordinate()
+    offsets, shape = _piece(global_shape, placements, list(mesh.shape), coordinate)
+    local_shape = [int(s) for s in local.shape]
+    if shape != local_shape:  # a placement cut otherwise (a strided shard): the offsets are not known
+        offsets = None
+    kinds = {_kind(p) for p in placements}
+    if PARTIAL in kinds:
+        kind = PARTIAL
+    elif SHARD in kinds:
+        kind = SHARD
+    elif mesh.size() > 1:
+        kind = REPLICA
+    else:
+        kind = WHOLE
+    return {
+        "kind": kind,
+        "numel": int(local.numel()),
+        "local_shape": local_shape,
+        "global_shape": global_shape,
+        "offsets": offsets,
+        "placements": [str(p) for p in placements],
+        "mesh": {
+            "shape": [int(s) for s in mesh.shape],
+            "dim_names": list(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+            "coordinate": list(coordinate) if coordinate is not None else None,
+        },
+    }
+
+
+def _kind(placement: Any) -> str:
+    if placement.is_partial():
+        return PARTIAL
+    if placement.is_shard():
+        return SHARD
+    return REPLICA
+
+
+def _piece(
+    global_shape: list[int], placements: tuple[Any, ...], mesh_shape: list[int], coordinate: list[int] | None
+) -> tuple[list[int] | None, list[int]]:
+    """``(offsets, local shape)`` of this rank's piece: each ``Shard(d)`` in mesh order cuts what
+    is left of dimension ``d`` into ``mesh_shape[i]`` chunks (``torch.chunk``'s sizes)."""
+    shape, offsets = list(global_shape), [0] * len(global_shape)
+    if coordinate is None:
+        return None, [0] * len(global_shape)
+    for index, placement in enumerate(placements):
+        if not placement.is_shard() or type(placement).__name__ != "Shard":
+            continue
+        dim = placement.dim if placement.dim >= 0 else placement.dim + len(shape)
+        pieces, size = mesh_shape[index], shape[dim]
+        chunk = -(-size // pieces) if size else 0
+        start = min(coordinate[index] * chunk, size)
+        offsets[dim] += start
+        shape[dim] = max(0, min(chunk, size - start))
+    return offsets, shape
+
+
+def param_layouts(params: Sequence[Any], chunks: Sequence[Any]) -> tuple[int, dict[int, tuple[dict[str, Any], dict[str, Any]]]]:
+    """The world size and, for each of ``params`` (``NamedParam``), ``(layout of its rows, layout
+    of its unreduced gradient rows)``. An unreduced gradient is ``rank_local`` (the rank's own,
+    before the data-parallel reduction) in a multi-rank run, except for a DTensor parameter not
+    managed by FSDP whose mesh spans every rank (tensor parallelism alone: its gradient is
+    already the shard's gradient)."""
+    import torch.distributed as dist
+
+    from trainprobe.engine.tensor_layout import RANK_LOCAL
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    fsdp = _fsdp_params(chunks)
+    out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for named in params:
+        t = named.param
+        layout = layout_of(t)
+        unreduced = layout
+        if world > 1 and (id(t) in fsdp or not is_dtensor(t) or t.device_mesh.size() != world):
+            unreduced = {**layout, "kind": RANK_LOCAL}
+        out[id(t)] = (layout, unreduced)
+    return world, out
+
+
+def _fsdp_params(chunks: Sequence[Any]) -> set[int]:
+    """``id`` of every parameter a ``fully_shard`` (FSDP2) or ``FullyShardedDataParallel`` module owns."""
+    kinds: list[type[Any]] = []
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        kinds = [FSDPModule, FullyShardedDataParallel]
+    except ImportError:  # torch without FSDP2
+        pass
+    owned: set[int] = set()
+    for chunk in chunks:
+        for module in chunk.modules() if hasattr(chunk, "modules") else ():
+            if kinds and isinstance(module, tuple(kinds)):
+                owned.update(id(p) for p in cast(torch.nn.Module, module).parameters())
+    return owned
+
+
+def local_numel(t: Any) -> int:
+    """Elements of the tensor whose statistics are written for ``t`` (its local piece)."""
+    return int(t.to_local().numel()) if is_dtensor(t) else int(t.numel())
