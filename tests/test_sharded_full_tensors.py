@@ -8,7 +8,6 @@ gathered full gradient (``DTensor.full_tensor()``, float64 reference): norm and 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import warnings
