@@ -23,13 +23,16 @@
 * :class:`StackProbe` (``stack_info``): the call stack of every module's first forward call in
   the first collected step, written to ``<run folder>/stack_info.csv`` (columns ``module_name,
   stack_info``; modules by their written name with the ``<vpp_stage>:`` prefix, the root as
-  ``0:``), frames of torch, mindspore and trainprobe left out.
+  ``0:``), frames of torch, mindspore and trainprobe left out: frames whose file lies inside
+  the installed package's directory (user code in a folder that merely has such a name, as a
+  clone named ``trainprobe``, keeps its frames).
 """
 
 from __future__ import annotations
 
 import csv
-import os
+import functools
+import importlib.util
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -137,11 +140,47 @@ class StructProbe(Probe):
         return True
 
 
-_LIBRARY_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "mindspore", "trainprobe"))
+_LIBRARIES = ("torch", "mindspore", "trainprobe")
+"""The packages whose frames ``stack_info`` leaves out."""
+
+
+@functools.cache
+def _library_dirs() -> tuple[Path, ...]:
+    """The resolved directories of the installed :data:`_LIBRARIES` packages (one not installed
+    is skipped). Found by the package's own ``__init__`` (``importlib.util.find_spec``, which
+    imports nothing; a folder without one is no package), never by the words in a path: user code in a folder named ``trainprobe``, ``torch``
+    or ``mindspore`` keeps its frames."""
+    dirs: list[Path] = []
+    for name in _LIBRARIES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.has_location or not spec.origin:
+            continue  # not installed, or a namespace package (a bare folder of that name on sys.path)
+        dirs.append(Path(spec.origin).resolve().parent)
+    return tuple(dirs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_library(filename: str) -> bool:
+    """Whether the source file ``filename`` (as a frame names it) lies inside one of
+    :func:`_library_dirs`; a name that is not a file path (``<string>``, ``<frozen ...>``) does
+    not."""
+    if filename.startswith("<"):
+        return False
+    try:
+        path = Path(filename).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return any(path.is_relative_to(d) for d in _library_dirs())
 
 
 def _user_stack() -> str:
-    frames = [f for f in traceback.extract_stack()[:-2] if not any(d in f.filename for d in _LIBRARY_DIRS)]
+    """The caller's stack without the frames of torch, mindspore and trainprobe (by the
+    packages' installed directories), innermost 12 frames, one ``File <path>, line <n>, in
+    <function>`` line each."""
+    frames = [f for f in traceback.extract_stack()[:-2] if not _in_library(f.filename)]
     return "\n".join(f"File {f.filename}, line {f.lineno}, in {f.name}" for f in frames[-12:])
 
 
