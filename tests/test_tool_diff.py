@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("duckdb")
 
@@ -401,3 +403,49 @@ def test_cli_tables_naming_no_table_is_bad_input(runs):
     only = cli(str(runs["base"]), str(runs["same"]), "--exact", "--tables", "optimizer")
     assert only.returncode == 0, only.stderr
     assert only.stdout.splitlines()[0] == f"no divergence: {csv_rows(runs['base'], 'optimizer'):,} matched rows, all bit-equal"
+
+
+def _v1_run(out: Path, nan_at: int | None) -> Path:
+    """A single-process Monitor V1 run (activations and both gradient tables) of 3 steps; with
+    ``nan_at``, ``fc1.weight`` holds a NaN from that step on (its forward output first)."""
+    import json
+
+    from trainprobe import TrainerMon
+
+    out.mkdir(parents=True)
+    config = {"targets": {}, "all_xy": True, "xy_distribution": True, "wg_distribution": True,
+              "ops": ["min", "max", "norm", "nans"], "step_count_per_record": 3}
+    (out / "config.json").write_text(json.dumps(config))
+    old = os.environ.get("MONITOR_OUTPUT_DIR")
+    os.environ["MONITOR_OUTPUT_DIR"] = str(out / "run")
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon = TrainerMon(str(out / "config.json"), params_have_main_grad=False)
+        mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+        for step in range(3):
+            if step == nan_at:
+                with torch.no_grad():
+                    model[0].weight[0, 0] = float("nan")
+            model(torch.ones(3, 4) * (step + 1)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.stop()
+    finally:
+        if old is None:
+            os.environ.pop("MONITOR_OUTPUT_DIR", None)
+        else:
+            os.environ["MONITOR_OUTPUT_DIR"] = old
+    return out / "run"
+
+
+def test_v1_diff_names_the_forward_row_before_the_gradients(tmp_path: Path) -> None:
+    """V1's grad_unreduced has no micro_step column: it sorts with micro-step 0's backward, after
+    that micro-step's forward (as diagnose orders it), not before the forward."""
+    base = _v1_run(tmp_path / "base", None)
+    cand = _v1_run(tmp_path / "cand", nan_at=1)
+    result = diff(base, cand)
+    assert result.first is not None and result.first.step == 1
+    assert result.first.table == "actv", result.first.describe()
+    assert result.first.name.startswith("0"), result.first.describe()  # model[0]'s output: the first forward row

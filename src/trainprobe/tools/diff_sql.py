@@ -183,9 +183,10 @@ LEFT JOIN ({firsts}) fb ON fb.side = 'b' AND fb.file = d.b_file AND fb.step = d.
 LEFT JOIN ({firsts}) fc ON fc.side = 'c' AND fc.file = d.c_file AND fc.step = d.c_step)"""
 
 
+_MICRO = "greatest(coalesce(k_micro, 0), 0)"  # a table without micro_step (V1 grad_unreduced: -1) counts as 0
 ORDER = (
-    f"k_step, stage >= {ONCE_STAGE}, CASE WHEN stage >= {ONCE_STAGE} THEN 0 ELSE coalesce(k_micro, 0) END, "
-    "stage, k_micro, position, k_rank, tbl, k_name"
+    f"k_step, stage >= {ONCE_STAGE}, CASE WHEN stage >= {ONCE_STAGE} THEN 0 ELSE {_MICRO} END, "
+    f"stage, {_MICRO}, position, k_rank, tbl, k_name"
 )
 """Execution order of :func:`ordered_sql`'s rows, as :func:`trainprobe.tools.execution_order.execution_key`
 orders them: step; per micro-batch (forward, backward, unreduced gradients), then the
