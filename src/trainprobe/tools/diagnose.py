@@ -163,6 +163,21 @@ class Diagnosis:
 
     @property
     def first_ranks(self) -> list[int]:
+        """The ranks that saw an anomaly first, in execution order: those of the first anomalous
+        step whose first anomaly ran as early within it as any (same phase, table and place;
+        under DDP a rank whose batch broke in forward comes before the ranks its gradients
+        reach in the all-reduce)."""
+        at_start = self._ranks_at_start()
+        keys: dict[int, tuple[int, ...]] = {}
+        for anomaly in self.anomalies:  # in execution order, across ranks
+            if anomaly.rank in at_start and anomaly.step == min(self.first_step_by_rank.values()):
+                keys.setdefault(anomaly.rank, anomaly.order_key()[:-1])  # without the rank
+        if not keys:
+            return at_start
+        best = min(keys.values())
+        return sorted(r for r, k in keys.items() if k == best)
+
+    def _ranks_at_start(self) -> list[int]:
         """The ranks whose first anomaly is at the first anomalous step."""
         if not self.first_step_by_rank:
             return []
@@ -175,14 +190,18 @@ class Diagnosis:
             return "ranks: none saw an anomaly"
         first = self.first_ranks
         start = min(self.first_step_by_rank.values())
-        later = sorted((s, r) for r, s in self.first_step_by_rank.items() if s != start)
-        if len(first) == len(self.ranks) and len(first) > 1:
+        later = sorted((s, r) for r, s in self.first_step_by_rank.items() if r not in first)
+        if len(self.ranks) == 1:
+            head = f"ranks: the only rank (step {start})"
+        elif len(first) == len(self.ranks):
             head = f"ranks: all {len(first)} ranks at once (step {start})"
         elif len(first) == 1:
             head = f"ranks: rank {first[0]} alone first (step {start})"
         else:
             head = f"ranks: {len(first)} of {len(self.ranks)} ranks first (step {start}): {_ranks(first)}"
-        tail = "; then " + ", ".join(f"rank {r} at step {s}" for s, r in later[:8]) if later else ""
+        tail = "; then " + ", ".join(
+            f"rank {r} at step {s}" + (" (later in the step)" if s == start else "") for s, r in later[:8]
+        ) if later else ""
         more = f" and {len(later) - 8} more" if len(later) > 8 else ""
         clean = len(self.ranks) - len(self.first_step_by_rank)
         none = f"; {clean} rank(s) clean" if clean else ""

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from trainprobe.tools.diagnose_engines import DuckEngine, SparkEngine
 from trainprobe.tools.diff_sql import schema_ref
+from trainprobe.tools.query_full import FULL_COMMENT
 from trainprobe.tools.sql_names import ident as quote
 from trainprobe.tools.sql_names import text as literal
 
@@ -91,7 +92,8 @@ class DuckDiff(DuckEngine):
         self.con.execute("USE main")
         found: dict[str, list[str]] = {}
         for (view,) in self.con.execute(
-            f"SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = {literal(side)} ORDER BY 1"
+            f"SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = {literal(side)} "
+            f"AND comment IS DISTINCT FROM {literal(FULL_COMMENT)} ORDER BY 1"
         ).fetchall():
             cols = self.con.execute(f"SELECT column_name FROM duckdb_columns() WHERE schema_name = {literal(side)} "
                                     f"AND table_name = {literal(view)} ORDER BY column_index").fetchall()
