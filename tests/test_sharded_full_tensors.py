@@ -7,10 +7,13 @@ gathered full gradient (``DTensor.full_tensor()``, float64 reference): norm and 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import socket
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -59,7 +62,7 @@ def _entry(rank: int, port: int, root: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))
     try:
-        for layout in ("tp", "fsdp2"):
+        for layout in ("fsdp2", "tp"):  # fsdp2 first: its run must not say what warn_once says once a process
             _train(rank, Path(root), layout)
             dist.barrier()
     finally:
@@ -83,9 +86,13 @@ def _train(rank: int, root: Path, layout: str) -> None:
         fully_shard(model, mesh=mesh)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     out = root / layout
-    cfg = {"output_dir": str(out), "monitors": {m: {"enabled": True, "ops": OPS} for m in ("weight_grad", "param", "optimizer")}}
+    monitors: dict[str, Any] = {m: {"enabled": True, "ops": OPS} for m in ("weight_grad", "param", "optimizer")}
+    monitors["cc"] = {"enabled": True, "ops": OPS}
+    cfg = {"output_dir": str(out), "monitors": monitors}
     mon = TrainerMonitorV2(write_config(root, cfg, name=f"{layout}_rank{rank}.json"))
-    mon.start(model=model, optimizer=opt)
+    with _warnings() as said:
+        mon.start(model=model, optimizer=opt)
+    (root / f"{layout}_warnings_rank{rank}.json").write_text(json.dumps(said))
     full: dict[str, Any] = {}
     for step in range(STEPS):
         gen = torch.Generator().manual_seed(100 + step + (rank if layout == "fsdp2" else 0))  # TP: one batch for all
@@ -98,6 +105,23 @@ def _train(rank: int, root: Path, layout: str) -> None:
     mon.stop()
     if rank == 0:
         (root / f"{layout}_full_grads.json").write_text(json.dumps(full))
+
+
+@contextlib.contextmanager
+def _warnings() -> Iterator[list[str]]:
+    """The trainprobe logger's warnings meanwhile."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    logging.getLogger("trainprobe").addHandler(handler)
+    try:
+        yield said
+    finally:
+        logging.getLogger("trainprobe").removeHandler(handler)
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +197,13 @@ def test_rank_local_rows_are_kept_one_per_rank(sharded_runs: Path) -> None:
     ).fetchall()
     assert kinds == ["rank_local"] and per_rank == STEPS * 4 * WORLD
     assert "weight_grad_full" not in describe(con) and "weight_grad_full" in describe(con, full=True)
+
+
+def test_cc_says_once_that_tensor_parallel_collectives_are_not_recorded(sharded_runs: Path) -> None:
+    for layout, expected in (("tp", True), ("fsdp2", False)):
+        said = json.loads((sharded_runs / f"{layout}_warnings_rank0.json").read_text())
+        hits = [m for m in said if "functional collectives" in m]
+        assert len(hits) == (1 if expected else 0), (layout, said)
 
 
 def test_a_single_process_run_writes_no_layout_file(tmp_path: Path) -> None:

@@ -261,6 +261,16 @@ class TrainerMonitorV2:
         world, layouts = self._backend.param_layouts(params, view.chunks)
         if not layouts or (world == 1 and all(lay[0]["kind"] == "whole" for lay in layouts.values())):
             return
+        tensor_parallel = any(
+            "placements" in rows and (unreduced["kind"] != "rank_local" or len(rows["mesh"]["shape"]) > 1)
+            for rows, unreduced in layouts.values()
+        )
+        if "cc" in enabled and tensor_parallel:
+            warn_once(
+                "v2-cc-dtensor",
+                "trainprobe: monitors.cc records torch.distributed's collectives (FSDP2's included); those DTensor "
+                "issues for tensor parallelism (functional collectives) are not recorded",
+            )
         file = LayoutFile(rank_dir / LAYOUT_FILE, rank, world)
         for named in params:
             if id(named.param) not in layouts:
