@@ -210,7 +210,9 @@ class WeightGradProbe(Probe):
         def pre(module: nn.Module, args: Any) -> None:
             for name, index in owned:
                 p = module._parameters.get(name)
-                if p is None or _is_sharded(p) or id(p) in self._hooked_unsharded or not p.requires_grad:
+                # still the sharded parameter: not unsharded yet (under 2-D FSDP2 + TP the unsharded
+                # parameter is itself a DTensor, a TP shard, and is hooked like any other)
+                if p is None or p is self.params[index].param or id(p) in self._hooked_unsharded or not p.requires_grad:
                     continue
                 self._hooked_unsharded.add(id(p))
                 self.keep(p.register_hook(self.guard(self._on_grad(index, p))))
