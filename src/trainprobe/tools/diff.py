@@ -209,6 +209,7 @@ def diff(
     page: Any = None,
     engine: str = "duckdb",
     spark: Any = None,
+    rank_local: bool = False,
 ) -> DiffResult:
     """Compare two runs' monitor outputs row by row; the first divergence in execution order.
 
@@ -230,6 +231,9 @@ def diff(
             run), the same result.
         spark: with ``engine="spark"``, your ``SparkSession`` (a cluster's), or None for the
             active one or else one in local mode (:func:`~trainprobe.tools.query_spark.local_session`).
+        rank_local: compare each rank's rows as written even in a sharded run (by default a
+            run with ``tensor_layout.json`` files is compared in full tensors: its shards merged,
+            :mod:`~trainprobe.tools.query_full`; DuckDB only).
 
     Raises:
         ConfigError: an input is missing, empty, not monitor output (a precision dump: use
@@ -260,6 +264,7 @@ def diff(
     if abs(int(offset)) > MAX_OFFSET:
         raise ConfigError(f"--offset: at most {MAX_OFFSET} steps either way, got {offset}")
     duck = DuckDiff()
+    duck.rank_local = rank_local
     try:
         return _compare(duck, baseline, candidate, settings)
     except require("duckdb").Error as exc:

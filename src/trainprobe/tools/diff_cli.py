@@ -43,6 +43,11 @@ def add_parser(sub: Any) -> None:
         "--engine", choices=("duckdb", "spark"), default="duckdb",
         help="duckdb (default) or spark: the same comparison on Apache Spark (Parquet runs; pip install 'trainprobe[spark]')",
     )
+    p.add_argument(
+        "--rank-local", action="store_true",
+        help="compare each rank's rows as written; by default a sharded run (FSDP2, TP) is compared in full "
+        "tensors, its shards merged (docs/parallelism.md)",
+    )
     p.set_defaults(run=_command)
 
 
@@ -71,7 +76,7 @@ def _command(args: argparse.Namespace) -> int:
     result = diff(
         args.baseline, args.candidate, rtol=DEFAULT_RTOL if args.rtol is None else args.rtol, exact=args.exact,
         ops=ops, mapping=args.mapping, steps=parse_steps(args.steps), offset=args.offset, limit=args.limit,
-        out=args.out, html=args.html, tables=tables, engine=args.engine,
+        out=args.out, html=args.html, tables=tables, engine=args.engine, rank_local=args.rank_local,
     )
     print_result(result, sys.stdout)
     return result.exit_code

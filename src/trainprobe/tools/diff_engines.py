@@ -21,13 +21,15 @@ from typing import Any, Protocol
 
 from trainprobe.tools.diagnose_engines import DuckEngine, SparkEngine
 from trainprobe.tools.diff_sql import schema_ref
-from trainprobe.tools.query_full import FULL_COMMENT
+from trainprobe.tools.query_full import FULL_COMMENT, FULL_SUFFIX
 from trainprobe.tools.sql_names import ident as quote
 from trainprobe.tools.sql_names import text as literal
 
 MEMORY_LIMIT = "1GB"
 """DuckDB's memory for the join (it spills to the temporary folder beyond): the process stays
 under 2 GB with runs of any size."""
+MERGED_SUFFIX = "__merged"
+"""A table's full-tensor rows in a diff schema (``b.weight_grad__merged``), its own columns."""
 SPARK_PREFIX = "__diff_"
 """Spark's views of the two runs: ``__diff_b_<table>``, ``__diff_c_<table>``."""
 
@@ -79,6 +81,8 @@ class DuckDiff(DuckEngine):
         self.spill = Path(tempfile.mkdtemp(prefix="trainprobe-diff-"))  # private (0700): the join's spill, diff.csv
         self.con.execute(f"SET temp_directory = {literal(str(self.spill))}")
         self.readable: list[Path] = []  # both runs' files: all the locked connection may read
+        self.rank_local = False  # True: compare rank-local rows even where full-tensor views exist
+        self._merged: set[tuple[str, str]] = set()  # (side, table) read through its full-tensor rows
 
     def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
         from trainprobe.tools.query import connect
@@ -90,18 +94,44 @@ class DuckDiff(DuckEngine):
         self.con.execute(f"USE {quote(side)}")
         connect(run, self.con, steps=steps, files=run_files)
         self.con.execute("USE main")
+        if not self.rank_local:
+            self._use_full_tensors(side)
         found: dict[str, list[str]] = {}
         for (view,) in self.con.execute(
             f"SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = {literal(side)} "
-            f"AND comment IS DISTINCT FROM {literal(FULL_COMMENT)} ORDER BY 1"
+            f"AND comment IS DISTINCT FROM {literal(FULL_COMMENT)} AND NOT suffix(view_name, {literal(MERGED_SUFFIX)}) "
+            "ORDER BY 1"
         ).fetchall():
             cols = self.con.execute(f"SELECT column_name FROM duckdb_columns() WHERE schema_name = {literal(side)} "
                                     f"AND table_name = {literal(view)} ORDER BY column_index").fetchall()
             found[view] = [c[0] for c in cols]
         return found
 
+    def _use_full_tensors(self, side: str) -> None:
+        """For each table of ``side`` with a full-tensor view (a sharded run,
+        :mod:`~trainprobe.tools.query_full`), its merged rows under the table's own columns, so
+        that a sharded run compares with an unsharded one (or another layout) tensor by tensor."""
+        fulls = self.con.execute(
+            f"SELECT view_name FROM duckdb_views() WHERE schema_name = {literal(side)} "
+            f"AND comment = {literal(FULL_COMMENT)}"
+        ).fetchall()
+        for (full,) in fulls:
+            table = full.removesuffix(FULL_SUFFIX)
+            cols = [c for (c,) in self.con.execute(
+                f"SELECT column_name FROM duckdb_columns() WHERE schema_name = {literal(side)} "
+                f"AND table_name = {literal(table)} ORDER BY column_index").fetchall()]
+            self.con.execute(
+                f"CREATE OR REPLACE VIEW {quote(side)}.{quote(table + MERGED_SUFFIX)} AS "
+                f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(side)}.{quote(full)}"
+            )
+            self._merged.add((side, table))
+
+    def merged(self, side: str) -> list[str]:
+        """The tables of ``side`` compared as full tensors (merged shards)."""
+        return sorted(t for s, t in self._merged if s == side)
+
     def ref(self, side: str, table: str) -> str:
-        return schema_ref(side, table)
+        return schema_ref(side, table + MERGED_SUFFIX if (side, table) in self._merged else table)
 
     def view(self, name: str, sql: str) -> None:
         self.con.execute(f"CREATE TEMP VIEW {name} AS {sql}")

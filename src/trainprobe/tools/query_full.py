@@ -21,6 +21,8 @@ scope:
                 ``unreduced`` gradients under DDP/FSDP: one row per rank, as written) and
                 ``partial``
 ``rank``        the least of ``ranks`` (so that queries keyed by rank still run)
+``file``,       the file and row of that rank's piece (provenance; ``trainprobe diff`` orders by them)
+``file_row``
 ==============  =================================================================================
 
 A piece is identified by its offsets and shape in the global tensor: replicas (the same piece on
@@ -109,16 +111,17 @@ def add_full_views(con: Any, root: Path, views: Mapping[str, Sequence[str]]) -> 
     pa = __import__("pyarrow")
     columns = ("rank", "monitor", "name", "scope", "kind", "numel", "piece", "global_numel")
     table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
+    [(schema,)] = con.execute("SELECT current_schema()").fetchall()
     con.register("__layout_rows", table)
-    try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {ident(LAYOUT_TABLE)} AS SELECT * FROM __layout_rows")
+    try:  # a table of the current schema: ``trainprobe diff`` holds two runs, in schemas b and c
+        con.execute(f"CREATE OR REPLACE TABLE {ident(schema)}.{ident(LAYOUT_TABLE)} AS SELECT * FROM __layout_rows")
     finally:
         con.unregister("__layout_rows")
     monitors = {r[1] for r in rows}
     made = []
     for view, cols in views.items():
         if view in _MERGED_TABLES and view in monitors:
-            con.execute(f"CREATE OR REPLACE VIEW {ident(view + FULL_SUFFIX)} AS {full_view_sql(view, cols)}")
+            con.execute(f"CREATE OR REPLACE VIEW {ident(view + FULL_SUFFIX)} AS {full_view_sql(view, cols, schema)}")
             con.execute(f"COMMENT ON VIEW {ident(view + FULL_SUFFIX)} IS {text(FULL_COMMENT)}")
             made.append(view + FULL_SUFFIX)
     return made
@@ -139,21 +142,22 @@ def _merge(op: str) -> str:
     return "CAST(NULL AS DOUBLE)"
 
 
-def full_view_sql(view: str, columns: Sequence[str]) -> str:
-    """The SELECT of ``<view>_full`` over view ``view`` (its ``columns``) and :data:`LAYOUT_TABLE`."""
+def full_view_sql(view: str, columns: Sequence[str], schema: str = "main") -> str:
+    """The SELECT of ``<view>_full`` over view ``view`` (its ``columns``) and :data:`LAYOUT_TABLE`,
+    both of ``schema``."""
     ops = [c for c in ops_of(columns) if c not in ("shape", "dtype")]
     keys = "step, micro_step, vpp_stage, name, scope"
     merged_ops = ", ".join(f"{_merge(o)} AS {ident(o)}" for o in ops)
     kept_ops = ", ".join(ident(o) for o in ops)
     layout = (
-        f"SELECT rank, name, scope, kind, numel, piece, global_numel FROM {ident(LAYOUT_TABLE)} "
+        f"SELECT rank, name, scope, kind, numel, piece, global_numel FROM {ident(schema)}.{ident(LAYOUT_TABLE)} "
         f"WHERE monitor = {text(view)}"
     )
     joined = (
         f"SELECT v.*, coalesce(s.kind, a.kind) AS l_kind, coalesce(s.numel, a.numel) AS numel, "
         f"coalesce(s.piece, a.piece, 'rank:' || CAST(v.rank AS VARCHAR)) AS piece, "
         f"coalesce(s.global_numel, a.global_numel) AS global_numel "
-        f"FROM {ident(view)} v "
+        f"FROM {ident(schema)}.{ident(view)} v "
         f"LEFT JOIN ({layout}) s ON s.rank = v.rank AND s.name = v.name AND s.scope = v.scope "
         f"LEFT JOIN ({layout}) a ON a.rank = v.rank AND a.name = v.name AND a.scope IS NULL"
     )
@@ -165,12 +169,13 @@ def full_view_sql(view: str, columns: Sequence[str]) -> str:
     merged = (
         f"SELECT min(rank) AS rank, {keys}{', ' + merged_ops if ops else ''}, sum(numel) AS numel, "
         "count(*) AS pieces, sum(numel) = max(global_numel) AS complete, "
-        "string_agg(CAST(rank AS VARCHAR), ',' ORDER BY rank) AS ranks, 'merged' AS kind "
+        "string_agg(CAST(rank AS VARCHAR), ',' ORDER BY rank) AS ranks, 'merged' AS kind, "
+        "arg_min(file, rank) AS file, arg_min(file_row, rank) AS file_row "
         f"FROM ({distinct}) WHERE copy = 1 GROUP BY {keys}"
     )
     kept = (
         f"SELECT rank, {keys}{', ' + kept_ops if ops else ''}, numel, 1 AS pieces, "
-        "CAST(NULL AS BOOLEAN) AS complete, CAST(rank AS VARCHAR) AS ranks, l_kind AS kind "
+        "CAST(NULL AS BOOLEAN) AS complete, CAST(rank AS VARCHAR) AS ranks, l_kind AS kind, file, file_row "
         f"FROM rows WHERE NOT ({mergeable})"
     )
     return f"WITH rows AS ({joined}) {merged} UNION ALL {kept}"
