@@ -45,6 +45,12 @@ class Sink(Protocol[B_contra]):
 class Writer(Generic[B]):
     """Feeds batches to ``sink``, on a background thread when ``background`` is true.
 
+    A sink with a ``prepare(batch)`` method (the CSV sink: it opens a new window's files there)
+    has it called on the submitting thread, before the batch is queued: work that must happen in
+    the training loop's order (a folder checked at the step that needs it, not whenever the
+    writer thread gets to it). ``prepare`` must not raise; if it does, the batch's monitor is
+    reported through ``on_error`` and dropped from then on, as for a failed write.
+
     Args:
         sink: where batches go (called on the writer thread only, in submission order).
         background: false writes each batch on the caller's thread (``submit`` returns after it).
@@ -80,14 +86,23 @@ class Writer(Generic[B]):
         self._idle = False  # the thread sleeps for want of work
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._prepare: Callable[[B], None] | None = getattr(sink, "prepare", None)
         if background and idle_exit_s is None:
             self._start()
 
     # -- the training thread ---------------------------------------------------------------
     def submit(self, batch: B) -> None:
-        """Queue a batch (or write it now in synchronous mode); waits while the budget is spent."""
+        """Queue a batch (or write it now in synchronous mode), after the sink's ``prepare``;
+        waits while the budget is spent."""
         if batch.monitor in self.failed or not len(batch):
             return
+        if self._prepare is not None:
+            try:
+                self._prepare(batch)
+            except Exception as exc:  # noqa: BLE001 - a sink fault disables one monitor only
+                self.failed.add(batch.monitor)
+                self.on_error(batch.monitor, exc)
+                return
         if not self.background:
             self._write(batch)
             return

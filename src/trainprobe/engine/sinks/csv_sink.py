@@ -7,7 +7,10 @@ table (:class:`TableLayout`).
 
 Each batch is formatted completely in memory and written with a single ``write`` per table on a
 file opened in append mode, so a process killed at any moment leaves whole rows only. A window's
-file is named when it is opened from the schedule's prediction of its last step; when training
+file is opened (and its folder checked, made again when removed) on the training thread, by
+:meth:`CsvSink.prepare`, when the step that starts the window hands its rows over, so a folder
+removed or replaced after a step never has that step's file opened later behind the training
+loop's back; it is named from the schedule's prediction of its last step; when training
 stops inside a window (``close(reached=...)``) the file is renamed to the last step actually
 reached. When collection ends by the schedule (``collect_times``, ``stop_step``) the last file
 keeps its window's full name: ``close()`` without ``reached``. With ``append`` an
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -240,7 +244,8 @@ class CsvSink:
             file of the session before it.
         field: the config field that named the folder: it is created through
             :func:`~trainprobe.engine.folders.make_output_folder` when a file is opened (again
-            after it was removed during training), whose ConfigError names ``field``.
+            after it was removed during training), whose ConfigError names ``field`` (also when
+            the folder is replaced by a file between that check and the open).
     """
 
     def __init__(
@@ -263,13 +268,18 @@ class CsvSink:
         self.table_of = table_of
         self.name_file = name_file
         self.append = append
-        self._open: dict[str, _OpenFile] = {}
+        self._open: dict[tuple[str, int], _OpenFile] = {}  # (table, window's first step) → its file
+        self._lock = threading.Lock()  # _open is shared by prepare() (training) and write() (writer thread)
+        self._prepared: dict[str, int] = {}  # monitor → first step of the window prepare() last opened
+        self._broken: dict[str, tuple[int, BaseException]] = {}  # table → window whose file failed to open, why
+        self._writing: dict[str, int] = {}  # table → first step of the window write() last wrote
         self._routes: dict[str, tuple[list[RowKey], list[tuple[str, list[int] | None]]]] = {}
         self._batch_templates: dict[str, tuple[list[RowKey], tuple[list[str], int] | None]] = {}
         self.rows_written: dict[str, int] = {}
 
     def write(self, batch: StepBatch) -> None:
-        """Append the batch's rows to their tables' current window files (raises OSError)."""
+        """Append the batch's rows to their tables' current window files (writer thread; raises
+        OSError, or the ConfigError of a window's file :meth:`prepare` could not open)."""
         if not len(batch):
             return
         keys, values = batch.keys, batch.values()
@@ -280,7 +290,7 @@ class CsvSink:
             else:
                 sub_keys = [keys[i] for i in picked]
                 text = self._batch_text(table, layout, sub_keys, [values[i] for i in picked], batch.step)
-            handle = self._file_for(table, batch.step, layout)
+            handle = self._file_for(table, batch.step)
             append_whole(handle.fd, text.encode("utf-8", _UNENCODABLE))
         self.rows_written[batch.monitor] = self.rows_written.get(batch.monitor, 0) + len(batch)
 
@@ -317,33 +327,83 @@ class CsvSink:
                 return text
         return layout.text(zip(keys, values), step)
 
-    def _file_for(self, table: str, step: int, layout: TableLayout) -> _OpenFile:
+    def prepare(self, batch: StepBatch) -> None:
+        """Open the files of the window ``batch`` starts, on the caller's (the training) thread,
+        before the batch is queued for the writer thread: a window's folder is checked (made
+        again when it was removed) and its file opened at the step that starts the window, in
+        the training loop's order, never later on the writer thread. So code that removes or
+        replaces the folder after a step finds no file of that step's window still to be opened,
+        and a window started after that sees the folder as the user left it. Never raises: a
+        file that cannot be opened (a ConfigError naming ``field``, an OSError) is remembered and
+        raised by :meth:`write` of the same window's batch, in the order of the batches, so the
+        rows of the windows before it are still written. A table first seen in the middle of a
+        window has its file opened by :meth:`write`."""
+        if not len(batch):
+            return
+        first, last = self.schedule.file_window(batch.step, self.first_step)
+        if self._prepared.get(batch.monitor) == first:
+            return
+        self._prepared[batch.monitor] = first
+        for table, _ in self._tables_of(batch.monitor, batch.keys):
+            with self._lock:
+                if (table, first) in self._open or table in self._broken:
+                    continue
+                try:
+                    self._open[(table, first)] = self._open_file(table, first, last)
+                except Exception as exc:  # noqa: BLE001 - raised by write(), in the order of the batches
+                    self._broken[table] = (first, exc)
+
+    def _file_for(self, table: str, step: int) -> _OpenFile:
+        """The open file of ``table``'s window holding ``step`` (opened here when
+        :meth:`prepare` did not); the table's file of the window written before is closed (its
+        batches are all written: batches come in step order). Writer thread only."""
         first, last = self.schedule.file_window(step, self.first_step)
-        current = self._open.get(table)
-        if current is not None and current.first == first:
-            return current
-        if current is not None:
-            self._close_file(table, None)
-        make_output_folder(self.rank_dir, self.field)  # removed during training: made again, or a fault
+        with self._lock:
+            before = self._writing.get(table)
+            if before is not None and before != first and (table, before) in self._open:
+                self._close_file((table, before), None)
+            self._writing[table] = first
+            handle = self._open.get((table, first))
+            if handle is not None:
+                return handle
+            broken = self._broken.get(table)
+            if broken is not None and broken[0] <= first:
+                raise broken[1]
+            handle = self._open[(table, first)] = self._open_file(table, first, last)
+            return handle
+
+    def _open_file(self, table: str, first: int, last: int) -> _OpenFile:
+        """Open ``table``'s file of window ``first``-``last``, its header written unless an
+        existing file is continued (``append``). When the open fails, the folder is made (again,
+        when it was removed during training) and the open tried once more: the folder's fault
+        is then the ConfigError of :func:`~trainprobe.engine.folders.make_output_folder`, naming
+        ``field`` (a folder replaced by a file: ``File exists``)."""
         path = self.rank_dir / self.name_file(table, first, last)
         continuing = self.append and path.is_file() and path.stat().st_size > 0
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if continuing else os.O_TRUNC)
-        fd = os.open(path, flags, 0o644)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError:  # no folder (first file, or removed), a file in its place, not writable
+            make_output_folder(self.rank_dir, self.field)  # made again, or the folder's ConfigError
+            fd = os.open(path, flags, 0o644)
         if not continuing:
-            append_whole(fd, (",".join(layout.header) + "\n").encode("utf-8"))
-        handle = _OpenFile(fd, path, first, last)
-        self._open[table] = handle
-        return handle
+            try:
+                append_whole(fd, (",".join(self.layouts[table].header) + "\n").encode("utf-8"))
+            except BaseException:
+                os.close(fd)
+                raise
+        return _OpenFile(fd, path, first, last)
 
-    def _close_file(self, table: str, reached: int | None) -> None:
-        handle = self._open.pop(table)
+    def _close_file(self, key: tuple[str, int], reached: int | None) -> None:
+        handle = self._open.pop(key)
         os.close(handle.fd)
         last = self.schedule.file_end(handle.first, handle.last, reached)
         if last != handle.last:
-            handle.path.rename(handle.path.with_name(self.name_file(table, handle.first, last)))
+            handle.path.rename(handle.path.with_name(self.name_file(key[0], handle.first, last)))
 
     def close(self, reached: int | None = None) -> None:
         """Close every file; a window cut short at step ``reached`` (training stopped there) is
         renamed to end there; None (the schedule finished): every file keeps its name."""
-        for table in list(self._open):
-            self._close_file(table, reached)
+        with self._lock:
+            for key in list(self._open):
+                self._close_file(key, reached)

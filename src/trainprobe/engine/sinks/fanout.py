@@ -1,6 +1,7 @@
 """Several sinks (and record consumers such as alerts) behind one :class:`~trainprobe.engine.sinks.background.Writer`.
 
-Each batch goes to every member in order. A member that raises is reported once through
+Each batch goes to every member in order (and, before it is queued, to the ``prepare`` of the
+members that have one). A member that raises is reported once through
 ``on_error`` and skipped for the rest of the run; the others keep receiving batches.
 """
 
@@ -29,6 +30,15 @@ class FanOut(Generic[B]):
         for i, member in enumerate(self.members):
             if i not in self._failed:
                 self._call(i, member, functools.partial(member.write, batch))
+
+    def prepare(self, batch: B) -> None:
+        """Call ``prepare(batch)`` of each member that has one and has not failed (see
+        :class:`~trainprobe.engine.sinks.background.Writer`; on the submitting thread). A member
+        that raises there is reported and skipped, as when its ``write`` raises."""
+        for i, member in enumerate(self.members):
+            prepare = getattr(member, "prepare", None)
+            if prepare is not None and i not in self._failed:
+                self._call(i, member, functools.partial(prepare, batch))
 
     def close(self, reached: int | None = None) -> None:
         for i, member in enumerate(self.members):
