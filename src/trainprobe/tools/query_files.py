@@ -16,6 +16,7 @@ run folder given (never opened; one warning names it), the rule of
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,23 +147,95 @@ def csv_header(path: Path, limit: int = 1 << 16) -> tuple[str, ...] | None:
     return tuple(line.split(",")) if line else None
 
 
-def clean_length(path: Path) -> int | None:
-    """None when the CSV file ends with a line break (nothing torn); else the length in bytes of its
-    complete part: up to the last line break outside a quoted cell (a run killed, or still writing,
-    left a torn last record, which the query layer leaves out)."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0
+@dataclass(frozen=True)
+class TornTail:
+    """The torn end of a CSV data file (:func:`torn_tail`).
+
+    Attributes:
+        cut: the length in bytes of the file's complete part (its first ``cut`` bytes: whole
+            records, ending with a line break; 0 when no record is complete, the header's
+            line included).
+        lines: the physical lines left out, from ``cut`` to the end of the file, the torn last
+            line counted (so at least 1). More than 1 when the torn record's quoted name holds
+            line breaks, or when a quote earlier in the file is unbalanced (a damaged file:
+            everything after it reads as one quoted cell, often thousands of lines; then
+            ``quote_open`` is True).
+        first_line: the 1-based number of the first line left out (the header is line 1).
+        quote_open: whether the file ends inside a quoted cell (an odd number of ``"``): the
+            torn record stops inside a quoted name, or a quote earlier is unbalanced. A caller
+            warning about the rows it skips can say ``lines`` and, when this is True and
+            ``lines`` is large, that an unbalanced quote on line ``first_line`` or later cut
+            the file there.
+    """
+
+    cut: int
+    lines: int
+    first_line: int
+    quote_open: bool
+
+
+_SCAN_CHUNK = 1 << 22  # bytes counted at a time (the file is mapped, not read whole)
+
+
+def torn_tail(path: Path) -> TornTail | None:
+    """What of CSV file ``path`` is torn, or None when nothing is: the file is empty or ends with
+    a line break (``\\n`` or ``\\r``; the records' quotes are not checked then).
+
+    Otherwise the complete part ends after the last line break outside a quoted cell, quotes
+    counted from the start of the file (``""`` inside a cell counts twice, so it changes
+    nothing): a run killed, or still writing, left a torn last record, which the query layer
+    leaves out. One pass over the file (its ``"`` counted in chunks of a memory map), then a
+    walk back from its end to that line break, and a count of the line breaks on either side
+    of it: linear in the file's size, memory bounded by a chunk.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     with open(path, "rb") as handle:
-        handle.seek(size - 1)
-        if handle.read(1) in (b"\n", b"\r"):
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
             return None
-        handle.seek(0)
-        data = handle.read()
-    end = data.rfind(b"\n")
-    while end >= 0 and data.count(b'"', 0, end) % 2:  # that line break is inside a quoted cell
-        end = data.rfind(b"\n", 0, end)
-    return end + 1
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            size = len(data)
+            if data[size - 1 : size] in (b"\n", b"\r"):
+                return None
+            quote_open = _count(data, b'"', 0, size) % 2 == 1
+            cut = _last_break_outside_quotes(data, size, quote_open)
+            before = _count(data, b"\n", 0, cut)
+            after = _count(data, b"\n", cut, size)
+    return TornTail(cut=cut, lines=after + 1, first_line=before + 1, quote_open=quote_open)
+
+
+def clean_length(path: Path) -> int | None:
+    """None when the CSV file ends with a line break (nothing torn); 0 for an empty file; else the
+    length in bytes of its complete part: up to and including the last line break outside a
+    quoted cell (:func:`torn_tail`'s ``cut``; it also says how many lines that leaves out, which
+    is more than one when a quoted cell is left open). Linear in the file's size."""
+    if path.stat().st_size == 0:
+        return 0
+    tail = torn_tail(path)
+    return None if tail is None else tail.cut
+
+
+def _count(data: mmap.mmap, byte: bytes, start: int, stop: int) -> int:
+    """How many times ``byte`` occurs in ``data[start:stop]``, counted a chunk at a time."""
+    return sum(data[at : min(at + _SCAN_CHUNK, stop)].count(byte) for at in range(start, stop, _SCAN_CHUNK))
+
+
+def _last_break_outside_quotes(data: mmap.mmap, end: int, inside: bool) -> int:
+    """The offset just after the last ``\\n`` before ``end`` that is outside a quoted cell (0 when
+    none), ``inside``: whether ``end`` itself is inside one. Walks back from quote to quote: the
+    bytes between two quotes are all inside a cell or all outside it."""
+    while end > 0:
+        quote = data.rfind(b'"', 0, end)
+        if not inside:
+            found = data.rfind(b"\n", quote + 1, end)
+            if found >= 0:
+                return found + 1
+        if quote < 0:
+            return 0
+        end, inside = quote, not inside
+    return 0
 
 
 def is_precision_dump(path: Path, depth: int = 3) -> bool:
