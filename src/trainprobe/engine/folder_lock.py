@@ -13,11 +13,19 @@ its workers do.
 
 Where locks are not available (Windows; a file system that refuses ``flock`` on a folder, as some
 network file systems do) one warning says so and the run goes on unlocked.
+
+Who takes it: Monitor V2 on its ``rank_<r>`` folder and Monitor V1 on its run folder, from
+``start()`` / ``set_monitor`` to ``stop()`` (whatever the format: CSV, Parquet, TensorBoard), and
+the training metrics on ``dump_path`` and ``tensorboard_dir``. Readers that must know whether a
+run is still writing a folder (``trainprobe convert``) ask :func:`live_writer`, which takes a
+shared lock for an instant and drops it; a run starting at that instant retries for
+``wait_s`` (a quarter second) before it calls the folder taken, so a look never refuses a run.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from pathlib import Path
 
@@ -55,12 +63,14 @@ class FolderLock:
     Args:
         folder: an existing folder the run writes into.
         field: the config field that named it, for the message (``monitor_config.dump_path``).
+        wait_s: how long a lock held by someone else is retried before the folder counts as taken
+            (covers :func:`live_writer`'s instant look; a live run holds it for good).
 
     Raises:
         ConfigError: another live run holds the folder; the message names ``field`` and the folder.
     """
 
-    def __init__(self, folder: Path, field: str) -> None:
+    def __init__(self, folder: Path, field: str, wait_s: float = 0.25) -> None:
         self.folder = folder
         self._fd: int | None = None
         if fcntl is None:  # pragma: no cover - Windows
@@ -72,7 +82,7 @@ class FolderLock:
             warn_once(f"folder-lock-{folder}", f"trainprobe: {field}: cannot lock {str(folder)!r} ({exc}); not locked")
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_within(fd, fcntl.LOCK_EX, wait_s)
         except BlockingIOError:
             os.close(fd)
             raise ConfigError(
@@ -100,3 +110,41 @@ class FolderLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def _lock_within(fd: int, kind: int, wait_s: float) -> None:
+    """``flock(fd, kind)`` without blocking, retried for ``wait_s`` seconds (BlockingIOError after)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
+def live_writer(folder: Path) -> bool | None:
+    """Whether a live run holds ``folder`` (a :class:`FolderLock` of a process that is still going).
+
+    Returns True when one does, False when none does (a run that ended, or was killed: the
+    kernel dropped its lock), None when it cannot be told (no locks on this platform or file
+    system, or the folder cannot be opened). The look takes a shared lock for an instant and
+    drops it (see the module docstring): it never blocks and never leaves anything behind.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # drops the shared lock, if taken
+    return False
