@@ -7,13 +7,19 @@ holds such files would mix two runs (a file renamed at the end of a short window
 earlier run's file of the same name; readers then see one run made of two). Monitor V2 therefore
 asks, at ``start()``, what the user wants (``docs/monitor_v2.md``, "Re-using an output folder"):
 
-* nothing said: :func:`refuse_earlier_run` raises a :class:`ConfigError` naming the folder;
+* nothing said: :func:`refuse_earlier_run` raises a :class:`ConfigError` naming the folder (also
+  when the folder holds only the hidden ``.partial`` file a killed Parquet run was writing);
 * ``start(overwrite=True)`` or ``TRAINPROBE_OVERWRITE=1``: :func:`keep_rows_before` with step 0
   removes the earlier run's window files (only those, and the hidden ``.partial`` windows a
   killed Parquet run left open (:func:`open_windows`): nothing else in the folder is touched);
 * ``start(initial_step=N)`` with N > 0 (a resumed run): :func:`keep_rows_before` with step N
   keeps the earlier rows of steps below N and drops the rest, the way TensorBoard's
-  ``purge_step`` does, so the resumed run continues the files instead of repeating steps.
+  ``purge_step`` does, so the resumed run continues the files instead of repeating steps (first
+  the step files a Parquet run killed in the middle of merging a window left beside the merged
+  file are removed, :func:`drop_merged_step_files`, so no row is kept twice).
+
+A run that is still going is never "an earlier run": it holds the folder's lock
+(:mod:`~trainprobe.engine.folder_lock`) and the new one is refused before this rule is asked.
 
 Every rewrite goes through :func:`~trainprobe.engine.sinks.files.write_atomically` (CSV) or a
 temporary file renamed into place (Parquet): a process killed while making room leaves each file
@@ -35,6 +41,7 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import PARQUET_SUFFIX, V2_DATA_FILE
 from trainprobe.engine.sinks.files import write_atomically
+from trainprobe.engine.sinks.parquet_sink import merged_step_files
 from trainprobe.engine.sinks.parquet_summary import SUMMARY_KEY, Summary, encode, read_summary
 
 OVERWRITE_ENV = "TRAINPROBE_OVERWRITE"
@@ -88,9 +95,25 @@ def overwrite_requested() -> bool:
     return os.environ.get(OVERWRITE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def refuse_earlier_run(rank_dir: Path, files: list[WindowFile]) -> ConfigError:
-    """The error for a new run started over an earlier one's files, saying the ways out."""
-    shown = ", ".join(f.path.name for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+def drop_merged_step_files(files: list[WindowFile]) -> list[WindowFile]:
+    """Remove the step files of ``files`` whose rows a merged window file beside them holds
+    (:func:`~trainprobe.engine.sinks.parquet_sink.merged_step_files`: left by a Parquet run killed
+    between a window's merge and their removal); return the files left.
+
+    Raises:
+        OSError: such a file cannot be removed.
+    """
+    merged = set(merged_step_files((f.path, f.table, f.first, f.last) for f in files))
+    for path in sorted(merged):
+        path.unlink()
+    return [f for f in files if f.path not in merged]
+
+
+def refuse_earlier_run(rank_dir: Path, files: list[WindowFile], open_files: list[Path] | None = None) -> ConfigError:
+    """The error for a new run started over an earlier one's files (``files``, and the hidden
+    ``.partial`` files ``open_files`` of a killed Parquet run), saying the ways out."""
+    names = [f.path.name for f in files] + [p.name for p in open_files or []]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return ConfigError(
         f"output_dir: {str(rank_dir)!r} already holds the files of an earlier run ({shown}); a new run there "
         "would mix with them. Choose another output_dir, delete those files, pass start(overwrite=True) "

@@ -454,6 +454,8 @@ def merged_step_files(files: Iterable[tuple[Path, str, int, int]]) -> list[Path]
     for path, table, first, last in files:
         if path.suffix == PARQUET_SUFFIX:
             groups.setdefault((path.parent, table), []).append((path, first, last))
+    if not groups:
+        return []
     try:
         pq = _pyarrow().parquet
     except ImportError:

@@ -12,14 +12,17 @@ returns.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folders import check_output_folder
-from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, anomaly_rank_folder, v1_file_name
+from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, V1_DATA_FILE, anomaly_rank_folder, v1_file_name
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.session import NullSession, Session
 from trainprobe.engine.sinks.background import Sink
 from trainprobe.engine.sinks.csv_sink import CsvSink
 from trainprobe.engine.sinks.memory import MemorySink
-from trainprobe.engine.sinks.parquet_sink import ParquetSink
+from trainprobe.engine.sinks.parquet_sink import ParquetSink, data_files, merged_step_files
 from trainprobe.engine.sinks.tensorboard import TensorBoardSink
 from trainprobe.frontdoors.monitor_v1 import output
 from trainprobe.frontdoors.monitor_v1.alerts import AlertDetector
@@ -88,16 +91,20 @@ class SessionFactory:
                 field=output.OUTPUT_ENV,
             )
             sinks.append(csv)
-        elif cfg.format == "parquet":  # an extension: the CSV layout's files as Parquet (append_output: CSV only)
+        elif cfg.format == "parquet":  # an extension: the CSV layout's files as Parquet, continued as CSV is
             layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
+            folder = self.attachment.run_folder(cfg)
+            if cfg.append_output:
+                _drop_merged_step_files(folder)
             sinks.append(
                 ParquetSink(
-                    self.attachment.run_folder(cfg),
+                    folder,
                     schedule,
                     layouts,
                     table_of=output.table_of,
                     name_file=_parquet_name,
                     first_step=self.attachment.clock.step,
+                    append=bool(cfg.append_output),
                     field=output.OUTPUT_ENV,
                 )
             )
@@ -134,6 +141,17 @@ class SessionFactory:
             earlier=earlier if same else None,
         )
         return self._alerts
+
+
+def _drop_merged_step_files(folder: Path) -> None:
+    """Before an ``append_output`` run continues ``folder``: remove the step files a Parquet run
+    killed between a window's merge and their removal left beside the merged file
+    (:func:`~trainprobe.engine.sinks.parquet_sink.merged_step_files`), so no row counts twice."""
+    try:
+        for path in merged_step_files(data_files(folder, V1_DATA_FILE)):
+            path.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{output.OUTPUT_ENV}: cannot tidy {str(folder)!r} to continue it: {exc}") from None
 
 
 def _parquet_name(table: str, first: int, last: int) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folder_lock import FolderLock
 from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.optimizer_view import OptimizerView
 from trainprobe.engine.probes.base import StepClock
@@ -54,19 +55,35 @@ class Attachment:
     keep_reduced: KeepReduced | None
     pipeline: PipelineContext
     folder: Path | None = None
+    lock: FolderLock | None = None
+    """The run folder's lock, from its first use to :meth:`release` (``TrainerMon.stop()``)."""
 
     def run_folder(self, config: MonitorV1Config) -> Path:
         """This rank's output folder, created (or found, with ``append_output``; a rank with no
-        folder in that range starts a new one) on first use."""
+        folder in that range starts a new one) on first use, and locked for this run
+        (:mod:`~trainprobe.engine.folder_lock`) until :meth:`release`.
+
+        Raises:
+            ConfigError: the folder cannot be created (naming ``MONITOR_OUTPUT_DIR``); another
+                run that is still going writes it (``append_output`` naming a live run's folder).
+        """
         if self.folder is None:
             make_output_folder(output.output_root(), output.OUTPUT_ENV)
             try:
-                self.folder = output.run_folder(self.rank, config.append_output)
+                folder = output.run_folder(self.rank, config.append_output)
             except OSError as exc:
                 raise ConfigError(
                     f"{output.OUTPUT_ENV}: cannot create this rank's folder under {str(output.output_root())!r}: {exc}"
                 ) from None
+            self.lock = FolderLock(folder, output.OUTPUT_ENV)
+            self.folder = folder
         return self.folder
+
+    def release(self) -> None:
+        """Drop the run folder's lock (idempotent); the folder stays this run's."""
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
 
 
 def attach(

@@ -260,11 +260,14 @@ class TrainerMon:
         return xy_metrics(self._control.session, self._factory.memory)
 
     def stop(self) -> None:
-        """Write what is pending, remove every hook, close the files (idempotent)."""
+        """Write what is pending, remove every hook, close the files and unlock the run folder
+        (idempotent)."""
         self._control.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        if self._attachment is not None:
+            self._attachment.release()
         if self._struct is not None:
             self._struct.detach()
             self._struct = None

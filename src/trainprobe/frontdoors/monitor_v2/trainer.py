@@ -16,6 +16,7 @@ from typing import Any
 from trainprobe.backends import backend_for
 from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.folder_lock import FolderLock
 from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import CC_LOG_FILE, V2_MONITORS, v2_file_name, v2_rank_folder
 from trainprobe.engine.log import logger, warn_once
@@ -29,6 +30,7 @@ from trainprobe.engine.probes.param import ParamProbe
 from trainprobe.engine.session import NullSession, Session
 from trainprobe.engine.sinks.csv_sink import CsvSink, TableLayout
 from trainprobe.engine.sinks.earlier_runs import (
+    drop_merged_step_files,
     keep_rows_before,
     open_windows,
     overwrite_requested,
@@ -70,6 +72,7 @@ class TrainerMonitorV2:
         self._session: Session | NullSession = NullSession(self._clock)
         self._started = False
         self._wrote_here = False  # a session of this monitor has written to the rank folder
+        self._lock: FolderLock | None = None  # the rank folder's, from start() to stop()
 
     @property
     def current_step(self) -> int:
@@ -109,12 +112,17 @@ class TrainerMonitorV2:
                 ``overwrite`` (default False; or ``TRAINPROBE_OVERWRITE=1``): remove an earlier
                 run's CSV files first; ``resumed`` (default: ``initial_step`` > 0): whether this
                 run continues an earlier one, for callers whose first step is not 0 (the trainer
-                callbacks number steps from 1). Other keys are accepted and ignored.
+                callbacks number steps from 1). Other keys are accepted and ignored. "CSV files"
+                means the data files of either format (``.csv``, ``.parquet``, and the hidden
+                ``.partial`` file a killed Parquet run was writing). The rank folder is locked
+                from here to :meth:`stop` (:mod:`~trainprobe.engine.folder_lock`).
 
         Raises:
             ConfigError: a monitor needs a model or an optimizer that was not passed; the
                 rank folder holds an earlier run's CSV files and neither ``initial_step`` > 0
-                nor ``overwrite`` says what to do with them (the message names the folder).
+                nor ``overwrite`` says what to do with them (the message names the folder);
+                another run that is still going (in this or another process) writes the rank
+                folder, whatever ``overwrite`` says.
             RuntimeError: already started.
         """
         if self._started:
@@ -127,8 +135,15 @@ class TrainerMonitorV2:
             self._started = True
             return
         self._set_initial_step(context.get("initial_step"))
-        self._session = self._build_session(model, optimizer, context, rank)
-        self._session.attach()
+        rank_dir = make_output_folder(self.config.output_dir / v2_rank_folder(rank), "output_dir")
+        lock = FolderLock(rank_dir, "output_dir")
+        try:
+            self._session = self._build_session(model, optimizer, context, rank)
+            self._session.attach()
+        except BaseException:
+            lock.release()
+            raise
+        self._lock = lock
         self._wrote_here = True
         self._started = True
 
@@ -160,6 +175,9 @@ class TrainerMonitorV2:
         self._session.close()
         self._session = NullSession(self._clock)
         self._started = False
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def __enter__(self) -> TrainerMonitorV2:
         """``with TrainerMonitorV2(...) as monitor:``: ``stop()`` runs when the block ends, also
@@ -179,12 +197,13 @@ class TrainerMonitorV2:
         self._clock.step = step
 
     def _make_room(self, rank_dir: Path, context: dict[str, Any]) -> None:
-        """Deal with an earlier run's CSV files in ``rank_dir``, as ``start()`` documents."""
+        """Deal with an earlier run's data files in ``rank_dir``, as ``start()`` documents."""
         files = window_files(rank_dir, V2_MONITORS)
+        left_open = open_windows(rank_dir, V2_MONITORS)
         overwrite = context.get("overwrite", False)
         if not isinstance(overwrite, bool):
             raise ConfigError(f"start(overwrite=...): must be True or False, got {overwrite!r}")
-        if not files:
+        if not files and not left_open:
             return
         resumed = context.get("resumed", self._clock.step > 0 and context.get("initial_step") is not None)
         if not isinstance(resumed, bool):
@@ -194,9 +213,9 @@ class TrainerMonitorV2:
         elif resumed:
             keep_before = self._clock.step
         else:
-            raise refuse_earlier_run(rank_dir, files)
+            raise refuse_earlier_run(rank_dir, files, left_open)
         try:
-            dropped = keep_rows_before(files, keep_before, v2_file_name)
+            dropped = keep_rows_before(drop_merged_step_files(files), keep_before, v2_file_name)
             for stale in open_windows(rank_dir, V2_MONITORS):  # a killed run's open windows: never whole
                 stale.unlink()
         except OSError as exc:
