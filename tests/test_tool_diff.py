@@ -389,6 +389,10 @@ def test_cli_limit_0_lists_none_but_still_answers_the_first_divergence(runs, tmp
     assert proc.stdout.splitlines()[0] == s["answer"] and s["answer"].startswith("first divergence: step 6, rank 0, ")
     assert "earliest divergences" not in proc.stdout
     assert cli(str(runs["base"]), str(runs["scaled"]), "--limit", "-1").returncode == 2
+    # what it wrote is said, one line a file; nothing else is left in the folder (atomic writes)
+    assert [line for line in proc.stderr.splitlines() if line.startswith("wrote ")] == [
+        f"wrote {tmp_path / 'diff.csv'}", f"wrote {tmp_path / 'diff_summary.json'}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diff.csv", "diff_summary.json"]
 
 
 def test_cli_tables_naming_no_table_is_bad_input(runs):

@@ -30,6 +30,7 @@ from typing import Any
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.printable import printable
+from trainprobe.engine.sinks.files import write_atomically
 from trainprobe.tools.diagnose_engines import ENGINES, on_spark
 from trainprobe.tools.diff_engines import MEMORY_LIMIT, DiffEngine, DuckDiff, SparkDiff  # noqa: F401 - MEMORY_LIMIT: public here before
 from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
@@ -132,6 +133,8 @@ class DiffResult:
     largest: list[Divergence] = field(default_factory=list)
     only_baseline: list[Divergence] = field(default_factory=list)
     only_candidate: list[Divergence] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)
+    """The files :func:`diff` wrote (``diff.csv``, ``diff_summary.json``, the page)."""
     tables_only: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -368,11 +371,11 @@ def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, setti
         result.only_baseline = _rows(con, ONLY_BASELINE, EXAMPLES)
         result.only_candidate = _rows(con, ONLY_CANDIDATE, EXAMPLES)
     if out is not None:
-        write_outputs(con, result, Path(out), bool(sources))
+        result.written += write_outputs(con, result, Path(out), bool(sources))
     if html is not None:
         from trainprobe.tools.diff_html import write_html
 
-        write_html(con, result, Path(html), common, pairs)
+        result.written.append(write_html(con, result, Path(html), common, pairs))
     if page is not None:
         from trainprobe.tools.diff_html import add_sections
 
@@ -512,8 +515,9 @@ def write_outputs(con: DiffEngine, result: DiffResult, out: Path, any_rows: bool
         con.write_csv(f"SELECT {select} FROM diverged_rows WHERE status = {DIVERGED} ORDER BY {ORDER}", csv_path)
     else:
         header = select.replace('"', "")
-        csv_path.write_text(",".join(part.rsplit(" AS ", 1)[-1].strip() for part in _split(header)) + "\n")
-    summary_path.write_text(json.dumps(result.summary(), indent=2) + "\n", encoding="utf-8")
+        write_atomically(csv_path, ",".join(part.rsplit(" AS ", 1)[-1].strip() for part in _split(header)) + "\n",
+                         field="-o/--output")
+    write_atomically(summary_path, json.dumps(result.summary(), indent=2) + "\n", field="-o/--output")
     return [csv_path, summary_path]
 
 

@@ -79,6 +79,8 @@ def _command(args: argparse.Namespace) -> int:
         out=args.out, html=args.html, tables=tables, engine=args.engine, rank_local=args.rank_local,
     )
     print_result(result, sys.stdout)
+    for path in result.written:
+        print(f"wrote {path}", file=sys.stderr)
     return result.exit_code
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.sinks.files import write_atomically
 from trainprobe.tools.diff_sql import ONLY_BASELINE, ONLY_CANDIDATE, fmt, joined_sql
 from trainprobe.tools.report_html import SCRIPT, STYLE, PageBuilder
 
@@ -35,15 +36,15 @@ def write_html(engine: Any, result: Any, path: Path, tables: Sequence[str], mapp
     holds both runs' views (:mod:`trainprobe.tools.diff_engines`)."""
     page = PageBuilder()
     add_heatmaps(page, engine, result, tables, mapping)
-    path.parent.mkdir(parents=True, exist_ok=True)
     title = f"trainprobe diff: {Path(result.baseline).name} vs {Path(result.candidate).name}"
-    path.write_text(
+    write_atomically(
+        path,
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{STYLE}</style><script>{SCRIPT}</script></head><body>"
         f'<div id="tp-status" data-state="loading" data-rendered="0" data-expected="{page.figures}" '
         'data-errors="" hidden></div>'
         f"<h1>{_e(title)}</h1>{summary_html(result)}" + "".join(page.parts) + "</body></html>\n",
-        encoding="utf-8",
+        field="--html",
     )
     return path
 
