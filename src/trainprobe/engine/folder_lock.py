@@ -16,10 +16,12 @@ network file systems do) one warning says so and the run goes on unlocked.
 
 Who takes it: Monitor V2 on its ``rank_<r>`` folder and Monitor V1 on its run folder, from
 ``start()`` / ``set_monitor`` to ``stop()`` (whatever the format: CSV, Parquet, TensorBoard), and
-the training metrics on ``dump_path`` and ``tensorboard_dir``. Readers that must know whether a
-run is still writing a folder (``trainprobe convert``) ask :func:`live_writer`, which takes a
-shared lock for an instant and drops it; a run starting at that instant retries for
-``wait_s`` (a quarter second) before it calls the folder taken, so a look never refuses a run.
+the training metrics on ``dump_path`` and ``tensorboard_dir``. A tool that must know whether a
+run is still writing a folder asks :func:`live_writer` (a shared lock taken for an instant and
+dropped: a run starting at that instant retries for ``wait_s``, a quarter second, before it
+calls the folder taken, so a look never refuses a run), or holds :func:`reading` while it works
+on the folder (``trainprobe convert``): its shared lock keeps a new run from starting to write
+there meanwhile (refused, with the message saying a convert may be the holder).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainprobe.engine.errors import ConfigError
@@ -87,8 +91,8 @@ class FolderLock:
             os.close(fd)
             raise ConfigError(
                 f"{field}: {str(folder)!r} is being written by another run that is still going (in this or "
-                f"another process); two runs writing one folder interleave and lose lines. Give this run "
-                f"another {field.rsplit('.', 1)[-1]}, or close the other run first"
+                f"another process), or read by a trainprobe convert; two runs writing one folder interleave and "
+                f"lose lines. Give this run another {field.rsplit('.', 1)[-1]}, or close the other run first"
             ) from None
         except OSError as exc:
             os.close(fd)
@@ -133,18 +137,32 @@ def live_writer(folder: Path) -> bool | None:
     system, or the folder cannot be opened). The look takes a shared lock for an instant and
     drops it (see the module docstring): it never blocks and never leaves anything behind.
     """
+    with reading(folder) as live:
+        return live
+
+
+@contextmanager
+def reading(folder: Path) -> Iterator[bool | None]:
+    """``with reading(folder) as live:`` whether a live run holds ``folder`` (as
+    :func:`live_writer` says), and, while the block runs and no live run holds it, a shared lock
+    on it: a run that starts meanwhile is refused (:class:`FolderLock`), so the folder's files
+    stay as the block found them. Several readers hold it at once. Never blocks."""
     if fcntl is None:  # pragma: no cover - Windows
-        return None
+        yield None
+        return
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        return None
+        yield None
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            live: bool | None = False
+        except BlockingIOError:
+            live = True
+        except OSError:
+            live = None
+        yield live
     finally:
         os.close(fd)  # drops the shared lock, if taken
-    return False
