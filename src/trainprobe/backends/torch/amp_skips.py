@@ -37,13 +37,20 @@ def _scaler_classes() -> list[type]:
 
 
 class SkipWatch:
-    """One listener: calls ``on_skip()`` when ``GradScaler.step`` skips ``optimizer``'s step."""
+    """One listener: calls ``on_skip()`` when ``GradScaler.step`` skips ``optimizer``'s step
+    (a view's last optimizer, the one that is last now when the view followed a replaced one)."""
 
     def __init__(self, optimizer: Any, on_skip: Callable[[], None]) -> None:
-        self.optimizer = optimizer
+        self._watched = optimizer
         self.on_skip = on_skip
         self.steps = 0
         self._hook = optimizer.register_step_post_hook(self._count)
+
+    @property
+    def optimizer(self) -> Any:
+        """The torch optimizer whose steps are counted now."""
+        watched = self._watched
+        return watched.optimizers[-1] if isinstance(watched, TorchOptimizerView) else watched
 
     def _count(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.steps += 1
@@ -68,10 +75,9 @@ def watch_skipped_steps(optimizer: Any, on_skip: Callable[[], None]) -> SkipWatc
     returns without ``optimizer`` having stepped. Returns the listener (``remove()`` it at stop),
     or None for an optimizer that is not a ``torch.optim.Optimizer`` (no GradScaler steps it).
     For a :class:`~trainprobe.backends.torch.optimizer.TorchOptimizerView`, the last of its
-    optimizers is watched (the one whose step ends the step)."""
-    if isinstance(optimizer, TorchOptimizerView):
-        optimizer = optimizer.optimizers[-1]
-    if not isinstance(optimizer, torch.optim.Optimizer):
+    optimizers is watched (the one whose step ends the step; its replacement once the view
+    follows one)."""
+    if not isinstance(optimizer, (torch.optim.Optimizer, TorchOptimizerView)):
         return None
     watch = SkipWatch(optimizer, on_skip)
     with _LOCK:

@@ -12,16 +12,32 @@ the torch optimizers inside what users pass.
 * mixed-precision wrappers that step float32 master copies of the model's parameters
   (Megatron's ``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``): the view
   lists the model parameters and reads their state through the copies (:func:`master_pairs`).
+
+A replaced optimizer is followed. Step hooks registered through a view (the sessions' and Monitor
+V1's: they end the monitored steps) sit on its first (pre-step) and last (post-step) optimizer;
+while any is registered, a process-wide optimizer step pre-hook watches the other optimizers.
+When a torch optimizer that is not in the view steps a parameter one of the view's optimizers
+steps (the user made a new optimizer over the same parameters: a new learning-rate schedule, a
+switch from SGD to Adam), it takes the place of those optimizers in the view, from that very
+step: the hooks move to it (its pre-step hook runs in the same step), and every reader of the
+view (optimizer state, parameter copies) sees it. One INFO line says so. An optimizer the view
+left that steps the parameters again is not followed back (one warning: the monitored steps are
+those of the optimizer followed). An optimizer over other parameters (a GAN's second one) is
+left alone. Not followed: a new mixed-precision wrapper (its optimizer steps new master copies,
+none of the view's).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.log import error_once, info_once, warn_once
 from trainprobe.engine.optimizer_view import MOMENTS, Removable, StepHook, chain_verdict, holds
 
 _TORCH_STATE_KEYS: dict[str, frozenset[str]] = {
@@ -138,7 +154,8 @@ class TorchOptimizerView:
 
     Attributes:
         optimizers: the torch optimizers, in step order (the first one's step pre-hook and the
-            last one's post-hook are the view's).
+            last one's post-hook are the view's); a replaced one is followed (see the module
+            docstring): the list then names the optimizer that took its place.
     """
 
     def __init__(
@@ -149,6 +166,13 @@ class TorchOptimizerView:
         self.optimizers = list(optimizers)
         self._model_of = {id(copy): model for model, copy in pairs}
         self._copy_of = {id(model): copy for model, copy in pairs}
+        self._hooks: list[_ViewHook] = []  # the step hooks registered through the view
+        self._watch: Removable | None = None  # the process-wide pre-hook, while hooks are registered
+        self._stepped = _param_ids(self.optimizers)  # ids of the tensors the view's optimizers step
+        self._shares: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = (
+            weakref.WeakKeyDictionary()
+        )  # another optimizer -> (its tensor count when judged, whether it steps one of ours)
+        self._left: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()  # optimizers replaced
 
     @property
     def class_name(self) -> str:
@@ -188,10 +212,127 @@ class TorchOptimizerView:
         return self._copy_of.get(id(param), param)
 
     def register_step_pre_hook(self, hook: StepHook) -> Removable:
-        return self.optimizers[0].register_step_pre_hook(hook)
+        """``hook`` before each step of the first optimizer (moved to a replacement)."""
+        return self._add(_ViewHook(self, hook, post=False))
 
     def register_step_post_hook(self, hook: StepHook) -> Removable:
-        return self.optimizers[-1].register_step_post_hook(hook)
+        """``hook`` after each step of the last optimizer (moved to a replacement)."""
+        return self._add(_ViewHook(self, hook, post=True))
+
+    # -- following a replaced optimizer (see the module docstring) ---------------------------
+    def _add(self, hook: _ViewHook) -> _ViewHook:
+        self._hooks.append(hook)
+        if self._watch is None:
+            self._watch = register_optimizer_step_pre_hook(self._any_step)
+        return hook
+
+    def _removed(self, hook: _ViewHook) -> None:
+        """``hook`` was removed; the last one takes the process-wide pre-hook with it."""
+        if hook in self._hooks:
+            self._hooks.remove(hook)
+        if not self._hooks and self._watch is not None:
+            self._watch.remove()
+            self._watch = None
+
+    def _any_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The process-wide step pre-hook: follow ``optimizer`` when it replaced ours. Runs
+        before the optimizer's own pre-hooks, so hooks moved to it run in this step. Never
+        raises into training."""
+        if any(o is optimizer for o in self.optimizers) or not self._steps_ours(optimizer):
+            return
+        try:
+            if optimizer in self._left:
+                warn_once(
+                    f"optimizer-left-steps-again-{id(self)}",
+                    f"trainprobe: {type(optimizer).__name__}, which {self.class_name} replaced, steps the "
+                    f"monitored parameters again; the monitor follows {self.class_name} only (its steps end "
+                    f"the monitored steps, its state is the one read); pass the optimizer you step to the "
+                    "monitor if that is not the one",
+                )
+                return
+            self.follow(optimizer)
+        except Exception as exc:  # noqa: BLE001 - a monitor must never break training
+            error_once(f"optimizer-follow-{id(self)}", f"trainprobe: following a new optimizer failed: {exc!r}")
+
+    def _steps_ours(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` steps a tensor one of the view's optimizers steps (judged again
+        when its number of tensors changes)."""
+        count = sum(len(g["params"]) for g in optimizer.param_groups)
+        known = self._shares.get(optimizer)
+        if known is not None and known[0] == count:
+            return known[1]
+        stepped = self._stepped
+        verdict = any(id(p) in stepped for g in optimizer.param_groups for p in g["params"])
+        self._shares[optimizer] = (count, verdict)
+        return verdict
+
+    def follow(self, new: torch.optim.Optimizer) -> None:
+        """Put ``new`` in the place of the view's optimizers that step a tensor it steps (the
+        first of them; the others leave the chain) and move the view's step hooks to the
+        optimizers that are now first and last."""
+        theirs = _param_ids([new])
+        before = self.class_name
+        optimizers: list[torch.optim.Optimizer] = []
+        for o in self.optimizers:
+            if not theirs.isdisjoint(_param_ids([o])):
+                self._left.add(o)
+                o = new
+            if not any(o is kept for kept in optimizers):
+                optimizers.append(o)
+        self.optimizers = optimizers
+        self._stepped = _param_ids(optimizers)
+        self._shares = weakref.WeakKeyDictionary()
+        for hook in list(self._hooks):
+            hook.move()
+        info_once(
+            f"optimizer-followed-{id(self)}-{id(new)}",
+            f"trainprobe: a new optimizer ({type(new).__name__}) steps the monitored parameters in place of "
+            f"{before}; the monitor follows it from this step on (its steps end the monitored steps, its state "
+            "is the one read)",
+        )
+
+
+class _ViewHook:
+    """A step hook registered through a :class:`TorchOptimizerView`: on its first (pre-step) or
+    last (post-step) optimizer, moved there again when the view follows a replaced one."""
+
+    def __init__(self, view: TorchOptimizerView, hook: StepHook, *, post: bool) -> None:
+        self.view = view
+        self.hook = hook
+        self.post = post
+        self.owner = self._owner()
+        self.handle = self._register()
+        self.removed = False
+
+    def _owner(self) -> torch.optim.Optimizer:
+        return self.view.optimizers[-1] if self.post else self.view.optimizers[0]
+
+    def _register(self) -> Removable:
+        if self.post:
+            return self.owner.register_step_post_hook(self.hook)
+        return self.owner.register_step_pre_hook(self.hook)
+
+    def move(self) -> None:
+        """Onto the view's optimizer of now, if that changed (the order of the moved hooks is
+        the order they were registered in)."""
+        if self.removed or self._owner() is self.owner:
+            return
+        self.handle.remove()
+        self.owner = self._owner()
+        self.handle = self._register()
+
+    def remove(self) -> None:
+        """Unregister the hook (idempotent)."""
+        if self.removed:
+            return
+        self.removed = True
+        self.handle.remove()
+        self.view._removed(self)
+
+
+def _param_ids(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:
+    """Ids of the tensors ``optimizers`` step."""
+    return {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
 
 
 def _keeps_state(

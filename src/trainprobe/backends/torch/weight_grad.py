@@ -39,6 +39,13 @@ How ``unreduced`` rows are taken depends on the run:
   backward but left gradients has no ``unreduced`` rows; the monitor says so once and switches
   to per-parameter hooks from the next step.
 
+Gradients cleared (``zero_grad``) between two backward passes of one step, with no step of the
+monitored optimizer in between, mean an optimizer the monitor does not see ends the steps (one it
+cannot follow, see :mod:`trainprobe.backends.torch.optimizer`), or ``zero_grad`` between the
+micro-batches of a step: one warning says so and what to do, in place of the count mismatch's
+(whose "accumulated over all passes" would be false). Seen where ``.grad`` is set to None (the
+default of ``zero_grad``), in a single process.
+
 ``reduced`` rows are always computed from the gradients as they are at the step, never reused
 from ``unreduced``: loss-scale unscaling (``GradScaler.unscale_``) and writes through ``.data``
 change gradients without bumping autograd's version counter, and telling such a change apart is
@@ -55,6 +62,7 @@ full local gradient before the reduce-scatter, and ``reduced`` rows the local sh
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -66,7 +74,7 @@ from torch import nn
 from trainprobe.backends.torch.dist_info import distributed_ready
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
-from trainprobe.engine.probes.grad_counts import warn_count_mismatch
+from trainprobe.engine.probes.grad_counts import warn_count_mismatch, warn_unseen_optimizer_step
 from trainprobe.engine.probes.model_view import NamedParam
 from trainprobe.engine.records import RowKey
 
@@ -110,13 +118,16 @@ class WeightGradProbe(Probe):
         self._counted = False  # this step's backward count was checked against micro_batches
         self._queued = False
         self._captured = False
+        self._had_grad: dict[int, bool] = {}  # sentinel -> whether it had a gradient after the last pass
+        self._cleared = False  # this step's gradients were cleared between two passes (zero_grad)
         self.backward_end = False  # unreduced rows read at the end of backward (else per-parameter hooks)
 
     def attach(self) -> None:
         self.backward_end = self._backward_end_capture()
         if self.backward_end:
             for index in self._sentinels():
-                self.keep(self.params[index].param.register_hook(self.guard(self._backward_started)))
+                started = functools.partial(self._backward_started, index)
+                self.keep(self.params[index].param.register_hook(self.guard(started)))
             return
         self._attach_param_hooks()
 
@@ -136,9 +147,11 @@ class WeightGradProbe(Probe):
         return sorted({0, last // 2, last})
 
     # -- backward-end capture ----------------------------------------------------------------
-    def _backward_started(self, grad: torch.Tensor) -> None:
+    def _backward_started(self, index: int, grad: torch.Tensor) -> None:
         if self.backward_end and self.active and not self._queued and not _in_nested_backward():
             self._queued = True
+            if self._had_grad.get(index) and self.grad_of(self._tensors[index]) is None:
+                self._gradients_cleared()  # it had one after the last pass of this step: zero_grad ran
             torch.autograd.Variable._execution_engine.queue_callback(self.guard(self._backward_finished))
 
     def _backward_finished(self) -> None:
@@ -146,6 +159,7 @@ class WeightGradProbe(Probe):
         if not self.backward_end or not self.active:
             return
         self._backwards += 1
+        self._had_grad = {i: self.grad_of(self._tensors[i]) is not None for i in self._sentinels()}
         if self._backwards < self.micro_batches:
             return
         self._captured = True
@@ -228,6 +242,8 @@ class WeightGradProbe(Probe):
                 return
             self._seen[index] += 1
             seen = self._seen[index]
+            if seen > 1 and self._clear_visible and holder is named.param and self.grad_of(holder) is None:
+                self._gradients_cleared()  # it had one from the pass before, in this step: zero_grad ran
             if self.per_micro_batch:
                 key = RowKey(named.vpp_stage, named.name, "unreduced", seen - 1)
                 self.rows.add(key, self.stats.row(grad))
@@ -239,6 +255,19 @@ class WeightGradProbe(Probe):
                 self.rows.add(key, self.stats.row(local))
 
         return on_grad
+
+    def _gradients_cleared(self) -> None:
+        """The gradients were cleared between two backward passes of this step with no step of
+        the monitored optimizer in between: say once what that means and what to do (the
+        count-mismatch warning, whose advice about grad_acc_steps would be wrong, is left out)."""
+        self._cleared = True
+        warn_unseen_optimizer_step(self.clock.step)
+
+    @functools.cached_property
+    def _clear_visible(self) -> bool:
+        """Whether per-parameter hooks can see a cleared gradient: in a single process (under
+        DDP/FSDP the ``.grad`` between passes is the framework's business)."""
+        return not distributed_ready()
 
     def before_optimizer_step(self) -> None:
         self._check_capture()
@@ -271,6 +300,8 @@ class WeightGradProbe(Probe):
         if self._counted:
             return
         self._counted = True
+        if self._cleared:
+            return  # warn_unseen_optimizer_step said what happened
         passes = self.backward_passes()
         if self.per_micro_batch:
             outcome = "its unreduced rows are one per pass"
@@ -307,6 +338,8 @@ class WeightGradProbe(Probe):
         self._queued = False
         self._written = {}
         self._counted = False
+        self._had_grad = {}
+        self._cleared = False
 
 
 _BACKWARD_OF_FUNCTION = torch.autograd.function.BackwardCFunction.apply.__code__

@@ -20,6 +20,23 @@ def warn_count_mismatch(step: int, passes: int, expected: int, outcome: str) -> 
     )
 
 
+def warn_unseen_optimizer_step(step: int) -> None:
+    """Warn once that the gradients were cleared (``zero_grad``) between two backward passes of
+    ``step`` with no step of the monitored optimizer in between: another optimizer steps (one
+    the monitor cannot follow: over copies of the parameters, a new mixed-precision wrapper), or
+    ``zero_grad`` runs between the micro-batches of one step. Says what to do for both."""
+    warn_once(
+        "weight_grad-unseen-optimizer-step",
+        f"trainprobe weight_grad: at step {step} the gradients were cleared (zero_grad) between two backward "
+        "passes with no step of the optimizer given to the monitor in between. If another optimizer steps now, "
+        f"the monitor does not see its steps (the rows that follow are filed under step {step}, without reduced "
+        "rows): give it to the monitor (Monitor V2: stop(), then start(model=..., optimizer=new); Monitor V1: "
+        "stop(), then set_monitor(...) of a new TrainerMon); a torch optimizer over the same parameters is "
+        "followed by itself. Otherwise zero_grad() runs between the micro-batches of one step, and each "
+        "optimizer step sees the gradient of its last micro-batch only",
+    )
+
+
 def warn_short_step(step: int, backwards: int, micro_batches: int) -> None:
     """Warn once when a collected step ran fewer backward passes than its micro-batches (no
     ``unreduced`` row can be written for it); shared by every framework's weight_grad probe."""
