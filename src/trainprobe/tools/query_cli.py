@@ -223,15 +223,16 @@ def _failed(exc: BaseException) -> ConfigError:
     return ConfigError(f"the SQL failed: {short_error(str(exc))}")
 
 
-def _guarded(batches: Iterable[Any]) -> Iterator[Any]:
-    """``batches`` with each DuckDB/pyarrow error raised while reading them as one ConfigError."""
+def _guarded(batches: Iterable[Any], also: tuple[type[BaseException], ...] = ()) -> Iterator[Any]:
+    """``batches`` with each DuckDB/pyarrow error (and ``also``) raised while reading them as one
+    ConfigError."""
     iterator = iter(batches)
     while True:
         try:
             batch = next(iterator)
         except StopIteration:
             return
-        except _duck_errors() as exc:
+        except (*_duck_errors(), *also) as exc:
             raise _failed(exc) from None
         yield batch
 
@@ -272,19 +273,23 @@ def _duck_answer(run: str | Path, sql: str | None, *, schema: bool, first: bool,
     """:func:`open_answer` on DuckDB (its errors raised as they are)."""
     from trainprobe.tools.query import connect, describe, first_nonfinite
 
-    if first:  # no views of every file needed (a Parquet run: its footers only)
-        found = first_nonfinite(run)
-        return Answer(list(FIRST_COLUMNS), iter([[tuple(row.values()) for row in found]]))
-    con = connect(run)
-    if schema:
-        described = describe(con)
-        return Answer(["view", "column", "type"], iter([[(v, c, t) for v, cols in described.items() for c, t in cols]]))
+    try:
+        if first:  # no views of every file needed (a Parquet run: its footers only)
+            found = first_nonfinite(run)
+            return Answer(list(FIRST_COLUMNS), iter([[tuple(row.values()) for row in found]]))
+        con = connect(run)
+        if schema:
+            described = describe(con)
+            rows = [(v, c, t) for v, cols in described.items() for c, t in cols]
+            return Answer(["view", "column", "type"], iter([rows]))
+    except _duck_errors() as exc:  # a file of the run, not the user's SQL
+        raise ConfigError(f"cannot read the run: {short_error(str(exc))}") from None
     if arrow:
         relation = con.sql(str(sql))
         if relation is None:
             raise ConfigError("the SQL gives no answer to write")
-        reader = relation.to_arrow_reader(PARQUET_BATCH_ROWS)
-        return Answer(list(reader.schema.names), arrow=_guarded(reader), schema=reader.schema)
+        reader = relation.to_arrow_reader(PARQUET_BATCH_ROWS)  # DuckDB's errors come out of it as OSError
+        return Answer(list(reader.schema.names), arrow=_guarded(reader, also=(OSError,)), schema=reader.schema)
     result = con.execute(str(sql))
     names = [d[0] for d in result.description or ()]
     return Answer(names, _guarded(iter(lambda: result.fetchmany(BATCH_ROWS), [])))
@@ -420,11 +425,10 @@ def _write_text(answer: Answer, form: str, out: TextIO, *, escape: bool = False,
     :func:`printable`) or JSON lines; ``flush``: ``out`` after each batch. Returns the rows."""
     count = 0
     if form == "csv":
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([printable(n) for n in answer.names] if escape else answer.names)
+        out.write(_csv_text([[printable(n) for n in answer.names] if escape else list(answer.names)]))
         for batch in _row_batches(answer):
             cells = [_cells(row) for row in batch]
-            writer.writerows([[printable(c) for c in row] for row in cells] if escape else cells)
+            out.write(_csv_text([[printable(c) for c in row] for row in cells] if escape else cells))
             count += len(batch)
             if flush:
                 out.flush()
@@ -442,6 +446,23 @@ def _write_text(answer: Answer, form: str, out: TextIO, *, escape: bool = False,
         if flush:
             out.flush()
     return count
+
+
+def _csv_text(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` as CSV lines ending ``\\n``, a cell quoted when it holds ``,``, ``"``, ``\\n`` or
+    ``\\r`` (the csv module, ending lines with ``\\n``, would leave a lone ``\\r`` unquoted, and
+    readers would take it for a line end)."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    text = buffer.getvalue()
+    if "\r" not in text:
+        return text
+    lines = []
+    for row in rows:  # rare: rows holding \r, written with \r\n line ends (which quotes \r) then cut
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\r\n").writerow(row)
+        lines.append(buffer.getvalue()[:-2] + "\n")
+    return "".join(lines)
 
 
 def write_answer(answer: Answer, form: str, target: Path) -> int:
