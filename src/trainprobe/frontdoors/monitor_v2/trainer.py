@@ -135,6 +135,7 @@ class TrainerMonitorV2:
             self._started = True
             return
         self._set_initial_step(context.get("initial_step"))
+        self._check_arguments(model, optimizer)  # a bad call makes no folder and takes no lock
         rank_dir = make_output_folder(self.config.output_dir / v2_rank_folder(rank), "output_dir")
         lock = FolderLock(rank_dir, "output_dir")
         try:
@@ -223,10 +224,11 @@ class TrainerMonitorV2:
         logger.info("trainprobe: %s: %d rows of an earlier run from step %d on removed", rank_dir, dropped, keep_before)
 
     # -- assembly ------------------------------------------------------------------------
-    def _build_session(self, model: Any, optimizer: Any, context: dict[str, Any], rank: int) -> Session:
-        cfg, backend = self.config, self._backend
-        enabled = cfg.enabled_monitors()
-        view = backend.model_view(model)
+    def _check_arguments(self, model: Any, optimizer: Any) -> ModelView:
+        """The model's view, once ``start()``'s arguments are known to give every enabled monitor
+        what it needs (checked before anything is written or locked)."""
+        enabled = self.config.enabled_monitors()
+        view = self._backend.model_view(model)
         if "module" in enabled and not view.chunks:
             raise ConfigError("start(): monitors.module is enabled but no model was passed; call start(model=...)")
         missing = [name for name in enabled if name in _NEEDS_OPTIMIZER]
@@ -234,6 +236,12 @@ class TrainerMonitorV2:
             raise ConfigError(
                 f"start(): monitors {', '.join(missing)} need the optimizer; call start(model=..., optimizer=...)"
             )
+        return view
+
+    def _build_session(self, model: Any, optimizer: Any, context: dict[str, Any], rank: int) -> Session:
+        cfg, backend = self.config, self._backend
+        enabled = cfg.enabled_monitors()
+        view = self._check_arguments(model, optimizer)
         opt = backend.optimizer_view(optimizer) if optimizer is not None else None
         rank_dir = make_output_folder(cfg.output_dir / v2_rank_folder(rank), "output_dir")
         if not self._wrote_here:
