@@ -109,7 +109,12 @@ class Anomaly:
         )
 
     def describe(self) -> str:
-        """One line: step, rank, table, tensor, op and value (and for a spike its median)."""
+        """One line: step, rank, table, tensor, op and value (and for a spike its median).
+
+        A spike's ratio to its running median has a bounded width: ``60.6x`` below a million,
+        ``1.23e+06x`` / ``1e+300x`` above, ``more than 1e308x`` where the ratio overflows a
+        float; over a denormal median (below the smallest normal float, 2.2e-308) no ratio is
+        printed, the line says the median is denormal."""
         where = self.table if self.scope in (self.table, "") else f"{self.table}/{self.scope}"
         once = phase_of_table(table_of(self.table, None if self.source == "alert" else self.scope), self.name)[1]
         micro = f" micro_step {self.micro_step}" if self.micro_step is not None and not once else ""
@@ -121,7 +126,18 @@ class Anomaly:
             what = f"{self.op} = {_number(self.value)}"
         text = f"step {self.step}{micro}, rank {self.rank}, {printable(where)} {printable(self.name)}: {printable(what)}"
         if self.kind == "spike" and self.median:
-            text += f", {abs(self.value or 0) / self.median:.1f}x its running median {_number(self.median)} (spike)"
+            median = self.median
+            if abs(median) < 2.0**-1022:  # sys.float_info.min: below it a float is denormal
+                text += f", over a denormal running median {_number(median)} (no ratio) (spike)"
+            else:
+                ratio = abs(self.value or 0) / median
+                if not math.isfinite(ratio):
+                    shown = "more than 1e308x"
+                elif abs(ratio) < 1e6:
+                    shown = f"{ratio:.1f}x"
+                else:
+                    shown = f"{ratio:.3g}x"
+                text += f", {shown} its running median {_number(median)} (spike)"
         elif self.kind == "nonfinite":
             text += " (NaN/inf)"
         if self.rule:
