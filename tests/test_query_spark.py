@@ -83,6 +83,14 @@ def test_cli_engine_spark_and_csv_only_runs(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("table,stage,step,micro_step,rank,vpp_stage,name")
     assert lines[1].split(",")[:7] == ["weight_grad", str(STAGES["weight_grad", "reduced"]), str(NAN_STEP), "1", str(NAN_RANK), "0", "fc2.bias"]
+    # user SQL on Spark: one read-only query over the run's views, else one line, exit 2
+    assert main(["query", str(run), "SELECT count(*) AS n FROM weight_grad", "--engine", "spark", "--csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "n"
+    target = tmp_path / "leak"
+    for sql in (f"INSERT OVERWRITE DIRECTORY '{target}' SELECT * FROM weight_grad", "SELECT * FROM parquet.`/etc`"):
+        assert main(["query", str(run), sql, "--engine", "spark"]) == 2
+        assert "query:" in capsys.readouterr().err
+    assert not target.exists()
 
 
 def test_a_local_session_started_by_the_command_prints_no_spark_warnings(tmp_path: Path) -> None:

@@ -279,7 +279,7 @@ def _duck_answer(run: str | Path, sql: str | None, *, schema: bool, first: bool,
             return Answer(list(FIRST_COLUMNS), iter([[tuple(row.values()) for row in found]]))
         con = connect(run)
         if schema:
-            described = describe(con)
+            described = describe(con, full=True)  # a sharded run's full-tensor views too
             rows = [(v, c, t) for v, cols in described.items() for c, t in cols]
             return Answer(["view", "column", "type"], iter([rows]))
     except _duck_errors() as exc:  # a file of the run, not the user's SQL
@@ -315,7 +315,7 @@ def _spark_failed(exc: Exception) -> ConfigError:
 
 def _spark_rows(session: Any, names: dict[str, list[str]], sql: str | None, first: bool) -> Answer:
     """The answer to ``sql`` (or the first NaN/inf) on ``session``, its rows streamed."""
-    from trainprobe.tools.query_spark import to_spark
+    from trainprobe.tools.query_spark import read_only, to_spark
     from trainprobe.tools.query_sql import first_bad_step_sql, first_nonfinite_sql
 
     try:
@@ -323,8 +323,9 @@ def _spark_rows(session: Any, names: dict[str, list[str]], sql: str | None, firs
             step = session.sql(to_spark(first_bad_step_sql(names))).collect()[0][0]
             if step is None:
                 return Answer(list(FIRST_COLUMNS), iter([]))
-            sql = first_nonfinite_sql(names, step)
-        frame = session.sql(to_spark(str(sql)))
+            frame = session.sql(to_spark(first_nonfinite_sql(names, step)))
+        else:  # the user's SQL: one read-only query over the run's views (Spark has no file lock)
+            frame = session.sql(to_spark(read_only(str(sql), names)))
         columns = list(frame.columns)
         rows = frame.toLocalIterator()
     except ConfigError:
