@@ -127,8 +127,9 @@ class Backend(Protocol):
 
     def hook_grad(self, t: Any, fn: Callable[[Any], None]) -> Removable | None:
         """Call ``fn(grad)`` when the gradient of ``t`` is computed, without changing it.
-        Returns a handle the caller removes at the end of the step, or None when the hook lives
-        and dies with the tensor."""
+        Returns the hook's handle, which the caller removes at the end of the step (a tensor
+        that outlives the step, such as a parameter passed as a module input, would otherwise
+        keep one hook per step), or None only where the framework cannot remove a tensor hook."""
         ...
 
     def rank(self) -> int:

@@ -1,7 +1,9 @@
 """The PyTorch adapter: :class:`~trainprobe.engine.backend.Backend` over ``torch``.
 
 Statistics are :class:`~trainprobe.backends.torch.stats.TensorStats`; gradients of module tensors
-come from ``Tensor.register_hook`` (the hook lives and dies with the tensor); the optimizer is seen
+come from ``Tensor.register_hook``, whose handle the module probe removes at the end of the step
+(a tensor that outlives the step, such as an ``nn.Parameter`` passed as a module input, would
+otherwise keep every step's hook); the optimizer is seen
 through :class:`~trainprobe.backends.torch.optimizer.TorchOptimizerView` (its torch
 optimizers' own step hooks); ``weight_grad`` is
 :class:`~trainprobe.backends.torch.weight_grad.WeightGradProbe`.
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from trainprobe.backends.torch.amp_skips import watch_skipped_steps
 from trainprobe.backends.torch.collectives import TORCH_COLLECTIVES, TorchCollectives
@@ -80,9 +83,10 @@ class TorchBackend:
     def wants_grad(self, t: torch.Tensor) -> bool:
         return t.requires_grad and not t.is_meta
 
-    def hook_grad(self, t: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> None:
-        t.register_hook(fn)  # returns None: the gradient is unchanged
-        return None
+    def hook_grad(self, t: torch.Tensor, fn: Callable[[torch.Tensor], None]) -> RemovableHandle:
+        """``fn(grad)`` on each gradient of ``t`` (``fn`` returns None: the gradient is unchanged);
+        the handle is for the caller to remove (:meth:`Backend.hook_grad`)."""
+        return t.register_hook(fn)
 
     def rank(self) -> int:
         return current_rank()

@@ -18,6 +18,20 @@ hooks, so the autograd graph is left exactly as it was and training stays bitwis
 as autograd accumulates it for that tensor (it includes other uses of the same tensor, such as
 a residual connection). Modules in eval mode are skipped unless ``record_eval_mode`` is true.
 
+A tensor gets at most one gradient hook per step, however many recorded calls see it (a module's
+output that is the next module's input, a learned latent ``nn.Parameter`` passed to a submodule
+every forward, a receive buffer a pipeline refills every micro-batch): the hook carries the row
+names of every call that saw the tensor and writes one row per name each time the gradient
+arrives, from one statistics pass. The hooks are removed at the end of every step (and by
+``stop()``, and when the monitor is disabled after a fault), never kept for a later step: a
+tensor that lives across steps is hooked afresh by the next step's first forward, so every step
+writes the rows a freshly started monitor would write for it, a step that is not collected
+carries no hook, and nothing of the monitor outlives the step on the user's tensors. With
+several forward passes per step (micro-batches, pipeline schedules), each arrival of the
+gradient of a tensor that all of them see goes to the oldest forward not yet given one
+(backward passes run in forward order); an arrival with none left (a second backward through
+a retained graph) repeats the last one's rows.
+
 A tensor without values (``device="meta"``: a shape and a dtype, as shape-only code and deferred
 initialisation pass around) has no row and no gradient row, as in every monitor (the statistics
 kernel gives None for it and the row buffer keeps nothing, see
@@ -38,7 +52,9 @@ every call), and the monitor warns once, when the graph is traced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainprobe.engine.log import warn_once
@@ -130,6 +146,55 @@ class ModuleSpec(ProbeSpec):
     record_eval_mode: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class GradWatch:
+    """The one gradient hook a :class:`ModuleProbe` holds on one tensor during one step.
+
+    ``ref`` is a weak reference to the tensor (None where the framework's tensors take none:
+    then every call gets a hook of its own, as without this record), so the record never keeps
+    a tensor alive. ``pending`` holds, per forward pass that saw the tensor and whose gradient
+    has not arrived yet, the row keys of its calls (in call order, each key once); ``tag`` is the
+    ``(model chunk, forward pass)`` of the newest such group; ``last`` is the group the latest
+    arrival used."""
+
+    ref: Any
+    tag: tuple[int, int] | None = None
+    pending: deque[list[RowKey]] = field(default_factory=deque)
+    last: list[RowKey] = field(default_factory=list)
+
+    def holds(self, t: Any) -> bool:
+        """Whether this record is the one of the live tensor ``t`` (not of a dead tensor whose
+        ``id`` ``t`` took over)."""
+        return self.ref is not None and self.ref() is t
+
+    def add(self, tag: tuple[int, int], key: RowKey) -> None:
+        """One more recorded call of forward pass ``tag`` saw the tensor, as row ``key``."""
+        if self.pending and self.tag == tag:
+            group = self.pending[-1]
+            if key not in group:
+                group.append(key)
+            return
+        self.pending.append([key])
+        self.tag = tag
+
+    def take(self) -> list[RowKey]:
+        """The row keys of the gradient arriving now: the oldest forward pass's group not yet
+        given a gradient, else (none left) the group the latest arrival used."""
+        if self.pending:
+            self.last = self.pending.popleft()
+            if not self.pending:
+                self.tag = None
+        return self.last
+
+
+def _weak(t: Any) -> Any:
+    """A weak reference to ``t``, or None where its type takes none."""
+    try:
+        return weakref.ref(t)
+    except TypeError:
+        return None
+
+
 class ModuleProbe(Probe):
     """Forward/backward statistics of the target modules.
 
@@ -137,7 +202,9 @@ class ModuleProbe(Probe):
     and the row names and scopes. ``backend`` is the framework adapter (PyTorch by default):
     modules need PyTorch's ``register_forward_pre_hook(hook, prepend=, with_kwargs=)`` and
     ``register_forward_hook(hook, with_kwargs=)``, which MindSpore's ``Cell`` has too; gradient
-    hooks the backend returns a handle for are removed at the end of the step.
+    hooks (one per tensor per step, :class:`GradWatch`) are removed at the end of every step, by
+    :meth:`detach` (``stop()``) and when the probe is disabled after a fault (the session detaches
+    it at the step's end), where the backend returns a handle for them.
     """
 
     name = "module"
@@ -161,6 +228,7 @@ class ModuleProbe(Probe):
         self._micro = [0] * len(view.chunks)
         self._tensor_type = self.backend.tensor_type
         self._step_handles: list[Any] = []
+        self._watched: dict[int, GradWatch] = {}
         self._keys: dict[tuple[int, str, str, int], RowKey] = {}
 
     def targets(self) -> list[tuple[int, str, Any]]:
@@ -196,9 +264,15 @@ class ModuleProbe(Probe):
         self._drop_step_handles()
 
     def _drop_step_handles(self) -> None:
+        """Remove this step's gradient hooks and forget which tensors hold one."""
         handles, self._step_handles = self._step_handles, []
+        self._watched = {}
         for handle in handles:
             handle.remove()
+
+    def hooked_tensors(self) -> int:
+        """How many tensors hold one of this probe's gradient hooks now (this step's)."""
+        return sum(1 for w in self._watched.values() if w.ref is not None and w.ref() is not None)
 
     def _records(self, module: Any) -> bool:
         return self.active and self.backend.records_forward(module, self.spec.record_eval_mode)
@@ -239,11 +313,20 @@ class ModuleProbe(Probe):
         if not backend.grad_recording():
             return
         scope = naming.backward_scope
+        tag = (vpp, micro)
+        watched = self._watched
         for row, t in naming.backward(name, kind, tensors):
-            if backend.wants_grad(t):
-                handle = backend.hook_grad(t, self._grad_hook(key_of(vpp, row, scope, micro)))
+            if not backend.wants_grad(t):
+                continue
+            watch = watched.get(id(t))
+            if watch is None or not watch.holds(t):
+                watch = GradWatch(_weak(t))
+                handle = backend.hook_grad(t, self._grad_hook(watch))
                 if handle is not None:
                     self._step_handles.append(handle)
+                if watch.ref is not None:
+                    watched[id(t)] = watch
+            watch.add(tag, key_of(vpp, row, scope, micro))
 
     def _key(self, vpp: int, row: str, scope: str, micro: int) -> RowKey:
         """The row key (made once, reused every step: the writer recognises a step's keys)."""
@@ -254,18 +337,31 @@ class ModuleProbe(Probe):
             found = self._keys[(vpp, row, scope, micro)] = RowKey(vpp, row, scope, micro)
         return found
 
-    def _grad_hook(self, key: RowKey) -> Any:
-        """A gradient hook recording ``key`` (guarded like :meth:`Probe.guard`, without its
-        per-call wrapper: one is made per tensor and forward call)."""
+    def _grad_hook(self, watch: GradWatch) -> Any:
+        """The gradient hook of one tensor: one statistics pass per arrival, one row per key
+        :meth:`GradWatch.take` gives (guarded like :meth:`Probe.guard`, without its per-call
+        wrapper: one is made per tensor and step)."""
 
         def on_grad(grad: Any) -> None:
             if not self.disabled and grad is not None:
                 try:
-                    self.rows.add(key, self.stats.row(grad))
+                    keys = watch.take()
+                    if not keys:
+                        return
+                    row = self.stats.row(grad)
+                    if len(keys) == 1:
+                        self.rows.add(keys[0], row)
+                    else:
+                        self.rows.extend(keys, [_shared(row) for _ in keys])
                 except Exception as exc:  # noqa: BLE001 - a monitor must never break training
                     self.fail(exc)
 
         return on_grad
+
+
+def _shared(row: Any) -> Any:
+    """``row`` for one more key: host rows (lists) copied, device rows (tensors) shared."""
+    return list(row) if isinstance(row, list) else row
 
 
 def _warn_traced(ctx: object = None) -> None:
