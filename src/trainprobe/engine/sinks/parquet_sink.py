@@ -125,6 +125,11 @@ class _Window:
     carried: _Piece | None = None
     """The earlier run's rows of that step's file name (``append``)."""
     bad: bool = False
+    writer: Any = None
+    """The window's file being written (``.<window name>.partial``), from its first full row group."""
+    pending: list[Any] = field(default_factory=list)
+    """Finished steps' rows not in a row group yet (fewer than :data:`ROW_GROUP_ROWS`)."""
+    pending_rows: int = 0
 
 
 def _pyarrow() -> Any:
@@ -227,6 +232,7 @@ class ParquetSink:
             carried = self._carried(table, self.rank_dir / self.name_file(table, first, last))
             if carried is not None:
                 window.pieces.append(carried[0])
+                self._stream(window, carried[1])
         self._open[table] = window
         return window
 
@@ -234,6 +240,8 @@ class ParquetSink:
         pa = _pyarrow()
         path = self.rank_dir / self.name_file(window.table, step, step)
         if window.step != step:
+            if window.parts:  # the step before is complete: on its way into the window's file
+                self._stream(window, window.parts[0])
             window.step, window.parts, window.bad, window.carried = step, [], False, None
             earlier = self._carried(window.table, path)
             if earlier is not None:
@@ -262,23 +270,89 @@ class ParquetSink:
             window.parts = [whole]
 
     def _finish(self, window: _Window, reached: int | None) -> None:
-        """Merge ``window``'s pieces into the window's file and remove them (see the module doc)."""
+        """Complete ``window``'s file from its pieces, give it its name, remove the pieces (see
+        the module doc)."""
         self._open.pop(window.table, None)
         pieces = window.pieces
         if window.table in self._failed or not pieces:
+            self._discard(window)
             return
         last = self.schedule.file_end(window.first, window.last, reached)
         target = self.rank_dir / self.name_file(window.table, window.first, last)
-        if len(pieces) == 1 and pieces[0].path == target:
-            return
-        if len(pieces) == 1 and pieces[0].path in self._ours:  # one step file: its name is enough
-            os.replace(pieces[0].path, target)
+        if len(pieces) == 1 and pieces[0].path in (target, *self._ours):  # one step file: its name is enough
+            self._discard(window)
+            if pieces[0].path != target:
+                os.replace(pieces[0].path, target)
         else:
-            self._merge(window.table, pieces, target)
+            if window.parts:
+                self._stream(window, window.parts[0])
+                window.parts = []
+            self._complete(window, target)
         self._ours.add(target)
         for piece in pieces:
             if piece.path != target:
                 piece.path.unlink(missing_ok=True)
+
+    def _stream(self, window: _Window, rows: Any) -> None:
+        """Add a finished step's ``rows`` (or the earlier run's file continued) to the window's
+        file: full row groups are written as they fill, so memory holds less than one."""
+        window.pending.append(rows)
+        window.pending_rows += int(rows.num_rows)
+        if window.pending_rows < ROW_GROUP_ROWS:
+            return
+        pa = _pyarrow()
+        whole = pa.concat_tables(window.pending)
+        cut = window.pending_rows // ROW_GROUP_ROWS * ROW_GROUP_ROWS
+        self._write_rows(window, whole.slice(0, cut))
+        rest = whole.slice(cut)
+        window.pending, window.pending_rows = ([rest] if rest.num_rows else []), int(rest.num_rows)
+
+    def _write_rows(self, window: _Window, rows: Any) -> None:
+        path = self._window_path(window)
+        try:
+            if window.writer is None:
+                window.writer = _pyarrow().parquet.ParquetWriter(str(partial_path(path)), self._schema(window.table))
+            window.writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+        except OSError as exc:
+            self._discard(window)
+            raise _fault(path, exc, "cannot be written; its steps stay in their step files") from None
+
+    def _complete(self, window: _Window, target: Path) -> None:
+        """Write what is pending and the summary, close the window's file and rename it ``target``."""
+        pa = _pyarrow()
+        if window.pending or window.writer is None:
+            rows = pa.concat_tables(window.pending) if window.pending else self._schema(window.table).empty_table()
+            self._write_rows(window, rows)
+            window.pending, window.pending_rows = [], 0
+        pieces = window.pieces
+        partial = partial_path(self._window_path(window))
+        try:
+            if all(p.known for p in pieces):
+                first_bad = min((p.first_bad for p in pieces if p.first_bad is not None), default=None)
+                summary = Summary(first_bad, tuple(window.layout.header), sum(p.rows for p in pieces))
+                window.writer.add_key_value_metadata({SUMMARY_KEY: encode(summary)})
+            writer, window.writer = window.writer, None
+            writer.close()
+            os.replace(partial, target)
+        except OSError as exc:
+            raise _fault(target, exc, "cannot be written; its steps stay in their step files") from None
+        finally:
+            self._discard(window)
+
+    def _discard(self, window: _Window) -> None:
+        """Drop the window's file being written (its ``.partial`` removed)."""
+        writer, window.writer = window.writer, None
+        window.pending, window.pending_rows = [], 0
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001, S110 - the file is removed below anyway
+                pass
+            _remove(partial_path(self._window_path(window)))
+
+    def _window_path(self, window: _Window) -> Path:
+        """The window's file under its full name (the name it is written under, ``.partial``)."""
+        return self.rank_dir / self.name_file(window.table, window.first, window.last)
 
     def _carried(self, table: str, path: Path) -> tuple[_Piece, Any] | None:
         """With ``append``: the earlier run's file ``path`` (this sink did not write it), as a
@@ -324,66 +398,6 @@ class ParquetSink:
         finally:
             _remove(partial)
         self._ours.add(path)
-
-    def _merge(self, table: str, pieces: list[_Piece], target: Path) -> None:
-        """``pieces`` (in order) as one Parquet file ``target``, written under its ``.partial``
-        name and renamed; its summary from theirs. Raises OSError naming ``target``."""
-        pa = _pyarrow()
-        pq = pa.parquet
-        schema = self._schema(table)
-        header = tuple(self.layouts[table].header)
-        if all(p.known for p in pieces):
-            first_bad = min((p.first_bad for p in pieces if p.first_bad is not None), default=None)
-            summary = Summary(first_bad, header, sum(p.rows for p in pieces))
-            schema = schema.with_metadata({SUMMARY_KEY: encode(summary)})
-        partial = partial_path(target)
-        writer = None
-        try:
-            writer = pq.ParquetWriter(str(partial), schema)
-            pending: list[Any] = []
-            count = 0
-            for piece in pieces:
-                rows = _read_piece(pa, piece.path, schema.remove_metadata(), target)
-                pending.append(rows)
-                count += rows.num_rows
-                if count >= ROW_GROUP_ROWS:
-                    whole = pa.concat_tables(pending)
-                    cut = count // ROW_GROUP_ROWS * ROW_GROUP_ROWS
-                    writer.write_table(whole.slice(0, cut), row_group_size=ROW_GROUP_ROWS)
-                    rest = whole.slice(cut)
-                    pending, count = ([rest] if rest.num_rows else []), int(rest.num_rows)
-            if pending:
-                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-            writer.close()
-            writer = None
-            os.replace(partial, target)
-        except _PieceFault:
-            raise
-        except OSError as exc:
-            raise _fault(target, exc, "cannot be written; its steps stay in their step files") from None
-        finally:
-            if writer is not None:
-                try:
-                    writer.close()
-                except Exception:  # noqa: BLE001, S110 - the file is removed below anyway
-                    pass
-            _remove(partial)
-
-
-class _PieceFault(OSError):
-    """A step file (or an earlier run's file) that cannot be read back to merge it: named in
-    the message, raised as it is."""
-
-
-def _read_piece(pa: Any, path: Path, schema: Any, target: Path) -> Any:
-    """The rows of ``path`` as ``schema`` (no metadata), or :class:`_PieceFault` naming it."""
-    try:
-        return pa.parquet.read_table(str(path)).replace_schema_metadata(None).cast(schema)
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        fault = _fault(path, exc, f"cannot be read to merge it into {target.name}")
-        if fault.errno is not None:
-            raise _PieceFault(fault.errno, fault.strerror, fault.filename) from None
-        raise _PieceFault(str(fault)) from None
 
 
 def _columns(layout: TableLayout, keys: list[RowKey], values: list[list[float]], step: int) -> tuple[dict[str, list[Any]], bool]:
