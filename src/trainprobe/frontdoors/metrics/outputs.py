@@ -11,8 +11,8 @@ composed by :class:`~trainprobe.frontdoors.metrics.compose.Composer`) and hands 
 * :class:`~trainprobe.engine.sinks.tensorboard.TensorBoardSink`: ``<tensorboard_dir>/rank_<id>/events.*``
   (scalars; ``-vs-samples`` twins use the samples count as their step; configuration entries
   as TEXT at step 0).
-* :class:`LogSink`: the ``trainprobe.frontdoors.metrics`` logger at INFO: one summary line per step for
-  the loss family, one line per other metric whose format includes ``log``.
+* :class:`LogSink`: the ``trainprobe.metrics`` logger at INFO: one line per recorded step, the
+  loss family's summary followed by every other metric whose format includes ``log``.
 * :class:`ForwardSink` (in a trainer, without ``tensorboard_dir``): what would go to TensorBoard,
   held for the trainer callback, which hands it to the trainer's own loggers at their cadence.
 * :class:`TrainingStateSink`: ``<dump_path>/rank_<id>/training_state.jsonl``, one JSON object per
@@ -124,21 +124,22 @@ class ComposeSink:
 
 
 class LogSink:
-    """Metrics as log lines of the ``trainprobe.frontdoors.metrics`` logger."""
+    """Metrics as log lines of the ``trainprobe.metrics`` logger, one per recorded step."""
 
     def __init__(self, logger: logging.Logger = metrics_logger) -> None:
         self.logger = logger
 
     def write(self, batch: ScalarBatch) -> None:
+        """One INFO line for the step: ``step:[    2] learning-rate: 0.001, ..., loss: 1.2,
+        grad-norm: 0.5, local_norm/layers.0.weight: 0.3, local_loss: 1.2``: the loss family's
+        summary, then every other metric whose format includes ``log``, in the order they are
+        composed (nothing when the step has neither)."""
         if not self.logger.isEnabledFor(logging.INFO):
             return
-        step, metrics = batch.step, batch.scalars
-        summary = [f"{m.tag}: {m.value:.6g}" for m in metrics if m.summary]
-        if summary:
-            self.logger.info("step:[%5d] %s", step, ", ".join(summary))
-        for m in metrics:
-            if not m.summary and LOG in m.formats:
-                self.logger.info("step:[%5d] %s: %.6g", step, m.tag, m.value)
+        metrics = batch.scalars
+        shown = [m for m in metrics if m.summary] + [m for m in metrics if not m.summary and LOG in m.formats]
+        if shown:
+            self.logger.info("step:[%5d] %s", batch.step, ", ".join(f"{m.tag}: {m.value:.6g}" for m in shown))
 
     def close(self, reached: int | None = None) -> None:
         """Nothing to close."""
