@@ -586,9 +586,17 @@ def test_merged_windows_keep_row_groups_and_read_as_the_csv_run(tmp_path: Path, 
 
 
 # -- 4. a full disk under the Parquet writer --------------------------------------------------------
+@pytest.mark.parametrize("row_group", [None, 5])
 def test_a_full_disk_under_a_parquet_run_is_one_line_per_monitor_and_training_goes_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, row_group: int | None
 ) -> None:
+    """The disk fills at step 6 of windows of 4: one error line per monitor naming it and the
+    file, no traceback; training goes on; no ``.partial`` is left (``row_group`` 5: the window's
+    file was being written when the disk filled); the steps written before stay readable."""
+    from trainprobe.engine.sinks import parquet_sink
+
+    if row_group is not None:
+        monkeypatch.setattr(parquet_sink, "ROW_GROUP_ROWS", row_group)
     with _tmpfs(tmp_path / "fs", "1m") as fs:
         out = fs / "out"
         torch.manual_seed(0)

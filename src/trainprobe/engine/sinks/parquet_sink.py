@@ -12,26 +12,29 @@ columns).
 table's rows of one step are written, on the writer thread, as a complete Parquet file of their
 own named as a one-step window of the same layout (``weight_grad_step15-15.parquet``; V1
 ``grad_reduced_15-15.parquet``), under ``.<name>.partial`` and renamed, so it is whole when it
-appears. When the window closes (the first row of a later window, or :meth:`ParquetSink.close`,
-named then from the last step reached, as the CSV sink renames a window cut short) its step
-files are merged in step order into the window's file (row groups of up to
-:data:`ROW_GROUP_ROWS` rows), written under ``.<name>.partial`` and renamed, and then the step
-files are removed. A window of one step (the default ``step_count_per_record``) is its step
-file: nothing is merged. So a run killed at any moment, ``kill -9`` included, loses only the rows
-the writer had not written yet (the step in progress and the batches queued behind it, as with
-CSV): every earlier step of its open window is an ordinary data file that every reader (``trainprobe
-query``, ``diagnose``, ``diff``, ``report``, ``csv2db``, ``csv2tb``) reads as it is, and that the
-earlier-run rule sees (:mod:`~trainprobe.engine.sinks.earlier_runs`: a new run there is refused,
-``overwrite`` removes them, a resumed run keeps the steps below its own).
+appears. The window's own file is written alongside under ``.<window name>.partial``: each
+finished step's rows go into it as soon as a full row group (:data:`ROW_GROUP_ROWS` rows) has
+gathered, so memory holds less than one row group per table. When the window closes (the first
+row of a later window, or :meth:`ParquetSink.close`, named then from the last step reached, as the
+CSV sink renames a window cut short) the rest and the footer are written, the file is renamed to
+the window's name, and then its step files are removed. A window of one step (the default
+``step_count_per_record``) is its step file: nothing more is written. So a run killed at any
+moment, ``kill -9`` included, loses only the rows the writer had not written yet (the step in
+progress and the batches queued behind it, as with CSV): every earlier step of its open window is
+an ordinary data file that every reader (``trainprobe query``, ``diagnose``, ``diff``,
+``report``, ``csv2db``, ``csv2tb``) reads as it is, and that the earlier-run rule sees
+(:mod:`~trainprobe.engine.sinks.earlier_runs`: a new run there is refused, ``overwrite`` removes
+them, a resumed run keeps the steps below its own); the window's ``.partial`` file, never whole,
+is read by nobody and removed by the next ``start()`` that overwrites or resumes.
 
 Why step files and not one row group per step in the window's file: a Parquet file can be read
 only once its footer is written, which happens when it is closed; the row groups of a killed
 file cannot be read back without rebuilding that footer, and a recovery at the next start would
 leave a killed run's last window unreadable until someone starts it again. Step files cost one
-small file per table and step while a window is open, and one read of them when it closes (see
-``docs/performance.md``).
+small Parquet file per table and step while a window of several steps is open (about what a
+one-step window costs anyway; nothing is read back at close): see ``docs/performance.md``.
 
-A kill between a merged file's rename and the removal of its step files leaves both, the same
+A kill between the window file's rename and the removal of its step files leaves both, the same
 rows twice: :func:`merged_step_files` names such step files (a one-step file whose rows the
 complete file of a longer window of the same table holds), and Monitor V2's ``start()``, Monitor
 V1's ``append_output`` and ``trainprobe convert`` remove them.
@@ -43,8 +46,9 @@ writes in its place.
 Faults: a step file that cannot be written (disk full, permissions) raises an :class:`OSError`
 naming the file, its ``.partial`` removed; the writer reports it once, naming the monitor, and
 disables that monitor. The step files written before stay (whole, readable) and that table's
-open window is left as its step files. A window that cannot be merged when it closes also stays
-as its step files, with one :class:`OSError` naming the window's file.
+open window is left as its step files (its window file being written is removed). A window
+whose file cannot be completed when it closes also stays as its step files, with one
+:class:`OSError` naming the window's file. No ``.partial`` file is left behind.
 
 pyarrow is imported when the first file is written (the engine imports nothing beyond NumPy at
 module level); without it the sink's first write raises ImportError, which the writer reports
@@ -201,7 +205,9 @@ class ParquetSink:
                 self._add(window, [batch.keys[i] for i in picked], [values[i] for i in picked], batch.step)
             except BaseException:
                 self._failed.add(table)
-                self._open.pop(table, None)  # its step files stay as they are on disk
+                failed = self._open.pop(table, None)  # its step files stay as they are on disk
+                if failed is not None:
+                    self._discard(failed)  # the window's file being written: removed
                 raise
         self.rows_written[batch.monitor] = self.rows_written.get(batch.monitor, 0) + len(batch)
 
