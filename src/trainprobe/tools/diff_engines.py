@@ -151,9 +151,27 @@ class DuckDiff(DuckEngine):
             made.unlink()
 
     def seal(self) -> None:
+        """Lock the connection (:mod:`~trainprobe.tools.query_lock`); and compare in full tensors
+        only when the two runs' layouts differ: two runs of one layout compare rank by rank, as
+        written, so that a fault on one replica (one DDP rank) is not hidden by the merge, which
+        counts a replicated tensor once."""
         from trainprobe.tools.query_lock import lock
 
+        if self._merged and self._layout_of("b") == self._layout_of("c"):
+            self._merged.clear()
         lock(self.con, self.readable, spill=self.spill)
+
+    def _layout_of(self, side: str) -> list[tuple[Any, ...]] | None:
+        """Side ``side``'s layout entries (every rank's), or None for a run without layout files."""
+        from trainprobe.tools.query_full import LAYOUT_TABLE
+
+        [(known,)] = self.con.execute(
+            f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = {literal(side)} "
+            f"AND table_name = {literal(LAYOUT_TABLE)}"
+        ).fetchall()
+        if not known:
+            return None
+        return list(self.con.execute(f"SELECT * FROM {quote(side)}.{quote(LAYOUT_TABLE)} ORDER BY ALL").fetchall())
 
     def release(self) -> None:
         self.con.close()
