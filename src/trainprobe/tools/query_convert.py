@@ -18,7 +18,8 @@ What is never lost or mixed (``tests/test_parquet_safety.py``):
   closed once the same table has a later window file holding a row (a writer closes a window
   before it writes into the next one); the newest window of each table, and one whose next
   window is still empty, is left as it is, with one warning line naming it. Convert again once
-  the run has moved on or ended. While a folder that no run writes is converted, a run starting
+  the run has moved on or ended. Where locks are not available (a file system without ``flock``)
+  one warning says that whether a run still writes there cannot be told. While a folder that no run writes is converted, a run starting
   to write it is refused (``reading``'s shared lock), so its files stay as convert found them.
 * **The CSV file** stays until its Parquet file is whole and verified: written under a hidden
   ``.<name>.parquet.convert.partial``, read back (its row count and columns equal to the CSV
@@ -90,6 +91,12 @@ def convert_run(run: str | Path, remove_csv: bool = False) -> list[Path]:
     try:
         for folder, group in folders.items():
             with reading(folder) as live:
+                if live is None:
+                    logger.warning(
+                        "trainprobe convert: cannot tell whether a run still writes %s (no file locks there); "
+                        "every window is converted: convert only a run that has ended",
+                        folder,
+                    )
                 still_open = _open_windows(group) if live else set()
                 held.extend(f.path for f in group if f.path in still_open)
                 for f in group:
