@@ -215,7 +215,8 @@ def test_schema_and_first_nonfinite_to_a_file(tmp_path: Path, capsys: pytest.Cap
         (["--csv", "-o", "x.parquet"], "the name says parquet but --csv was given"),
         (["--parquet"], "--parquet: give the file to write with -o FILE"),
         (["-o", "."], "is a folder"),
-        (["-o", "rank_0/weight_grad_step0-1.csv", "--csv"], "is one of the run's data files"),
+        (["-o", "rank_0/weight_grad_step0-1.csv", "--csv"], "a monitor data file's name in the run"),
+        (["-o", "rank_0/weight_grad_step0-1.parquet"], "a monitor data file's name in the run"),
         (["-o", "a\0b.csv"], "NUL byte"),
     ],
 )

@@ -176,16 +176,23 @@ def output_format(target: Path, flag: str | None) -> str:
 
 
 def _check_target(target: Path, run: str) -> None:
-    """Refuse a folder, and any data file of the run (the answer would replace monitor output)."""
+    """Refuse a folder, any data file of the run, and a monitor data file's name in the run's
+    folders (the answer would replace monitor output, or be read as such next time)."""
+    from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
     from trainprobe.tools.query_files import NoRunFiles, find_run_files
 
     if target.is_dir():
         raise ConfigError(f"-o {printable(target)}: is a folder; give the file to write")
+    resolved = target.resolve()
+    root = Path(run).expanduser().resolve()
+    folder = resolved.parent
+    in_run = folder == root or (folder.parent == root and bool(V1_RUN.fullmatch(folder.name) or V2_RANK.fullmatch(folder.name)))
+    if in_run and (V1_DATA_FILE.fullmatch(resolved.name) or V2_DATA_FILE.fullmatch(resolved.name)):
+        raise ConfigError(f"-o {printable(target)}: a monitor data file's name in the run; choose another file")
     try:
         files = find_run_files(run, warn_links=False)
     except NoRunFiles:
         return  # the query itself says so
-    resolved = target.resolve()
     if any(f.path.resolve() == resolved for f in files):
         raise ConfigError(f"-o {printable(target)}: is one of the run's data files; choose another file")
 
