@@ -157,9 +157,10 @@ def short_error(text: str) -> str:
     no help to the reader), control characters escaped."""
     text = text.split("\nLINE ", 1)[0]
     flat = printable(" ".join(text.split()))
-    if "Possible solutions" not in flat:
+    marker = next((m for m in ("Possible solutions", "Possible fixes") if m in flat), None)
+    if marker is None:
         return flat
-    head = flat.split("Possible solutions")[0].strip()
+    head = flat.split(marker)[0].strip()
     file = re.search(r" file = (\S+)", flat)
     return f"{head} (file {file[1]})" if file else head
 
