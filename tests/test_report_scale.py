@@ -56,7 +56,7 @@ def _same(a: report_read.FileRows, b: report_read.FileRows) -> None:
 def test_one_scan_reads_the_rows_a_file_by_file_read_reads(tmp_path, monkeypatch):
     root = write_v2_run(tmp_path / "run")
     files = find_report_files(root)
-    con = connection()
+    con = connection(files)
     scans: list[int] = []
     bulk = report_read._read_bulk
 
@@ -79,7 +79,7 @@ def test_a_scan_left_early_frees_its_connection(tmp_path):
     that stops early (an error in its own work) gets the connection back idle, at once."""
     root = write_v2_run(tmp_path / "run")
     files = find_report_files(root)
-    con = connection()
+    con = connection(files)
     scan = read_files(con, files)
     first, rows = next(scan)
     scan.close()
