@@ -280,3 +280,18 @@ def test_diff_of_a_truncated_parquet_and_a_huge_offset_are_one_line(monitor_runs
     assert "LINE 1" not in done.stderr  # trainprobe's own SQL is not quoted at the user
     for offset in ("9223372036854775807", "-9223372036854775808"):
         _one_line_refusal(_cli("diff", str(base), str(base), "--offset", offset), "--offset: at most")
+
+
+def test_an_unbalanced_quote_mid_file_is_said_as_such(monitor_runs: Any, tmp_path: Path, caplog: Any) -> None:
+    """Not "skipped 1 torn row": the lines an unbalanced quote cut off are counted and named."""
+    import logging
+
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    path = _first_csv(run)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[3] = lines[3].replace(",", ',"', 1)  # line 4 opens a quote that never closes
+    path.write_text("".join(lines).rstrip("\n"), encoding="utf-8")  # no final line break: read as torn
+    with caplog.at_level(logging.WARNING, logger="trainprobe"):
+        [(rows,)] = connect(run).execute(f"SELECT count(*) FROM weight_grad WHERE file = '{path}'").fetchall()
+    assert rows == 2  # lines 2 and 3
+    assert f"an unbalanced quote on or after line 4 cut the file: {len(lines) - 3} line(s)" in caplog.text

@@ -52,7 +52,7 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.printable import printable
 from trainprobe.engine.sinks.parquet_summary import Summary, read_summary
-from trainprobe.tools.query_files import RunFile, clean_length, csv_header, find_run_files
+from trainprobe.tools.query_files import RunFile, clean_length, csv_header, find_run_files, torn_tail
 from trainprobe.tools.query_lock import is_locked, lock
 from trainprobe.tools.query_sql import (
     KEY_COLUMNS,
@@ -336,7 +336,12 @@ def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ..
     import io
 
     pa, csv = require("pyarrow"), require("pyarrow.csv")
-    warn_once(f"torn:{f.path}", f"{f.path}: skipped 1 torn row(s) (a run killed while writing?)")
+    tail = torn_tail(f.path)
+    if tail is not None and tail.quote_open and tail.lines > 1:  # not a torn record: a damaged file
+        warn_once(f"torn:{f.path}", f"{f.path}: an unbalanced quote on or after line {tail.first_line} cut the file: "
+                  f"{tail.lines} line(s) from there on left out")
+    else:
+        warn_once(f"torn:{f.path}", f"{f.path}: skipped 1 torn row(s) (a run killed while writing?)")
     kinds = {"BIGINT": pa.int64(), "VARCHAR": pa.string(), "DOUBLE": pa.float64()}
     with open(f.path, "rb") as handle:
         data = handle.read(cut)
