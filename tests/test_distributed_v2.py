@@ -57,7 +57,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
+def _entry(rank: int, port: int, fn: Any, args: tuple[Any, ...], world: int = WORLD) -> None:
     """Runs in each spawned process: gloo process group around ``fn(rank, *args)``."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecated torch.distributed names
     torch.set_num_threads(1)
@@ -65,7 +65,7 @@ def _entry(rank: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
-        world_size=WORLD,
+        world_size=world,
         timeout=timedelta(seconds=60),
     )
     try:
@@ -75,9 +75,9 @@ def _entry(rank: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
         dist.destroy_process_group()
 
 
-def launch(fn: Any, *args: Any, timeout: float = 180.0) -> None:
-    """Run ``fn(rank, *args)`` on two spawned processes; an exception in either fails the caller."""
-    ctx = mp.spawn(_entry, args=(_free_port(), fn, args), nprocs=WORLD, join=False)
+def launch(fn: Any, *args: Any, timeout: float = 180.0, world: int = WORLD) -> None:
+    """Run ``fn(rank, *args)`` on ``world`` (two) spawned processes; an exception in any fails the caller."""
+    ctx = mp.spawn(_entry, args=(_free_port(), fn, args, world), nprocs=world, join=False)
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=1.0):  # raises ProcessRaisedException / ProcessExitedException
         if time.monotonic() > deadline:

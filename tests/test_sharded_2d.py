@@ -6,42 +6,23 @@ itself a DTensor on the TP mesh and was skipped), and the merged ``reduced`` row
 from __future__ import annotations
 
 import json
-import socket
-import time
-import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytest.importorskip("duckdb")
 
 from conftest import rows_of, write_config  # noqa: E402
+from test_distributed_v2 import launch  # noqa: E402
 from test_sharded_full_tensors import OPS, Net, _reference  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
 
 WORLD, STEPS = 4, 2
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _entry(rank: int, port: int, root: str) -> None:
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))
-    try:
-        _train(rank, Path(root))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _entry(rank: int, root: Path) -> None:
+    _train(rank, root)
 
 
 def _train(rank: int, root: Path) -> None:
@@ -74,14 +55,7 @@ def _train(rank: int, root: Path) -> None:
 @pytest.fixture(scope="module")
 def run_2d(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("two_d")
-    ctx = mp.spawn(_entry, args=(_free_port(), str(root)), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + 300
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail("workers did not finish")
+    launch(_entry, root, timeout=300, world=WORLD)
     return root
 
 

@@ -6,33 +6,22 @@ written (and so finds the layouts different)."""
 
 from __future__ import annotations
 
-import socket
-import time
-import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytest.importorskip("duckdb")
 
 from conftest import write_config  # noqa: E402
+from test_distributed_v2 import launch  # noqa: E402
 from test_sharded_full_tensors import OPS, Net  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
 from trainprobe.tools.diff import diff  # noqa: E402
 
 WORLD, STEPS, FAULT_STEP = 2, 4, 2
 MONITORS = ("weight_grad", "param", "optimizer")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _train(out: Path, model: torch.nn.Module, data_rank: int, fault: bool, tag: str) -> None:
@@ -51,47 +40,31 @@ def _train(out: Path, model: torch.nn.Module, data_rank: int, fault: bool, tag: 
     mon.stop()
 
 
-def _entry(rank: int, port: int, root: str) -> None:
+def _entry(rank: int, base: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
-    base = Path(root)
-    try:
-        for name, fault in (("tp2", False), ("tp2_fault", True)):
-            torch.manual_seed(0)
-            model = Net(6)
-            parallelize_module(model, init_device_mesh("cpu", (WORLD,)), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-            _train(base / name, model, 0, fault, f"rank{rank}")  # one batch for both ranks, as at TP=1
+    for name, fault in (("tp2", False), ("tp2_fault", True)):
         torch.manual_seed(0)
-        _train(base / "ddp", DistributedDataParallel(Net(7)), rank, False, f"rank{rank}")
-        torch.manual_seed(0)
-        model = Net(7)
-        mesh = init_device_mesh("cpu", (WORLD,))
-        fully_shard(model.fc1, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        _train(base / "fsdp2", model, rank, False, f"rank{rank}")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        model = Net(6)
+        parallelize_module(model, init_device_mesh("cpu", (WORLD,)), {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        _train(base / name, model, 0, fault, f"rank{rank}")  # one batch for both ranks, as at TP=1
+    torch.manual_seed(0)
+    _train(base / "ddp", DistributedDataParallel(Net(7)), rank, False, f"rank{rank}")
+    torch.manual_seed(0)
+    model = Net(7)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    fully_shard(model.fc1, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    _train(base / "fsdp2", model, rank, False, f"rank{rank}")
 
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("layouts")
-    ctx = mp.spawn(_entry, args=(_free_port(), str(root)), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + 300
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail("workers did not finish")
+    launch(_entry, root, timeout=300, world=WORLD)
     torch.manual_seed(0)
     _train(root / "tp1", Net(6), 0, False, "single")  # this process: no process group, TP=1
     return root

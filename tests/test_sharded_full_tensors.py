@@ -10,24 +10,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
-import time
-import warnings
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
 from conftest import write_config  # noqa: E402
+from test_distributed_v2 import launch  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
 
 WORLD = 2
@@ -50,23 +46,10 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _entry(rank: int, port: int, root: str) -> None:
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
-    try:
-        for layout in ("fsdp2", "tp"):  # fsdp2 first: its run must not say what warn_once says once a process
-            _train(rank, Path(root), layout)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _entry(rank: int, root: Path) -> None:
+    for layout in ("fsdp2", "tp"):  # fsdp2 first: its run must not say what warn_once says once a process
+        _train(rank, root, layout)
+        dist.barrier()
 
 
 def _train(rank: int, root: Path, layout: str) -> None:
@@ -127,14 +110,7 @@ def _warnings() -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def sharded_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sharded")
-    ctx = mp.spawn(_entry, args=(_free_port(), str(root)), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + 300
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in ctx.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail("workers did not finish")
+    launch(_entry, root, timeout=300, world=WORLD)
     return root
 
 
