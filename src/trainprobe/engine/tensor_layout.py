@@ -25,7 +25,7 @@ different tensor, never merged. Standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,8 +68,3 @@ class LayoutFile:
         }
         write_json_atomically(self.path, document)
 
-
-def needs_layout(layouts: Iterable[Mapping[str, Any]], world_size: int) -> bool:
-    """Whether a run's rows need a layout file to be read as full tensors: more than one rank,
-    or a tensor that is not whole."""
-    return world_size > 1 or any(entry.get("kind") != "whole" for entry in layouts)

@@ -108,7 +108,7 @@ def add_full_views(con: Any, root: Path, views: Mapping[str, Sequence[str]]) -> 
     rows = layout_rows(root)
     if not rows:
         return []
-    pa = __import__("pyarrow")
+    import pyarrow as pa  # the [query] extra, as DuckDB
     columns = ("rank", "monitor", "name", "scope", "kind", "numel", "piece", "global_numel")
     table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
     [(schema,)] = con.execute("SELECT current_schema()").fetchall()

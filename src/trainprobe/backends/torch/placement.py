@@ -154,7 +154,3 @@ def _fsdp_params(chunks: Sequence[Any]) -> set[int]:
                 owned.update(id(p) for p in cast(torch.nn.Module, module).parameters())
     return owned
 
-
-def local_numel(t: Any) -> int:
-    """Elements of the tensor whose statistics are written for ``t`` (its local piece)."""
-    return int(t.to_local().numel()) if is_dtensor(t) else int(t.numel())
