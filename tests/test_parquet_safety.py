@@ -535,6 +535,13 @@ def test_a_parquet_run_killed_at_step_15_of_a_20_step_window_keeps_steps_0_to_14
     _assert_each_step_once(out, range(20))
 
 
+def _window_of(path: Path) -> tuple[str, int, int]:
+    """(table, first, last) of a V2 data file's name (``param_step3-7.parquet``)."""
+    table, _, window = path.stem.rpartition("_step")
+    first, last = window.split("-")
+    return table, int(first), int(last)
+
+
 def test_step_files_a_kill_left_beside_a_merged_window_are_dropped_not_read_twice(tmp_path: Path) -> None:
     """A run killed between a window's merge and the removal of its step files leaves both:
     the step files whose rows the merged file holds are named by ``merged_step_files`` and
@@ -548,8 +555,11 @@ def test_step_files_a_kill_left_beside_a_merged_window_are_dropped_not_read_twic
     rank = whole / "rank_0"
     for step_file in live.folder.glob("*.parquet"):  # the same training: the same rows
         shutil.copy(step_file, rank)
-    listing = [(f.path, f.table, f.first_step, f.last_step) for f in find_run_files(whole)]
+    listing = [(path, *_window_of(path)) for path in rank.glob("*.parquet")]
     assert len(merged_step_files(listing)) == 3 * 15
+    # every reader sees each step once while the doubled step files are still there
+    assert all(f.first_step < f.last_step for f in find_run_files(whole))
+    _assert_each_step_once(whole, range(20))
     # a window file that does not hold the step: its step file is kept
     cut = tmp_path / "cut" / "rank_0"
     cut.mkdir(parents=True)
@@ -557,10 +567,11 @@ def test_step_files_a_kill_left_beside_a_merged_window_are_dropped_not_read_twic
     pq.write_table(table.filter(pc.less(table.column("step"), 10)), cut / "param_step0-19.parquet")
     for s in (3, 12):
         shutil.copy(live.folder / f"param_step{s}-{s}.parquet", cut)
-    cut_files = [(f.path, f.table, f.first_step, f.last_step) for f in find_run_files(cut)]
+    cut_files = [(path, *_window_of(path)) for path in cut.glob("*.parquet")]
     assert merged_step_files(cut_files) == [
         cut / "param_step3-3.parquet"
     ]
+    assert {f.path.name for f in find_run_files(cut)} == {"param_step0-19.parquet", "param_step12-12.parquet"}
     _train_v2(whole, "parquet", 20, 3, initial_step=20)
     assert not list(rank.glob("*_step1-1.parquet"))
     _assert_each_step_once(whole, range(23))

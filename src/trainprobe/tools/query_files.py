@@ -26,6 +26,7 @@ from typing import Literal
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
 from trainprobe.engine.log import warn_once
+from trainprobe.engine.sinks.parquet_sink import merged_step_files
 from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
 from trainprobe.tools.monitor_layout import V1_DATA_TYPES, V2_DATA_TYPES
 
@@ -84,6 +85,7 @@ def find_run_files(run: str | Path, warn_links: bool = True) -> list[RunFile]:
         )
     converted = {f.path.with_suffix("") for f in files if f.format == "parquet"}
     files = [f for f in files if f.format == "parquet" or f.path.with_suffix("") not in converted]
+    files = _without_merged_step_files(files)
     if not files:
         raise NoRunFiles(
             f"run: no monitor data file (.csv or .parquet) under {str(root)!r}"
@@ -92,6 +94,17 @@ def find_run_files(run: str | Path, warn_links: bool = True) -> list[RunFile]:
             "'rank_<r>/<monitor>_step<a>-<b>.csv' and Monitor V1 '<MonDD_HH-MM-SS>-rank<r>-<id>/<table>_<a>-<b>.csv'"
         )
     return sorted(files, key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+
+
+def _without_merged_step_files(files: list[RunFile]) -> list[RunFile]:
+    """``files`` less the Parquet step files whose rows a complete window file beside them
+    already holds (a run killed between a window's merge and the removal of its step files left
+    both: :func:`~trainprobe.engine.sinks.parquet_sink.merged_step_files`); read together their
+    rows would count twice. The files stay on disk (a reader removes nothing)."""
+    if not any(f.format == "parquet" and f.first_step == f.last_step for f in files):
+        return files
+    doubled = set(merged_step_files((f.path, f.table, f.first_step, f.last_step) for f in files))
+    return [f for f in files if f.path not in doubled]
 
 
 def _folders(root: Path) -> Iterator[tuple[Path, Layout, int]]:
