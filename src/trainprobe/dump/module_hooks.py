@@ -45,7 +45,7 @@ class ModuleHooks:
         self.collector = collector
         self._forward_handles: list[Any] = []
         self._param_handles: list[Any] = []
-        self._hooked_params: set[int] = set()
+        self._hooked_params: set[tuple[int, int]] = set()  # (module, parameter): a tied one per module
         self._pending: dict[int, tuple[str, dict[str, Any], str | None, list[str] | None, bool]] = {}
         self._seq0: dict[int, int] = {}  # module → the autograd sequence number when its forward began
 
@@ -60,13 +60,16 @@ class ModuleHooks:
             self._forward_handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
 
     def attach_param_grads(self, modules: list[tuple[str, nn.Module]]) -> None:
-        """Tensor hooks on each module's own parameters (``parameters_grad`` records)."""
+        """Tensor hooks on each module's own parameters (``parameters_grad`` records). A parameter
+        shared by several modules (a head tied to the embedding) is in each one's record: every
+        module that holds it gets its own hook, all of them reading the same total gradient."""
         for prefix, module in modules:
             state: dict[str, Any] = {"record": None, "index": -1}
             for pname, param in module.named_parameters(recurse=False):
-                if not param.requires_grad or id(param) in self._hooked_params:
+                key = (id(module), id(param))
+                if not param.requires_grad or key in self._hooked_params:
                     continue
-                self._hooked_params.add(id(param))
+                self._hooked_params.add(key)
                 hook = self.collector.guarded(
                     f"gradient hook of {prefix}.{pname}", self._make_param_hook(prefix, pname, state)
                 )
