@@ -26,8 +26,8 @@ from typing import Literal
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
 from trainprobe.engine.log import warn_once
-from trainprobe.engine.sinks.parquet_sink import merged_step_files
 from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
+from trainprobe.engine.sinks.parquet_sink import merged_step_files
 from trainprobe.tools.monitor_layout import V1_DATA_TYPES, V2_DATA_TYPES
 
 Layout = Literal["v1", "v2"]
