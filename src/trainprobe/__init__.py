@@ -8,6 +8,8 @@ Public API (also importable under the reference tool's paths, see ``trainprobe.c
   norms, Adam moments, expert load) to TensorBoard, the log and dump_path.
 * :class:`PrecisionDebugger` and ``module_dump``/``module_dump_end``/``seed_all``/``random_save``:
   precision data dump.
+* :func:`rerun_check` (and its :class:`RerunVerdict`): does a training step reproduce bit for
+  bit? (a numerical fault, or a transient one of the device).
 * :class:`ConfigError`: raised for every invalid config field, naming its JSON path.
 
 ``import trainprobe`` is cheap: each name is imported from its module on first use (PEP 562), so
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 from trainprobe._lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
+    from trainprobe.backends.torch.rerun_check import RerunVerdict, rerun_check
     from trainprobe.dump import PrecisionDebugger, module_dump, module_dump_end, random_save, seed_all
     from trainprobe.engine.errors import ConfigError
     from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
@@ -32,12 +35,14 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "ConfigError": "trainprobe.engine.errors",
     "PrecisionDebugger": "trainprobe.dump",
+    "RerunVerdict": "trainprobe.backends.torch.rerun_check",
     "TrainerMon": "trainprobe.frontdoors.monitor_v1",
     "TrainerMonitorV2": "trainprobe.frontdoors.monitor_v2.trainer",
     "TrainingMetricsMonitor": "trainprobe.frontdoors.metrics",
     "module_dump": "trainprobe.dump",
     "module_dump_end": "trainprobe.dump",
     "random_save": "trainprobe.dump",
+    "rerun_check": "trainprobe.backends.torch.rerun_check",
     "seed_all": "trainprobe.dump",
 }
 """Public name → the module that defines it (imported on first use)."""
@@ -45,6 +50,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "ConfigError",
     "PrecisionDebugger",
+    "RerunVerdict",
     "TrainerMon",
     "TrainerMonitorV2",
     "TrainingMetricsMonitor",
@@ -52,6 +58,7 @@ __all__ = [
     "module_dump",
     "module_dump_end",
     "random_save",
+    "rerun_check",
     "seed_all",
 ]
 

@@ -1,0 +1,254 @@
+"""``trainprobe.rerun_check``: does a training step reproduce bit for bit?
+
+When a step goes wrong (a NaN, a spike) the first question is whether the numbers or the machine
+are to blame. :func:`rerun_check` runs a step function (forward and backward of one batch, no
+optimizer step) twice from the same state: the same RNG states (Python, NumPy, torch CPU and every
+initialised CUDA device), the same inputs (the second call gets copies of the first call's
+arguments as they were before it ran), the same gradients and buffers to start from. It then
+compares, bit for bit, what the two calls produced: the loss the function returned, every
+parameter's gradient and every buffer (BatchNorm's running statistics).
+
+* reproducible: the fault is in the numerics (the data, the model, the recipe): ``trainprobe diff``
+  it against a healthy run;
+* not reproducible: the same computation gave two answers, a transient fault: suspect the device.
+
+Afterwards the model, its gradients, its buffers and the RNG states are exactly as after the first
+call alone, so training can go on (or be checkpointed) as if the check had not run.
+
+Example (from an ``on_anomaly`` callback, see docs/acting_on_anomalies.md)::
+
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    verdict = trainprobe.rerun_check(step, x, y, model=model)
+    print(verdict.line())   # rerun_check: reproducible (loss and 12 gradients, bit for bit) ...
+
+Under ``torch.distributed`` every rank of ``group`` must call it together (the step's own
+collectives run twice, and one small all-gather says which ranks saw a difference).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainprobe.engine.errors import ConfigError
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True)
+class RerunVerdict:
+    """What :func:`rerun_check` found.
+
+    Attributes:
+        reproducible: every compared value was bitwise equal on every rank.
+        losses: the loss of the first and the second call (``float``; ``None`` when the step
+            function returned no scalar).
+        differed: what differed on this rank, in order: ``"loss"``, ``"grad <param name>"``,
+            ``"buffer <buffer name>"``.
+        compared: how many values were compared on this rank (loss, gradients, buffers).
+        ranks: the ranks on which something differed (``()`` when reproducible; ``(0,)`` for
+            a single process that differed).
+    """
+
+    reproducible: bool
+    losses: tuple[float | None, float | None]
+    differed: tuple[str, ...]
+    compared: int
+    ranks: tuple[int, ...]
+
+    def line(self) -> str:
+        """One line for a log or a terminal."""
+        if self.reproducible:
+            return (
+                f"rerun_check: reproducible ({self.compared} values, bit for bit): a numerical fault; "
+                "diff it against a healthy run"
+            )
+        shown = ", ".join(self.differed[:3]) + (f" and {len(self.differed) - 3} more" if len(self.differed) > 3 else "")
+        where = f"; on ranks {', '.join(map(str, self.ranks))}" if self.ranks else ""
+        mine = f" {shown} differed" if shown else " nothing differed here"
+        return f"rerun_check: NOT reproducible:{mine}{where}: a transient fault; suspect the device"
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as JSON-ready values."""
+        return {
+            "reproducible": self.reproducible,
+            "losses": list(self.losses),
+            "differed": list(self.differed),
+            "compared": self.compared,
+            "ranks": list(self.ranks),
+        }
+
+
+@dataclass
+class _State:
+    """Gradients, buffers and RNG states at one moment (copies)."""
+
+    grads: dict[str, torch.Tensor | None]
+    buffers: dict[str, torch.Tensor]
+    rng: tuple[Any, ...]
+
+
+def rerun_check(
+    step_fn: Callable[..., Any],
+    *args: Any,
+    model: torch.nn.Module,
+    group: Any = None,
+    **kwargs: Any,
+) -> RerunVerdict:
+    """Run ``step_fn(*args, **kwargs)`` twice from the same state and say whether it reproduced.
+
+    Args:
+        step_fn: forward and backward of one batch (no optimizer step); its return value, when
+            a scalar tensor or number, is compared as the loss.
+        model: the module whose parameters' gradients and whose buffers are compared and
+            restored.
+        group: the process group whose ranks call this together (default: the world, when
+            ``torch.distributed`` is initialised).
+
+    Returns:
+        A :class:`RerunVerdict`; the model, gradients, buffers and RNG states are left as after
+        the first call.
+
+    Raises:
+        ConfigError: ``model`` is not a ``torch.nn.Module``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"rerun_check: model must be a torch.nn.Module, got {type(model).__name__}")
+    before = _capture(model)
+    pristine = _clone((args, kwargs))
+    first_loss = _scalar(step_fn(*args, **kwargs))
+    after_first = _capture(model)
+    _restore(model, before)
+    second_args, second_kwargs = pristine
+    second_loss = _scalar(step_fn(*second_args, **second_kwargs))
+    after_second = _capture(model)
+    differed = _differences(first_loss, second_loss, after_first, after_second)
+    _restore(model, after_first)
+    compared = (first_loss is not None) + len(after_first.grads) + len(after_first.buffers)
+    ranks = _ranks_that_differed(bool(differed), group)
+    return RerunVerdict(
+        reproducible=not ranks,
+        losses=(_as_float(first_loss), _as_float(second_loss)),
+        differed=tuple(differed),
+        compared=compared,
+        ranks=ranks,
+    )
+
+
+def _capture(model: torch.nn.Module) -> _State:
+    grads = {
+        name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()
+    }
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    return _State(grads, buffers, _rng_states())
+
+
+def _restore(model: torch.nn.Module, state: _State) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            saved = state.grads.get(name)
+            if saved is None:
+                p.grad = None
+            elif p.grad is None or p.grad.shape != saved.shape:
+                p.grad = saved.clone()
+            else:
+                p.grad.copy_(saved)
+        for name, b in model.named_buffers():
+            if name in state.buffers:
+                b.copy_(state.buffers[name])
+    _set_rng_states(state.rng)
+
+
+def _rng_states() -> tuple[Any, ...]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return (random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+
+
+def _set_rng_states(states: tuple[Any, ...]) -> None:
+    py, npy, cpu, cuda = states
+    random.setstate(py)
+    np.random.set_state(npy)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _clone(value: Any) -> Any:
+    """``value`` with every tensor inside (tuples, lists, dicts) replaced by a copy."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    if isinstance(value, tuple):
+        return tuple(_clone(v) for v in value)
+    if isinstance(value, list):
+        return [_clone(v) for v in value]
+    if isinstance(value, Mapping):
+        copied = {k: _clone(v) for k, v in value.items()}
+        maker: Any = type(value)
+        try:
+            return maker(copied)
+        except TypeError:  # a mapping class that cannot be built from a dict: a plain dict
+            return copied
+    return value
+
+
+def _scalar(value: Any) -> torch.Tensor | None:
+    """The step's loss as a detached one-element tensor, or None."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.detach().reshape(()).clone()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value), dtype=torch.float64)
+    return None
+
+
+def _as_float(value: torch.Tensor | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _same_bits(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Bitwise equality (NaN equals NaN of the same bits; -0.0 differs from 0.0)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    as_int = _INT_OF_SIZE[a.element_size()]
+    return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+
+
+def _differences(
+    first_loss: torch.Tensor | None, second_loss: torch.Tensor | None, first: _State, second: _State
+) -> list[str]:
+    out = [] if _same_bits(first_loss, second_loss) else ["loss"]
+    out.extend(f"grad {n}" for n, g in first.grads.items() if not _same_bits(g, second.grads.get(n)))
+    out.extend(f"buffer {n}" for n, b in first.buffers.items() if not _same_bits(b, second.buffers.get(n)))
+    return out
+
+
+def _ranks_that_differed(differed: bool, group: Any) -> tuple[int, ...]:
+    """The ranks (of ``group``) whose two calls differed; this process alone without dist."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return (0,) if differed else ()
+    flag = torch.tensor([1 if differed else 0], dtype=torch.int64, device=_device_of(group))
+    flags = [torch.zeros_like(flag) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(flags, flag, group=group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(flags)))
+    return tuple(r for r, f in zip(ranks, flags) if int(f.item()))
+
+
+def _device_of(group: Any) -> torch.device:
+    """Where the all-gather's tensor lives: the current CUDA device under NCCL, else the CPU."""
+    backend = dist.get_backend(group)
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
