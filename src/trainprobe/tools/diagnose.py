@@ -27,19 +27,27 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprobe._lazy import callable_module
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.printable import printable
-from trainprobe.tools.diagnose_engines import ENGINES, DiagnoseEngine, DuckEngine, SparkEngine, on_spark
+from trainprobe.tools.diagnose_engines import (
+    ENGINES,
+    DiagnoseEngine,
+    DuckEngine,
+    SparkEngine,
+    StagedDuckEngine,
+    on_spark,
+)
 from trainprobe.tools.diagnose_sql import (
     DEFAULT_SPIKE_FACTOR,
     DEFAULT_WARMUP,
     DEFAULT_WINDOW,
     SPIKE_OPS,
+    exempt_sql,
     first_spikes_sql,
     nonfinite_by_rank_sql,
     spike_rows_sql,
@@ -78,6 +86,12 @@ class Anomaly:
         position: the row's place among its step's rows in its file (an alert alone: its call_id).
         source: ``"files"``, ``"alert"`` or ``"files+alert"`` (found in both).
         rule: the alert's rule (``AnomalyNan`` ...), else None.
+        ranks: for a full-tensor row of a sharded run (its shards merged), every rank holding a
+            piece of the tensor; None for a rank's own row.
+        held: how they hold it: ``"shards"``, ``"replicas, counted once"`` or ``"<n> shards,
+            replicated"``; None for a rank's own row.
+        bad_ranks: for a full-tensor NaN/inf, the ranks whose piece holds it (``rank`` is the
+            least of them); None otherwise.
     """
 
     kind: str
@@ -95,6 +109,9 @@ class Anomaly:
     position: int = 0
     source: str = "files"
     rule: str | None = None
+    ranks: tuple[int, ...] | None = None
+    held: str | None = None
+    bad_ranks: tuple[int, ...] | None = None
 
     def order_key(self) -> tuple[int, ...]:
         """Its :func:`~trainprobe.tools.execution_order.execution_key`."""
@@ -124,7 +141,8 @@ class Anomaly:
             what = f"{self.op} (the alert gives no value)"
         else:
             what = f"{self.op} = {_number(self.value)}"
-        text = f"step {self.step}{micro}, rank {self.rank}, {printable(where)} {printable(self.name)}: {printable(what)}"
+        who = "full tensor" if self.ranks is not None else f"rank {self.rank}"
+        text = f"step {self.step}{micro}, {who}, {printable(where)} {printable(self.name)}: {printable(what)}"
         if self.kind == "spike" and self.median:
             median = self.median
             if abs(median) < 2.0**-1022:  # sys.float_info.min: below it a float is denormal
@@ -142,6 +160,17 @@ class Anomaly:
             text += " (NaN/inf)"
         if self.rule:
             text += f" [alert {self.rule}]"
+        return text + self._holders()
+
+    def _holders(self) -> str:
+        """``, held by ranks 0, 1 (shards), NaN/inf in rank 1's shard`` for a full-tensor row."""
+        if self.ranks is None:
+            return ""
+        text = f", held by ranks {_ranks(list(self.ranks))} ({self.held})"
+        if self.bad_ranks:
+            piece = "shard" if self.held == "shards" else "replica" if (self.held or "").startswith("replica") else "piece"
+            bad = list(self.bad_ranks)
+            text += f", NaN/inf in rank {bad[0]}'s {piece}" if len(bad) == 1 else f", NaN/inf in the {piece}s of ranks {_ranks(bad)}"
         return text
 
 
@@ -159,6 +188,11 @@ class Diagnosis:
         spike_factor, window, warmup: the spike rule used.
         alerts: Monitor V1 alert events read (0 without ``anomaly_detected``).
         baseline: the ``diff`` answer's first line with ``baseline``, else None.
+        sharded: whether the run's ``tensor_layout.json`` files mark shards or replicas.
+        tensors: ``"full"`` (a sharded run's parameter tables read as full tensors: shards
+            merged, replicas counted once) or ``"rank-local"`` (each rank's rows as written).
+        skipped: rank → the steps GradScaler skipped there (``amp_skips.jsonl``); their
+            backward rows (scaled gradients) are not anomalies.
     """
 
     run: str
@@ -171,6 +205,9 @@ class Diagnosis:
     warmup: int = DEFAULT_WARMUP
     alerts: int = 0
     baseline: str | None = None
+    sharded: bool = False
+    tensors: str = "rank-local"
+    skipped: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def first(self) -> Anomaly | None:
@@ -224,23 +261,49 @@ class Diagnosis:
         return head + tail + more + none
 
     def line(self) -> str:
-        """The one line: the first anomaly, or that none was found."""
+        """The one line: the first anomaly, or that none was found (and, where GradScaler skipped
+        steps, how many: their inf is the scaler's, not an anomaly); a first anomaly in a step
+        GradScaler skipped says so."""
         if self.first is None:
-            return f"no anomaly: no NaN/inf and no spike above {self.spike_factor:g}x in {len(self.ranks)} rank(s)"
-        return "first anomaly: " + self.first.describe()
+            text = f"no anomaly: no NaN/inf and no spike above {self.spike_factor:g}x in {len(self.ranks)} rank(s)"
+            steps = sorted({s for skipped in self.skipped.values() for s in skipped})
+            return text + (f"; {len(steps)} step(s) skipped by GradScaler ({_spans(steps)})" if steps else "")
+        first = self.first
+        also = " (a step GradScaler skipped)" if first.step in self.skipped.get(first.rank, ()) else ""
+        return "first anomaly: " + first.describe() + also
+
+    def skipped_line(self) -> str | None:
+        """Which steps GradScaler skipped, on which ranks; None where it skipped none."""
+        if not self.skipped:
+            return None
+        sets = {tuple(steps) for steps in self.skipped.values()}
+        if len(sets) == 1 and len(self.skipped) == len(self.ranks):
+            where = f"steps {_spans(next(iter(sets)))}" + (f" on all {len(self.ranks)} ranks" if len(self.ranks) > 1 else "")
+        else:
+            where = "; ".join(f"rank {r}: steps {_spans(s)}" for r, s in sorted(self.skipped.items()))
+        return f"skipped by GradScaler: {where} (the inf/NaN of their scaled gradients is not an anomaly)"
+
+    def tensors_line(self) -> str | None:
+        """How a sharded run was read; None for an unsharded one."""
+        if not self.sharded:
+            return None
+        if self.tensors == "full":
+            return "tensors: full (a sharded run: shards merged, replicas counted once; --rank-local for each rank's rows)"
+        return "tensors: rank-local (each rank's pieces as written)"
 
     def lines(self) -> list[str]:
         """What ``trainprobe diagnose`` prints."""
         out = [self.line()]
         if self.baseline is not None:
             out.append(f"against the baseline: {self.baseline}")
+        notes = [n for n in (self.skipped_line(), self.tensors_line()) if n is not None]
         if self.first is None:
-            return out
+            return out + notes
         out += [f"  then: {a.describe()}" for a in self.anomalies[1:]]
         if self.first_nonfinite is not None and self.first_nonfinite not in self.anomalies:
             out.append(f"first NaN/inf: {self.first_nonfinite.describe()}")
         out.append(self.ranks_line())
-        return out
+        return out + notes
 
     def to_json(self) -> dict[str, Any]:
         """The ``diagnosis.json`` document (schema in docs/diagnose.md); NaN/inf as strings."""
@@ -265,6 +328,9 @@ class Diagnosis:
             },
             "alerts": self.alerts,
             "baseline": self.baseline,
+            "sharded": self.sharded,
+            "tensors": self.tensors,
+            "skipped_by_gradscaler": {str(r): s for r, s in sorted(self.skipped.items())},
         }
 
 
@@ -280,6 +346,7 @@ def diagnose(
     memory_limit: str = MEMORY_LIMIT,
     engine: str = "duckdb",
     spark: Any = None,
+    rank_local: bool = False,
 ) -> Diagnosis:
     """Diagnose ``run`` (see the module docstring); ``files``: its data files when the caller
     found them already (:func:`~trainprobe.tools.query_files.find_run_files`); ``memory_limit``:
@@ -288,7 +355,27 @@ def diagnose(
     ``engine="spark"`` runs the same queries on Apache Spark over the run's Parquet files
     (``trainprobe convert RUN --to parquet`` first for a CSV run): ``spark`` is your
     ``SparkSession`` (a cluster's), or None for one in local mode
-    (:func:`~trainprobe.tools.query_spark.spark_session`). The answer is the same as DuckDB's.
+    (:func:`~trainprobe.tools.query_spark.spark_session`). The answer is the same as DuckDB's,
+    except on a sharded run or one with GradScaler skips: Spark reads the rank-local rows as
+    written and does not label skipped steps (a line of the answer says so).
+
+    A **sharded run** (its ``tensor_layout.json`` files mark shards or replicas: FSDP2, tensor
+    parallelism, their 2-D mixes) is read in full tensors: the ``weight_grad``, ``param`` and
+    ``optimizer`` rows of each tensor's pieces merged
+    (:func:`~trainprobe.tools.query_full.full_view_sql`: min/max exact, norm √Σ norm², nans
+    summed, replicas counted once, a NaN/inf copy of a replicated piece preferred), so that
+    spikes and NaN/inf are of the tensor the model holds; a full-tensor anomaly names the ranks
+    holding the tensor and, for a NaN/inf, whose piece holds it. Other tables (``module``,
+    ``cc``) and rank-local rows (``unreduced`` gradients under FSDP) stay one row per rank.
+    ``rank_local=True`` reads every rank's rows as written. Each rank's first anomalous step
+    (the "ranks" line) is always of the rank-local rows.
+
+    **GradScaler's skipped steps** (``rank_<r>/amp_skips.jsonl``,
+    :mod:`trainprobe.engine.skip_log`): the backward rows of a step the scaler skipped on that
+    rank (``module`` backward, ``weight_grad``, ``cc``) hold the scaler's overflow, not an
+    anomaly: they are left out of the NaN/inf check and of the spike series, and the answer
+    lists the skipped steps. Forward and parameter rows of such a step are still checked (a NaN
+    in the batch makes the scaler skip too, and is found at its step).
 
     Three reads of the files: each rank's first non-finite step (the run's first is the least),
     that step's rows (:func:`~trainprobe.tools.query_sql.first_nonfinite_sql`, over the files of
@@ -307,10 +394,13 @@ def diagnose(
     _refuse_dump(root)
     found = _run_files(root, files)
     rule = (spike_factor, window, warmup)
+    skipped = run_skips(root)
+    sharded = is_sharded(root)
+    read = _Read(full=sharded and not rank_local and engine == "duckdb", skipped=skipped if engine == "duckdb" else {})
     if engine == "spark":
         nonfinite, spikes, by_rank = _scan_on_spark(root, found, spark, rule, limit)
     else:
-        nonfinite, spikes, by_rank = _scan_on_duckdb(root, found, memory_limit, rule, limit)
+        nonfinite, spikes, by_rank = _scan_on_duckdb(root, found, memory_limit, rule, limit, read)
     alerts = _alerts(root)
     found_anomalies = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
     for event in alerts:
@@ -326,11 +416,47 @@ def diagnose(
         warmup=warmup,
         alerts=len(alerts),
         baseline=baseline_line(root, Path(baseline)) if baseline is not None else None,
+        sharded=sharded,
+        tensors="full" if read.full else "rank-local",
+        skipped=read.skipped,
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """How the DuckDB scan reads the run: ``full`` tensors; the ``skipped`` steps by rank."""
+
+    full: bool = False
+    skipped: dict[int, list[int]] = field(default_factory=dict)
+
+
+def is_sharded(root: Path) -> bool:
+    """Whether any ``rank_<r>/tensor_layout.json`` of ``root`` marks a shard or a replica."""
+    from trainprobe.tools.query_full import layout_rows
+
+    return any(row[4] in ("shard", "replica") for row in layout_rows(root))
+
+
+def run_skips(root: Path) -> dict[int, list[int]]:
+    """Rank → the steps GradScaler skipped there, from each ``rank_<r>/amp_skips.jsonl`` of
+    ``root`` (or of the rank folder ``root``); ranks without skips left out."""
+    from trainprobe.engine.layout import V2_RANK
+    from trainprobe.engine.skip_log import SKIP_FILE, read_skips
+
+    out: dict[int, list[int]] = {}
+    folders = [root] + (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+    for folder in folders:
+        match = V2_RANK.fullmatch(folder.name)
+        path = folder / SKIP_FILE
+        if match and path.is_file() and not path.is_symlink():
+            steps = sorted({step for step, _ in read_skips(path)})
+            if steps:
+                out[int(match["rank"])] = steps
+    return out
+
+
 def _scan_on_duckdb(
-    root: Path, found: Sequence[RunFile], memory_limit: str, rule: tuple[float, int, int], limit: int
+    root: Path, found: Sequence[RunFile], memory_limit: str, rule: tuple[float, int, int], limit: int, read: _Read
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     from trainprobe.tools.query import require, short_error
     from trainprobe.tools.query_lock import lock
@@ -339,9 +465,16 @@ def _scan_on_duckdb(
     own = duck.connect(config={"memory_limit": memory_limit})
     own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
     try:
-        engine = DuckEngine(root, found, own)
+        if not (read.full or read.skipped):
+            engine = DuckEngine(root, found, own)
+            lock(own, (f.path for f in found))
+            return _scan(engine, found, rule, limit, root)
+        staged = StagedDuckEngine(root, found, own, full=read.full, exempt=lambda view: exempt_sql(view, read.skipped))
         lock(own, (f.path for f in found))
-        return _scan(engine, found, rule, limit, root)
+        nonfinite, spikes, by_rank = _scan(staged, found, rule, limit, root)
+        if read.full:
+            nonfinite, spikes = _held(staged, nonfinite), _held(staged, spikes)
+        return nonfinite, spikes, by_rank
     except duck.Error as exc:
         raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
 
@@ -364,7 +497,8 @@ def _scan(
     views = engine.views()
     if not views:
         raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
-    by_rank: dict[int, int] = dict(engine.fetch(nonfinite_by_rank_sql(views, _nonfinite_conditions(views))))
+    per_rank = engine.fetch_local if isinstance(engine, StagedDuckEngine) else engine.fetch  # which rank, as written
+    by_rank: dict[int, int] = dict(per_rank(nonfinite_by_rank_sql(views, _nonfinite_conditions(views))))
     last = min(by_rank.values()) if by_rank else None
     nonfinite: list[Anomaly] = []
     if last is not None:
@@ -552,6 +686,59 @@ def _merge(found: list[Anomaly], alerts: list[Anomaly]) -> list[Anomaly]:
         elif out[i].source == "files":
             out[i] = Anomaly(**{**asdict(out[i]), "source": "files+alert", "rule": alert.rule})
     return out
+
+
+def _held(engine: StagedDuckEngine, found: list[Anomaly]) -> list[Anomaly]:
+    """``found`` with each full-tensor row of a sharded tensor marked: the ranks holding its
+    pieces, how, and for a NaN/inf whose pieces hold it (:attr:`Anomaly.ranks`)."""
+    from trainprobe.tools.query_sql import bad_rows_sql
+
+    layout: dict[tuple[str, str, str | None], dict[int, tuple[str, str | None]]] = {}
+    for rank, monitor, name, scope, kind, _, piece, _ in engine.layout():
+        layout.setdefault((monitor, name, scope), {})[rank] = (kind, piece)
+    views = engine.views()
+    out = []
+    for anomaly in found:
+        holders = {**layout.get((anomaly.table, anomaly.name, None), {}),
+                   **layout.get((anomaly.table, anomaly.name, anomaly.scope), {})}
+        if not holders or any(kind not in ("shard", "replica") for kind, _ in holders.values()):
+            out.append(anomaly)
+            continue
+        bad: tuple[int, ...] | None = None
+        if anomaly.kind == "nonfinite" and anomaly.table in views:
+            bad = tuple(r for (r,) in engine.fetch_local(_piece_rows_sql(anomaly, bad_rows_sql(views[anomaly.table]))))
+        pieces = {piece if piece is not None else f"rank:{r}" for r, (_, piece) in holders.items()}
+        held = "shards" if len(pieces) == len(holders) else "replicas, counted once" if len(pieces) == 1 else (
+            f"{len(pieces)} shards, replicated")
+        rank = min(bad) if bad else anomaly.rank
+        out.append(replace(anomaly, rank=rank, ranks=tuple(sorted(holders)), held=held, bad_ranks=bad or None))
+    return out
+
+
+def _piece_rows_sql(anomaly: Anomaly, condition: str) -> str:
+    """The ranks whose rank-local row of ``anomaly``'s tensor, step and micro-step meets ``condition``."""
+    from trainprobe.tools.sql_names import ident, text
+
+    def same(column: str, value: Any) -> str:
+        return f"{column} IS NULL" if value is None else f"{column} = {int(value)}"
+
+    return (
+        f"SELECT DISTINCT rank FROM {ident(anomaly.table)} WHERE step = {int(anomaly.step)} "
+        f"AND name = {text(anomaly.name)} AND scope = {text(anomaly.scope)} AND {same('micro_step', anomaly.micro_step)} "
+        f"AND {same('vpp_stage', anomaly.vpp_stage)} AND {condition} ORDER BY rank"
+    )
+
+
+def _spans(steps: Sequence[int]) -> str:
+    """``0-4, 7, 9-10``: sorted steps as runs (at most 8 runs shown)."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:8])
+    return shown + (f" and {len(runs) - 8} more runs" if len(runs) > 8 else "")
 
 
 def _number(value: float | None) -> str:

@@ -46,10 +46,8 @@ class DuckEngine:
     """DuckDB over the run's files (CSV or Parquet) on ``con``; see the module docstring."""
 
     def __init__(self, root: Path, files: Sequence[RunFile], con: Any, steps: tuple[int, int] | None = None) -> None:
-        from trainprobe.tools.query import connect
-
         self.root, self.files, self.con, self.steps = root, files, con, steps
-        connect(root, connection=con, files=files, steps=steps)
+        self._connect(steps)
 
     def views(self) -> dict[str, list[str]]:
         from trainprobe.tools.query import describe
@@ -72,13 +70,105 @@ class DuckEngine:
         when some file of the run lies outside them (those files are then not opened), else the
         whole run. Tables kept earlier stay; ``file_row`` is numbered over the new views, so
         queries comparing it must read the same views."""
-        from trainprobe.tools.query import connect
-
         outside = any(f.first_step > last or f.last_step < first for f in self.files)
         steps = (first, last) if outside else None
         if steps != self.steps:
-            connect(self.root, connection=self.con, files=self.files, steps=steps)
+            self._connect(steps)
             self.steps = steps
+
+    def _connect(self, steps: tuple[int, int] | None) -> None:
+        from trainprobe.tools.query import connect
+
+        connect(self.root, connection=self.con, files=self.files, steps=steps)
+
+
+RAW_SCHEMA = "rank_local"
+""":class:`StagedDuckEngine`: the schema of the run's views as the query layer defines them."""
+KEPT_SCHEMA = "kept"
+""":class:`StagedDuckEngine`: the rank-local rows that count (the exempt ones left out)."""
+
+
+class StagedDuckEngine(DuckEngine):
+    """DuckDB over views of the run's rows, staged in schemas: the query layer's views in
+    :data:`RAW_SCHEMA`; in :data:`KEPT_SCHEMA` the rank-local rows minus those of ``exempt``
+    (view → SQL true for its rows that are not anomalies, or None: GradScaler's skipped steps); and in the
+    current schema, the views the queries read: with ``full``, the full-tensor rows of each
+    view with a layout (:func:`~trainprobe.tools.query_full.full_view_sql`, a NaN/inf copy of a
+    replicated piece preferred), else the kept rows. :meth:`fetch_local` reads the kept
+    rank-local rows instead (which rank held what)."""
+
+    def __init__(
+        self, root: Path, files: Sequence[RunFile], con: Any, *, full: bool, exempt: Callable[[str], str | None]
+    ) -> None:
+        self.full, self.exempt = full, exempt
+        for schema in (RAW_SCHEMA, KEPT_SCHEMA):
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        super().__init__(root, files, con)
+
+    def _connect(self, steps: tuple[int, int] | None) -> None:
+        from trainprobe.tools.query_full import FULL_COMMENT, FULL_SUFFIX, full_view_sql
+        from trainprobe.tools.sql_names import ident
+
+        self.con.execute(f"USE {RAW_SCHEMA}")
+        try:
+            super()._connect(steps)
+        finally:
+            self.con.execute("USE main")
+        fulls = {v.removesuffix(FULL_SUFFIX) for v, c in self._views_of(RAW_SCHEMA) if c == FULL_COMMENT}
+        for view, comment in self._views_of(RAW_SCHEMA):
+            if comment == FULL_COMMENT:
+                continue
+            columns = self._columns_of(RAW_SCHEMA, view)
+            left_out = self.exempt(view)
+            where = f" WHERE NOT coalesce({left_out}, FALSE)" if left_out else ""
+            kept = f"{KEPT_SCHEMA}.{ident(view)}"
+            self.con.execute(f"CREATE OR REPLACE VIEW {kept} AS SELECT * FROM {RAW_SCHEMA}.{ident(view)}{where}")
+            shown = f"SELECT * FROM {kept}"
+            if self.full and view in fulls:
+                merged = full_view_sql(view, columns, RAW_SCHEMA, source=kept, nonfinite_first=True)
+                shown = f"SELECT {', '.join(ident(c) for c in columns)} FROM ({merged})"
+            self.con.execute(f"CREATE OR REPLACE VIEW main.{ident(view)} AS {shown}")
+
+    def _views_of(self, schema: str) -> list[tuple[str, str | None]]:
+        return [
+            (str(v), c)
+            for v, c in self.con.execute(
+                "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal AND schema_name = ? ORDER BY 1",
+                [schema],
+            ).fetchall()
+        ]
+
+    def _columns_of(self, schema: str, view: str) -> list[str]:
+        return [
+            str(c)
+            for (c,) in self.con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? ORDER BY column_index",
+                [schema, view],
+            ).fetchall()
+        ]
+
+    def views(self) -> dict[str, list[str]]:
+        return {v: self._columns_of("main", v) for v, _ in self._views_of("main")}
+
+    def fetch_local(self, sql: str) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` over the kept rank-local views (each rank's rows as written, the
+        exempt ones left out)."""
+        self.con.execute(f"USE {KEPT_SCHEMA}")
+        try:
+            return self.fetch(sql)
+        finally:
+            self.con.execute("USE main")
+
+    def layout(self) -> list[tuple[Any, ...]]:
+        """Every rank's layout entries (:data:`~trainprobe.tools.query_full.LAYOUT_TABLE`), [] without."""
+        from trainprobe.tools.query_full import LAYOUT_TABLE
+
+        [(known,)] = self.con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?", [RAW_SCHEMA, LAYOUT_TABLE]
+        ).fetchall()
+        if not known:
+            return []
+        return list(self.con.execute(f"SELECT * FROM {RAW_SCHEMA}.{LAYOUT_TABLE}").fetchall())
 
 
 class SparkEngine:

@@ -125,6 +125,49 @@ def spike_rows_sql(
     return "\nUNION ALL\n".join(parts)
 
 
+BACKWARD_ROWS: dict[str, str] = {"module": "scope = 'backward'", "weight_grad": "TRUE", "cc": "TRUE"}
+"""Per V2 view, SQL true for its rows computed from the (scaled) backward pass; V1 tables by
+their phase (:mod:`trainprobe.tools.execution_order`)."""
+
+
+def backward_rows_sql(view: str) -> str | None:
+    """SQL true for the rows of ``view`` that the backward pass computed (the ones a loss scale
+    multiplies: activation and weight gradients, the collectives that reduce them), None for a
+    view with none (``param``, ``optimizer``, V1 ``actv`` ...)."""
+    from trainprobe.tools.execution_order import BACKWARD, OTHER_TABLE, PHASE_OF_SUFFIX
+
+    if view in BACKWARD_ROWS:
+        return BACKWARD_ROWS[view]
+    if view == OTHER_TABLE:
+        return "NOT suffix(name, '.mg_direction')"
+    return "TRUE" if PHASE_OF_SUFFIX.get(view) == BACKWARD else None
+
+
+def exempt_sql(view: str, skipped: Mapping[int, Sequence[int]]) -> str | None:
+    """SQL true for the rows of ``view`` that GradScaler's skipped steps explain: backward rows
+    (:func:`backward_rows_sql`) of a (rank, step) in ``skipped`` (rank → steps); None when
+    there are none."""
+    backward = backward_rows_sql(view)
+    if backward is None or not skipped:
+        return None
+    ranks = []
+    for rank, steps in sorted(skipped.items()):
+        spans = " OR ".join(f"step = {a}" if a == b else f"step BETWEEN {a} AND {b}" for a, b in _runs(steps))
+        ranks.append(f"(rank = {int(rank)} AND ({spans}))")
+    return f"(({' OR '.join(ranks)}) AND {backward})"
+
+
+def _runs(steps: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted steps as (first, last) runs of consecutive steps."""
+    out: list[list[int]] = []
+    for step in sorted({int(s) for s in steps}):
+        if out and step == out[-1][1] + 1:
+            out[-1][1] = step
+        else:
+            out.append([step, step])
+    return [(a, b) for a, b in out]
+
+
 def first_spikes_sql(spikes: str, steps: int, limit: int) -> str:
     """From the table ``spikes`` (rows of :func:`spike_rows_sql`): the first spike of each
     (table, rank, step, micro_step, scope, vpp_stage) group, in its ``steps`` first steps with a

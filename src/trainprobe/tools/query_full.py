@@ -43,7 +43,7 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import V2_RANK
 from trainprobe.engine.safe_files import bounded_int
 from trainprobe.engine.tensor_layout import KINDS, LAYOUT_FILE, RANK_LOCAL
-from trainprobe.tools.query_sql import ops_of
+from trainprobe.tools.query_sql import nonfinite_sql, ops_of
 from trainprobe.tools.sql_names import ident, text
 
 LAYOUT_TABLE = "tensor_layout"
@@ -142,9 +142,14 @@ def _merge(op: str) -> str:
     return "CAST(NULL AS DOUBLE)"
 
 
-def full_view_sql(view: str, columns: Sequence[str], schema: str = "main") -> str:
+def full_view_sql(
+    view: str, columns: Sequence[str], schema: str = "main", *, source: str | None = None, nonfinite_first: bool = False
+) -> str:
     """The SELECT of ``<view>_full`` over view ``view`` (its ``columns``) and :data:`LAYOUT_TABLE`,
-    both of ``schema``."""
+    both of ``schema``; ``source``: another relation with ``view``'s rows to read instead (SQL,
+    e.g. ``"kept.weight_grad"``). ``nonfinite_first``: of the copies of one piece (replicas), the
+    one kept is a copy holding a NaN/inf where one does (else the least rank's), so that a NaN on
+    one replica is not hidden by a finite copy (``trainprobe diagnose``)."""
     ops = [c for c in ops_of(columns) if c not in ("shape", "dtype")]
     keys = "step, micro_step, vpp_stage, name, scope"
     merged_ops = ", ".join(f"{_merge(o)} AS {ident(o)}" for o in ops)
@@ -157,13 +162,14 @@ def full_view_sql(view: str, columns: Sequence[str], schema: str = "main") -> st
         f"SELECT v.*, coalesce(s.kind, a.kind) AS l_kind, coalesce(s.numel, a.numel) AS numel, "
         f"coalesce(s.piece, a.piece, 'rank:' || CAST(v.rank AS VARCHAR)) AS piece, "
         f"coalesce(s.global_numel, a.global_numel) AS global_numel "
-        f"FROM {ident(schema)}.{ident(view)} v "
+        f"FROM {source or ident(schema) + '.' + ident(view)} v "
         f"LEFT JOIN ({layout}) s ON s.rank = v.rank AND s.name = v.name AND s.scope = v.scope "
         f"LEFT JOIN ({layout}) a ON a.rank = v.rank AND a.name = v.name AND a.scope IS NULL"
     )
     mergeable = f"l_kind IS NOT NULL AND l_kind NOT IN ({text(RANK_LOCAL)}, 'partial')"
+    first = f"CASE WHEN {nonfinite_sql(ops)} THEN 0 ELSE 1 END, " if nonfinite_first and ops else ""
     distinct = (
-        f"SELECT *, row_number() OVER (PARTITION BY {keys}, piece ORDER BY rank) AS copy "
+        f"SELECT *, row_number() OVER (PARTITION BY {keys}, piece ORDER BY {first}rank) AS copy "
         f"FROM rows WHERE {mergeable}"
     )
     merged = (

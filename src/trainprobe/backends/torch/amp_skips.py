@@ -7,8 +7,10 @@ and its backward-end rows would be lost. While a monitor listens (:func:`watch_s
 ``GradScaler.step`` is wrapped at class level (``torch.amp.GradScaler`` and any subclass or older
 class defining its own ``step``); when it returns without the watched optimizer having stepped,
 the listener's callback ends the step, so the skipped iteration keeps its own step number and its
-rows (the gradients that held the inf) are written. The last listener to leave restores the
-exact originals.
+rows (the gradients that held the inf) are written. Before the callback runs, the listener's
+``last_scale`` holds the scaler's scale that overflowed (read on skipped steps only: the scaler
+has synchronised with the device for its inf check already), so that the monitor can label the
+step (:mod:`trainprobe.engine.skip_log`). The last listener to leave restores the exact originals.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class SkipWatch:
         self._watched = optimizer
         self.on_skip = on_skip
         self.steps = 0
+        self.last_scale: float | None = None
         self._hook = optimizer.register_step_post_hook(self._count)
 
     @property
@@ -104,6 +107,7 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         for watch, steps in zip(watching, before):
             if watch.steps == steps:
                 try:
+                    watch.last_scale = _scale_of(scaler)
                     watch.on_skip()
                 except Exception as exc:  # noqa: BLE001 - never raise into training
                     error_once(f"amp-skip-{id(watch)}", f"trainprobe: ending a skipped step failed: {exc!r}")
@@ -111,6 +115,14 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
     functools.update_wrapper(step, original)  # name, doc, __wrapped__
     return step
+
+
+def _scale_of(scaler: Any) -> float | None:
+    """The scaler's current scale (before its ``update()``), or None when it cannot be read."""
+    try:
+        return float(scaler.get_scale())
+    except Exception:  # noqa: BLE001 - a scaler of another kind: the skip is still labelled
+        return None
 
 
 def _watching(optimizer: Any) -> list[SkipWatch]:

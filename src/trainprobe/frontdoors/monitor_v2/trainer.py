@@ -16,7 +16,7 @@ from typing import Any
 from trainprobe.backends import backend_for
 from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.folder_lock import FolderLock
+from trainprobe.engine.folder_lock import FolderLock, move_aside
 from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import CC_LOG_FILE, V2_MONITORS, v2_file_name, v2_rank_folder
 from trainprobe.engine.log import logger, warn_once
@@ -34,10 +34,10 @@ from trainprobe.engine.sinks.earlier_runs import (
     keep_rows_before,
     open_windows,
     overwrite_requested,
-    refuse_earlier_run,
     window_files,
 )
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
+from trainprobe.engine.skip_log import SKIP_FILE, SkipLog, logged_watcher
 from trainprobe.engine.tensor_layout import LAYOUT_FILE, LayoutFile
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
 
@@ -213,8 +213,9 @@ class TrainerMonitorV2:
             keep_before = 0
         elif resumed:
             keep_before = self._clock.step
-        else:
-            raise refuse_earlier_run(rank_dir, files, left_open)
+        else:  # a new run: the earlier one is kept whole, moved aside (engine.folder_lock.move_aside)
+            move_aside(rank_dir, "output_dir")
+            return
         try:
             dropped = keep_rows_before(drop_merged_step_files(files), keep_before, v2_file_name)
             for stale in open_windows(rank_dir, V2_MONITORS):  # a killed run's open windows: never whole
@@ -275,7 +276,9 @@ class TrainerMonitorV2:
             optimizer=opt,
             patch_step=patch,
             pre_step_hook=pre_step_hook,
-            skip_watch=self._backend.watch_skipped_steps,
+            skip_watch=logged_watcher(  # GradScaler's skipped steps labelled (engine/skip_log.py)
+                self._backend.watch_skipped_steps, SkipLog(rank_dir / SKIP_FILE, clock.step), lambda: clock.step
+            ),
         )
 
     def _describe_layouts(

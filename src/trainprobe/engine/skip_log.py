@@ -1,0 +1,123 @@
+"""``amp_skips.jsonl``: the steps a loss scaler skipped, one file per rank beside its data files.
+
+With fp16 and ``torch.amp.GradScaler`` the scaler calibrates its scale by overflowing: a step
+whose scaled gradients hold inf/NaN is *skipped* (``optimizer.step()`` is not called, the scale
+is lowered). Those rows carry inf on purpose; ``trainprobe diagnose`` and ``report`` read this
+file to name such steps "skipped by GradScaler" instead of calling their inf an anomaly.
+
+Format: JSON Lines, one object per skipped step, appended when the scaler skips::
+
+    {"step": 0, "scale": 1048576.0}
+    {"step": 1, "scale": 524288.0}
+
+``step`` is the monitor's step (the rows' ``step``), ``scale`` the scale that overflowed (null
+when it could not be read). Each line is written by one ``write()`` call on a file opened for
+appending, so a process killed at any point leaves whole lines only (a reader ignores a last
+line without its newline). A run started again at step ``s`` (resumed, or overwriting) first
+drops the lines at or after ``s``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainprobe.engine.log import warn_once
+
+SKIP_FILE = "amp_skips.jsonl"
+MAX_SKIP_BYTES = 64 << 20
+"""A skip file larger than this is read only up to here (a skip line is ~40 bytes)."""
+
+
+class SkipLog:
+    """The skip file of one rank folder (see the module docstring). A failed write is logged
+    once and turns the log off; training and the monitor's rows go on."""
+
+    def __init__(self, path: Path, first_step: int) -> None:
+        """Open ``path`` for appending; lines of an earlier run at or after ``first_step`` are dropped."""
+        self.path = path
+        self.enabled = True
+        try:
+            earlier = read_skips(path) if path.exists() else []
+            kept = [s for s in earlier if s[0] < first_step]
+            torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+            if len(kept) < len(earlier) or torn:  # a torn last line would glue onto the next one
+                from trainprobe.engine.sinks.files import write_atomically
+
+                write_atomically(path, "".join(_line(step, scale) for step, scale in kept))
+        except OSError as exc:
+            self._fail(exc)
+
+    def record(self, step: int, scale: float | None) -> None:
+        """Append the line of a skipped ``step`` (one ``write()``: a kill leaves it whole or absent)."""
+        if not self.enabled:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                os.write(fd, _line(step, scale).encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.enabled = False
+        warn_once(
+            f"skip-log:{self.path}",
+            f"trainprobe: {self.path}: GradScaler's skipped steps cannot be written ({exc}); "
+            "diagnose will report their inf as anomalies",
+        )
+
+
+def _line(step: int, scale: float | None) -> str:
+    shown = scale if scale is not None and math.isfinite(scale) else None
+    return json.dumps({"step": int(step), "scale": shown}) + "\n"
+
+
+def read_skips(path: Path) -> list[tuple[int, float | None]]:
+    """``(step, scale)`` of each whole line of the skip file ``path``, in file order; lines that
+    are not such objects (and a torn last line) are left out. A missing file: []."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_SKIP_BYTES)
+    except FileNotFoundError:
+        return []
+    out = []
+    for raw in data.split(b"\n")[:-1]:  # the part after the last newline is torn (or empty)
+        try:
+            entry = json.loads(raw)
+            step, scale = entry["step"], entry.get("scale")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            out.append((step, float(scale) if isinstance(scale, (int, float)) else None))
+    return out
+
+
+def logged_watcher(
+    watch: Callable[[Any, Callable[[], None]], Any], log: SkipLog, current_step: Callable[[], int]
+) -> Callable[[Any, Callable[[], None]], Any]:
+    """A skip watcher (``watch(optimizer, on_skip)``, the backend's ``watch_skipped_steps``)
+    that also appends each skipped step (``current_step()`` when the skip is seen, before
+    ``on_skip`` ends the step) and the scaler's scale (the handle's ``last_scale`` where it
+    has one) to ``log``."""
+
+    def watching(optimizer: Any, on_skip: Callable[[], None]) -> Any:
+        handle: list[Any] = []
+
+        def skipped() -> None:
+            try:
+                scale = getattr(handle[0], "last_scale", None) if handle else None
+                log.record(current_step(), scale)
+            finally:
+                on_skip()
+
+        handle.append(watch(optimizer, skipped))
+        return handle[0]
+
+    return watching
