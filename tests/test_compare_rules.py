@@ -10,6 +10,7 @@ import pickle
 import re
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +257,75 @@ def test_a_statistic_that_is_not_a_number_is_an_error_naming_the_file_and_key(tm
         assert f"{side} {target / 'dump.json'}: Max is not a number ({bad!r}" in row["Err_message"]
         assert row["Max diff"] == "N/A" and row["Min diff"] == "0.0"
         assert "not a number" not in rows["Torch.relu.0.forward.output.0"]["Err_message"]
+
+
+# -- drop-in: bool tensors and md5 of non-tensor arguments (issue #35.5, #35.6) -------------------
+def bool_entry_reference(t: torch.Tensor) -> dict[str, Any]:
+    """A bool tensor as the reference dumps it: Max = any, Min = all, no Mean or Norm."""
+    return {"type": "torch.Tensor", "dtype": "torch.bool", "shape": list(t.shape), "Max": bool(t.any()),
+            "Min": bool(t.all()), "Mean": None, "Norm": None, "requires_grad": False}  # fmt: skip
+
+
+def test_bool_tensors_of_a_reference_dump_pass_and_compare_with_trainprobes(tmp_path: Path) -> None:
+    mask = torch.tensor([True, False, True])
+    x = torch.arange(3.0)
+
+    def record(mask_entry: dict[str, Any]) -> dict[str, Any]:
+        return {"Torch.where.0.forward": {"input_args": [mask_entry, stats_entry(x), stats_entry(x)],
+                                          "input_kwargs": {}, "output": [stats_entry(x)]}}  # fmt: skip
+
+    ref = write_dump(tmp_path / "ref" / "step0" / "rank0", record(bool_entry_reference(mask)))
+    ours = write_dump(tmp_path / "tp" / "step0" / "rank0", record(stats_entry(mask)))  # float64 summary
+    flipped = write_dump(tmp_path / "flip" / "step0" / "rank0", record(bool_entry_reference(~mask & False)))
+    name = "Torch.where.0.forward.input.0"
+    for target, golden in ((ref, ref), (ours, ref), (ref, ours)):
+        [result] = compare_dumps(target, golden, tmp_path / f"out_{target.parts[-3]}_{golden.parts[-3]}")
+        row = table(result.output)[name]
+        assert (row["Result"], row["Err_message"]) == ("pass", ""), row
+        assert row["Max diff"] == "0.0" and row["Min diff"] == "0.0"
+        assert result.first is None
+    [result] = compare_dumps(flipped, ref, tmp_path / "out_flip")  # no element true any more: any() changed
+    row = table(result.output)[name]
+    assert row["Result"] == "warning" and "Max magnitude difference" in row["Err_message"]
+    assert result.first is not None and result.first.name == name
+
+
+def test_a_true_statistic_of_a_float_tensor_is_still_damage(tmp_path: Path) -> None:
+    entry = {**stats_entry(torch.arange(3.0)), "Max": True}
+    target = write_dump(tmp_path / "t", {"Torch.relu.0.forward": {"input_args": [entry]}})
+    [result] = compare_dumps(target, target, tmp_path / "out")
+    assert "Max is not a number (True)" in table(result.output)["Torch.relu.0.forward.input.0"]["Err_message"]
+
+
+def test_md5_mode_finds_a_changed_scalar_argument_as_the_reference_does(tmp_path: Path) -> None:
+    x = torch.arange(4.0)
+
+    def record(slope: float) -> dict[str, Any]:
+        tensor = {**stats_entry(x), "md5": "0000abcd"}
+        return {"Functional.leaky_relu.0.forward": {
+            "input_args": [tensor, {"type": "float", "value": slope}, None],
+            "input_kwargs": {"inplace": {"type": "bool", "value": False}}, "output": [tensor]}}  # fmt: skip
+
+    target = write_dump(tmp_path / "t" / "step0" / "rank0", record(0.0447))
+    golden = write_dump(tmp_path / "g" / "step0" / "rank0", record(0.0316))
+    [result] = compare_dumps(target.parent, golden.parent, tmp_path / "out")
+    assert result.mode == "md5"
+    rows = table(result.output)
+    name = "Functional.leaky_relu.0.forward.input"
+    slope = rows[f"{name}.1"]
+    # the CRC-32 of the value's text; the reference's own compare shows 1b97d47e vs 14a80628
+    assert (slope["NPU MD5"], slope["BENCH MD5"]) == ("1b97d47e", "14a80628")
+    assert slope["Result"] == "error" and slope["Err_message"] == "checksums differ"
+    assert rows[f"{name}.inplace"]["NPU MD5"] == f"{zlib.crc32(b'False'):08x}"
+    assert rows[f"{name}.inplace"]["Result"] == "pass"
+    assert (rows[f"{name}.2"]["NPU MD5"], rows[f"{name}.2"]["Result"]) == ("N/A", "pass")  # None
+    assert rows[f"{name}.0"]["Result"] == "pass"
+    assert result.first is not None and result.first.name == f"{name}.1"
+
+
+def test_scalar_checksums_alone_do_not_make_a_statistics_dump_md5(tmp_path: Path) -> None:
+    data = {"Functional.leaky_relu.0.forward": {"input_args": [stats_entry(torch.arange(4.0)),
+                                                               {"type": "float", "value": 0.1}]}}  # fmt: skip
+    target = write_dump(tmp_path / "t", data)
+    [result] = compare_dumps(target, target, tmp_path / "out")
+    assert result.mode == "statistics"

@@ -7,6 +7,7 @@ import csv
 import json
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -52,11 +53,17 @@ def test_compare_finds_the_perturbed_op_first(tmp_path: Path, task: str, summary
     assert result.mode == mode
     assert result.first is not None and result.first.record == PERTURBED
     # the perturbation is the negative slope, a float argument: its own row (input.1, as the
-    # reference lists non-tensor arguments) is the first divergence where values are compared
-    assert result.first.name == (f"{PERTURBED}.output.0" if mode == "md5" else f"{PERTURBED}.input.1")
+    # reference lists non-tensor arguments) is the first divergence, in md5 mode too (the
+    # checksum of a non-tensor is the CRC-32 of its text, the reference's)
+    assert result.first.name == f"{PERTURBED}.input.1"
     header, rows = read(result.output)
     assert header == COLUMNS[mode]
     by_name = {r["NPU Name"]: r for r in rows}
+    if mode == "md5":
+        slope = by_name[f"{PERTURBED}.input.1"]
+        crc = {v: f"{zlib.crc32(str(v).encode()):08x}" for v in (0.2, 0.01)}
+        assert (slope["NPU MD5"], slope["BENCH MD5"], slope["Result"]) == (crc[0.2], crc[0.01], "error")
+        assert slope["Err_message"] == "checksums differ"
     assert by_name[f"{PERTURBED}.input.0"]["Result"] == "pass"
     assert by_name[f"{PERTURBED}.output.0"]["Result"] in ("warning", "error")
     assert by_name[f"{PERTURBED}.output.0"]["Err_message"]

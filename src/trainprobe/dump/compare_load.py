@@ -20,6 +20,7 @@ import json
 import os
 import re
 import stat
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,8 @@ class RankDump:
 
     @property
     def has_md5(self) -> bool:
-        """Whether its entries carry checksums."""
-        return any("md5" in item.entry for item in self.items)
+        """Whether its tensors carry checksums (a dump written with summary_mode md5 or xor)."""
+        return any("md5" in item.entry for item in self.items if is_tensor(item.entry))
 
 
 def kind_of(path: Path) -> str:
@@ -269,14 +270,17 @@ def flatten_record(record: str, body: Any) -> list[Item]:
 
 def scalar_entry(value: Any) -> dict[str, Any]:
     """The entry of a non-tensor value, shaped like a tensor's: ``dtype`` the value's type
-    (``"<class 'float'>"``, as the reference writes it), ``shape`` ``[]``, and the value as Max,
-    Min, Mean and Norm. ``value`` is a dump entry (``{"type": "float", "value": 0.1}``) or
-    ``None``."""
+    (``"<class 'float'>"``, as the reference writes it), ``shape`` ``[]``, the value as Max,
+    Min, Mean and Norm, and as ``md5`` the CRC-32 of the value's text (``str(0.1)``; 8 hex
+    digits, the reference's checksum of a non-tensor), so that md5 mode finds a changed
+    argument. ``value`` is a dump entry (``{"type": "float", "value": 0.1}``) or ``None`` (no
+    checksum: both sides ``N/A``)."""
     if value is None:
         return {"type": None, "dtype": None, "shape": None}
     inner = value.get("value")
     entry: dict[str, Any] = {"type": value.get("type"), "dtype": str(type(inner)), "shape": []}
     entry.update(dict.fromkeys(("Max", "Min", "Mean", "Norm"), inner if not isinstance(inner, (list, dict)) else None))
+    entry["md5"] = f"{zlib.crc32(str(value.get('value', '')).encode()) & 0xFFFFFFFF:08x}"
     return entry
 
 

@@ -18,7 +18,11 @@ fail a row:
   (Cosine < 0.99 with MaxAbsErr > 0.001, or Cosine < 0.9, or MaxAbsErr > 1); ``pass`` otherwise.
 * md5: ``pass`` when the checksums are equal, ``error`` otherwise.
 * values that are not tensors (an int, a float, a bool, ``None``): their value stands in for the
-  four statistics; ``warning`` when two non-numeric values differ.
+  four statistics; ``warning`` when two non-numeric values differ. In md5 mode their checksum
+  is the CRC-32 of the value's text, so a changed argument is an ``error`` there.
+* bool tensors: the reference writes ``Max`` (any) and ``Min`` (all) as ``true``/``false`` and
+  no Mean or Norm; these read as 1.0 / 0.0 (:func:`stat_value`), so they compare with each
+  other and with trainprobe's float64 summary of the same tensor.
 * a tensor statistic in a dump file that is not a number (``"Max": "abc"``, ``true``, a list;
   ``null`` and the texts ``"nan"``/``"inf"``/``"-inf"`` are fine): ``error`` naming the file and
   the key (:func:`check_numbers`), in statistics and tensor mode; the columns of that statistic
@@ -94,15 +98,29 @@ def relative(a: float | None, b: float | None) -> float | None:
     return abs(a - b) / abs(b)
 
 
+BOOL_DTYPE = "torch.bool"
+
+
+def stat_value(entry: dict[str, Any], key: str) -> float | None:
+    """Statistic ``key`` of ``entry`` as a float (:func:`as_float`); a bool tensor's ``true`` /
+    ``false`` (the reference writes ``Max`` = any, ``Min`` = all, ``Mean``/``Norm`` null) is
+    1.0 / 0.0, the value trainprobe's float64 summary gives."""
+    value = entry.get(key)
+    if isinstance(value, bool) and entry.get("dtype") == BOOL_DTYPE:
+        return float(value)
+    return as_float(value)
+
+
 def check_numbers(entry: dict[str, Any], where: str, verdict: Verdict) -> None:
     """Flag, as an ``error`` naming ``where`` (the dump file) and the key, a tensor statistic that
     is neither a number, ``null``, nor a number's text (``"nan"``, ``"inf"``, ``"-inf"``,
-    ``"1.5"``): ``"Max": "abc"`` or ``"Max": true`` is a damaged dump, never a silent ``N/A``."""
+    ``"1.5"``): ``"Max": "abc"``, or ``"Max": true`` of a tensor that is not a bool tensor, is a
+    damaged dump, never a silent ``N/A``."""
     if entry.get("type") != "torch.Tensor":
         return
     for key in STAT_KEYS:
         value = entry.get(key)
-        if value is not None and as_float(value) is None:
+        if value is not None and stat_value(entry, key) is None:
             shown = repr(value)
             shown = shown if len(shown) <= 40 else shown[:37] + "..."
             verdict.flag("error", f"{where}: {key} is not a number ({shown})")
@@ -137,7 +155,7 @@ def statistics_values(t: dict[str, Any], g: dict[str, Any], verdict: Verdict) ->
     diffs: list[Any] = []
     rels: list[Any] = []
     for key in STAT_KEYS:
-        a, b = as_float(t.get(key)), as_float(g.get(key))
+        a, b = stat_value(t, key), stat_value(g, key)
         if a is None or b is None:
             diffs.append("N/A")
             rels.append("N/A")
