@@ -716,8 +716,10 @@ class Stacked(nn.Module):
 
 
 def test_squash_name_keeps_different_objects_apart(tmp_path, monkeypatch, caplog):
-    """Names that squashing would merge keep their full names (one warning per kind); other
-    names are still squashed, and targets still match the squashed names."""
+    """Parameters that squashing would merge: the first keeps the squashed name, the later
+    ones their full names, as the reference names them; modules that would merge keep their full
+    names (one warning per kind); other names are still squashed, and targets still match the
+    squashed names."""
     forget_warnings(monkeypatch)
     model = Stacked()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -731,7 +733,7 @@ def test_squash_name_keeps_different_objects_apart(tmp_path, monkeypatch, caplog
         opt.step()
         opt.zero_grad()
     mon.stop()
-    norms = [f"0:layers.{i}.norm.{p}" for i in (0, 1) for p in ("weight", "bias")]
+    norms = ["0:norm.weight", "0:norm.bias", "0:layers.1.norm.weight", "0:layers.1.norm.bias"]
     assert set(reduced) == {*norms, "0:final_ln.weight", "0:final_ln.bias"}
     assert reduced["0:layers.1.norm.weight"]["norm"] == pytest.approx(expected)
     folder = run_dir(tmp_path)
@@ -743,7 +745,7 @@ def test_squash_name_keeps_different_objects_apart(tmp_path, monkeypatch, caplog
         "0:final_ln.output",
     }
     assert caplog.text.count("squash_name would give different parameters the same name") == 1
-    assert "these keep their full names: 0:layers.0.norm.weight, 0:layers.0.norm.bias" in caplog.text
+    assert "these keep their full names: 0:layers.1.norm.weight, 0:layers.1.norm.bias" in caplog.text
     assert caplog.text.count("squash_name would give different modules the same name") == 1
 
 

@@ -10,11 +10,10 @@ file opened in append mode, so a process killed at any moment leaves whole rows 
 file is opened (and its folder checked, made again when removed) on the training thread, by
 :meth:`CsvSink.prepare`, when the step that starts the window hands its rows over, so a folder
 removed or replaced after a step never has that step's file opened later behind the training
-loop's back; it is named from the schedule's prediction of its last step; when training
-stops inside a window (``close(reached=...)``) the file is renamed to the last step actually
-reached. When collection ends by the schedule (``collect_times``, ``stop_step``) the last file
-keeps its window's full name: ``close()`` without ``reached``. With ``append`` an
-existing file is continued (no second header) instead of being truncated.
+loop's back; it is named by its whole window (``step_count_per_record`` steps), as the
+reference names it, also when training or collection ends inside the window (steps 0-4 trained
+with 2 steps a window: ``*_4-5.csv`` holds step 4). With ``append`` an existing file is
+continued (no second header) instead of being truncated.
 """
 
 from __future__ import annotations
@@ -361,7 +360,7 @@ class CsvSink:
         with self._lock:
             before = self._writing.get(table)
             if before is not None and before != first and (table, before) in self._open:
-                self._close_file((table, before), None)
+                self._close_file((table, before))
             self._writing[table] = first
             handle = self._open.get((table, first))
             if handle is not None:
@@ -394,16 +393,13 @@ class CsvSink:
                 raise
         return _OpenFile(fd, path, first, last)
 
-    def _close_file(self, key: tuple[str, int], reached: int | None) -> None:
+    def _close_file(self, key: tuple[str, int]) -> None:
         handle = self._open.pop(key)
         os.close(handle.fd)
-        last = self.schedule.file_end(handle.first, handle.last, reached)
-        if last != handle.last:
-            handle.path.rename(handle.path.with_name(self.name_file(key[0], handle.first, last)))
 
     def close(self, reached: int | None = None) -> None:
-        """Close every file; a window cut short at step ``reached`` (training stopped there) is
-        renamed to end there; None (the schedule finished): every file keeps its name."""
+        """Close every file. Each keeps the name of its whole window, wherever training stopped
+        (``reached``, the last step trained, changes no name: the reference's cut)."""
         with self._lock:
             for key in list(self._open):
-                self._close_file(key, reached)
+                self._close_file(key)

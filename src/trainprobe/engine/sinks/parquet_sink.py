@@ -15,9 +15,9 @@ own named as a one-step window of the same layout (``weight_grad_step15-15.parqu
 appears. The window's own file is written alongside under ``.<window name>.partial``: each
 finished step's rows go into it as soon as a full row group (:data:`ROW_GROUP_ROWS` rows) has
 gathered, so memory holds less than one row group per table. When the window closes (the first
-row of a later window, or :meth:`ParquetSink.close`, named then from the last step reached, as the
-CSV sink renames a window cut short) the rest and the footer are written, the file is renamed to
-the window's name, and then its step files are removed. A window of one step (the default
+row of a later window, or :meth:`ParquetSink.close`) the rest and the footer are written, the file
+is renamed to the window's name (its whole window, as the CSV sink names it, also for a window
+that training or collection ended early), and then its step files are removed. A window of one step (the default
 ``step_count_per_record``) is its step file: nothing more is written. So a run killed at any
 moment, ``kill -9`` included, loses only the rows the writer had not written yet (the step in
 progress and the batches queued behind it, as with CSV): every earlier step of its open window is
@@ -212,13 +212,13 @@ class ParquetSink:
         self.rows_written[batch.monitor] = self.rows_written.get(batch.monitor, 0) + len(batch)
 
     def close(self, reached: int | None = None) -> None:
-        """Close every open window (merge its step files into the window's file); a window cut
-        short at step ``reached`` is named to end there. Every window is tried; the first fault
+        """Close every open window (merge its step files into the window's file, named by its whole
+        window wherever training stopped: ``reached`` changes no name). Every window is tried; the first fault
         (an OSError naming the window's file, whose step files then stay) is raised at the end."""
         fault: BaseException | None = None
         for table in list(self._open):
             try:
-                self._finish(self._open[table], reached)
+                self._finish(self._open[table])
             except Exception as exc:  # noqa: BLE001 - the other windows are still closed
                 fault = fault or exc
         if fault is not None:
@@ -231,7 +231,7 @@ class ParquetSink:
         if current is not None and current.first == first:
             return current
         if current is not None:
-            self._finish(current, None)
+            self._finish(current)
         make_output_folder(self.rank_dir, self.field)  # removed during training: made again, or a fault
         window = _Window(table, first, last, self.layouts[table])
         if first != last:  # a one-step window's file is its step file, continued there
@@ -275,7 +275,7 @@ class ParquetSink:
         if len(window.parts) > 1:  # later batches of this step rewrite one table, not many
             window.parts = [whole]
 
-    def _finish(self, window: _Window, reached: int | None) -> None:
+    def _finish(self, window: _Window) -> None:
         """Complete ``window``'s file from its pieces, give it its name, remove the pieces (see
         the module doc)."""
         self._open.pop(window.table, None)
@@ -283,8 +283,7 @@ class ParquetSink:
         if window.table in self._failed or not pieces:
             self._discard(window)
             return
-        last = self.schedule.file_end(window.first, window.last, reached)
-        target = self.rank_dir / self.name_file(window.table, window.first, last)
+        target = self.rank_dir / self.name_file(window.table, window.first, window.last)
         if len(pieces) == 1 and pieces[0].path in (target, *self._ours):  # one step file: its name is enough
             self._discard(window)
             if pieces[0].path != target:

@@ -13,9 +13,11 @@ gives the row ``<module>.output_0`` (and no row for the ``None``); a tensor or a
 gives ``<module>.output``.
 
 With ``squash_name`` (the default) parameter and module names are shortened to their meaningful
-tail (:func:`squash_name`), except where that would give two different parameters (or two
-different modules) the same name: those keep their full names, with one warning listing them
-(:func:`display_names`). ``targets`` entries match the full or the shortened name, with or
+tail (:func:`squash_name`). Where that would give two different parameters the same name, the
+first in model order keeps the shortened name and the later ones their full names, as the
+reference names them (:func:`first_come_names`: ``blocks.0.norm1.weight`` → ``norm1.weight``,
+``blocks.1.norm1.weight`` stays); two different modules that would share a name both keep their
+full names (:func:`display_names`). Either is said in one warning listing the names kept full. ``targets`` entries match the full or the shortened name, with or
 without the ``<vpp_stage>:`` prefix. Activations are collected for every module with
 ``all_xy``, else for the modules ``targets`` names.
 """
@@ -162,6 +164,41 @@ def display_names(config: MonitorV1Config, names: Iterable[str]) -> DisplayNames
         kept += clashes
     order = {n: i for i, n in enumerate(full)}
     return DisplayNames(shown=shown, squashed=squashed, kept=tuple(sorted(kept, key=order.__getitem__)))
+
+
+def first_come_names(config: MonitorV1Config, names: Iterable[str], selected: Iterable[str]) -> DisplayNames:
+    """The written names of parameters ``names`` (full ``<vpp_stage>:<name>``, model order) as the
+    reference names them under ``squash_name``: going through the ``selected`` ones (those
+    monitored; the others are never written and get their squashed name) in order, each takes
+    its squashed name unless an earlier one has it, else its full name. Where that full name is
+    the squashed name an earlier parameter took (``layers.0.w`` after ``a.layers.0.w``), the
+    earlier one takes its full name instead, so different parameters never share a name.
+
+    Args:
+        config: gives ``squash_name``.
+        names: every parameter (all of the optimizer's, for ``targets`` matching).
+        selected: the monitored ones among ``names``.
+    """
+    full = list(dict.fromkeys(names))
+    squashed = {n: display_name(config, n) for n in full}
+    shown = dict(squashed)
+    owner: dict[str, str] = {}
+    kept: list[str] = []
+    for n in dict.fromkeys(selected):
+        name = squashed[n] if squashed[n] not in owner else n
+        earlier = owner.get(name)
+        if earlier is not None:  # its full name is what an earlier one was squashed to
+            shown[earlier] = owner[earlier] = earlier
+            kept.append(earlier)
+        elif name != squashed[n]:
+            kept.append(n)
+        owner[name] = n
+        shown[n] = name
+    written = [shown[n] for n in dict.fromkeys(selected)]
+    if len(set(written)) != len(written):  # a chain of such clashes: every clashing name full
+        return display_names(config, full)
+    order = {n: i for i, n in enumerate(full)}
+    return DisplayNames(shown=shown, squashed=squashed, kept=tuple(sorted(set(kept), key=order.__getitem__)))
 
 
 def with_roots(names: DisplayNames, roots: Iterable[str]) -> DisplayNames:

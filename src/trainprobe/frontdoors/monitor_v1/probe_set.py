@@ -8,7 +8,7 @@ histogram rows with ``format: tensorboard``), ``recording_l2_features`` → l2 p
 ``stack_info`` → stack probe. Module-level monitoring (xy, l2, stack_info) runs only on the
 ``module_ranks``. Parameters are those of the optimizer that ``targets`` selects, named with
 their ``<vpp_stage>:`` prefix (squashed with ``squash_name``, distinct names kept distinct: see
-:func:`~trainprobe.frontdoors.monitor_v1.naming.display_names`). A ``targets`` entry that names no module
+:func:`~trainprobe.frontdoors.monitor_v1.naming.first_come_names`). A ``targets`` entry that names no module
 or parameter of the model is reported once, with the closest names.
 """
 
@@ -34,7 +34,9 @@ from trainprobe.frontdoors.monitor_v1.l2 import L2Probe
 from trainprobe.frontdoors.monitor_v1.naming import (
     DisplayNames,
     V1Naming,
+    display_name,
     display_names,
+    first_come_names,
     param_targeted,
     unmatched_targets,
     with_roots,
@@ -44,9 +46,13 @@ from trainprobe.frontdoors.monitor_v1.struct import StackProbe
 
 
 def parameter_names(cfg: MonitorV1Config, attachment: Attachment) -> tuple[list[NamedParam], DisplayNames]:
-    """The optimizer's parameters (model order, full names) and their written names."""
+    """The optimizer's parameters (model order, full names) and their written names (squashed
+    names taken first come, first served among the monitored ones, as the reference names them:
+    :func:`~trainprobe.frontdoors.monitor_v1.naming.first_come_names`)."""
     every = attachment.view.optimizer_parameters(attachment.optimizer)
-    return every, display_names(cfg, [named.name for named in every])
+    names = [named.name for named in every]
+    selected = [n for n in names if any(param_targeted(cfg, form) for form in (n, display_name(cfg, n)))]
+    return every, first_come_names(cfg, names, selected)
 
 
 def module_names(cfg: MonitorV1Config, attachment: Attachment) -> DisplayNames:
