@@ -13,7 +13,6 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from conftest import rows_of  # noqa: E402
 from test_metrics_helpers import read_events, scalars, texts  # noqa: E402
-from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.integrations.lightning import TrainProbeCallback  # noqa: E402
 
 BATCH, ACCUM, STEPS = 4, 2, 3
@@ -216,13 +215,15 @@ def test_resumed_run_keeps_one_clock(tmp_path: Path) -> None:
             assert reduced[step][name] == pytest.approx(value, rel=1e-4), (step, name)
 
 
-def test_a_new_run_into_a_used_folder_is_refused(tmp_path: Path) -> None:
-    """A fresh ``fit`` (global step 0) is not a resumed run: Monitor V2 refuses the folder of an
-    earlier run instead of mixing with it."""
+def test_a_new_run_into_a_used_folder_keeps_the_earlier_one(tmp_path: Path) -> None:
+    """A fresh ``fit`` (global step 0) is not a resumed run: Monitor V2 moves the earlier run's
+    folder aside (``v2.1/rank_0``) instead of mixing with it."""
     v2 = {"output_dir": str(tmp_path / "v2"), "monitors": V2_GRADS}
     fit(tmp_path / "first", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)
-    with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
-        fit(tmp_path / "second", TrainProbeCallback(monitor_v2_config=v2), max_steps=1)
+    first = rows_of(tmp_path / "v2", "weight_grad")
+    fit(tmp_path / "second", TrainProbeCallback(monitor_v2_config=v2), max_steps=2)
+    assert rows_of(tmp_path / "v2.1", "weight_grad") == first
+    assert sorted({r["step"] for r in rows_of(tmp_path / "v2", "weight_grad")}) == ["1", "2"]
 
 
 def test_one_clock_when_the_optimizer_does_not_end_monitor_v2s_steps(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """A training-metrics run into folders an earlier or a concurrent run used (docs/training_metrics.md,
 "Re-running into the same folders"): a run from step 0 into a ``tensorboard_dir`` holding an earlier
-run's event files is refused unless asked to overwrite (or resuming); two live runs on one
-``dump_path`` are refused instead of interleaving ``training_state.jsonl``."""
+run's event files moves that run aside (``tb.1/rank_0``) unless asked to overwrite (or resuming);
+two live runs on one ``dump_path`` are refused instead of interleaving ``training_state.jsonl``."""
 
 from __future__ import annotations
 
@@ -44,26 +44,23 @@ def run(cfg: dict[str, Any], steps: int, **kwargs: Any) -> None:
             mon.step(loss=loss)
 
 
-def loss_steps(tmp_path: Path) -> list[int]:
+def loss_steps(tmp_path: Path, tb: str = "tb") -> list[int]:
     """The loss steps TensorBoard reads from every event file of rank 0, in order."""
-    return [e.step for e in read_events(tmp_path / "tb" / "rank_0").Scalars("loss")]
+    return [e.step for e in read_events(tmp_path / tb / "rank_0").Scalars("loss")]
 
 
-def state_steps(tmp_path: Path) -> list[int]:
-    lines = (tmp_path / "dump" / "rank_0" / "training_state.jsonl").read_text().splitlines()
+def state_steps(tmp_path: Path, dump: str = "dump") -> list[int]:
+    lines = (tmp_path / dump / "rank_0" / "training_state.jsonl").read_text().splitlines()
     return [json.loads(line)["step"] for line in lines]
 
 
-def test_a_second_run_from_step_0_into_one_tensorboard_dir_is_refused(tmp_path: Path) -> None:
+def test_a_second_run_from_step_0_into_one_tensorboard_dir_moves_the_first_aside(tmp_path: Path) -> None:
     run(config(tmp_path), 3)
-    model, opt = tiny_gpt()
-    with pytest.raises(ConfigError, match=r"tensorboard\.tensorboard_dir: .*rank_0' already holds the event files of an "
-                       r"earlier run \(events\.out\.tfevents\..*\); TensorBoard would show both runs as one .*"
-                       r"tensorboard\.overwrite: true .*TRAINPROBE_OVERWRITE=1.*initial_step=N"):  # fmt: skip
-        TrainingMetricsMonitor(config(tmp_path), model=model, optimizer=opt)
-    assert not model._forward_pre_hooks and not opt._optimizer_step_pre_hooks
-    assert loss_steps(tmp_path) == [1, 2, 3]  # TensorBoard still reads one run
-    assert state_steps(tmp_path) == [1, 2, 3]  # refused before anything was touched
+    run(config(tmp_path), 2)
+    assert loss_steps(tmp_path, "tb.1") == [1, 2, 3]  # TensorBoard reads each run as one
+    assert loss_steps(tmp_path) == [1, 2]
+    assert state_steps(tmp_path, "dump.1") == [1, 2, 3]
+    assert state_steps(tmp_path) == [1, 2]
 
 
 @pytest.mark.parametrize("how", ["argument", "config", "environment"])
@@ -94,10 +91,12 @@ def test_a_resumed_run_continues_without_overwrite(tmp_path: Path) -> None:
     assert state_steps(tmp_path) == [1, 2, 3, 4]
 
 
-def test_without_tensorboard_a_rerun_replaces_training_state_as_the_reference_clears_rank_x(tmp_path: Path) -> None:
+def test_without_tensorboard_a_rerun_starts_rank_x_empty_and_keeps_the_earlier(tmp_path: Path) -> None:
+    """The reference clears ``rank_x``: the new run's file is alone there too, the earlier one kept."""
     run(config(tmp_path, tensorboard=False), 3)
     run(config(tmp_path, tensorboard=False), 2)
     assert state_steps(tmp_path) == [1, 2]
+    assert state_steps(tmp_path, "dump.1") == [1, 2, 3]
 
 
 def test_bad_overwrite_values(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Re-using a Monitor V2 output folder: refused unless asked; overwrite; resume at a step."""
+"""Re-using a Monitor V2 output folder: the earlier run moved aside unless asked; overwrite; resume at a step."""
 
 from __future__ import annotations
 
@@ -48,13 +48,13 @@ def _names(rank_dir: Path, table: str) -> list[str]:
     )
 
 
-def test_second_run_into_the_same_folder_is_refused_and_leaves_the_first_alone(tmp_path: Path) -> None:
-    _train(TrainerMonitorV2(_config(tmp_path, 4)), 10)
-    rank_dir = tmp_path / "rank_0"
-    before = {p.name: p.read_bytes() for p in rank_dir.iterdir()}
-    with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
-        _train(TrainerMonitorV2(_config(tmp_path, 4)), 3)
-    assert {p.name: p.read_bytes() for p in rank_dir.iterdir()} == before
+def test_second_run_into_the_same_folder_moves_the_first_aside_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _train(TrainerMonitorV2(_config(out, 4)), 10)
+    before = {p.name: p.read_bytes() for p in (out / "rank_0").iterdir()}
+    _train(TrainerMonitorV2(_config(out, 4)), 3)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out.1" / "rank_0").iterdir()} == before
+    assert {r["step"] for r in _rows(out / "rank_0", "weight_grad")} == {"0", "1", "2"}
 
 
 def test_overwrite_replaces_only_the_earlier_runs_csv_files(tmp_path: Path) -> None:
@@ -134,25 +134,29 @@ def _demo(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
-def test_demo_twice_asks_for_overwrite(tmp_path: Path) -> None:
-    assert _demo(tmp_path).returncode == 0
-    again = _demo(tmp_path)
-    assert again.returncode == 2
-    assert "already holds an earlier run's CSV files; pass --overwrite" in again.stderr
+def test_demo_twice_keeps_the_first_and_overwrite_replaces(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    assert _demo(out).returncode == 0
+    again = _demo(out)
+    assert again.returncode == 0, again.stderr
+    assert f"{out}/rank_0 holds an earlier run; it was moved to {out}.1/rank_0" in again.stderr
     assert "Traceback" not in again.stderr
-    replaced = _demo(tmp_path, "--overwrite")
+    assert list((tmp_path / "demo.1" / "rank_0").glob("weight_grad_step0-*.csv"))
+    replaced = _demo(out, "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
-    assert "weight_grad_step0-1.csv" in replaced.stdout
+    assert "weight_grad_step0-" in replaced.stdout
+    assert not (tmp_path / "demo.2").exists()
 
 
-def test_resumed_false_refuses_even_when_counting_from_one(tmp_path: Path) -> None:
+def test_resumed_false_is_a_new_run_even_when_counting_from_one(tmp_path: Path) -> None:
     """The trainer callbacks number steps from 1: a fresh trainer run (resumed=False) into a
-    used folder is refused, not taken as a resume at step 1."""
-    _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
-    with pytest.raises(ConfigError, match="already holds the files of an earlier run"):
-        _train(TrainerMonitorV2(_config(tmp_path)), 3, initial_step=1, resumed=False)
-    _train(TrainerMonitorV2(_config(tmp_path)), 1, initial_step=3, resumed=True)
-    steps = sorted({int(r["step"]) for r in _rows(tmp_path / "rank_0", "weight_grad")})
+    used folder is a new run (the earlier one moved aside), not taken as a resume at step 1."""
+    out = tmp_path / "out"
+    _train(TrainerMonitorV2(_config(out)), 3, initial_step=1, resumed=False)
+    _train(TrainerMonitorV2(_config(out)), 2, initial_step=1, resumed=False)
+    assert sorted({int(r["step"]) for r in _rows(tmp_path / "out.1" / "rank_0", "weight_grad")}) == [1, 2, 3]
+    _train(TrainerMonitorV2(_config(out)), 1, initial_step=3, resumed=True)
+    steps = sorted({int(r["step"]) for r in _rows(out / "rank_0", "weight_grad")})
     assert steps == [1, 2, 3]
 
 
@@ -178,15 +182,15 @@ def _parquet_rows(rank_dir: Path, table: str) -> list[dict[str, object]]:
     return rows
 
 
-def test_a_second_parquet_run_into_the_same_folder_is_refused(tmp_path: Path) -> None:
+def test_a_second_parquet_run_into_the_same_folder_moves_the_first_aside(tmp_path: Path) -> None:
     pytest.importorskip("pyarrow")
-    _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 10)
-    rank_dir = tmp_path / "rank_0"
-    before = {p.name: p.read_bytes() for p in rank_dir.iterdir()}
+    out = tmp_path / "out"
+    _train(TrainerMonitorV2(_parquet_config(out, 4)), 10)
+    before = {p.name: p.read_bytes() for p in (out / "rank_0").iterdir()}
     assert any(name.endswith(".parquet") for name in before)
-    with pytest.raises(ConfigError, match=r"output_dir: .*rank_0.* already holds the files of an earlier run"):
-        _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 3)
-    assert {p.name: p.read_bytes() for p in rank_dir.iterdir()} == before
+    _train(TrainerMonitorV2(_parquet_config(out, 4)), 3)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out.1" / "rank_0").iterdir()} == before
+    assert {r["step"] for r in _parquet_rows(out / "rank_0", "weight_grad")} == {0, 1, 2}
 
 
 def test_overwrite_replaces_an_earlier_parquet_run(tmp_path: Path) -> None:

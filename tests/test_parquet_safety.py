@@ -402,7 +402,7 @@ def test_convert_on_a_full_disk_is_one_line_and_keeps_every_csv_file(
 def test_a_second_live_v2_run_is_refused_and_the_first_is_left_alone(tmp_path: Path, fmt: str) -> None:
     """Another process writes ``out`` (paused inside its first window): a run started there is
     refused, even with ``overwrite=True``; once the first ended, the folder is an earlier
-    run's (refused as such, for Parquet as for CSV)."""
+    run's (moved aside to ``out.1``, for Parquet as for CSV)."""
     out = tmp_path / "out"
     live = Live(tmp_path, "v2", _v2_config(out, fmt, 20), pause_at=5, total=8)
     try:
@@ -416,9 +416,9 @@ def test_a_second_live_v2_run_is_refused_and_the_first_is_left_alone(tmp_path: P
         live.kill()
         raise
     live.go()
-    with pytest.raises(ConfigError, match=r"rank_0' already holds the files of an earlier run"):
-        _train_v2(out, fmt, 20, 2)
-    _assert_each_step_once(out, range(8))
+    _train_v2(out, fmt, 20, 2)
+    _assert_each_step_once(tmp_path / "out.1", range(8))
+    _assert_each_step_once(out, range(2))
 
 
 def test_two_v2_monitors_of_one_process_on_one_folder(tmp_path: Path) -> None:
@@ -438,22 +438,24 @@ def test_two_v2_monitors_of_one_process_on_one_folder(tmp_path: Path) -> None:
 
 def test_a_folder_a_killed_parquet_run_left_is_used(tmp_path: Path) -> None:
     """Killed inside its first window (its step files, or only the hidden ``.partial`` it was
-    writing): the folder is an earlier run's, refused as for CSV; ``overwrite`` clears it."""
+    writing): the folder is an earlier run's, moved aside as for CSV; ``overwrite`` clears it."""
     out = tmp_path / "out"
     live = Live(tmp_path, "v2", _v2_config(out, "parquet", 20), pause_at=5, total=8)
     _wait_for(_written_up_to(live.folder, 4, 3))
     live.kill()
     rank = live.folder
     assert sorted(p.name for p in rank.glob("weight_grad_*")) == [f"weight_grad_step{s}-{s}.parquet" for s in range(5)]
-    with pytest.raises(ConfigError, match=r"rank_0' already holds the files of an earlier run \(module_step0-0"):
-        _train_v2(out, "parquet", 20, 2)
-    head = (rank / "weight_grad_step0-0.parquet").read_bytes()[:64]  # as kill -9 leaves a file being written
+    killed = {p.name: p.read_bytes() for p in rank.iterdir()}
+    _train_v2(out, "parquet", 20, 2)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out.1" / "rank_0").iterdir()} == killed
+    head = killed["weight_grad_step0-0.parquet"][:64]  # as kill -9 leaves a file being written
     for path in list(rank.iterdir()):
         if path.suffix == ".parquet":
             path.unlink()
     (rank / ".weight_grad_step0-0.parquet.partial").write_bytes(head)
-    with pytest.raises(ConfigError, match=r"already holds the files of an earlier run \(\.weight_grad_step0-0\.parquet\.partial"):
-        _train_v2(out, "parquet", 20, 2)
+    _train_v2(out, "parquet", 20, 2)
+    assert (tmp_path / "out.2" / "rank_0" / ".weight_grad_step0-0.parquet.partial").read_bytes() == head
+    (rank / ".weight_grad_step0-0.parquet.partial").write_bytes(head)
     _train_v2(out, "parquet", 20, 2, overwrite=True)
     assert sorted(p.name for p in rank.glob("*weight_grad*")) == ["weight_grad_step0-1.parquet"]
 

@@ -32,16 +32,11 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from trainprobe.demo.run import earlier_demo_files, print_summary, run_demo
+    from trainprobe.demo.run import print_summary, run_demo
 
     if args.steps < 1:
         raise ConfigError("--steps: must be >= 1")
     out = Path(args.out)
-    if not args.overwrite and earlier_demo_files(out):
-        raise ConfigError(
-            f"--out: {str(out)!r} already holds an earlier run's CSV files; pass --overwrite to replace them, "
-            "or choose another --out"
-        )
     # a demo of seconds does not amortise the statistics pass's compilation (seconds too): eager
     # kernels unless the user asked for the pass (see docs/monitor_v2.md, "Fused single pass")
     os.environ.setdefault("TRAINPROBE_FUSED_STATS", "off")

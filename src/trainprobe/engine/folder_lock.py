@@ -7,6 +7,10 @@ one, is refused with a :class:`ConfigError` naming the config field. The kernel 
 when its holder ends, however it ends (a ``SIGKILL`` included), so a dead run never blocks the
 next one: there is no stale lock to take over.
 
+A rerun into an earlier (ended) run's folder keeps that run: :func:`move_aside` renames the
+folder to :func:`~trainprobe.engine.folders.earlier_run_home` (``<output_dir>.1/rank_0``), makes
+it anew, empty, and moves this process's lock on it to the new folder, saying so in one line.
+
 A forked child (a DataLoader worker) does not keep the lock: its copy of the descriptor is
 closed right after the fork, so the folder is free once the run that took it closes, whatever
 its workers do.
@@ -34,7 +38,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.log import warn_once
+from trainprobe.engine.folders import earlier_run_home, make_output_folder
+from trainprobe.engine.log import logger, warn_once
 
 try:
     import fcntl
@@ -85,26 +90,43 @@ class FolderLock:
         except OSError as exc:
             warn_once(f"folder-lock-{folder}", f"trainprobe: {field}: cannot lock {str(folder)!r} ({exc}); not locked")
             return
-        try:
-            _lock_within(fd, fcntl.LOCK_EX, wait_s)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError(
-                f"{field}: {str(folder)!r} is being written by another run that is still going (in this or "
-                f"another process), or read by a trainprobe convert; two runs writing one folder interleave and "
-                f"lose lines. Give this run another {field.rsplit('.', 1)[-1]}, or close the other run first"
-            ) from None
-        except OSError as exc:
-            os.close(fd)
-            warn_once(f"folder-lock-{folder}", f"trainprobe: {field}: cannot lock {str(folder)!r} ({exc}); not locked")
-            return
-        self._fd = fd
-        _HELD.add(self)
+        self._fd = _exclusive(fd, folder, field, wait_s)
+        if self._fd is not None:
+            _HELD.add(self)
 
     @property
     def held(self) -> bool:
         """Whether the lock is held (False after :meth:`release`, or where locks are unavailable)."""
         return self._fd is not None
+
+    def holds(self, folder: Path) -> bool:
+        """Whether this lock is held on the folder now at ``folder`` (the same folder, not a name)."""
+        if self._fd is None:
+            return False
+        try:
+            mine, there = os.fstat(self._fd), os.stat(folder)
+        except OSError:
+            return False
+        return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+    def follow(self, folder: Path, field: str) -> None:
+        """Hold the lock on ``folder`` (a new folder at this lock's path) instead of the one held.
+
+        Raises:
+            ConfigError: another live run took ``folder`` first (as :class:`FolderLock`); the
+                old lock is dropped either way.
+        """
+        old, self._fd = self._fd, None
+        _HELD.discard(self)
+        try:
+            replacement = FolderLock(folder, field, wait_s=0)
+        finally:
+            if old is not None:
+                os.close(old)
+        self._fd, replacement._fd = replacement._fd, None
+        _HELD.discard(replacement)
+        if self._fd is not None:
+            _HELD.add(self)
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
@@ -114,6 +136,60 @@ class FolderLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def _exclusive(fd: int, folder: Path, field: str, wait_s: float) -> int | None:
+    """``fd`` (an open folder) once it holds the exclusive lock; None (closed, one warning) where
+    the file system refuses locks.
+
+    Raises:
+        ConfigError: a live run holds the folder (``fd`` closed).
+    """
+    try:
+        _lock_within(fd, fcntl.LOCK_EX, wait_s)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"{field}: {str(folder)!r} is being written by another run that is still going (in this or "
+            f"another process), or read by a trainprobe convert; two runs writing one folder interleave and "
+            f"lose lines. Give this run another {field.rsplit('.', 1)[-1]}, or close the other run first"
+        ) from None
+    except OSError as exc:
+        os.close(fd)
+        warn_once(f"folder-lock-{folder}", f"trainprobe: {field}: cannot lock {str(folder)!r} ({exc}); not locked")
+        return None
+    return fd
+
+
+def move_aside(folder: Path, field: str) -> Path:
+    """Keep the earlier run in ``folder`` (one rank's folder, which no live run holds) by moving it
+    to :func:`~trainprobe.engine.folders.earlier_run_home`, make ``folder`` anew and empty, and
+    return where the earlier run went. A :class:`FolderLock` this process holds on ``folder``
+    holds the new folder afterwards. One INFO line says it:
+    ``trainprobe: out/rank_0 holds an earlier run; it was moved to out.1/rank_0``.
+
+    Raises:
+        ConfigError: the folder cannot be moved or made anew (a read-only parent, another file
+            system); the message names ``field`` and the ways out. Another live run took the new
+            folder at that instant (as :class:`FolderLock`).
+    """
+    home = earlier_run_home(folder)
+    held = [lock for lock in list(_HELD) if lock.holds(folder)]
+    try:
+        make_output_folder(home.parent, field)
+        os.rename(folder, home)
+    except (OSError, ConfigError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(
+            f"{field}: {str(folder)!r} holds an earlier run, which could not be moved to {str(home)!r} to keep it "
+            f"({reason}); choose another {field.rsplit('.', 1)[-1]}, move or delete that run, or pass overwrite "
+            "to replace it"
+        ) from None
+    make_output_folder(folder, field)
+    for lock in held:
+        lock.follow(folder, field)
+    logger.info("trainprobe: %s holds an earlier run; it was moved to %s", folder, home)
+    return home
 
 
 def _lock_within(fd: int, kind: int, wait_s: float) -> None:

@@ -8,6 +8,10 @@ logged once in one line (:func:`one_line_fault`), and that monitor is disabled. 
 file is written (Monitor V1's ``anomaly_detected/rank<r>`` and ``module_struct/rank<r>``,
 ``random_save``'s folder) is checked at start with :func:`check_output_folder`, which creates
 nothing and raises the error :func:`make_output_folder` would.
+
+A rerun into the folders of an earlier run keeps that run: :func:`earlier_run_home` says where
+its rank folder goes (``<output_dir>.1/rank_0``, then ``.2``, ...), and
+:func:`~trainprobe.engine.folder_lock.move_aside` moves it there.
 """
 
 from __future__ import annotations
@@ -76,6 +80,32 @@ def check_output_folder(path: str | Path, field: str) -> Path:
     if problem is not None:
         raise ConfigError(f"{field}: cannot create the output folder {text!r}: {os.strerror(problem)}")
     return folder
+
+
+EARLIER_RUN = "earlier_run"
+"""The folder an earlier run goes to when its run folder has no name of its own (``./``)."""
+
+
+def earlier_run_home(rank_dir: Path) -> Path:
+    """Where the earlier run's ``rank_dir`` (``<run>/<rank folder>``) is moved to keep it whole
+    beside the new run: ``<run>.N/<rank folder>`` for the first N = 1, 2, ... where that does not
+    exist yet, so that the ranks of one earlier run land in one ``<run>.N`` (each rank moves its
+    own folder) and ``<run>.N`` is a run the tools read (``trainprobe diff <run>.1 <run>``).
+
+    A run folder with no name of its own (``./``, ``..``: the reference's default ``output_dir``
+    is ``./``) would put ``<run>.N`` outside it: there the home is ``<run>/earlier_run.N/<rank folder>``,
+    which readers of ``<run>`` do not take for a rank folder.
+    """
+    run, name = rank_dir.parent, rank_dir.name
+    n = 1
+    while True:
+        if run.name in ("", ".", ".."):
+            home = run / f"{EARLIER_RUN}.{n}" / name
+        else:
+            home = run.with_name(f"{run.name}.{n}") / name
+        if not os.path.lexists(home):
+            return home
+        n += 1
 
 
 def _checked(path: str | Path, field: str) -> tuple[str, Path]:

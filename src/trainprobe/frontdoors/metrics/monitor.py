@@ -107,8 +107,10 @@ class TrainingMetricsMonitor:
             ``training_state.jsonl`` keeps its lines up to that step.
         overwrite: replace what an earlier run left (its event files; ``training_state.jsonl``
             from its first line) even when resuming; also ``tensorboard.overwrite: true`` or
-            ``TRAINPROBE_OVERWRITE=1``. Without it, a run from step 0 into a ``tensorboard_dir``
-            holding an earlier run's event files is refused.
+            ``TRAINPROBE_OVERWRITE=1``. Without it (and without ``initial_step``), a run into a
+            ``rank_<r>`` folder of ``tensorboard_dir`` or ``dump_path`` holding an earlier run's
+            files keeps that run: the folder is moved to ``<tensorboard_dir>.1/rank_<r>`` (the
+            next free ``.N``), said in one line, and this run writes a new, empty ``rank_<r>``.
         hook_optimizer: read gradients in an optimizer step pre-hook (default); False when the
             caller calls :meth:`capture_gradients` itself.
         print_struct_exits: with ``print_struct``, raise ``SystemExit(0)`` after printing
@@ -120,7 +122,7 @@ class TrainingMetricsMonitor:
 
     Raises:
         ConfigError: invalid configuration or arguments (the message names the field); an
-            earlier run's event files and neither ``initial_step`` nor ``overwrite`` (see
+            earlier run that cannot be moved aside (see
             :mod:`~trainprobe.frontdoors.metrics.earlier_runs`); ``dump_path`` or
             ``tensorboard_dir`` being written by another live run (see
             :mod:`~trainprobe.engine.folder_lock`).
@@ -228,16 +230,17 @@ class TrainingMetricsMonitor:
                 self._forward = ForwardSink()
                 outputs.append(self._forward)
             elif tb is not None and tb.tensorboard_dir is not None:
-                folder = self._locked_folder(tb.tensorboard_dir / f"rank_{self.rank}", "tensorboard.tensorboard_dir")
-                make_room_for_events(folder, resumed=resume_at is not None, overwrite=self._overwrite)
+                field = "tensorboard.tensorboard_dir"
+                folder = self._locked_folder(tb.tensorboard_dir / f"rank_{self.rank}", field)
+                make_room_for_events(folder, resumed=resume_at is not None, overwrite=self._overwrite, field=field)
                 try:
                     outputs.append(tensorboard_sink(folder, tb.tensorboard_queue_size, resume_at))
                 except OSError as exc:
                     raise ConfigError(f"tensorboard.tensorboard_dir: cannot write to {str(folder)!r}: {exc}") from None
             if self.config.monitor.dumped:
-                folder = self._locked_folder(
-                    self.config.monitor.dump_path / f"rank_{self.rank}", "monitor_config.dump_path"
-                )
+                field = "monitor_config.dump_path"
+                folder = self._locked_folder(self.config.monitor.dump_path / f"rank_{self.rank}", field)
+                make_room_for_events(folder, resumed=resume_at is not None, overwrite=self._overwrite, field=field)
                 try:
                     outputs.append(TrainingStateSink(folder, resume_at=None if self._overwrite else resume_at))
                 except OSError as exc:
