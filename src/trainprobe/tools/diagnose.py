@@ -166,7 +166,7 @@ class Anomaly:
         """``, held by ranks 0, 1 (shards), NaN/inf in rank 1's shard`` for a full-tensor row."""
         if self.ranks is None:
             return ""
-        text = f", held by ranks {_ranks(list(self.ranks))} ({self.held})"
+        text = f", held by ranks {','.join(str(r) for r in self.ranks[:16])}{'...' if len(self.ranks) > 16 else ''} ({self.held})"
         if self.bad_ranks:
             piece = "shard" if self.held == "shards" else "replica" if (self.held or "").startswith("replica") else "piece"
             bad = list(self.bad_ranks)
@@ -757,6 +757,8 @@ def _anomaly_json(anomaly: Anomaly | None) -> dict[str, Any] | None:
     if anomaly is None:
         return None
     out = asdict(anomaly)
+    for key in ("ranks", "bad_ranks"):
+        out[key] = list(out[key]) if out[key] is not None else None
     for key in ("value", "median"):
         value = out[key]
         if isinstance(value, float) and not math.isfinite(value):

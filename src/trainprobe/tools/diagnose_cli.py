@@ -1,9 +1,10 @@
-"""``trainprobe diagnose RUN [--baseline GOOD_RUN] [--spike-factor F] [--out DIR] [--engine duckdb|spark]``.
+"""``trainprobe diagnose RUN [--baseline GOOD_RUN] [--spike-factor F] [--out DIR] [--engine duckdb|spark] [--rank-local]``.
 
 Prints the first anomaly of the run in execution order on one line, then the next few and which
 ranks saw something first (:mod:`trainprobe.tools.diagnose`); ``--out DIR`` writes
 ``DIR/diagnosis.json``; ``--engine spark`` runs the same queries on Apache Spark (local mode)
-over the run's Parquet files, with the same answer. Exit status: 0 nothing found, 1 an anomaly found, 2 bad input (one line
+over the run's Parquet files, with the same answer; a sharded run (FSDP2, tensor parallelism) is
+answered in full tensors unless ``--rank-local``. Exit status: 0 nothing found, 1 an anomaly found, 2 bad input (one line
 on stderr, no traceback). Nothing heavy is imported until the command runs.
 """
 
@@ -40,6 +41,11 @@ def add_parser(sub: Any) -> None:
         help="duckdb (default) or spark: the same queries on Apache Spark over the run's Parquet files "
         "(trainprobe convert RUN --to parquet first; needs pip install 'trainprobe[spark]')",
     )
+    parser.add_argument(
+        "--rank-local", action="store_true",
+        help="read each rank's rows as written; by default a sharded run (FSDP2, TP) is read in full tensors "
+        "(shards merged, replicas counted once) and an anomaly names the ranks holding the tensor",
+    )
     parser.set_defaults(run=_diagnose_command)
 
 
@@ -50,7 +56,9 @@ def _diagnose_command(args: argparse.Namespace) -> int:
     from trainprobe.tools.diagnose_sql import DEFAULT_SPIKE_FACTOR
 
     factor = DEFAULT_SPIKE_FACTOR if args.spike_factor is None else args.spike_factor
-    result = diagnose(args.run_folder, spike_factor=factor, baseline=args.baseline, engine=args.engine)
+    result = diagnose(
+        args.run_folder, spike_factor=factor, baseline=args.baseline, engine=args.engine, rank_local=args.rank_local
+    )
     if args.out:
         out = Path(args.out)
         try:
