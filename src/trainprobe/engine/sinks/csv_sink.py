@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain, repeat
 from pathlib import Path
+from types import MappingProxyType
 
 from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import V2_KEY_COLUMNS, v2_file_name
@@ -32,6 +33,9 @@ from trainprobe.engine.records import RowKey, StepBatch
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.files import append_whole
 from trainprobe.engine.stats.ops import COUNT_OPS, format_value
+
+_NO_CHANGES: Mapping[RowKey, tuple[str, ...]] = MappingProxyType({})
+"""No trailing cell differs (see :attr:`TableLayout.changed`)."""
 
 _UNENCODABLE = "backslashreplace"
 """A name UTF-8 cannot encode (a lone surrogate such as ``"\\udc80"``) is written as that escape
@@ -47,8 +51,11 @@ class TableLayout:
     written as ``name_of(key.name)`` when ``name_of`` is set), ``scope``.
 
     ``trailing`` columns follow the ops; their cells are ``describe(key)`` (one text per trailing
-    column), asked once per row key (the line template of a key is made once), so they hold
-    metadata that does not change from step to step (Monitor V1's ``shape,dtype``).
+    column), asked once per row key (the line template of a key is made once), except at a step
+    where ``changed(step)`` gives other cells for the key (Monitor V1's ``shape,dtype`` of an
+    activation whose shape changes from call to call: the cells of the call the row summarises).
+    ``changed`` is asked once per table and batch, from the writer thread, in step order; it
+    gives an empty mapping where nothing differs (the common case: the cached templates serve).
     """
 
     with_micro_step: bool
@@ -58,6 +65,7 @@ class TableLayout:
     name_of: Callable[[str], str] | None = None
     trailing: tuple[str, ...] = ()
     describe: Callable[[RowKey], tuple[str, ...]] | None = None
+    changed: Callable[[int], Mapping[RowKey, tuple[str, ...]]] | None = None
 
     @property
     def header(self) -> list[str]:
@@ -69,10 +77,28 @@ class TableLayout:
         return (
             [self._key_value(column, key, step) for column in self._key_order()]
             + [format_value(op, v, self.ndigits) for op, v in zip(self.ops, values)]
-            + list(self._trailing_cells(key))
+            + list(self.trailing_cells(key, self.changes(step)))
         )
 
-    def text(self, rows: Iterable[tuple[RowKey, list[float]]], step: int) -> str:
+    def changes(self, step: int) -> Mapping[RowKey, tuple[str, ...]]:
+        """The trailing cells that differ at ``step`` from ``describe`` (see the class doc)."""
+        if self.changed is None or not self.trailing:
+            return _NO_CHANGES
+        return self.changed(step)
+
+    def trailing_cells(self, key: RowKey, changed: Mapping[RowKey, tuple[str, ...]] = _NO_CHANGES) -> tuple[str, ...]:
+        """The trailing cells of ``key``: ``changed``'s for it, else ``describe``'s."""
+        found = changed.get(key) if changed else None
+        if found is None:
+            return self._trailing_cells(key)
+        return tuple(found[i] if i < len(found) else "" for i in range(len(self.trailing)))
+
+    def text(
+        self,
+        rows: Iterable[tuple[RowKey, list[float]]],
+        step: int,
+        changed: Mapping[RowKey, tuple[str, ...]] = _NO_CHANGES,
+    ) -> str:
         """CSV text of ``rows`` at ``step``, one line each, every line ending in ``\\n``.
 
         Each line is what ``csv.writer`` (default dialect, ``QUOTE_MINIMAL``) writes for
@@ -84,7 +110,8 @@ class TableLayout:
         faster because it runs on the writer thread, which shares the CPU with training: each
         key gets a ``%``-template of its whole line
         once (step as ``%d``, values as ``%r`` after ``round(v, ndigits)`` when ``ndigits`` is
-        set, counts as ``%d``), filled with one operation per row of plain floats.
+        set, counts as ``%d``), filled with one operation per row of plain floats. A key in
+        ``changed`` (:meth:`changes` of the step) is written row by row with its cells there.
         """
         templates = _LINE_TEMPLATES.setdefault(self, {})
         if len(templates) > _MAX_TEMPLATES:
@@ -95,6 +122,9 @@ class TableLayout:
         lines = []
         for key, values in rows:
             line = None
+            if changed and key in changed:
+                lines.append(self._slow_line(key, step, values, changed[key]))
+                continue
             if set(map(type, values)) == _FLOAT_ONLY:  # plain floats (not NumPy scalars, ints)
                 if digits is not None:  # format_value's rounding; counts are printed as integers
                     values = [v if c else round(v, digits) for v, c in zip(values, counts)]
@@ -152,10 +182,13 @@ class TableLayout:
         tail = "".join("," + _csv_text(t).replace("%", "%%") for t in self._trailing_cells(key))
         return ",".join(head) + "," + _value_template(self.ops) + tail + "\n"
 
-    def _slow_line(self, key: RowKey, step: int, values: list[float]) -> str:
+    def _slow_line(
+        self, key: RowKey, step: int, values: list[float], trailing: tuple[str, ...] | None = None
+    ) -> str:
         head = [self._key_cell(column, key, step) for column in self._key_order()]
         tail = [_csv_text(format_value(op, v, self.ndigits)) for op, v in zip(self.ops, values)]
-        return ",".join(head + tail + [_csv_text(t) for t in self._trailing_cells(key)]) + "\n"
+        cells = self.trailing_cells(key, {key: trailing} if trailing is not None else _NO_CHANGES)
+        return ",".join(head + tail + [_csv_text(t) for t in cells]) + "\n"
 
     def _trailing_cells(self, key: RowKey) -> tuple[str, ...]:
         if not self.trailing:
@@ -315,7 +348,11 @@ class CsvSink:
     ) -> str:
         """:meth:`TableLayout.text` of the rows, with one ``%`` operation for the whole batch when
         the table's keys are those of its last batch and every value is a plain float (the
-        template of the batch's lines is remembered per table; the step is joined in)."""
+        template of the batch's lines is remembered per table; the step is joined in). Rows
+        whose trailing cells differ at this step (:meth:`TableLayout.changes`) go line by line."""
+        changed = layout.changes(step)
+        if changed and not changed.keys().isdisjoint(keys):
+            return layout.text(zip(keys, values), step, changed)
         cached = self._batch_templates.get(table)
         if cached is None or cached[0] != keys:
             cached = self._batch_templates[table] = (list(keys), layout.batch_template(keys))

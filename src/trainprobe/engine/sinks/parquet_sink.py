@@ -412,6 +412,7 @@ def _columns(layout: TableLayout, keys: list[RowKey], values: list[list[float]],
     ops = layout.ops
     digits = layout.ndigits
     suspect = False  # a NaN, an infinity or a count above 0: the batch may hold a non-finite row
+    changed = layout.changes(step)
     for key, row in zip(keys, values):
         for column in layout.key_columns:
             cols[column].append(_key(layout, column, key, step))
@@ -429,9 +430,8 @@ def _columns(layout: TableLayout, keys: list[RowKey], values: list[list[float]],
                 suspect = True
             cols[op].append(v)
         if layout.trailing:
-            found = layout.describe(key) if layout.describe is not None else ()
-            for i, name in enumerate(layout.trailing):
-                cols[name].append(found[i] if i < len(found) else "")
+            for name, cell in zip(layout.trailing, layout.trailing_cells(key, changed)):
+                cols[name].append(cell)
     return cols, suspect and _has_bad_row(layout, keys, values)
 
 

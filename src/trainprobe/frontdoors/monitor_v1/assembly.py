@@ -55,7 +55,7 @@ class SessionFactory:
         schedule = cfg.schedule(start_step)
         if schedule is None:
             return self.idle
-        shapes = ShapeBook(self.attachment.grad_of)
+        shapes = ShapeBook(self.attachment.grad_of, per_call=cfg.format in ("csv", "parquet"))
         probes = build_probes(cfg, self.attachment, shapes)
         if not probes:
             return self.idle
@@ -78,7 +78,7 @@ class SessionFactory:
         self.memory = MemorySink(ops_of, output.table_of, output.api_key, earlier=self.memory)
         sinks: list[Sink] = [self.memory]
         if cfg.format == "csv":
-            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
+            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes, shapes.changed)
             folder = self.attachment.run_folder(cfg)
             csv = CsvSink(
                 folder,
@@ -92,7 +92,7 @@ class SessionFactory:
             )
             sinks.append(csv)
         elif cfg.format == "parquet":  # an extension: the CSV layout's files as Parquet, continued as CSV is
-            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes)
+            layouts = output.layouts(cfg.ops, cfg.ndigits, cfg.monitor_mbs_grad, shapes, shapes.changed)
             folder = self.attachment.run_folder(cfg)
             if cfg.append_output:
                 _drop_merged_step_files(folder)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -75,14 +75,20 @@ def columns(ops: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 
 
 def layouts(
-    ops: tuple[str, ...], ndigits: int, mbs_grad: bool, describe: Callable[[RowKey], tuple[str, ...]] | None = None
+    ops: tuple[str, ...],
+    ndigits: int,
+    mbs_grad: bool,
+    describe: Callable[[RowKey], tuple[str, ...]] | None = None,
+    changed: Callable[[int], Mapping[RowKey, tuple[str, ...]]] | None = None,
 ) -> dict[str, TableLayout]:
-    """Layout of every table (``describe`` gives the ``shape,dtype`` cells of a row)."""
+    """Layout of every table (``describe`` gives the ``shape,dtype`` cells of a row, ``changed``
+    those of the rows of a step whose call had other ones: see
+    :class:`~trainprobe.engine.sinks.csv_sink.TableLayout`)."""
     out = {}
     for table, cols in columns(ops).items():
         micro = table in MICRO_STEP_TABLES or (table == "grad_unreduced" and mbs_grad)
         trailing = () if table in L2_COLUMNS else TRAILING
-        out[table] = TableLayout(micro, cols, KEY_COLUMNS, ndigits, bare, trailing, describe)
+        out[table] = TableLayout(micro, cols, KEY_COLUMNS, ndigits, bare, trailing, describe, changed)
     return out
 
 

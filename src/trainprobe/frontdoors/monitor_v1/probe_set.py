@@ -41,7 +41,7 @@ from trainprobe.frontdoors.monitor_v1.naming import (
     unmatched_targets,
     with_roots,
 )
-from trainprobe.frontdoors.monitor_v1.shapes import ShapeBook
+from trainprobe.frontdoors.monitor_v1.shapes import ShapeBook, ShapedModuleProbe
 from trainprobe.frontdoors.monitor_v1.struct import StackProbe
 
 
@@ -211,6 +211,12 @@ def _activations(
         return []
     names.warn_clashes("modules")
     module_spec = ModuleSpec(cfg.ops, cfg.eps)
+    if shapes is not None:  # each row states the shape of its own call
+        return [
+            ShapedModuleProbe(
+                attachment.clock, module_spec, attachment.view, naming=naming, backend=attachment.backend, shapes=shapes
+            )
+        ]
     return [ModuleProbe(attachment.clock, module_spec, attachment.view, naming=naming, backend=attachment.backend)]
 
 

@@ -2,25 +2,34 @@
 
 Every statistics table ends with ``shape,dtype``: the shape and dtype of the tensor a row
 summarises, written like the reference (``"[6, 16]"``, ``torch.float32``; a 0-dim value is
-``[]``). They are metadata, read without touching the tensor's data (no device sync), and each row
-key is described once, when its first line is written (see
-:class:`~trainprobe.engine.sinks.csv_sink.TableLayout`), so an activation whose shape changes between
-steps keeps the shape of its first collected call.
+``[]``). They are metadata, read without touching the tensor's data (no device sync). A DTensor
+(tensor parallelism, FSDP2) is described by its local piece, the tensor its statistics are
+computed from (``[4, 8]`` for rank 0's half of a ``[8, 8]`` weight); so is a Megatron-style
+shard (its shape is already the local one).
 
 Sources: activations are noted by :class:`~trainprobe.frontdoors.monitor_v1.naming.V1Naming` when it picks
-their tensors (a gradient has its tensor's shape and dtype: autograd checks both); parameter rows
-(gradients, moments, parameters, update/ratio) describe the parameter (the gradient that is read,
-``main_grad`` included, when it exists); ``mg_direction`` is one float64 number (``[]``). Rows
-with nothing known (collectives, l2 features) get empty cells.
+their tensors (a gradient has its tensor's shape and dtype: autograd checks both) and bound to the
+row of that call by :class:`ShapedModuleProbe`, so a row states the shape of the call it
+summarises, also when a module's batch changes from step to step or from micro-batch to
+micro-batch (an MoE expert receiving 1 token, then 2); a row key's first shape is its usual
+cells (:meth:`ShapeBook.__call__`), and the steps where a call had another come to the sinks
+through :meth:`ShapeBook.changed`. Parameter rows (gradients, moments, parameters,
+update/ratio) describe the parameter (the gradient that is read, ``main_grad`` included, when it
+exists); ``mg_direction`` is one float64 number (``[]``). Rows with nothing known (collectives,
+l2 features) get empty cells.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
+from trainprobe.backends.torch.placement import is_dtensor
 from trainprobe.engine.probes.model_view import NamedParam
+from trainprobe.engine.probes.module import ModuleProbe
 from trainprobe.engine.records import RowKey
 
 GRAD_SCOPES = frozenset({"unreduced", "reduced"})
@@ -29,30 +38,73 @@ SCALAR = ("[]", str(torch.float64))
 UNKNOWN = ("", "")
 
 
-def describe(tensor: torch.Tensor) -> tuple[str, str]:
-    """``("[6, 16]", "torch.float32")``: the shape (as a list) and dtype of ``tensor``."""
-    return str(list(tensor.shape)), str(tensor.dtype)
+def describe(tensor: Any) -> tuple[str, str]:
+    """``("[6, 16]", "torch.float32")``: the shape (as a list) and dtype of ``tensor``, of its
+    local piece for a DTensor."""
+    local = tensor.to_local() if is_dtensor(tensor) else tensor
+    return str(list(local.shape)), str(local.dtype)
+
+
+_KEEP_STEPS = 1024
+"""Steps of per-call shapes kept for a writer that lags (its queue holds far fewer)."""
 
 
 class ShapeBook:
-    """Shape and dtype of the rows of one run, by ``(scope, name)``. Everything is read from
-    tensors on the training thread (:meth:`note`, :meth:`add_params`); the writer thread only
-    looks the texts up.
+    """Shape and dtype of the rows of one run. Everything is read from tensors on the training
+    thread (:meth:`note`, :meth:`bind`, :meth:`add_params`); the writer thread only looks the
+    texts up (:meth:`__call__`, :meth:`changed`).
 
     Args:
         grad_of: the gradient V1 reads for a parameter (``main_grad`` or ``.grad``), or None.
+        per_call: keep the steps where a row's call had another shape than the row's first
+            (false where no file is written: nothing would ask, so nothing is kept).
     """
 
-    def __init__(self, grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> None:
+    def __init__(
+        self, grad_of: Callable[[torch.Tensor], torch.Tensor | None] | None = None, *, per_call: bool = True
+    ) -> None:
         self.grad_of = grad_of
+        self.per_call = per_call
         self._known: dict[tuple[str, str], tuple[str, str]] = {}
+        self._noted: dict[tuple[str, str], tuple[str, str]] = {}
+        self._first: dict[RowKey, tuple[str, str]] = {}
+        self._at: dict[int, dict[RowKey, tuple[str, str]]] = {}
+        self._lock = threading.Lock()
         self._params: dict[str, tuple[str, str]] = {}
         self._grads: dict[str, tuple[str, str]] = {}
 
     def note(self, scope: str, name: str, tensor: torch.Tensor) -> None:
-        """Remember the shape and dtype of row ``name`` of ``scope`` (the first noted wins)."""
-        if (scope, name) not in self._known:
-            self._known[(scope, name)] = describe(tensor)
+        """The tensor of the call being recorded as row ``name`` of ``scope``; :meth:`bind` gives
+        it to that call's row key."""
+        cells = self._noted[(scope, name)] = describe(tensor)
+        self._known.setdefault((scope, name), cells)
+
+    def bind(self, key: RowKey, step: int) -> None:
+        """Row ``key`` of ``step`` summarises the tensor last noted for its scope and name."""
+        cells = self._noted.get((key.scope, key.name))
+        if cells is None:
+            return
+        first = self._first.setdefault(key, cells)
+        if not self.per_call:
+            return
+        with self._lock:
+            if cells != first:
+                if step not in self._at:
+                    self._forget(step - _KEEP_STEPS)
+                self._at.setdefault(step, {})[key] = cells
+            elif step in self._at:
+                self._at[step].pop(key, None)  # a later call of the same row had its first shape
+
+    def changed(self, step: int) -> Mapping[RowKey, tuple[str, ...]]:
+        """The rows of ``step`` whose call had another shape than their first (writer thread,
+        steps in order: earlier steps are forgotten)."""
+        with self._lock:
+            self._forget(step)
+            return dict(self._at.get(step, {}))
+
+    def _forget(self, before: int) -> None:
+        for old in [s for s in self._at if s < before]:
+            del self._at[old]
 
     def add_params(self, params: Iterable[NamedParam]) -> None:
         """Parameters whose rows (by their written name) describe them. A gradient row describes
@@ -66,11 +118,28 @@ class ShapeBook:
             self._grads[named.name] = describe(grad) if isinstance(grad, torch.Tensor) else own
 
     def __call__(self, key: RowKey) -> tuple[str, str]:
-        """The ``shape,dtype`` cells of ``key`` (empty when unknown)."""
-        found = self._known.get((key.scope, key.name))
+        """The ``shape,dtype`` cells of ``key`` (its first call's for an activation; empty when
+        unknown)."""
+        found = self._first.get(key) or self._known.get((key.scope, key.name))
         if found is not None:
             return found
         if key.scope == "mg_direction":
             return SCALAR
         table = self._grads if key.scope in GRAD_SCOPES else self._params
         return table.get(key.name, UNKNOWN)
+
+
+class ShapedModuleProbe(ModuleProbe):
+    """Monitor V1's module probe: each activation row key it makes is bound, in :attr:`shapes`,
+    to the tensor :class:`~trainprobe.frontdoors.monitor_v1.naming.V1Naming` noted for that call."""
+
+    def __init__(self, *args: Any, shapes: ShapeBook, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.shapes = shapes
+
+    def _key(self, *args: Any, **kwargs: Any) -> RowKey:
+        """The probe's row key of the call being recorded (made right after the naming picked and
+        noted the call's tensors), bound to them for this step."""
+        key = super()._key(*args, **kwargs)
+        self.shapes.bind(key, self.clock.step)
+        return key
