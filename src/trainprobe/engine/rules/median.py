@@ -1,0 +1,90 @@
+"""``median``: the running-median ratio, ``trainprobe diagnose``'s rule since its first version.
+
+A value ``v`` is a spike when
+
+    v > F * median(the finite values among the series' previous W rows)
+
+and at least ``warmup`` of those W rows were finite, and the median is above 0. ``F`` is the
+factor (``F**2`` for a series of squares). The window is W *rows*: a NaN/inf row takes a place
+in it without entering the median, as in the SQL window frame ``ROWS BETWEEN W PRECEDING AND 1
+PRECEDING`` of :mod:`trainprobe.tools.diagnose_sql`; a spike enters its successors' windows. The
+median of an even count is the mean of the two middle values, ``(lo + hi) / 2``, DuckDB's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from trainprobe.engine.rules.base import FloatArray, IntArray, Rule, Verdict, as_arrays
+
+
+@dataclass(slots=True)
+class MedianState:
+    """One series' last ``window`` rows (NaN where not finite) and its bar."""
+
+    rows: deque[float]
+    bar: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunningMedian(Rule[MedianState]):
+    """The running-median ratio (module docstring). Defaults: today's ``diagnose``'s."""
+
+    factor: float = 10.0
+    window: int = 20
+    warmup: int = 10
+    name: ClassVar[str] = "median"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.warmup <= self.window:
+            raise ValueError(f"need 1 <= warmup ({self.warmup}) <= window ({self.window})")
+        if not self.factor > 1:
+            raise ValueError(f"factor {self.factor!r}: need a number above 1")
+
+    def start(self, squared: bool = False) -> MedianState:
+        """An empty window; the bar is ``factor`` (``factor ** 2`` when ``squared``)."""
+        return MedianState(deque(maxlen=self.window), float(self.factor) ** 2 if squared else float(self.factor))
+
+    def update(self, state: MedianState, step: int, value: float) -> Verdict | None:
+        """The verdict on ``value`` against the window before it; then it joins the window."""
+        known = sorted(v for v in state.rows if not math.isnan(v))
+        clean = value if math.isfinite(value) else math.nan
+        state.rows.append(clean)
+        if len(known) < self.warmup or math.isnan(clean):
+            return None
+        median = (known[(len(known) - 1) // 2] + known[len(known) // 2]) / 2
+        if median > 0 and clean > state.bar * median:
+            return Verdict(step, clean, median, clean / median, state.bar, step)
+        return None
+
+    def replay(
+        self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False
+    ) -> list[Verdict]:
+        """Vectorised: every row's window sorted at once (NaN sort last), the same arithmetic."""
+        s, v = as_arrays(steps, values)
+        if not len(v):
+            return []
+        v = np.where(np.isfinite(v), v, np.nan)
+        padded = np.concatenate([np.full(self.window, np.nan), v[:-1]])
+        windows = np.sort(np.lib.stride_tricks.sliding_window_view(padded, self.window), axis=1)
+        count = np.count_nonzero(~np.isnan(windows), axis=1)
+        rows = np.arange(len(v))
+        safe = np.maximum(count, 1)
+        median = (windows[rows, (safe - 1) // 2] + windows[rows, safe // 2]) / 2
+        bar = float(self.factor) ** 2 if squared else float(self.factor)
+        with np.errstate(invalid="ignore"):
+            hit = (count >= self.warmup) & (median > 0) & (v > bar * median)
+        return [
+            Verdict(int(s[i]), float(v[i]), float(median[i]), float(v[i]) / float(median[i]), bar, int(s[i]))
+            for i in np.flatnonzero(hit)
+        ]
+
+    def describe(self) -> str:
+        """The rule with its parameters."""
+        return f"median: v > {self.factor:g} x median of the previous {self.window} rows, after {self.warmup} finite"
