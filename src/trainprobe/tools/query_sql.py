@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from trainprobe.engine.nonfinite import COUNT_OPS
 from trainprobe.tools.execution_order import (
     FORWARD,
     OTHER_TABLE,
@@ -38,8 +39,6 @@ TEXT_COLUMNS: tuple[str, ...] = ("shape", "dtype")
 """Text columns describing the tensor (V1, where the files have them), after the ops."""
 META_COLUMNS: tuple[str, ...] = ("file", "file_row")
 """Provenance columns every view ends with."""
-COUNT_OPS: tuple[str, ...] = ("nans",)
-"""Ops that count non-finite elements: a row with a count above 0 is non-finite too."""
 ORDER_COLUMNS: tuple[str, ...] = ("step", "x_once", "x_micro", "x_phase", "x_stage", "x_table", "position", "rank")
 """The columns of the execution key (:func:`order_columns_sql`), in sort order."""
 MG_DIRECTION = "%.mg_direction"
@@ -145,7 +144,8 @@ def is_nonfinite(column: str) -> str:
 
 
 def nonfinite_sql(ops: Sequence[str]) -> str:
-    """True for a row with an op that is NaN or infinite (or a NaN count above 0)."""
+    """True for a row with an op that is NaN or infinite (or a NaN count above 0): the rule of
+    :mod:`trainprobe.engine.nonfinite`, as SQL."""
     tests = [is_nonfinite(op) for op in ops if op not in COUNT_OPS]
     tests += [f"{ident(op)} > 0" for op in ops if op in COUNT_OPS]
     return " OR ".join(tests) if tests else "FALSE"
