@@ -33,9 +33,22 @@ import torch
 PARTIAL, SHARD, REPLICA, WHOLE = "partial", "shard", "replica", "whole"
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def is_dtensor(t: Any) -> bool:
     """Whether ``t`` is a DTensor (has a device mesh and placements)."""
     return hasattr(t, "device_mesh") and hasattr(t, "placements") and hasattr(t, "to_local")
+
+
+def is_partial(t: Any) -> bool:
+    """Whether ``t`` is a DTensor with a ``Partial`` placement: its local tensor is a summand of
+    the tensor (the ranks' local tensors add up to it), not a piece, so no statistic of it
+    describes the tensor. Cheap for a plain tensor (called on every module gradient)."""
+    if type(t) in _PLAIN_TYPES:
+        return False
+    placements = getattr(t, "placements", None)
+    return placements is not None and any(p.is_partial() for p in placements)
 
 
 def layout_of(t: Any) -> dict[str, Any]:

@@ -7,6 +7,18 @@ A single model is ``vpp_stage`` 0 and its names are the framework's own (PyTorch
 itself keeps its framework name, the empty string (``""``; ``"0:"`` in a chunk list), as the
 reference names it: its Monitor V2 rows are ``.input.0`` (``0:.input.0``).
 
+Pipeline stages (PyTorch's ``torch.distributed.pipelining.PipelineStage``, one or a list of them,
+passed where a model goes) are named by their **global stage index**, not by their place in the
+list: on rank 1 of a two-rank interleaved pipeline of four stages, the stages 1 and 3 are
+``vpp_stage`` 1 and 3, their names ``"1:..."`` and ``"3:..."`` (also for a single stage: a
+``GPipe`` stage 1 is ``"1:..."``), so that every stage of the pipeline has one name on every
+rank. The view's chunks are the stages' modules (``stage.submod``).
+
+A view also says how the framework runs a chunk now (:meth:`ModelView.chunk_call`: under a
+pipeline schedule, or in its metadata-inference pass), whether a forward is a recomputation
+(:meth:`ModelView.recomputing`: activation checkpointing) and whether a tensor is a partial sum
+(:meth:`ModelView.is_partial`); the defaults here say "a plain forward", "no", "no".
+
 :class:`ModelView` is framework-neutral; each backend subclasses it
 (:class:`trainprobe.backends.torch.model_view.TorchModelView`,
 :class:`trainprobe.backends.mindspore.model_view.CellView`) with three methods and a kind.
@@ -27,8 +39,27 @@ ROOT_NAME = ""
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkCall:
+    """How the framework runs a model chunk's forward pass that starts now.
+
+    ``record`` is False for a pass that is no training forward (a pipeline's metadata-inference
+    forward on placeholder inputs); ``micro_batch`` is the pipeline schedule's micro-batch index
+    (None outside a schedule); ``stage`` is the global index of the pipeline stage running the
+    chunk (None outside a schedule)."""
+
+    record: bool = True
+    micro_batch: int | None = None
+    stage: int | None = None
+
+
+PLAIN_CALL = ChunkCall()
+"""A forward outside any pipeline schedule."""
+
+
+@dataclass(frozen=True, slots=True)
 class NamedParam:
-    """A parameter with its output name and chunk index."""
+    """A parameter with its output name and its chunk's ``vpp_stage`` (the chunk's list index, or
+    its global pipeline stage index)."""
 
     vpp_stage: int
     name: str
@@ -38,28 +69,41 @@ class NamedParam:
 class ModelView:
     """Read-only naming view over ``model`` (a module, a list of modules, or None).
 
-    The framework shows through three methods only (``_is_model``, ``_named_modules``,
-    ``_named_parameters``), ``model_kind`` and, where the framework compiles graphs,
-    :meth:`compiled`; each backend's view subclasses this one and overrides them.
+    The framework shows through three methods (``_is_model``, ``_named_modules``,
+    ``_named_parameters``), ``model_kind`` and, where the framework has them, pipeline stages
+    (``_pipeline_stage``), compiled graphs (:meth:`compiled`) and the run-time questions of
+    :meth:`chunk_call`, :meth:`recomputing` and :meth:`is_partial`; each backend's view subclasses
+    this one and overrides them.
     """
 
     model_kind = "module"
 
     def __init__(self, model: Any, where: str = "start(model=...)", *, stage_prefix: bool | None = None) -> None:
         """``stage_prefix``: whether names carry the ``<vpp_stage>:`` prefix (None: only when
-        ``model`` is a list of chunks; Monitor V1 always wants it).
+        ``model`` is a list of chunks; Monitor V1 always wants it; pipeline stages always have it).
 
         Raises ConfigError (naming ``where``, the argument) when ``model`` is neither a module of
-        the framework nor a list of them."""
-        if model is None:
-            self.chunks: list[Any] = []  # the framework's modules
-            is_list = False
-        elif self._is_model(model):
-            self.chunks, is_list = [model], False
-        elif isinstance(model, (list, tuple)) and all(self._is_model(m) for m in model):
-            self.chunks, is_list = list(model), True
-        else:
+        the framework nor a list of them, nor a pipeline stage or a list of them (a list mixing
+        stages and modules, or naming one stage twice, is refused too)."""
+        items = list(model) if isinstance(model, (list, tuple)) else [] if model is None else [model]
+        is_list = isinstance(model, (list, tuple))
+        staged = [self._pipeline_stage(m) for m in items]
+        self.pipelined = bool(staged) and all(s is not None for s in staged)
+        """Whether the chunks are pipeline stages (named by their global stage index)."""
+        if self.pipelined:
+            self.chunks: list[Any] = [s[0] for s in staged if s is not None]  # the framework's modules
+            self.stages = [s[1] for s in staged if s is not None]
+            if len(set(self.stages)) != len(self.stages):
+                raise ConfigError(f"{where}: pipeline stages {self.stages} name one stage more than once")
+            self.stage_prefix = True
+            return
+        if any(s is not None for s in staged):
+            raise ConfigError(f"{where}: a list of pipeline stages or of {self.model_kind}s, not a mix of both")
+        if not all(map(self._is_model, items)):
             raise ConfigError(f"{where}: expected a {self.model_kind} or a list of them, got {type(model).__name__}")
+        self.chunks = items
+        self.stages = list(range(len(items)))
+        """The ``vpp_stage`` of each chunk: its list index, or its global pipeline stage index."""
         self.stage_prefix = is_list if stage_prefix is None else stage_prefix
 
     # -- the framework ---------------------------------------------------------------------
@@ -75,18 +119,43 @@ class ModelView:
         """``(name, parameter)`` of every parameter of ``chunk``."""
         raise NotImplementedError
 
+    def _pipeline_stage(self, obj: object) -> tuple[Any, int] | None:
+        """``(module, global stage index)`` when ``obj`` is a pipeline stage of the framework
+        (none here)."""
+        return None
+
     def compiled(self) -> set[int]:
         """``id()`` of the modules whose hooks would run inside a compiled graph (none here)."""
         return set()
 
+    # -- how the framework runs the chunks (called from hooks: cheap) ------------------------
+    def chunk_call(self) -> ChunkCall:
+        """How the chunk forward that starts now runs (called from the chunk's forward
+        pre-hook): :data:`PLAIN_CALL` here."""
+        return PLAIN_CALL
+
+    def recomputing(self) -> bool:
+        """Whether the forward running now recomputes activations during a backward pass
+        (activation checkpointing); never here."""
+        return False
+
+    def is_partial(self, t: Any) -> bool:
+        """Whether ``t`` holds a partial sum (a summand of the tensor, not a piece of it); never
+        here."""
+        return False
+
     # -- names ---------------------------------------------------------------------------
     def prefix(self, vpp_stage: int) -> str:
-        """Name prefix of chunk ``vpp_stage`` (empty for a single model)."""
+        """Name prefix of the chunk whose ``vpp_stage`` is ``vpp_stage`` (empty for a single model)."""
         return f"{vpp_stage}{NAME_SEP}" if self.stage_prefix else ""
+
+    def staged_chunks(self) -> list[tuple[int, Any]]:
+        """``(vpp_stage, chunk)`` of every chunk, in order."""
+        return list(zip(self.stages, self.chunks))
 
     def modules(self) -> Iterator[tuple[int, str, Any]]:
         """``(vpp_stage, name, module)`` for every module, each chunk in order, root first."""
-        for vpp, chunk in enumerate(self.chunks):
+        for vpp, chunk in self.staged_chunks():
             for name, module in self._named_modules(chunk):
                 yield vpp, self.prefix(vpp) + (name or ROOT_NAME), module
 
@@ -94,7 +163,7 @@ class ModelView:
         """Every parameter once, in model order (a shared parameter keeps its first name)."""
         seen: set[int] = set()
         out: list[NamedParam] = []
-        for vpp, chunk in enumerate(self.chunks):
+        for vpp, chunk in self.staged_chunks():
             for name, p in self._named_parameters(chunk):
                 if id(p) not in seen:
                     seen.add(id(p))

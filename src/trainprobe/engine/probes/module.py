@@ -57,7 +57,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from trainprobe.engine.log import warn_once
+from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.model_view import ModelView
 from trainprobe.engine.records import RowKey
@@ -225,11 +225,19 @@ class ModuleProbe(Probe):
         self.spec: ModuleSpec = spec
         self.view = view
         self.naming: ModuleNaming = naming if naming is not None else V2Naming(spec.targets)
-        self._micro = [0] * len(view.chunks)
+        self._micro = dict.fromkeys(view.stages, 0)
+        """Per ``vpp_stage``, the training forwards of the chunk this step (the last one's index + 1)."""
+        self._backward_micro: dict[int, int] = {}
+        """Per ``vpp_stage``, the micro step of the latest gradient row this step."""
+        self._skipping: set[int] = set()
+        """The ``vpp_stage`` of chunks running a metadata-inference pass now (not recorded)."""
+        self._partial_warned: set[str] = set()
+        self._partial_seen: list[str] = []
         self._tensor_type = self.backend.tensor_type
         self._step_handles: list[Any] = []
         self._watched: dict[int, GradWatch] = {}
         self._keys: dict[tuple[int, str, str, int], RowKey] = {}
+        self._module_of: dict[RowKey, str] = {}
 
     def targets(self) -> list[tuple[int, str, Any]]:
         """The hooked modules, in model order (modules inside a compiled graph are left out)."""
@@ -242,13 +250,18 @@ class ModuleProbe(Probe):
 
     def attach(self) -> None:
         compiled = self.view.compiled()
-        for vpp, chunk in enumerate(self.view.chunks):
+        roots = {id(chunk) for chunk in self.view.chunks}
+        for vpp, name, module in self.targets():
+            # a module's inputs as its caller passes them: before its own pre-hooks (a tensor
+            # parallel style's, FSDP's) convert them; a chunk's root after the hooks already there
+            pre = self._eager(self._pre_hook(vpp, name))
+            self.keep(module.register_forward_pre_hook(pre, with_kwargs=True, prepend=id(module) not in roots))
+            self.keep(module.register_forward_hook(self._eager(self._post_hook(vpp, name)), with_kwargs=True))
+        for vpp, chunk in self.view.staged_chunks():
             if id(chunk) in compiled:
                 continue  # compiled in place: its hooks would run inside the graph
             self.keep(chunk.register_forward_pre_hook(self._eager(self._counter(vpp)), prepend=True))
-        for vpp, name, module in self.targets():
-            self.keep(module.register_forward_pre_hook(self._eager(self._pre_hook(vpp, name)), with_kwargs=True))
-            self.keep(module.register_forward_hook(self._eager(self._post_hook(vpp, name)), with_kwargs=True))
+            self.keep(chunk.register_forward_hook(self._eager(self._chunk_done(vpp))))
 
     def _eager(self, hook: Any) -> Any:
         """``hook`` doing nothing while ``torch.compile`` traces it (:meth:`Probe.eager`); the
@@ -256,8 +269,12 @@ class ModuleProbe(Probe):
         return self.eager(hook, _warn_traced)
 
     def end_step(self) -> None:
-        self._micro = [0] * len(self._micro)
+        self._micro = dict.fromkeys(self._micro, 0)
+        self._backward_micro = {}
         self._drop_step_handles()
+        if self._partial_seen:
+            _warn_partial(self._partial_seen)
+            self._partial_seen = []
 
     def detach(self) -> None:
         super().detach()
@@ -278,15 +295,35 @@ class ModuleProbe(Probe):
         return self.active and self.backend.records_forward(module, self.spec.record_eval_mode)
 
     def _counter(self, vpp: int) -> Any:
+        """The chunk's forward pre-hook: counts its training forwards (the schedule's
+        micro-batch index under a pipeline schedule); a metadata-inference pass and a
+        recomputation are not counted, and the first is not recorded at all."""
+
         def count(module: Any, args: tuple[Any, ...]) -> None:
-            if self._records(module):
-                self._micro[vpp] += 1
+            if not self._records(module) or self.view.recomputing():
+                return
+            call = self.view.chunk_call()
+            if not call.record:
+                self._skipping.add(vpp)
+                return
+            self._skipping.discard(vpp)
+            if call.stage is not None and not self.view.pipelined:
+                _warn_unstaged(vpp, call.stage)
+            self._micro[vpp] = call.micro_batch + 1 if call.micro_batch is not None else self._micro[vpp] + 1
 
         return count
 
+    def _chunk_done(self, vpp: int) -> Any:
+        """The chunk's forward hook: its metadata-inference pass (if it was one) is over."""
+
+        def done(module: Any, args: tuple[Any, ...], output: Any) -> None:
+            self._skipping.discard(vpp)
+
+        return done
+
     def _pre_hook(self, vpp: int, name: str) -> Any:
         def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if self._records(module):
+            if self._records(module) and vpp not in self._skipping:
                 self._record(vpp, name, "input", call_tensors(args, kwargs, self._tensor_type))
             return None
 
@@ -294,28 +331,45 @@ class ModuleProbe(Probe):
 
     def _post_hook(self, vpp: int, name: str) -> Any:
         def post(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            if self._records(module):
+            if self._records(module) and vpp not in self._skipping:
                 self._record(vpp, name, "output", output_slots(output, self._tensor_type))
             return None
 
         return post
 
     def _record(self, vpp: int, name: str, kind: str, tensors: list[Any]) -> None:
-        micro = max(self._micro[vpp] - 1, 0)
-        naming = self.naming
-        picked = naming.forward(name, kind, tensors)
-        key_of = self._key
-        backend = self.backend
-        if picked:
-            scope = naming.forward_scope
-            keys = [key_of(vpp, row, scope, micro) for row, _ in picked]
-            self.rows.extend(keys, self.stats.rows([t for _, t in picked]))
-        if not backend.grad_recording():
+        """Rows of one call's ``tensors`` and gradient hooks on them. In a recomputation
+        (activation checkpointing) the forward rows were written by the forward it repeats:
+        only the gradient hooks are added (a reentrant checkpoint's backward runs through the
+        recomputed tensors), tagged with the micro step of the backward running."""
+        recompute = self.view.recomputing()
+        forward_micro = max(self._micro.get(vpp, 0) - 1, 0)
+        micro = self._backward_micro.get(vpp, forward_micro) if recompute else forward_micro
+        if not recompute:
+            self._forward_rows(vpp, name, kind, tensors, micro)
+        if self.backend.grad_recording():
+            self._watch_grads(vpp, name, kind, tensors, micro)
+
+    def _forward_rows(self, vpp: int, name: str, kind: str, tensors: list[Any], micro: int) -> None:
+        """The forward rows of one call (a partial sum left out, see :meth:`_partial`)."""
+        picked = self.naming.forward(name, kind, tensors)
+        if not picked:
             return
-        scope = naming.backward_scope
+        is_partial = self.view.is_partial
+        if any(is_partial(t) for _, t in picked):
+            picked = [(row, t) for row, t in picked if not is_partial(t) or self._partial(name)]
+        scope = self.naming.forward_scope
+        key_of = self._key
+        keys = [key_of(vpp, row, scope, micro, name) for row, _ in picked]
+        self.rows.extend(keys, self.stats.rows([t for _, t in picked]))
+
+    def _watch_grads(self, vpp: int, name: str, kind: str, tensors: list[Any], micro: int) -> None:
+        """One gradient hook per tensor of the call that needs one this step (:class:`GradWatch`)."""
+        backend = self.backend
+        scope = self.naming.backward_scope
         tag = (vpp, micro)
         watched = self._watched
-        for row, t in naming.backward(name, kind, tensors):
+        for row, t in self.naming.backward(name, kind, tensors):
             if not backend.wants_grad(t):
                 continue
             watch = watched.get(id(t))
@@ -326,15 +380,26 @@ class ModuleProbe(Probe):
                     self._step_handles.append(handle)
                 if watch.ref is not None:
                     watched[id(t)] = watch
-            watch.add(tag, key_of(vpp, row, scope, micro))
+            watch.add(tag, self._key(vpp, row, scope, micro, name))
 
-    def _key(self, vpp: int, row: str, scope: str, micro: int) -> RowKey:
-        """The row key (made once, reused every step: the writer recognises a step's keys)."""
+    def _partial(self, module: str) -> bool:
+        """Note that a row of ``module`` would hold a partial sum and is left out (False): the
+        step's end warns once naming the module."""
+        if module not in self._partial_warned:
+            self._partial_warned.add(module)
+            self._partial_seen.append(module)
+        return False
+
+    def _key(self, vpp: int, row: str, scope: str, micro: int, module: str) -> RowKey:
+        """The row key (made once, reused every step: the writer recognises a step's keys) of a
+        row of ``module``."""
         found = self._keys.get((vpp, row, scope, micro))
         if found is None:
             if len(self._keys) >= _MAX_KEYS:
                 self._keys.clear()
+                self._module_of.clear()
             found = self._keys[(vpp, row, scope, micro)] = RowKey(vpp, row, scope, micro)
+            self._module_of[found] = module
         return found
 
     def _grad_hook(self, watch: GradWatch) -> Any:
@@ -347,6 +412,10 @@ class ModuleProbe(Probe):
                 try:
                     keys = watch.take()
                     if not keys:
+                        return
+                    self._backward_micro[keys[0].vpp_stage] = keys[0].micro_step or 0
+                    if self.view.is_partial(grad):
+                        self._partial(self._module_of.get(keys[0], keys[0].name))
                         return
                     row = self.stats.row(grad)
                     if len(keys) == 1:
@@ -362,6 +431,27 @@ class ModuleProbe(Probe):
 def _shared(row: Any) -> Any:
     """``row`` for one more key: host rows (lists) copied, device rows (tensors) shared."""
     return list(row) if isinstance(row, list) else row
+
+
+def _warn_partial(modules: list[str]) -> None:
+    """Warn (once per module) that ``modules`` had rows holding partial sums, left out."""
+    shown = ", ".join(map(_shown_name, modules[:_SHOWN_NAMES]))
+    more = f" and {len(modules) - _SHOWN_NAMES} more" if len(modules) > _SHOWN_NAMES else ""
+    logger.warning(
+        f"trainprobe module: rows of {len(modules)} module(s) are left out ({shown}{more}): the tensor is a "
+        "DTensor with a Partial placement (each rank holds a summand, not a piece: a gradient before its "
+        "reduction), whose statistics describe no tensor. The module's other rows are written",
+    )
+
+
+def _warn_unstaged(vpp: int, stage: int) -> None:
+    """Warn once that a chunk runs as a pipeline stage but is named by its chunk index."""
+    warn_once(
+        "module-unstaged-pipeline",
+        f"trainprobe module: model chunk {vpp} runs as pipeline stage {stage} (torch.distributed.pipelining) "
+        "but its rows are named by its chunk index; pass the PipelineStage object(s) to start(model=...) to "
+        "name every chunk by its global stage",
+    )
 
 
 def _warn_traced(ctx: object = None) -> None:
