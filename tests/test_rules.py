@@ -50,7 +50,7 @@ def _noisy(n: int, seed: int, spikes: dict[int, float] | None = None, scale: flo
 def _hostile(seed: int) -> np.ndarray:
     """Noise with spikes, NaN, ±inf, zeros and a NaN run: everything a series can hold."""
     rng = np.random.default_rng(seed)
-    values = _noisy(300, seed, {40: 30.0, 41: 30.0, 120: 200.0, 250: 12.0})
+    values = _noisy(300, seed, {40: 30.0, 41: 30.0, 120: 200.0, 250: 12.0, 290: 1e4} | dict.fromkeys(range(270, 280), 8.0))
     values[rng.choice(300, 25, replace=False)] = np.nan
     values[rng.choice(300, 5, replace=False)] = np.inf
     values[rng.choice(300, 5, replace=False)] = -np.inf
@@ -81,7 +81,7 @@ def test_streaming_and_replay_give_the_same_verdicts(name: str, params: dict[str
     rule = rule_named(name, **params)
     total = 0
     for seed in range(6):
-        values = _hostile(seed)
+        values = _hostile(seed) ** (2 if squared else 1)  # a series of squares holds squares
         steps = np.arange(len(values)) * 3 + 5  # steps of a run recorded every 3rd step
         online = _stream(rule, steps, values, squared)
         assert rule.replay(steps, values, squared) == online
@@ -179,11 +179,14 @@ def test_zeros_are_no_history() -> None:
 
 
 def test_early_max_waits_for_its_first_100_values() -> None:
-    values = _noisy(200, 0, {50: 100.0, 150: 20.0})
+    values = _noisy(200, 0, {150: 20.0})
     found = EarlyMax().replay(np.arange(200), values)
     assert [v.step for v in found] == [150]
-    assert found[0].reference == pytest.approx(values[:100].max())  # the step-50 spike is among them
-    assert [v.step for v in EarlyMax(warmup=10).replay(np.arange(200), values)] == [50, 150]
+    assert found[0].reference == values[:100].max()
+    blinded = _noisy(200, 0, {50: 100.0, 150: 20.0})  # a spike among the first 100 raises the bar
+    assert EarlyMax().replay(np.arange(200), blinded) == []
+    # checked from the 10th value: the step-50 spike is named and kept out of the max
+    assert [v.step for v in EarlyMax(warmup=10).replay(np.arange(200), blinded)] == [50, 150]
 
 
 def test_mean_patience_names_the_first_of_more_than_patience_outliers() -> None:
@@ -313,7 +316,7 @@ def test_median_rule_reproduces_diagnose_sql_on_a_real_run(real_run: Path, param
     rule = RunningMedian(**params)
     sql, replayed = _sql_rows(con, views, rule), _replayed_rows(con, views, rule)
     assert replayed == sql
-    assert len(sql) > (0 if not params else 20)
+    assert len(sql) > (0 if not params else 10)
     if not params:  # today's answer: the x50 gradient at step 20 and its after-effects
         assert ("weight_grad", 0, 20, "layers.1.mlp.fc1.weight", "reduced", "norm") in {k[:6] for k in sql}
         assert min(k[2] for k in sql) == 20

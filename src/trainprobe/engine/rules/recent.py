@@ -67,7 +67,7 @@ class RecentMax(Rule[RecentState]):
 
     def bar(self, state: RecentState) -> float:
         """The bar after ``state.seen`` values: ``base ** (1 + grow / seen)``."""
-        return state.base ** (1 + self.grow / state.seen)
+        return float(state.base ** (1 + self.grow / state.seen))
 
     def ref(self, state: RecentState) -> float:
         """The reference: the max (or median) of the recent values."""
