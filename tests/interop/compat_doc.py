@@ -40,7 +40,8 @@ def listed_ids(doc: Path = DOC) -> set[str]:
 
 
 def escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` as one table cell: ``|`` escaped (read back by :func:`cells`), on one line."""
+    return text.replace("\\|", "|").replace("|", "\\|").replace("\n", " ")
 
 
 def table(diffs: list[Diff], known: dict[str, list[str]] | None = None) -> str:
@@ -49,7 +50,7 @@ def table(diffs: list[Diff], known: dict[str, list[str]] | None = None) -> str:
     lines = ["| id | what differs (this run) | why | which document sides with trainprobe |", "|---|---|---|---|"]
     for d in diffs:
         why, doc = (known.get(d.id) or ["TODO", "TODO"])[:2]
-        lines.append(f"| `{escape(d.id)}` | {escape(d.detail[:300])} | {why} | {doc} |")
+        lines.append(f"| `{escape(d.id)}` | {escape(d.detail[:300])} | {escape(why)} | {escape(doc)} |")
     return "\n".join(lines)
 
 
