@@ -12,8 +12,11 @@ Everything framework-specific comes from the run's :class:`~trainprobe.engine.ba
 * ``params_have_main_grad``: gradients are read from ``param.main_grad`` where it is a tensor
   (Megatron), else from ``.grad`` (``Backend.grad_reader``; PyTorch only).
 * ``dp_group``: only the first rank of the data-parallel group keeps reduced-gradient rows;
-  ``tp_group``: on the other ranks of the tensor-parallel group only parameters marked
-  ``tensor_model_parallel`` keep them (the others are copies).
+  ``tp_group``: on the other ranks of the tensor-parallel group only the parameters whose piece
+  there is another than on the first rank keep them, decided by placement on PyTorch
+  (:mod:`~trainprobe.frontdoors.monitor_v1.tp_filter`: DTensor shards along the group's mesh
+  dimension and parameters marked ``tensor_model_parallel``; replicas are written once), by
+  ``tensor_model_parallel`` alone on other backends.
 * ``process_group`` (of ``TrainerMon``): the pipeline group, giving anomalies their ``pp_stage``
   and ``group_mates``.
 """
@@ -143,8 +146,9 @@ def check_arguments(optimizer: Any, grad_acc_steps: int, start_iteration: int) -
 def redundancy_filter(dp_group: Any, tp_group: Any, backend: Backend) -> KeepReduced | None:
     """Which parameters keep their reduced-gradient rows on this rank (None: all of them): only
     the first rank of a data-parallel group writes them; on the other ranks of a tensor-parallel
-    group, only parameters marked ``tensor_model_parallel``. This rank in a group is
-    ``backend.group_rank``.
+    group, the parameters whose piece differs there (PyTorch: by placement, see
+    :mod:`~trainprobe.frontdoors.monitor_v1.tp_filter`; elsewhere those marked
+    ``tensor_model_parallel``). This rank in a group is ``backend.group_rank``.
 
     Raises:
         ConfigError: a group is given but the framework's distributed communication is not
@@ -156,6 +160,10 @@ def redundancy_filter(dp_group: Any, tp_group: Any, backend: Backend) -> KeepRed
         return None
     if not dp_first:
         return lambda named: False
+    if backend.name == "pytorch":
+        from trainprobe.frontdoors.monitor_v1.tp_filter import placement_filter
+
+        return placement_filter(backend.group_ranks(tp_group))
     return lambda named: bool(getattr(named.param, "tensor_model_parallel", False))
 
 
