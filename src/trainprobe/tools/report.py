@@ -70,6 +70,7 @@ def write_report(
     training_state: str | Path | None = None,
     tensorboard: str | Path | None = None,
     baseline: str | Path | None = None,
+    rank_local: bool = False,
 ) -> Path:
     """Write the HTML report of the monitor output under ``monitor_dir`` (a V1 MONITOR_OUTPUT_DIR
     or run folder, or a V2 output_dir) to ``output`` (see :func:`output_path`) and return its path.
@@ -83,7 +84,11 @@ def write_report(
     Torn rows of a killed run are skipped (a warning names each file once, the summary counts them).
     The "Diagnosis" section holds ``trainprobe diagnose``'s answer for ``monitor_dir``; with
     ``baseline`` (a good run of the same kind) the page also holds ``trainprobe diff``'s answer,
-    counts and heatmaps of ``baseline`` against ``monitor_dir``.
+    counts and heatmaps of ``baseline`` against ``monitor_dir``. On a sharded run (FSDP2, tensor
+    parallelism) the diagnosis is of full tensors and names the ranks holding the tensor where it
+    went wrong (``rank_local=True``: of each rank's rows as written); the heatmaps and lines show
+    each rank's rows as written. GradScaler's skipped steps are named (summary and diagnosis),
+    not counted as anomalies by the diagnosis.
 
     Raises:
         ConfigError: ``monitor_dir`` missing or holding no monitor CSV, a CSV with a foreign
@@ -98,7 +103,7 @@ def write_report(
 
     files = find_report_files(Path(monitor_dir).expanduser())
     # the diagnosis first: its DuckDB memory is given back before the report's data is read
-    diagnosis = _diagnosis(monitor_dir, run_files(files))
+    diagnosis = _diagnosis(monitor_dir, run_files(files), rank_local)
     data = load_report_data(monitor_dir, training_state, tensorboard, files=files)
     path = output_path(output)
     text = render_page(data, diagnosis=diagnosis, baseline=_baseline_adder(baseline, monitor_dir))
@@ -109,13 +114,14 @@ def write_report(
     return path
 
 
-def _diagnosis(monitor_dir: str | Path, files: Any = None) -> list[str]:
+def _diagnosis(monitor_dir: str | Path, files: Any = None, rank_local: bool = False) -> list[str]:
     """``trainprobe diagnose``'s lines for the Diagnosis section (a run it cannot read: one line
     saying why); ``files``: the run's files, found already by the report."""
     from trainprobe.tools.diagnose import diagnosis_summary
 
     try:
-        return list(diagnosis_summary(monitor_dir, files=files, memory_limit=DIAGNOSE_MEMORY)["lines"])
+        summary = diagnosis_summary(monitor_dir, files=files, memory_limit=DIAGNOSE_MEMORY, rank_local=rank_local)
+        return list(summary["lines"])
     except ConfigError as exc:
         return [f"no diagnosis: {exc}"]
 
@@ -139,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: see :func:`write_report`.
     """
-    print(write_report(args.monitor_dir, args.output, args.training_state, args.tensorboard, args.baseline))
+    print(write_report(args.monitor_dir, args.output, args.training_state, args.tensorboard, args.baseline,
+                       rank_local=args.rank_local))
     return 0
 
 
@@ -172,6 +179,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--baseline",
         metavar="GOOD_RUN",
         help="a good run of the same kind: adds trainprobe diff's answer and heatmaps of GOOD_RUN against MONITOR_DIR",
+    )
+    parser.add_argument(
+        "--rank-local", action="store_true",
+        help="the Diagnosis of each rank's rows as written; by default a sharded run (FSDP2, TP) is diagnosed in "
+        "full tensors (shards merged, replicas counted once)",
     )
     parser.set_defaults(run=run)
     return parser

@@ -107,4 +107,9 @@ def load_report_data(
     )
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
-    return ReportData(root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training)
+    from trainprobe.tools.diagnose import is_sharded, run_skips
+
+    return ReportData(
+        root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training,
+        skipped=run_skips(root), sharded=is_sharded(root),
+    )

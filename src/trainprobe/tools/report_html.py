@@ -223,11 +223,38 @@ def summary_html(data: ReportData) -> str:
         ("Data types", f"{len(data.groups)}: {_e(', '.join(g.name for g in data.groups))}"),
         ("Targets", _targets_summary(data)),
         ("CSV rows", f"{sum(g.rows for g in data.groups)} in {data.files} file(s); torn rows skipped: {data.torn}"),
-        ("NaN/inf", f"{nonfinite_rows} row(s) in {bad_groups} data type(s); first in execution order: {first}"),
+        ("NaN/inf", f"{nonfinite_rows} row(s) in {bad_groups} data type(s); first in execution order: {first}"
+         + _skipped_note(data, data.first_nonfinite)),
         ("Alerts", alert_text),
+        *_run_notes(data),
     ]
     table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<section id="summary"><h2>Summary</h2><table>{table}</table>{_groups_table(data)}</section>'
+
+
+def _skipped_note(data: ReportData, event: AnomalyEvent | None) -> str:
+    """`` — a backward row of a step GradScaler skipped`` when ``event`` is one (its inf is the
+    scaler's overflow), else ``""``."""
+    if event is None or event.phase != "backward":
+        return ""
+    if int(event.data["step"]) not in data.skipped.get(int(event.data["rank"]), ()):
+        return ""
+    return " — a backward row of a step GradScaler skipped (the scaler's overflow, not an anomaly)"
+
+
+def _run_notes(data: ReportData) -> list[tuple[str, str]]:
+    """Summary rows for a sharded run and for GradScaler's skipped steps (none otherwise)."""
+    from trainprobe.tools.diagnose import Diagnosis
+
+    notes = []
+    if data.sharded:
+        notes.append(("Layout", "sharded (FSDP2 / tensor parallelism): the heatmaps and lines show each rank's "
+                      "pieces as written; the Diagnosis answers in full tensors (shards merged, replicas counted once)"))
+    if data.skipped:
+        line = Diagnosis(str(data.root), [], None, {}, data.ranks, skipped=data.skipped).skipped_line() or ""
+        notes.append(("GradScaler", _e(line.removeprefix("skipped by GradScaler: "))
+                      + f" — {len({s for v in data.skipped.values() for s in v})} step(s) skipped"))
+    return notes
 
 
 def _targets_summary(data: ReportData) -> str:

@@ -112,6 +112,9 @@ class ReportData:
         alerts: the events of ``anomaly_detected/rank*/anomaly.json``, in execution order.
         anomaly_files: the ``anomaly.json`` files read.
         training: what the ``training_state.jsonl`` files hold (empty without them).
+        skipped: rank → the steps GradScaler skipped there (``amp_skips.jsonl``; empty without).
+        sharded: whether the run's ``tensor_layout.json`` files mark shards or replicas (its
+            rows are rank-local pieces; the Diagnosis section answers in full tensors).
     """
 
     root: Path
@@ -124,6 +127,8 @@ class ReportData:
     anomaly_files: list[Path] = field(default_factory=list)
     onset_count: int = 0
     training: TrainingState = field(default_factory=TrainingState)
+    skipped: dict[int, list[int]] = field(default_factory=dict)
+    sharded: bool = False
 
     @property
     def steps(self) -> np.ndarray:
