@@ -29,7 +29,7 @@ import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from trainprobe.engine.folders import one_line_fault
 from trainprobe.engine.log import error_once, logger
@@ -39,6 +39,27 @@ from trainprobe.engine.records import StepBatch
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.background import Sink, Writer
 from trainprobe.engine.sinks.fanout import FanOut
+
+
+class StepWatch(Protocol):
+    """Something that reads each step's rows as the session hands them to the writer, on the
+    training thread, and may act at the step's boundary (Monitor V2's online anomaly rules,
+    :mod:`trainprobe.frontdoors.monitor_v2.anomaly_watch`). Its methods may raise to stop the
+    run (the session has then written the step and closed)."""
+
+    def on_batch(self, probe: Probe, batch: StepBatch) -> None:
+        """A probe's rows of a collected step, about to be written."""
+
+    def before_update(self, probes: Sequence[Probe]) -> None:
+        """The probes' pre-step work is done (the reduced gradients are known)."""
+
+    def skipped(self, step: int) -> None:
+        """GradScaler skipped the optimizer step of ``step``."""
+
+    def at_boundary(self, step: int, close: Callable[[], None] | None) -> None:
+        """``step`` ended and its rows went to the writer; ``close()`` closes the session (None:
+        the session is closing now, nothing may be raised)."""
+
 
 SkipWatcher = Callable[[StepHooks, Callable[[], None]], "Removable | None"]
 """``watch(optimizer, on_skip)``: call ``on_skip()`` whenever a step of ``optimizer`` is skipped
@@ -83,6 +104,7 @@ class Session:
         pre_step_hook: bool = True,
         skip_watch: SkipWatcher | None = None,
         trailing: bool | None = None,
+        watch: StepWatch | None = None,
     ) -> None:
         self.probes = list(probes)
         self.schedule = schedule
@@ -94,6 +116,7 @@ class Session:
         self.patch_step = patch_step
         self.pre_step_hook = pre_step_hook
         self.skip_watch = skip_watch
+        self.watch = watch
         self.closed = False
         self._attached = False
         self._optimizer_handles: list[Removable] = []
@@ -137,6 +160,8 @@ class Session:
         if self._attached and self.clock.collecting and any(p.has_work() for p in self.probes):
             self._flush_rows()
             reached = self.clock.step
+            if self.watch is not None:
+                self.watch.at_boundary(self.clock.step, None)
         self._finish(reached)
 
     def _finish(self, reached: int | None) -> None:
@@ -193,6 +218,8 @@ class Session:
             else:
                 self._close_tail()
                 self._finish(None)
+        if self.watch is not None:
+            self.watch.at_boundary(step, self.close)
 
     def _end_probe_step(self, probe: Probe, step: int, collecting: bool) -> None:
         """Run ``probe``'s end of step and, on a collected step, hand its rows to the writer."""
@@ -204,6 +231,8 @@ class Session:
             return
         batch = probe.guard(probe.rows.drain)(probe.name, step)
         if batch is not None:
+            if self.watch is not None:
+                self.watch.on_batch(probe, batch)
             self.writer.submit(batch)
 
     def _flush_rows(self) -> None:
@@ -278,6 +307,8 @@ class Session:
             for probe in self.probes:
                 if not probe.disabled:
                     probe.guard(probe.before_optimizer_step)()
+            if self.watch is not None:
+                self.watch.before_update(self.probes)
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizer_post_step()
@@ -286,6 +317,8 @@ class Session:
 
     def _skipped_step(self) -> None:
         if not self.closed:
+            if self.watch is not None:
+                self.watch.skipped(self.clock.step)
             self.end_step()
 
     def optimizer_post_step(self) -> None:

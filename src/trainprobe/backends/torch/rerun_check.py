@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from trainprobe.backends.torch.dist_info import ranks_flagging
 from trainprobe.engine.errors import ConfigError
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -135,7 +135,7 @@ def rerun_check(
     differed = _differences(first_loss, second_loss, after_first, after_second)
     _restore(model, after_first)
     compared = (first_loss is not None) + len(after_first.grads) + len(after_first.buffers)
-    ranks = _ranks_that_differed(bool(differed), group)
+    ranks = ranks_flagging(bool(differed), group)
     return RerunVerdict(
         reproducible=not ranks,
         losses=(_as_float(first_loss), _as_float(second_loss)),
@@ -235,20 +235,3 @@ def _differences(
     out.extend(f"grad {n}" for n, g in first.grads.items() if not _same_bits(g, second.grads.get(n)))
     out.extend(f"buffer {n}" for n, b in first.buffers.items() if not _same_bits(b, second.buffers.get(n)))
     return out
-
-
-def _ranks_that_differed(differed: bool, group: Any) -> tuple[int, ...]:
-    """The ranks (of ``group``) whose two calls differed; this process alone without dist."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return (0,) if differed else ()
-    flag = torch.tensor([1 if differed else 0], dtype=torch.int64, device=_device_of(group))
-    flags = [torch.zeros_like(flag) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(flags, flag, group=group)
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(flags)))
-    return tuple(r for r, f in zip(ranks, flags) if int(f.item()))
-
-
-def _device_of(group: Any) -> torch.device:
-    """Where the all-gather's tensor lives: the current CUDA device under NCCL, else the CPU."""
-    backend = dist.get_backend(group)
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")

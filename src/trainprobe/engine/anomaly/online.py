@@ -73,12 +73,14 @@ class OnlineRules:
         rows: Iterable[tuple[RowKey, Sequence[float]]],
         *,
         skipped: bool = False,
+        first_position: int = 0,
     ) -> None:
-        """Judge one monitor's rows of ``step`` (in the order it produced them); ``skipped``: a
-        step GradScaler skipped (its backward rows are left out)."""
+        """Judge one monitor's rows of ``step`` (in the order it produced them, the first being
+        the monitor's ``first_position``-th row of the step); ``skipped``: a step GradScaler
+        skipped (its backward rows are left out)."""
         findings = self._steps.setdefault(step, _StepFindings())
         index = {op: i for i, op in enumerate(ops)}
-        for position, (key, values) in enumerate(rows):
+        for position, (key, values) in enumerate(rows, start=first_position):
             if skipped and _is_backward(table, key):
                 continue
             if "nonfinite" in self.config.rules:
@@ -89,15 +91,23 @@ class OnlineRules:
                 for event in self._spikes(table, step, key, position, index, values):
                     findings.add(event)
 
-    def end_step(self, step: int) -> list[AnomalyEvent]:
-        """The events of ``step`` (at most one per kind, in execution order), forgotten here."""
-        findings = self._steps.pop(step, None)
+    def current(self, step: int) -> list[AnomalyEvent]:
+        """The events of ``step`` so far (at most one per kind, in execution order), kept."""
+        findings = self._steps.get(step)
         if findings is None:
             return []
-        events = [
-            _with_rows(event, findings.counts[kind]) for kind, event in findings.first.items()
-        ]
+        events = [_with_rows(event, findings.counts[kind]) for kind, event in findings.first.items()]
         return sorted(events, key=lambda e: e.order_key())
+
+    def end_step(self, step: int) -> list[AnomalyEvent]:
+        """The events of ``step`` and of any earlier step still open (rows that trail their step,
+        such as collectives issued after ``optimizer.step()``), in step and execution order;
+        forgotten here."""
+        events = []
+        for earlier in sorted(s for s in self._steps if s <= step):
+            events += self.current(earlier)
+            del self._steps[earlier]
+        return events
 
     def _spikes(
         self, table: str, step: int, key: RowKey, position: int, index: dict[str, int], values: Sequence[float]

@@ -1,0 +1,302 @@
+"""Monitor V2's ``anomaly`` block at work: the online rules judge each step's rows and act.
+
+:class:`AnomalyWatch` is the session's :class:`~trainprobe.engine.session.StepWatch`. On the
+training thread, as each monitor's rows of a collected step go to the writer, it judges them
+(:class:`~trainprobe.engine.anomaly.online.OnlineRules`: the query layer's non-finite rule and
+the spike rule ``trainprobe diagnose`` uses); at the step's boundary it acts on what it found:
+
+* every event goes to ``rank_<r>/anomaly_events.jsonl``, and with ``log`` to one warning line;
+* ``on_anomaly(event)`` (``TrainerMonitorV2(cfg, on_anomaly=fn)``) is called for each event
+  (at most one per kind per step), with monitoring paused while it runs (a callback may run
+  :func:`trainprobe.rerun_check`);
+* ``dump``: a precision dump of the next ``dump.steps`` steps starts
+  (``<output_dir>/anomaly_dump/step<N>/rank<R>/``, readable by ``trainprobe compare``);
+* ``stop``: every rank learns whether any rank saw an anomaly (one all-gather of one integer
+  per step), and all stop at the same step: the session writes the step and closes, then
+  :class:`~trainprobe.engine.anomaly.events.AnomalyStop` is raised (or, for the trainer
+  callbacks, :attr:`AnomalyWatch.stop_requested` is set and they stop their trainer).
+
+With ``before_update`` the rows known before ``optimizer.step()`` (module, weight_grad
+``unreduced`` and ``reduced``) are judged in the optimizer's pre-step hook, after the monitors
+have taken their statistics: one host read of them per step. A stop then skips the update
+(``optimizer.step()`` returns without moving a parameter, or raises ``AnomalyStop``), so the
+model and the optimizer are exactly as after the last healthy step.
+
+A fault inside the watch itself (not an anomaly: a bug, a full disk for the event file) is logged
+once and turns the watch off; training goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainprobe.engine.anomaly.config import AnomalyConfig
+from trainprobe.engine.anomaly.events import AnomalyEvent, AnomalyStop, EventLog
+from trainprobe.engine.anomaly.online import OnlineRules
+from trainprobe.engine.layout import V2_MONITORS
+from trainprobe.engine.log import error_once, logger
+from trainprobe.engine.probes.base import Probe, StepClock
+from trainprobe.engine.records import StepBatch
+
+DUMP_FOLDER = "anomaly_dump"
+"""The folder of ``output_dir`` the ``dump`` action writes its precision dumps into."""
+
+Agree = Callable[[bool], tuple[int, ...]]
+"""``agree(flag)``: the ranks whose flag is true (a collective every rank calls together)."""
+
+
+class SkipUpdate(Exception):
+    """Raised by the pre-step check to keep ``optimizer.step()`` from applying the update (caught
+    by the step wrapper the front door installs, :func:`skip_update_wrapper`)."""
+
+
+class AnomalyWatch:
+    """See the module docstring.
+
+    Args:
+        config: the validated ``anomaly`` block.
+        rank: this process's rank.
+        rank_dir: the rank's output folder (``rank_<r>``), for the event file.
+        output_dir: the run's output folder, for the dumps.
+        first_step: the run's first step (event lines at or after it from an earlier run are dropped).
+        clock: the session's step clock (paused while a callback runs).
+        model: what a dump action dumps (the ``start(model=...)`` argument).
+        on_anomaly: the user's callback, or None.
+        agree: how ranks agree on a stop (None: this process alone).
+        raise_on_stop: raise ``AnomalyStop`` (True) or only set :attr:`stop_requested` (the
+            trainer callbacks).
+    """
+
+    def __init__(
+        self,
+        config: AnomalyConfig,
+        *,
+        rank: int,
+        rank_dir: Path,
+        output_dir: Path,
+        first_step: int,
+        clock: StepClock,
+        model: Any,
+        on_anomaly: Callable[[AnomalyEvent], Any] | None,
+        agree: Agree | None,
+        raise_on_stop: bool = True,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.rules = OnlineRules(config, rank)
+        self.log = EventLog(rank_dir, first_step)
+        self.output_dir = output_dir
+        self.clock = clock
+        self.model = model
+        self.on_anomaly = on_anomaly
+        self.agree = agree
+        self.raise_on_stop = raise_on_stop
+        self.stop_requested: AnomalyStop | None = None
+        self.events: list[AnomalyEvent] = []
+        self.disabled = False
+        self._judged: dict[str, int] = {}
+        self._reported: dict[int, set[str]] = {}
+        self._skipped: set[int] = set()
+        self._dump: _DumpAfter | None = None
+
+    # -- the session's calls -------------------------------------------------------------
+    def on_batch(self, probe: Probe, batch: StepBatch) -> None:
+        """Judge a monitor's rows of a step (those the pre-step check did not judge already)."""
+        if self.disabled or probe.name not in V2_MONITORS:
+            return
+        try:
+            done = self._judged.pop(probe.name, 0) if batch.step == self.clock.step else 0
+            self.rules.judge(
+                probe.name,
+                batch.step,
+                probe.spec.ops,
+                batch.rows()[done:],
+                skipped=batch.step in self._skipped,
+                first_position=done,
+            )
+        except Exception as exc:  # noqa: BLE001 - the watch never breaks training
+            self._fail(exc)
+
+    def before_update(self, probes: Sequence[Probe]) -> None:
+        """With ``before_update``: judge the rows known before the update; on a stop, keep the
+        update from being applied (:class:`SkipUpdate`)."""
+        if not self.config.before_update:
+            return
+        step = self.clock.step
+        fresh: list[AnomalyEvent] = []
+        if not self.disabled:
+            try:
+                for probe in probes:
+                    if probe.name in V2_MONITORS and not probe.disabled:
+                        rows = probe.rows.snapshot()  # one host copy per device, waited for
+                        self.rules.judge(probe.name, step, probe.spec.ops, rows, skipped=step in self._skipped)
+                        self._judged[probe.name] = len(rows)
+                fresh = self._fresh(step, self.rules.current(step))
+            except Exception as exc:  # noqa: BLE001 - the watch never breaks training
+                self._fail(exc)
+                fresh = []
+        self._report(fresh)
+        if self._stopping(step, fresh):  # a disabled watch still takes part: no rank waits for it
+            raise SkipUpdate()
+
+    def skipped(self, step: int) -> None:
+        """GradScaler skipped ``step``'s update: its backward rows are not anomalies."""
+        self._skipped.add(step)
+
+    def at_boundary(self, step: int, close: Callable[[], None] | None) -> None:
+        """``step`` ended: report its new events, run a dump, stop if a rank saw an anomaly."""
+        self._skipped = {s for s in self._skipped if s >= step}
+        self._judged.clear()
+        fresh: list[AnomalyEvent] = []
+        if not self.disabled:
+            try:
+                fresh = [e for e in self.rules.end_step(step) if e.kind not in self._reported.get(e.step, set())]
+                self._reported = {}
+            except Exception as exc:  # noqa: BLE001 - the watch never breaks training
+                self._fail(exc)
+                fresh = []
+        self._report(fresh)
+        self._run_dump(step, bool(fresh), closing=close is None)
+        if close is not None and self._stopping(step, fresh):  # a disabled watch still takes part
+            if self.raise_on_stop:
+                close()
+                raise self.stop_requested  # type: ignore[misc]
+
+    # -- acting --------------------------------------------------------------------------
+    def _fresh(self, step: int, events: list[AnomalyEvent]) -> list[AnomalyEvent]:
+        """The events of ``step`` not reported yet (the pre-step check may have reported some)."""
+        seen = self._reported.setdefault(step, set())
+        fresh = [e for e in events if e.kind not in seen]
+        seen.update(e.kind for e in fresh)
+        return fresh
+
+    def _report(self, events: list[AnomalyEvent]) -> None:
+        for event in events:
+            self.events.append(event)
+            self.log.record(event, self.config.actions)
+            if "log" in self.config.actions:
+                logger.warning("trainprobe: anomaly: %s", event.line())
+            if self.on_anomaly is not None:
+                self._call_back(event)
+
+    def _call_back(self, event: AnomalyEvent) -> None:
+        collecting, self.clock.collecting = self.clock.collecting, False  # a rerun is not recorded
+        try:
+            assert self.on_anomaly is not None
+            self.on_anomaly(event)
+        except AnomalyStop:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's callback never breaks training
+            error_once(f"on-anomaly-{id(self)}", f"trainprobe: the on_anomaly callback raised {type(exc).__name__}: {exc}")
+        finally:
+            self.clock.collecting = collecting
+
+    def _stopping(self, step: int, fresh: list[AnomalyEvent]) -> bool:
+        """Whether the run stops at ``step`` (every rank answers the same: they agree)."""
+        if not self.config.stops or self.stop_requested is not None:
+            return False
+        mine = bool(fresh)
+        ranks = self.agree(mine) if self.agree is not None else ((self.rank,) if mine else ())
+        if not ranks:
+            return False
+        self.stop_requested = AnomalyStop(step, tuple(fresh), ranks)
+        logger.warning("trainprobe: %s", self.stop_requested)
+        return True
+
+    def _run_dump(self, step: int, found: bool, *, closing: bool) -> None:
+        if self._dump is not None:
+            try:
+                done = self._dump.at_boundary(step, closing)
+            except Exception as exc:  # noqa: BLE001 - dumping never breaks training
+                error_once(f"anomaly-dump-{id(self)}", f"trainprobe: the anomaly dump failed ({exc}); it is stopped")
+                done = True
+            if done:
+                self._dump = None
+            return
+        if found and self.config.dumps and not closing and not self.config.stops:
+            try:
+                self._dump = _DumpAfter(self.config, self.output_dir / DUMP_FOLDER, step, self.model)
+            except Exception as exc:  # noqa: BLE001 - as above
+                error_once(f"anomaly-dump-{id(self)}", f"trainprobe: the anomaly dump could not start ({exc})")
+
+    def close(self) -> None:
+        """The monitor stops: end a dump still running."""
+        if self._dump is not None:
+            self._dump.finish()
+            self._dump = None
+
+    def _fail(self, exc: BaseException) -> None:
+        self.disabled = True
+        error_once(
+            f"anomaly-watch-{id(self)}",
+            f"trainprobe: the online anomaly rules failed ({type(exc).__name__}: {exc}); they are off for the rest "
+            "of the run, training and the monitors go on",
+            traceback=True,
+        )
+
+
+class _DumpAfter:
+    """A precision dump of the steps after ``step`` (``config.dump.steps`` of them), driven from
+    the monitor's step boundaries: started at the boundary of ``step``, each later boundary
+    writes the step dumped and starts the next; the API wrappers are removed at the end."""
+
+    def __init__(self, config: AnomalyConfig, folder: Path, step: int, model: Any) -> None:
+        from trainprobe.dump import PrecisionDebugger
+
+        self.previous = PrecisionDebugger._current
+        dump = config.dump
+        self.last = step + dump.steps
+        self.model = model
+        steps = list(range(step + 1, self.last + 1))
+        if dump.config is None:
+            self.debugger = PrecisionDebugger(dump_path=folder, task="statistics", level="L1", step=steps)
+        else:
+            self.debugger = PrecisionDebugger(dump.config, dump_path=folder, step=steps)
+        self.debugger.set_init_step(step + 1)
+        self._start()
+        logger.info("trainprobe: anomaly at step %d: dumping steps %d-%d into %s", step, step + 1, self.last, folder)
+
+    def _start(self) -> None:
+        self.debugger.start(self.model)
+
+    def at_boundary(self, step: int, closing: bool) -> bool:
+        """The step dumped ended: write it; start the next one, or finish. True when finished."""
+        self.debugger.step()
+        if step >= self.last or closing:
+            self.finish()
+            return True
+        self._start()
+        return False
+
+    def finish(self) -> None:
+        """Stop dumping and remove what the dump installed (the debugger made before it, if
+        any, becomes the current one again)."""
+        from trainprobe.dump import PrecisionDebugger
+        from trainprobe.dump.api_hooks import uninstall_api_wrappers
+
+        self.debugger.stop()
+        PrecisionDebugger._current = self.previous
+        if self.previous is None:
+            uninstall_api_wrappers()
+
+
+def skip_update_wrapper(step: Callable[..., Any], session: Any, watch: AnomalyWatch) -> Callable[..., Any]:
+    """``optimizer.step`` for ``before_update``: the original, unless the pre-step check raised
+    :class:`SkipUpdate`; then the update is not applied, the step ends (its rows written), and
+    the session closes and ``AnomalyStop`` is raised (or, for the trainer callbacks, the call
+    returns None and the trainer stops at its step end)."""
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(*args, **kwargs)
+        except SkipUpdate:
+            session.end_step()
+            stop = watch.stop_requested
+            if watch.raise_on_stop and stop is not None:
+                session.close()
+                raise stop from None
+            return None
+
+    return guarded
