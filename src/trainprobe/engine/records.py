@@ -180,6 +180,11 @@ class RowBuffer:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def pending(self) -> tuple[list[RowKey], list[RowValues]]:
+        """The pending keys and values as they are (device rows stay on their device), not taken."""
+        with self._lock:
+            return list(self._keys), list(self._values)
+
     def snapshot(self) -> list[tuple[RowKey, list[float]]]:
         """The pending rows as host floats, without taking them (for on-demand reads such as
         Monitor V1's ``generate_xy_metrics``). Rows still on a device are copied as

@@ -33,6 +33,7 @@ TOP_LEVEL_KEYS = (
     "step_count_per_record",
     "patch_optimizer_step",
     "collect_times",
+    "global_stats",
     "monitors",
 )
 COMMON_KEYS = ("enabled", "ops", "eps")
@@ -101,6 +102,8 @@ class MonitorV2Config:
     ranks: tuple[int, ...] = ()
     schedule: Schedule = field(default_factory=Schedule)
     patch_optimizer_step: bool | None = None
+    global_stats: bool = False
+    """Live full-tensor statistics of sharded tensors (``TrainerMonitorV2.global_stats``)."""
     module: ModuleMonitorConfig = field(default_factory=ModuleMonitorConfig)
     weight_grad: WeightGradConfig = field(default_factory=WeightGradConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -142,6 +145,7 @@ def load_monitor_v2_config(source: str | Path | dict[str, Any], framework: str |
         ranks=top.int_list("rank", minimum=0, allow_scalar=True),
         schedule=_schedule(top),
         patch_optimizer_step=top.boolean("patch_optimizer_step", False) if top.has("patch_optimizer_step") else None,
+        global_stats=top.boolean("global_stats", False),
         module=_module(monitors.section("module")),
         weight_grad=_weight_grad(monitors.section("weight_grad")),
         optimizer=_optimizer(monitors.section("optimizer")),

@@ -11,7 +11,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainprobe.backends import backend_for
 from trainprobe.engine.backend import Backend
@@ -40,6 +40,9 @@ from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.engine.skip_log import SKIP_FILE, SkipLog, logged_watcher
 from trainprobe.engine.tensor_layout import LAYOUT_FILE, LayoutFile
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
+
+if TYPE_CHECKING:
+    from trainprobe.backends.torch.live_stats import GlobalStatsProbe, StatKey
 
 _NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
 
@@ -73,6 +76,7 @@ class TrainerMonitorV2:
         self._started = False
         self._wrote_here = False  # a session of this monitor has written to the rank folder
         self._lock: FolderLock | None = None  # the rank folder's, from start() to stop()
+        self._live: GlobalStatsProbe | None = None  # the global_stats probe of the last session
 
     @property
     def current_step(self) -> int:
@@ -128,6 +132,7 @@ class TrainerMonitorV2:
         if self._started:
             raise RuntimeError("TrainerMonitorV2.start(): already started; call stop() first")
         rank = self._backend.rank()
+        self._check_global_stats()  # on every rank: each takes part in its collectives
         if not self.config.monitors_rank(rank):
             logger.info(
                 "trainprobe: rank %d is not in rank=%s, nothing is monitored here", rank, list(self.config.ranks)
@@ -180,6 +185,18 @@ class TrainerMonitorV2:
         if lock is not None:
             lock.release()
 
+    def global_stats(self, step: int | None = None) -> dict[StatKey, dict[str, float]]:
+        """The live full-tensor statistics of ``step`` (default: the latest collected step) with
+        ``"global_stats": true``: ``{(table, name, scope): {op: value}}`` (the key a
+        ``StatKey`` named tuple) for the ``weight_grad`` ``reduced``, ``param`` and ``optimizer``
+        rows of every tensor this rank holds a piece of, each value that of the full tensor
+        (merged over the ranks for shards, the local row for whole and replicated tensors).
+        ``{}`` for a step not collected, not yet ended, or older than the last 8 collected; also
+        when ``global_stats`` is off. Still readable after :meth:`stop`. See
+        ``docs/parallelism.md#live-full-tensor-statistics``."""
+        live = self._live
+        return live.global_stats(step) if live is not None else {}
+
     def __enter__(self) -> TrainerMonitorV2:
         """``with TrainerMonitorV2(...) as monitor:``: ``stop()`` runs when the block ends, also
         when the training loop raises, so every hook is removed and the files are flushed."""
@@ -188,6 +205,38 @@ class TrainerMonitorV2:
     def __exit__(self, *exc_info: object) -> None:
         """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
         self.stop()
+
+    def _check_global_stats(self) -> None:
+        """``global_stats`` needs the PyTorch backend, a monitor whose rows it merges, and every
+        rank monitored (each takes part in its collectives)."""
+        cfg = self.config
+        if not cfg.global_stats:
+            return
+        if self._backend.name != "pytorch":
+            raise ConfigError(f"global_stats: not supported on the {cfg.framework} backend; remove it or set it false")
+        if not set(cfg.enabled_monitors()) & {"weight_grad", "param", "optimizer"}:
+            raise ConfigError(
+                "global_stats: merges the rows of monitors.weight_grad, param or optimizer, and none is enabled"
+            )
+        from trainprobe.backends.torch.live_stats import world_size
+
+        left_out = sorted(set(range(world_size())) - set(cfg.ranks)) if cfg.ranks else []
+        if left_out:
+            raise ConfigError(
+                f"global_stats: every rank takes part in its collectives, but rank={list(cfg.ranks)} leaves out "
+                f"rank(s) {left_out}; monitor every rank (remove \"rank\") or set global_stats false"
+            )
+
+    def _live_stats(self, probes: list[Probe], view: ModelView, opt: OptimizerView | None) -> list[Probe]:
+        """The ``global_stats`` probe (the session's last), or none."""
+        self._live = None
+        if not self.config.global_stats:
+            return []
+        from trainprobe.backends.torch.live_stats import GlobalStatsProbe
+
+        params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
+        live = self._live = GlobalStatsProbe(self._clock, probes, params, backend=self._backend)
+        return [live]
 
     def _set_initial_step(self, step: Any) -> None:
         """Move the clock to ``start(initial_step=...)`` when given."""
@@ -262,13 +311,14 @@ class TrainerMonitorV2:
             patch = False
         # the column order is the spec's (the config's ops), as in V1; each kernel computes in that order
         layouts = {p.name: TableLayout(_with_micro_step(p, clock.micro_batches), p.spec.ops) for p in probes}
+        live = self._live_stats(probes, view, opt)  # no table: out of the layouts
         sink: CsvSink | ParquetSink
         if cfg.format == "parquet":
             sink = ParquetSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
         else:
             sink = CsvSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
         return Session(
-            probes=probes,
+            probes=[*probes, *live],
             schedule=cfg.schedule,
             sink=sink,
             background=cfg.async_write is not False,

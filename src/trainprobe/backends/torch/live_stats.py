@@ -1,0 +1,355 @@
+"""Live full-tensor statistics (Monitor V2 ``"global_stats": true``): each step, every rank holds
+the statistics of the *full* tensors it holds a piece of, not only of its local shard.
+
+Under FSDP2, tensor parallelism (DTensor) and their 2-D mixes a row summarises the rank's local
+piece (:mod:`trainprobe.backends.torch.placement`). The read side merges the pieces after the
+run (:mod:`trainprobe.tools.query_full`); online rules need the merged values while training
+runs. :class:`GlobalStatsProbe` gives them with two collectives per collected step, whatever the
+number of tensors:
+
+* at start, the ranks agree once (``all_gather_object``) on one *slot* per sharded tensor and
+  mesh: ``(table, name, scope, mesh ranks)``;
+* after ``optimizer.step()``, each rank packs the local statistics of its pieces into two flat
+  float64 tensors, one row per slot: ``SUM`` (norm², mean·numel, nans, zeros·numel, numel, NaN
+  flags of min/max) and ``MAX`` (max, −min); a slot this rank does not hold, an empty piece or a
+  replicated copy of a piece (coordinate ≠ 0 along a ``Replicate`` mesh dimension) contributes
+  the neutral value. One ``all_reduce`` per tensor, the same calls in the same order on every
+  rank, no host synchronisation per tensor (on an accelerator the rows stay on the device; the
+  values reach the host only when :meth:`GlobalStatsProbe.global_stats` is called);
+* the merged statistics are those of the full tensor: ``norm`` = √Σ norm², ``mean`` and
+  ``zeros`` element-weighted, ``nans`` summed, ``min``/``max`` exact (NaN when a piece has a
+  NaN, as ``torch.max`` of the full tensor gives).
+
+Tensors whose local rows already are the full tensor's (a whole tensor, a ``Replicate``-only
+DTensor) are given from the local rows, with no collective. Left out: ``partial`` tensors (a
+summand), Megatron-attribute shards (no mesh says which ranks hold the other pieces),
+``unreduced`` gradients (each rank's own before the reduction), and a slot whose pieces do not
+add up to the tensor's elements this step (a rank's rows are missing: its monitor failed).
+
+A fault in packing is logged once and this rank contributes neutral values from then on (the
+collectives go on, so no rank waits for another); a failing collective is logged once and ends
+the live statistics on this rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from trainprobe.backends.torch.placement import is_dtensor
+from trainprobe.engine.log import error_once
+from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
+from trainprobe.engine.probes.model_view import NamedParam
+
+if TYPE_CHECKING:
+    from trainprobe.engine.backend import Backend
+
+TABLE_SCOPES: dict[str, tuple[str, ...]] = {
+    "weight_grad": ("reduced",),
+    "param": ("param_origin", "param_updated"),
+    "optimizer": ("exp_avg", "exp_avg_sq"),
+}
+"""The rows given full-tensor values: table → scopes."""
+KEPT_STEPS = 8
+"""How many of the latest collected steps :meth:`GlobalStatsProbe.global_stats` can answer."""
+_SUM_FIELDS = 6  # norm², Σ mean·numel, nans, Σ zeros·numel, numel, NaN flags of min/max
+_MAX_FIELDS = 2  # max, −min
+
+
+class StatKey(NamedTuple):
+    """Which tensor a full-tensor value is of: the table (``weight_grad``, ``param``,
+    ``optimizer``), the row name (``module_name`` in the CSV) and its scope."""
+
+    table: str
+    name: str
+    scope: str
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """What this rank holds of one tensor.
+
+    Attributes:
+        group: the ranks holding its pieces (the DTensor mesh's, in mesh order); ``()`` when the
+            local tensor is the full one (whole, or replicated on every mesh rank).
+        contributes: whether this rank's piece counts (False on every copy but the first along
+            ``Replicate`` mesh dimensions, and for an empty piece).
+        numel: elements of the local piece.
+        global_numel: elements of the full tensor.
+    """
+
+    group: tuple[int, ...]
+    contributes: bool
+    numel: int
+    global_numel: int
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the full tensor is spread over several ranks (needs the collective)."""
+        return bool(self.group)
+
+
+def piece_of(t: Any) -> Piece | None:
+    """How ``t`` (a parameter, a DTensor, a plain tensor) merges, or None when it cannot be
+    merged live (a ``Partial`` placement, a Megatron-attribute shard)."""
+    if not is_dtensor(t):
+        if getattr(t, "tensor_model_parallel", False):
+            return None
+        return Piece((), True, int(t.numel()), int(t.numel()))
+    placements = tuple(t.placements)
+    if any(p.is_partial() for p in placements):
+        return None
+    mesh = t.device_mesh
+    numel, global_numel = int(t.to_local().numel()), int(t.numel())
+    cut = [not p.is_replicate() for p in placements]  # Shard, and _StridedShard (whose is_shard() is False)
+    if not any(cut):
+        return Piece((), True, numel, global_numel)
+    coordinate = mesh.get_coordinate()
+    first_copy = coordinate is not None and all(c == 0 for c, split in zip(coordinate, cut) if not split)
+    group = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+    return Piece(group, first_copy and numel > 0, numel, global_numel)
+
+
+def _pieces(params: Sequence[NamedParam], tables: Sequence[str]) -> dict[StatKey, Piece]:
+    """Every row of ``tables`` given full-tensor values, with its piece."""
+    out: dict[StatKey, Piece] = {}
+    for named in params:
+        piece = piece_of(named.param)
+        if piece is None:
+            continue
+        for table in tables:
+            for scope in TABLE_SCOPES[table]:
+                name = f"{named.name}.{scope}" if table == "optimizer" else named.name
+                out[StatKey(table, name, scope)] = piece
+    return out
+
+
+@dataclass
+class _Step:
+    """One collected step's reduced buffers and local rows, made host values on first read."""
+
+    sums: torch.Tensor
+    maxes: torch.Tensor
+    local: dict[StatKey, Any]  # key → its row values (a list, or a device tensor)
+    values: dict[StatKey, dict[str, float]] | None = None
+
+
+class GlobalStatsProbe(Probe):
+    """The live full-tensor statistics of ``sources`` (the ``weight_grad``, ``param`` and
+    ``optimizer`` probes of one session), computed after each collected ``optimizer.step()``.
+
+    Must be the session's last probe (its :meth:`after_optimizer_step` reads the rows the
+    others took for the step). :meth:`attach` agrees on the slots with every other rank (a
+    collective: every rank starts its monitor)."""
+
+    name = "global_stats"
+
+    def __init__(
+        self, clock: StepClock, sources: Sequence[Probe], params: Sequence[NamedParam], *, backend: Backend
+    ) -> None:
+        super().__init__(clock, ProbeSpec(("norm",), 1e-8), backend=backend)
+        self.sources = {p.name: p for p in sources if p.name in TABLE_SCOPES}
+        self.pieces = _pieces(params, list(self.sources))
+        self.slots: dict[tuple[str, str, str, tuple[int, ...]], int] = {}  # agreed by every rank
+        self._slot_of: dict[StatKey, int] = {}  # this rank's sharded rows → their slot
+        self.collectives = 0  # issued by this probe so far
+        self._device = torch.device("cpu")
+        self._steps: OrderedDict[int, _Step] = OrderedDict()
+        self._packing_failed = False
+        self._broken = False
+
+    # -- start -----------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Agree with every other rank on the slots (once, at start)."""
+        mine = sorted({_slot(key, piece) for key, piece in self.pieces.items() if piece.sharded})
+        everyone: list[Any] = [mine]
+        if world_size() > 1:
+            self._device = _collective_device()
+            everyone = [None] * world_size()
+            dist.all_gather_object(everyone, mine)
+        union = sorted({(s[0], s[1], s[2], tuple(s[3])) for slots in everyone for s in (slots or [])})
+        self.slots = {slot: i for i, slot in enumerate(union)}
+        self._slot_of = {k: self.slots[_slot(k, p)] for k, p in self.pieces.items() if p.sharded}
+
+    # -- each step -------------------------------------------------------------------------
+    def after_optimizer_step(self) -> None:
+        """Pack this rank's pieces, reduce them with every rank, keep the step's buffers."""
+        if self._broken:
+            return
+        step = self.clock.step
+        local, sums, maxes = self._contribution()
+        if self.slots:
+            try:
+                dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+                dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+                self.collectives += 2
+            except Exception as exc:  # noqa: BLE001 - a monitor must never break training
+                self._broken = True
+                error_once(
+                    f"global-stats-collective-{id(self)}",
+                    f"trainprobe: global_stats: the collective failed ({type(exc).__name__}: {exc}); live "
+                    "full-tensor statistics are off on this rank for the rest of the run",
+                )
+                return
+        self._steps[step] = _Step(sums, maxes, local)
+        while len(self._steps) > KEPT_STEPS:
+            self._steps.popitem(last=False)
+
+    def _contribution(self) -> tuple[dict[StatKey, Any], torch.Tensor, torch.Tensor]:
+        """This rank's local full rows and its SUM/MAX buffers (neutral once packing failed)."""
+        if not self._packing_failed:
+            try:
+                return self._pack()
+            except Exception as exc:  # noqa: BLE001 - the collectives must still run
+                self._packing_failed = True
+                error_once(
+                    f"global-stats-pack-{id(self)}",
+                    f"trainprobe: global_stats: packing this rank's statistics failed ({type(exc).__name__}: "
+                    f"{exc}); its pieces are left out from now on (the merged values of those tensors are missing)",
+                )
+        return {}, *self._neutral()
+
+    def _neutral(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.slots)
+        sums = torch.zeros(n, _SUM_FIELDS, dtype=torch.float64, device=self._device)
+        maxes = torch.full((n, _MAX_FIELDS), -math.inf, dtype=torch.float64, device=self._device)
+        return sums, maxes
+
+    def _pack(self) -> tuple[dict[StatKey, Any], torch.Tensor, torch.Tensor]:
+        local: dict[StatKey, Any] = {}
+        sums, maxes = self._neutral()
+        for table, probe in self.sources.items():
+            keys, values = probe.rows.pending()
+            picked_rows: list[Any] = []
+            picked: list[tuple[int, int]] = []  # (slot, numel)
+            for key, row in zip(keys, values):
+                stat = StatKey(table, key.name, key.scope)
+                piece = self.pieces.get(stat)
+                if piece is None:
+                    continue
+                if not piece.sharded:
+                    local[stat] = row
+                elif piece.contributes:
+                    picked_rows.append(row)
+                    picked.append((self._slot_of[stat], piece.numel))
+            if picked_rows:
+                self._scatter(sums, maxes, probe.spec.ops, picked_rows, picked)
+        return local, sums, maxes
+
+    def _scatter(
+        self, sums: torch.Tensor, maxes: torch.Tensor, ops: Sequence[str], rows: list[Any], picked: list[tuple[int, int]]
+    ) -> None:
+        """Write the SUM/MAX contributions of ``rows`` (one table's, in ``ops`` order; ``picked``:
+        their slots and element counts) into the buffers: a few tensor operations per table."""
+        values = _stack(rows, self._device)
+        index = torch.tensor([slot for slot, _ in picked], dtype=torch.long, device=self._device)
+        numel = torch.tensor([n for _, n in picked], dtype=torch.float64, device=self._device)
+        zero = torch.zeros_like(numel)
+
+        def column(op: str) -> torch.Tensor | None:
+            return values[:, ops.index(op)] if op in ops else None
+
+        norm, mean, nans, zeros = column("norm"), column("mean"), column("nans"), column("zeros")
+        hi, lo = column("max"), column("min")
+        nan_flags = zero
+        for extreme in (hi, lo):
+            if extreme is not None:
+                nan_flags = nan_flags + extreme.isnan().to(torch.float64)
+        part = torch.stack(
+            [
+                norm * norm if norm is not None else zero,
+                mean * numel if mean is not None else zero,
+                nans if nans is not None else zero,
+                zeros * numel if zeros is not None else zero,
+                numel,
+                nan_flags,
+            ],
+            dim=1,
+        )
+        sums.index_copy_(0, index, part)
+        neg_inf = torch.full_like(numel, -math.inf)
+        top = hi.nan_to_num(nan=-math.inf) if hi is not None else neg_inf
+        bottom = (-lo).nan_to_num(nan=-math.inf) if lo is not None else neg_inf
+        maxes.index_copy_(0, index, torch.stack([top, bottom], dim=1))
+
+    # -- reading ---------------------------------------------------------------------------
+    def global_stats(self, step: int | None = None) -> dict[StatKey, dict[str, float]]:
+        """The full-tensor statistics of ``step`` (default: the latest collected step), as
+        ``{StatKey(table, name, scope): {op: value}}`` with the table's ops; ``{}`` for a step
+        not collected or no longer kept (the last :data:`KEPT_STEPS` are)."""
+        if step is None:
+            step = next(reversed(self._steps), None) if self._steps else None
+        held = self._steps.get(step) if step is not None else None
+        if held is None:
+            return {}
+        if held.values is None:
+            held.values = self._values(held)
+        return held.values
+
+    def _values(self, held: _Step) -> dict[StatKey, dict[str, float]]:
+        out: dict[StatKey, dict[str, float]] = {}
+        for key, row in held.local.items():
+            ops = self.sources[key.table].spec.ops
+            out[key] = dict(zip(ops, (float(v) for v in _host(row))))
+        sums, maxes = held.sums.tolist(), held.maxes.tolist()
+        for key, slot in self._slot_of.items():
+            global_numel = self.pieces[key].global_numel
+            merged = _merge(self.sources[key.table].spec.ops, sums[slot], maxes[slot], global_numel)
+            if merged is not None:
+                out[key] = merged
+        return out
+
+
+def _slot(key: StatKey, piece: Piece) -> tuple[str, str, str, tuple[int, ...]]:
+    """The slot of a sharded tensor: its row and the ranks holding its pieces."""
+    return (key.table, key.name, key.scope, piece.group)
+
+
+def _merge(ops: Sequence[str], sums: list[float], maxes: list[float], global_numel: int) -> dict[str, float] | None:
+    """The full tensor's ``ops`` from one slot's reduced sums and maxima; None when the pieces
+    do not add up to the tensor (a rank's rows are missing)."""
+    norm2, mean_w, nans, zeros_w, numel, nan_flags = sums
+    if numel != global_numel:
+        return None
+    hi, neg_lo = maxes
+    empty = numel == 0
+    merged = {
+        "norm": math.sqrt(norm2) if norm2 >= 0 or math.isnan(norm2) else math.nan,
+        "mean": math.nan if empty else mean_w / numel,
+        "nans": nans,
+        "zeros": 0.0 if empty else zeros_w / numel,
+        "max": math.nan if nan_flags or empty else hi,
+        "min": math.nan if nan_flags or empty else -neg_lo,
+    }
+    return {op: merged[op] for op in ops if op in merged}
+
+
+def _stack(rows: list[Any], device: torch.device) -> torch.Tensor:
+    """One ``[rows, ops]`` float64 tensor on ``device`` from host lists or device rows."""
+    if all(isinstance(r, list) for r in rows):
+        return torch.tensor(rows, dtype=torch.float64, device=device)
+    tensors = [r if isinstance(r, torch.Tensor) else torch.tensor(r, dtype=torch.float64) for r in rows]
+    return torch.stack([t.to(device=device, dtype=torch.float64) for t in tensors])
+
+
+def _host(row: Any) -> list[float]:
+    return row if isinstance(row, list) else list(row.tolist())
+
+
+def _collective_device() -> torch.device:
+    """Where the default process group reduces: the current CUDA device under NCCL, else the CPU."""
+    backend = str(dist.get_backend()).lower()
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def world_size() -> int:
+    """The number of ranks (1 without torch.distributed)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
