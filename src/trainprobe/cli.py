@@ -32,16 +32,18 @@ _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from trainprobe.demo.run import print_summary, run_demo
+    from trainprobe.demo.run import check_fault, default_out, print_next, print_summary, run_demo
 
     if args.steps < 1:
         raise ConfigError("--steps: must be >= 1")
-    out = Path(args.out)
+    fault = check_fault(args.fault, args.fault_step, args.steps)
+    out = Path(args.out) if args.out is not None else default_out(fault)
     # a demo of seconds does not amortise the statistics pass's compilation (seconds too): eager
     # kernels unless the user asked for the pass (see docs/monitor_v2.md, "Fused single pass")
     os.environ.setdefault("TRAINPROBE_FUSED_STATS", "off")
-    files = run_demo(out, steps=args.steps, overwrite=args.overwrite)
+    files = run_demo(out, steps=args.steps, overwrite=args.overwrite, fault=fault)
     print_summary(out, files)
+    print_next(out, fault)
     return 0
 
 
@@ -51,8 +53,11 @@ BROKEN_PIPE = 141
 DEMO_DESCRIPTION = (
     "Train a small GPT (2 layers, d_model 128) on synthetic tokens on the CPU for --steps steps "
     "with Monitor V2 on (module, weight_grad, optimizer and param monitors), write its per-rank CSV "
-    "files under --out, and print what was written (files and rows per monitor) and whether any NaN "
-    "appeared. Takes about a minute; torch only, no download."
+    "files under --out, and print what was written (files and rows per monitor), whether any NaN "
+    "appeared, and the commands to run next on it. --fault spike (that step's batch 1000x too large) or "
+    "--fault nan (a NaN in one gradient) at --fault-step puts something there to find with trainprobe "
+    "diagnose, report and diff (against a clean demo run: same seed, same batches). An earlier run in "
+    "--out is moved aside to <out>.1. Takes about a minute; torch only, no download."
 )
 
 
@@ -89,12 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a small GPT on CPU with Monitor V2 on and summarise the output",
         description=DEMO_DESCRIPTION,
     )
-    demo.add_argument("--out", default="./trainprobe_demo", help="output folder (default ./trainprobe_demo)")
+    demo.add_argument(
+        "--out", default=None, help="output folder (default ./trainprobe_demo; with --fault F ./trainprobe_demo_F)"
+    )
     demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    demo.add_argument(
+        "--fault", choices=("spike", "nan"), default=None,
+        help="put a fault into the run: spike (the batch reaches the first block 1000x too large) or nan "
+        "(a NaN in the gradient of layers.1.mlp.fc1.weight)",
+    )
+    demo.add_argument("--fault-step", type=int, default=None, metavar="N", help="the fault's step (default 30)")
     demo.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the CSV files of an earlier run in --out (without it, such files are an error)",
+        help="replace the CSV files of an earlier run in --out (without it, that run is moved aside to <out>.1)",
     )
     demo.set_defaults(run=_demo)
     for module_name, function_name in _SUBCOMMANDS:
