@@ -384,7 +384,8 @@ def test_ddp_comm_hook_is_bitwise_on_three_ranks(tmp_path: Path) -> None:
 
 def test_a_window_file_ends_at_the_last_trained_step(tmp_path: Path) -> None:
     """step_count_per_record 10, three steps each followed by a logging all-reduce: one file,
-    named up to step 2 (not 3), holding steps 0-2 only."""
+    named by its whole window (0-9, as the reference), holding steps 0-2 only (no row for step 3,
+    which never trained)."""
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with _world_of_one():
@@ -397,6 +398,6 @@ def test_a_window_file_ends_at_the_last_trained_step(tmp_path: Path) -> None:
             dist.all_reduce(torch.full((1,), float(step)))
         mon.stop()
     rank_dir = tmp_path / "out" / "rank_0"
-    assert sorted(p.name for p in rank_dir.glob("cc_*.csv")) == ["cc_step0-2.csv"]
+    assert sorted(p.name for p in rank_dir.glob("cc_*.csv")) == ["cc_step0-9.csv"]
     rows = [(int(r["step"]), float(r["max"])) for r in rows_of(tmp_path / "out", "cc", 0)]
     assert rows == [(0, 0.0), (1, 1.0), (2, 2.0)]

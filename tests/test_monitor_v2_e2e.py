@@ -271,13 +271,13 @@ def test_schedule_windows_and_truncated_window(tmp_path):
     )
     mon.start(model=model, optimizer=opt)
     train_mlp(model, opt, 8)  # collected: 1 3 5 7; windows of 2 steps from start_step, as the reference
-    mon.stop()  # at step 8, inside the window 7-8: renamed to the last step reached
+    mon.stop()  # at step 8, inside the window 7-8: the file keeps the window's name, as the reference
     names = sorted(p.name for p in (out / "rank_0").iterdir())
     assert names == [
         "weight_grad_step1-2.csv",
         "weight_grad_step3-4.csv",
         "weight_grad_step5-6.csv",
-        "weight_grad_step7-7.csv",
+        "weight_grad_step7-8.csv",
     ]
     assert sorted({r["step"] for r in rows_of(out, "weight_grad")}, key=int) == ["1", "3", "5", "7"]
 
@@ -286,7 +286,7 @@ def test_schedule_windows_and_truncated_window(tmp_path):
     train_mlp(model, opt, 6)
     mon2.stop()
     names = sorted(p.name for p in (out2 / "rank_0").iterdir())
-    assert names == ["weight_grad_step0-3.csv", "weight_grad_step4-5.csv"]
+    assert names == ["weight_grad_step0-3.csv", "weight_grad_step4-7.csv"]
 
 
 @pytest.mark.parametrize("bound", [{"collect_times": 3}, {"stop_step": 6}])

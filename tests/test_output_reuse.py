@@ -63,7 +63,7 @@ def test_overwrite_replaces_only_the_earlier_runs_csv_files(tmp_path: Path) -> N
     keep.write_text("mine")
     _train(TrainerMonitorV2(_config(tmp_path, 4)), 3, overwrite=True)
     rank_dir = tmp_path / "rank_0"
-    assert _names(rank_dir, "weight_grad") == ["weight_grad_step0-2.csv"]
+    assert _names(rank_dir, "weight_grad") == ["weight_grad_step0-3.csv"]
     assert {r["step"] for r in _rows(rank_dir, "param")} == {"0", "1", "2"}
     assert keep.read_text() == "mine"
 
@@ -76,17 +76,18 @@ def test_overwrite_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_resume_keeps_earlier_steps_and_continues_the_files(tmp_path: Path) -> None:
-    """A run killed after step 6 (rows up to 6 in a 0-9 window) resumes from a step-4 checkpoint:
-    rows 0-3 of the first run stay, steps 4-8 come from the resumed run, each step once."""
+    """A run stopped after step 6 (rows up to 6 in a 0-9 window) resumes from a step-4 checkpoint:
+    rows 0-3 of the first run stay (its file rewritten as ``step0-3``), steps 4-8 come from the
+    resumed run (its window ``step4-9``), each step once."""
     first = tmp_path / "run"
     _train(TrainerMonitorV2(_config(first, 10)), 7, seed=0)
-    assert _names(first / "rank_0", "weight_grad") == ["weight_grad_step0-6.csv"]
+    assert _names(first / "rank_0", "weight_grad") == ["weight_grad_step0-9.csv"]
     _train(TrainerMonitorV2(_config(first, 10)), 5, seed=1, initial_step=4)
     twin = tmp_path / "twin"
     _train(TrainerMonitorV2(_config(twin, 10)), 5, seed=1, initial_step=4)
 
     rank_dir = first / "rank_0"
-    assert _names(rank_dir, "weight_grad") == ["weight_grad_step0-3.csv", "weight_grad_step4-8.csv"]
+    assert _names(rank_dir, "weight_grad") == ["weight_grad_step0-3.csv", "weight_grad_step4-9.csv"]
     steps = [
         int(r["step"])
         for r in _rows(rank_dir, "weight_grad")
@@ -198,7 +199,7 @@ def test_overwrite_replaces_an_earlier_parquet_run(tmp_path: Path) -> None:
     _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 10)
     _train(TrainerMonitorV2(_parquet_config(tmp_path, 4)), 3, overwrite=True)
     rank_dir = tmp_path / "rank_0"
-    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-2.parquet"]
+    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-3.parquet"]
     assert {r["step"] for r in _parquet_rows(rank_dir, "param")} == {0, 1, 2}
 
 
@@ -230,12 +231,12 @@ def test_resume_continues_a_parquet_run_and_its_summaries_stay_true(tmp_path: Pa
     first = tmp_path / "run"
     _train(TrainerMonitorV2(_parquet_config(first, 10)), 7, seed=0)
     rank_dir = first / "rank_0"
-    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-6.parquet"]
+    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-9.parquet"]
     _train(TrainerMonitorV2(_parquet_config(first, 10)), 5, seed=1, initial_step=4)
     twin = tmp_path / "twin"
     _train(TrainerMonitorV2(_parquet_config(twin, 10)), 5, seed=1, initial_step=4)
 
-    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-3.parquet", "weight_grad_step4-8.parquet"]
+    assert _parquet_names(rank_dir, "weight_grad") == ["weight_grad_step0-3.parquet", "weight_grad_step4-9.parquet"]
     steps = [
         r["step"]
         for r in _parquet_rows(rank_dir, "weight_grad")

@@ -76,15 +76,15 @@ def test_csv_sink_windows_header_and_precision(tmp_path):
     sink.close(reached=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "p_step0-1.csv",
-        "p_step2-2.csv",
+        "p_step2-3.csv",
         "wg_step0-1.csv",
-        "wg_step2-2.csv",
+        "wg_step2-3.csv",
     ]
     header, rows = read_csv(tmp_path / "wg_step0-1.csv")
     assert header == ["vpp_stage", "step", "module_name", "scope", "micro_step", "min", "nans"]
     assert [r["step"] for r in rows] == ["0", "1"]
     assert float(rows[0]["min"]) == value and rows[0]["nans"] == "2"
-    header, rows = read_csv(tmp_path / "p_step2-2.csv")
+    header, rows = read_csv(tmp_path / "p_step2-3.csv")
     assert header == ["vpp_stage", "step", "module_name", "scope", "norm"]
     assert float(rows[0]["norm"]) == 1 / 3
 
