@@ -157,8 +157,9 @@ def test_a_spike_in_one_shard_is_a_spike_of_the_full_tensor(sharded: Path, layou
     )
     assert first.value == pytest.approx(truth["full"]["norm"], rel=1e-6)  # √Σ norm² of the shards
     assert first.value == pytest.approx(_full_row(run, SPIKE_STEP, "norm"), rel=1e-12)
-    assert (first.ranks, first.held, first.bad_ranks) == ((0, 1), "shards", None)
-    assert "held by ranks 0,1 (shards)" in result.line() and ", full tensor," in result.line()
+    assert (first.ranks, first.held, first.bad_ranks, first.rank) == ((0, 1), "shards", (BAD_RANK,), BAD_RANK)
+    assert "held by ranks 0,1 (shards), spike in rank 1's shard" in result.line() and ", full tensor," in result.line()
+    assert result.ranks_line().startswith(f"ranks: rank {BAD_RANK} alone first (step {SPIKE_STEP})")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

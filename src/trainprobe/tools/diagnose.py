@@ -51,6 +51,7 @@ from trainprobe.tools.diagnose_sql import (
     first_spikes_sql,
     nonfinite_by_rank_sql,
     spike_rows_sql,
+    spiking_pieces_sql,
     step_starts_sql,
 )
 from trainprobe.tools.execution_order import execution_key, phase_of_table, table_of
@@ -65,6 +66,8 @@ DEFAULT_LIMIT = 6
 MEMORY_LIMIT = "1GB"
 """DuckDB's memory limit for a diagnosis (it spills to a temporary folder beyond it)."""
 _SPIKES = "__diagnose_spikes"
+_LOCAL_SPIKES = "__diagnose_local_spikes"
+"""Full-tensor reading: the spikes of the rank-local rows (which rank's piece spiked)."""
 _CANDIDATES = 500
 
 
@@ -90,8 +93,9 @@ class Anomaly:
             piece of the tensor; None for a rank's own row.
         held: how they hold it: ``"shards"``, ``"replicas, counted once"`` or ``"<n> shards,
             replicated"``; None for a rank's own row.
-        bad_ranks: for a full-tensor NaN/inf, the ranks whose piece holds it (``rank`` is the
-            least of them); None otherwise.
+        bad_ranks: for a full-tensor NaN/inf, the ranks whose piece holds it; for a full-tensor
+            spike, the ranks whose own piece spiked too (``rank`` is the least of them); None
+            otherwise (or when no piece spiked alone).
     """
 
     kind: str
@@ -163,14 +167,14 @@ class Anomaly:
         return text + self._holders()
 
     def _holders(self) -> str:
-        """``, held by ranks 0, 1 (shards), NaN/inf in rank 1's shard`` for a full-tensor row."""
+        """``, held by ranks 0,1 (shards), NaN/inf in rank 1's shard`` for a full-tensor row."""
         if self.ranks is None:
             return ""
         text = f", held by ranks {','.join(str(r) for r in self.ranks[:16])}{'...' if len(self.ranks) > 16 else ''} ({self.held})"
         if self.bad_ranks:
             piece = "shard" if self.held == "shards" else "replica" if (self.held or "").startswith("replica") else "piece"
-            bad = list(self.bad_ranks)
-            text += f", NaN/inf in rank {bad[0]}'s {piece}" if len(bad) == 1 else f", NaN/inf in the {piece}s of ranks {_ranks(bad)}"
+            what, bad = ("NaN/inf" if self.kind == "nonfinite" else "spike"), list(self.bad_ranks)
+            text += f", {what} in rank {bad[0]}'s {piece}" if len(bad) == 1 else f", {what} in the {piece}s of ranks {_ranks(bad)}"
         return text
 
 
@@ -508,7 +512,11 @@ def _scan(
         views = engine.views()
     engine.keep(_SPIKES, spike_rows_sql(views, *rule, last))
     spikes = _first_spikes(engine, limit)
-    for rank, step in engine.fetch(f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank"):
+    firsts = f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank"
+    if isinstance(engine, StagedDuckEngine) and engine.full:
+        engine.keep_local(_LOCAL_SPIKES, spike_rows_sql(views, *rule, last))
+        firsts = spiking_pieces_sql(_SPIKES, _LOCAL_SPIKES)
+    for rank, step in engine.fetch(firsts):
         by_rank[rank] = min(by_rank.get(rank, step), step)
     return nonfinite, spikes, dict(sorted(by_rank.items()))
 
@@ -707,6 +715,8 @@ def _held(engine: StagedDuckEngine, found: list[Anomaly]) -> list[Anomaly]:
         bad: tuple[int, ...] | None = None
         if anomaly.kind == "nonfinite" and anomaly.table in views:
             bad = tuple(r for (r,) in engine.fetch_local(_piece_rows_sql(anomaly, bad_rows_sql(views[anomaly.table]))))
+        elif anomaly.kind == "spike":
+            bad = tuple(r for (r,) in engine.fetch(_piece_rows_sql(anomaly, "TRUE", _LOCAL_SPIKES)))
         pieces = {piece if piece is not None else f"rank:{r}" for r, (_, piece) in holders.items()}
         held = "shards" if len(pieces) == len(holders) else "replicas, counted once" if len(pieces) == 1 else (
             f"{len(pieces)} shards, replicated")
@@ -715,15 +725,17 @@ def _held(engine: StagedDuckEngine, found: list[Anomaly]) -> list[Anomaly]:
     return out
 
 
-def _piece_rows_sql(anomaly: Anomaly, condition: str) -> str:
-    """The ranks whose rank-local row of ``anomaly``'s tensor, step and micro-step meets ``condition``."""
+def _piece_rows_sql(anomaly: Anomaly, condition: str, table: str | None = None) -> str:
+    """The ranks whose rank-local row of ``anomaly``'s tensor, step and micro-step meets
+    ``condition`` (in ``table``, default its view; :data:`_LOCAL_SPIKES`: the rank-local spikes)."""
     from trainprobe.tools.sql_names import ident, text
 
     def same(column: str, value: Any) -> str:
         return f"{column} IS NULL" if value is None else f"{column} = {int(value)}"
 
+    of_table = f'AND "table" = {text(anomaly.table)} ' if table else ""
     return (
-        f"SELECT DISTINCT rank FROM {ident(anomaly.table)} WHERE step = {int(anomaly.step)} "
+        f"SELECT DISTINCT rank FROM {table or ident(anomaly.table)} WHERE step = {int(anomaly.step)} {of_table}"
         f"AND name = {text(anomaly.name)} AND scope = {text(anomaly.scope)} AND {same('micro_step', anomaly.micro_step)} "
         f"AND {same('vpp_stage', anomaly.vpp_stage)} AND {condition} ORDER BY rank"
     )

@@ -159,6 +159,14 @@ class StagedDuckEngine(DuckEngine):
         finally:
             self.con.execute("USE main")
 
+    def keep_local(self, name: str, sql: str) -> None:
+        """:meth:`keep` over the kept rank-local views."""
+        self.con.execute(f"USE {KEPT_SCHEMA}")
+        try:
+            self.keep(name, sql)
+        finally:
+            self.con.execute("USE main")
+
     def layout(self) -> list[tuple[Any, ...]]:
         """Every rank's layout entries (:data:`~trainprobe.tools.query_full.LAYOUT_TABLE`), [] without."""
         from trainprobe.tools.query_full import LAYOUT_TABLE

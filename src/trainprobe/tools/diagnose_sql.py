@@ -185,6 +185,23 @@ GROUP BY "table", rank, step, micro_step, vpp_stage, scope
 ORDER BY step, rank, "table", scope LIMIT {int(limit)}"""
 
 
+def spiking_pieces_sql(merged: str, local: str) -> str:
+    """Each rank's first step with a spike of a full-tensor row (table ``merged``, rows of
+    :func:`spike_rows_sql` over full-tensor views) as ``rank, step``: the ranks whose own row of
+    that tensor, step and micro-step spiked too (table ``local``, over the rank-local rows), or,
+    where none did, the full-tensor row's rank."""
+    same = (
+        'l."table" = m."table" AND l.step = m.step AND l.name = m.name AND l.scope = m.scope '
+        "AND l.micro_step IS NOT DISTINCT FROM m.micro_step AND l.vpp_stage IS NOT DISTINCT FROM m.vpp_stage"
+    )
+    return (
+        f"SELECT rank, min(step) AS step FROM ("
+        f"SELECT l.rank, l.step FROM {local} l JOIN {merged} m ON {same} "
+        f"UNION ALL SELECT m.rank, m.step FROM {merged} m WHERE NOT EXISTS (SELECT 1 FROM {local} l WHERE {same})"
+        ") GROUP BY rank ORDER BY rank"
+    )
+
+
 def step_starts_sql(table: str, steps: Sequence[int]) -> str:
     """The first ``file_row`` and the file of each (rank, step) of ``table`` among ``steps``: a
     row's position in execution order is its ``file_row`` minus its step's first (one rank's
