@@ -19,10 +19,11 @@ at their step (the first flagged step of the run is the true one and the true te
 there; x10 and above and NaN: the ones the default must find), and the step error of the first
 flag (flag step minus true step; negative: a false alarm came first).
 
-    PYTHONPATH=src python bench/bench_detection.py [--keep DIR] [--reuse] [--only NAME,...]
+    PYTHONPATH=src python bench/bench_detection.py [--keep DIR] [--reuse] [--only NAME,...] [--verbose]
 
 ``--keep DIR`` writes the runs there (kept); ``--reuse`` reads runs already in DIR instead of
-training them again (to try rules on the same runs).
+training them again (to try rules on the same runs); ``--verbose`` lists the first false
+anomalies of each rule on the healthy runs.
 """
 
 from __future__ import annotations

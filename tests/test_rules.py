@@ -320,3 +320,13 @@ def test_median_rule_reproduces_diagnose_sql_on_a_real_run(real_run: Path, param
     if not params:  # today's answer: the x50 gradient at step 20 and its after-effects
         assert ("weight_grad", 0, 20, "layers.1.mlp.fc1.weight", "reduced", "norm") in {k[:6] for k in sql}
         assert min(k[2] for k in sql) == 20
+
+
+def test_judge_all_keeps_the_series_with_verdicts() -> None:
+    from trainprobe.engine.rules.series import judge_all
+
+    steps = np.arange(40)
+    series = [("a", steps, _noisy(40, 0, {30: 100.0}), False), ("b", steps, _noisy(40, 1), False),
+              ("c", steps, _noisy(40, 2, {30: 100.0}) ** 2, True)]
+    found = judge_all(rule_named(DEFAULT_RULE), series)
+    assert sorted(found) == ["a", "c"] and [v.step for v in found["a"]] == [30] == [v.step for v in found["c"]]

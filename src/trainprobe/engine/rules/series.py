@@ -16,7 +16,7 @@ in :data:`SQUARED_SCOPES` are series of squares.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def is_squared(scope: str) -> bool:
 
 
 def judge_all(
-    rule: Rule[object], series: Iterable[tuple[K, IntArray, FloatArray, bool]]
+    rule: Rule[Any], series: Iterable[tuple[K, IntArray, FloatArray, bool]]
 ) -> dict[K, list[Verdict]]:
     """Each series' verdicts under ``rule``: ``series`` yields (key, steps, magnitudes,
     squared); the answer maps the keys with at least one verdict to them."""
