@@ -38,6 +38,7 @@ SKIPPED: dict[str, int] = {
     "docs/diff.md": 1,  # two runs to compare: the tests of tests/test_tool_diff.py train them
     "docs/mindspore.md": 2,  # needs MindSpore
     "docs/parallelism.md": 1,  # a sharded run: tests/test_sharded_full_tensors.py trains one on two gloo ranks
+    "docs/monitor_v1.md": 1,  # tensor parallelism: needs two ranks (tests/test_v1_tp.py trains it on gloo)
     "docs/monitor_v2.md": 1,  # the cc step boundary: needs a process group
     "docs/steps.md": 1,  # the same, as a loop
     "docs/precision_dump.md": 2,  # two files of one program; a user's own module_a
