@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,32 +35,40 @@ from trainprobe.tools.diagnose_engines import ENGINES, on_spark
 from trainprobe.tools.diff_engines import MEMORY_LIMIT, DiffEngine, DuckDiff, SparkDiff  # noqa: F401 - MEMORY_LIMIT: public here before
 from trainprobe.tools.diff_match import Mapping, check_mapping, load_mapping, parse_mapping
 from trainprobe.tools.diff_sql import (
+    DEFAULT_DTYPE,
     DIVERGED,
+    DTYPE_RTOL,
     EQUAL,
+    NOISE_MARGIN,
     ONLY_BASELINE,
     ONLY_CANDIDATE,
     ORDER,
     STATUS_NAMES,
+    V1_QUANTUM,
     WITHIN,
+    Tolerance,
+    dtype_of,
     fmt,
+    fmt_factor,
     joined_sql,
+    noise_sql,
     ordered_sql,
     rows_sql,
 )
 from trainprobe.tools.query import require, short_error
 from trainprobe.tools.query_files import find_run_files, is_precision_dump
-from trainprobe.tools.query_sql import ops_of
+from trainprobe.tools.query_sql import COUNT_OPS, ops_of
 from trainprobe.tools.sql_names import ident as quote
-from trainprobe.tools.sql_names import text as literal
 
-DEFAULT_RTOL = 1e-3
-"""Default tolerance: above the noise of fp32 reruns (reduction order, kernels chosen at run
-time, a few steps of chaotic growth) and below bf16's rounding (2⁻⁸ ≈ 3.9e-3)."""
+DEFAULT_RTOL = DTYPE_RTOL[DEFAULT_DTYPE]
+"""Default tolerance of a float32 run (1e-3; other precisions: :data:`~trainprobe.tools.diff_sql.DTYPE_RTOL`):
+above the noise of rounding-level reruns (thread count, op order, fused kernels, a few steps
+of chaotic growth), as measured against the tensor's scale (docs/diff.md, "Tolerance")."""
 DEFAULT_LIMIT = 20
 """Divergences listed in the answer (``--limit``)."""
 EXAMPLES = 5
 """Rows present in one run only kept as examples, per side."""
-SUMMARY_SCHEMA = 1
+SUMMARY_SCHEMA = 2
 """Version of ``diff_summary.json``'s layout (docs/diff.md)."""
 
 
@@ -69,7 +77,9 @@ class Divergence:
     """One diverged row (its worst op), or a row present in one run only (``op`` None).
 
     ``step`` is in the baseline's numbering (candidate step + offset); ``name`` the baseline's
-    name (the candidate's for a row only it has), ``candidate_name`` the candidate's raw name."""
+    name (the candidate's for a row only it has), ``candidate_name`` the candidate's raw name.
+    ``rel_diff`` is the op's normalised difference, ``tolerance`` the one it exceeded, ``factor``
+    how many times the larger value is the smaller (``×N``, :func:`~trainprobe.tools.diff_sql.factor_sql`)."""
 
     table: str
     step: int
@@ -83,6 +93,8 @@ class Divergence:
     candidate: float | None = None
     rel_diff: float | None = None
     candidate_name: str | None = None
+    tolerance: float | None = None
+    factor: float | None = None
 
     def where(self) -> str:
         """``step 5, rank 0, weight_grad reduced layers.0.fc.weight`` (micro-step when there is one)."""
@@ -91,10 +103,11 @@ class Divergence:
         return f"step {self.step}{micro}, rank {self.rank}, {self.table}{printable(scope)} {printable(self.name)}"
 
     def describe(self) -> str:
-        """:meth:`where` and the op: ``... norm 1.23e-02 vs nan``."""
+        """:meth:`where` and the op: ``... norm 1.23e-02 vs nan``, ``... norm 1.2e-01 vs 6.1e+00 (×51)``."""
         if self.op is None:
             return self.where()
-        return f"{self.where()} {self.op} {fmt(self.baseline)} vs {fmt(self.candidate)}"
+        change = f" ({fmt_factor(self.factor)})" if self.factor is not None and math.isfinite(self.factor) else ""
+        return f"{self.where()} {self.op} {fmt(self.baseline)} vs {fmt(self.candidate)}{change}"
 
 
 @dataclass
@@ -103,7 +116,13 @@ class DiffResult:
 
     Attributes:
         baseline, candidate: the two runs.
-        rtol, exact, offset, steps: the comparison's settings.
+        rtol: the tolerance (given, or of ``dtype``: :data:`~trainprobe.tools.diff_sql.DTYPE_RTOL`).
+        exact, offset, steps: the comparison's settings.
+        dtype: the baseline's precision the default rtol is of; ``dtype_source`` where it comes
+            from: ``"--dtype"``, ``"files"`` (the coarsest dtype of the baseline's Monitor V1
+            rows: bf16 autocast makes a run bf16) or ``"assumed"`` (files without dtypes: V2).
+        noise: the rerun whose noise raised the tolerance (``--noise``), or None; ``margin`` its factor.
+        noise_levels: per table, scope and op, the rerun's largest noise level (its last step's).
         ops: per table, the ops compared.
         micro: per table, whether ``micro_step`` was part of the key (not when one run lacks it).
         counts: ``compared`` (rows matched), ``equal`` (every op bit-equal), ``within_tolerance``,
@@ -111,9 +130,11 @@ class DiffResult:
         tables: the same counts per table.
         first: the first divergence in execution order, or None.
         divergences: the earliest ones, in execution order (at most ``limit``).
-        largest: the diverged rows of the tensors that differ most (at most ``limit``): by the
-            relative difference of ``norm`` where the table has it, else of the worst op; ties
-            in execution order.
+        largest: the tensors that differ most (at most ``limit``), one row each, by the factor
+            of ``norm`` where the table has it (else of the worst op), ties in execution order.
+            A tensor is a parameter's gradient (unreduced or reduced), a parameter (before or
+            after the step: ``param_updated`` of step s is ``param_origin`` of s+1), or any
+            other tensor by table, scope and name.
         only_baseline, only_candidate: the earliest rows present in one run only.
         tables_only: tables one run has and the other has not (``{"baseline": [...], ...}``).
     """
@@ -124,6 +145,11 @@ class DiffResult:
     exact: bool
     offset: int
     steps: tuple[int, int] | None
+    dtype: str = DEFAULT_DTYPE
+    dtype_source: str = "assumed"
+    noise: str | None = None
+    margin: float = NOISE_MARGIN
+    noise_levels: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     ops: dict[str, list[str]] = field(default_factory=dict)
     micro: dict[str, bool] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
@@ -136,6 +162,9 @@ class DiffResult:
     written: list[Path] = field(default_factory=list)
     """The files :func:`diff` wrote (``diff.csv``, ``diff_summary.json``, the page)."""
     tables_only: dict[str, list[str]] = field(default_factory=dict)
+    joins: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    """Per table, the :func:`~trainprobe.tools.diff_sql.joined_sql` options its rows were compared
+    with (the page's heatmaps recompute their cells with them)."""
 
     @property
     def diverged(self) -> bool:
@@ -147,11 +176,21 @@ class DiffResult:
         """The command's exit status: 1 when the runs diverge, else 0."""
         return 1 if self.diverged else 0
 
+    def rule(self) -> str:
+        """The tolerance in words: ``rtol 0.001``, ``rtol 0.3 (bfloat16)`` (a precision other
+        than float32), ``rtol 0.001 or 10× the rerun noise``; ``bit-equal`` with ``exact``."""
+        if self.exact:
+            return "bit-equal"
+        text = f"rtol {self.rtol:g}"
+        if self.dtype != DEFAULT_DTYPE and self.rtol == DTYPE_RTOL[self.dtype]:
+            text += f" ({self.dtype})"
+        return f"{text} or {self.margin:g}× the rerun noise" if self.noise is not None else text
+
     def answer(self) -> str:
         """The answer in one line."""
         if self.first is not None:
             return f"first divergence: {self.first.describe()}"
-        rule = "bit-equal" if self.exact else f"within rtol {self.rtol:g}"
+        rule = "bit-equal" if self.exact else f"within {self.rule()}"
         return f"no divergence: {self.counts['compared']:,} matched rows, all {rule}"
 
     def summary(self) -> dict[str, Any]:
@@ -164,7 +203,10 @@ class DiffResult:
             "baseline": self.baseline,
             "candidate": self.candidate,
             "settings": {"rtol": self.rtol, "exact": self.exact, "offset": self.offset,
-                         "steps": list(self.steps) if self.steps else None},
+                         "steps": list(self.steps) if self.steps else None, "dtype": self.dtype,
+                         "dtype_source": self.dtype_source, "tolerance": self.rule(),
+                         "noise": None if self.noise is None else {"rerun": self.noise, "margin": self.margin,
+                                                                   "levels": self.noise_levels}},
             "first": _json_row(self.first),
             "counts": self.counts,
             "tables": self.tables,
@@ -187,8 +229,8 @@ def _json_row(row: Divergence | None) -> dict[str, Any] | None:
 def diagnose_line(baseline: str | Path, candidate: str | Path) -> str:
     """The one line ``trainprobe diagnose --baseline`` prints: :meth:`DiffResult.answer` of
     ``diff(baseline, candidate)`` with the default tolerance, e.g. ``first divergence: step 20,
-    rank 1, weight_grad reduced layers.0.fc.weight norm 1.2e-01 vs 6.1e+00``; a pair of runs diff
-    cannot compare gives ``diff: <why>`` instead of failing the diagnosis."""
+    rank 1, weight_grad reduced layers.0.fc.weight norm 1.2e-01 vs 6.1e+00 (×51)``; a pair of runs
+    diff cannot compare gives ``diff: <why>`` instead of failing the diagnosis."""
     try:
         return diff(baseline, candidate).answer()
     except ConfigError as exc:
@@ -199,7 +241,7 @@ def diff(
     baseline: str | Path,
     candidate: str | Path,
     *,
-    rtol: float = DEFAULT_RTOL,
+    rtol: float | None = None,
     exact: bool = False,
     ops: Sequence[str] | None = None,
     mapping: str | Path | Mapping | dict[str, str] | None = None,
@@ -213,12 +255,15 @@ def diff(
     engine: str = "duckdb",
     spark: Any = None,
     rank_local: bool = False,
+    dtype: str | None = None,
+    noise: str | Path | None = None,
 ) -> DiffResult:
     """Compare two runs' monitor outputs row by row; the first divergence in execution order.
 
     Args:
         baseline, candidate: the runs (folders; see the module docstring).
-        rtol: tolerance on the relative difference ``|a-b| / max(|a|, |b|, floor)``.
+        rtol: tolerance on each op's normalised difference (docs/diff.md, "Tolerance"); None:
+            the rtol of the rows' precision (``dtype``).
         exact: demand bit-equal values (``rtol`` ignored).
         ops: compare only these ops (default: every op both runs have, per table).
         mapping: the candidate's renames: a ``--map`` file, or its pairs (``[(pattern, repl)]``).
@@ -237,15 +282,25 @@ def diff(
         rank_local: compare each rank's rows as written even in a sharded run (by default a
             run with ``tensor_layout.json`` files is compared in full tensors: its shards merged,
             :mod:`~trainprobe.tools.query_full`; DuckDB only).
+        dtype: the baseline's precision (``float32``, ``bfloat16``, ``float16``, ``float64``),
+            whose rtol is the default (:data:`~trainprobe.tools.diff_sql.DTYPE_RTOL`); None: the
+            coarsest ``dtype`` of the baseline's Monitor V1 rows (bf16 autocast: ``bfloat16``),
+            float32 for files without one (Monitor V2).
+        noise: a rerun of the baseline that differs from it only by what counts as noise
+            (thread count, kernels, op order): each op's tolerance becomes at least
+            :data:`~trainprobe.tools.diff_sql.NOISE_MARGIN` times the difference the rerun
+            shows there (per table, scope and op, at that step or before).
 
     Raises:
         ConfigError: an input is missing, empty, not monitor output (a precision dump: use
-            ``trainprobe compare``), the two are of different kinds (V1 and V2), they have no
+            ``trainprobe compare``), the runs are of different kinds (V1 and V2), they have no
             row in common, or an option is invalid; with ``engine="spark"``, a run without
             Parquet files or without the ``[spark]`` extra. The message is one line.
     """
-    if not exact and not (rtol >= 0 and math.isfinite(rtol)):
+    if rtol is not None and not exact and not (rtol >= 0 and math.isfinite(rtol)):
         raise ConfigError(f"--rtol: must be a finite number >= 0, got {rtol!r}")
+    if dtype is not None and dtype not in DTYPE_RTOL:
+        raise ConfigError(f"--dtype: one of {', '.join(DTYPE_RTOL)}, not {dtype!r}")
     if steps is not None and steps[0] > steps[1]:
         raise ConfigError(f"--steps: the first step {steps[0]} is after the last {steps[1]}")
     pairs: Mapping = []
@@ -253,15 +308,12 @@ def diff(
         pairs = load_mapping(mapping)
     elif mapping is not None:
         pairs = parse_mapping(mapping)
-    kinds = {side: _kind(run, side) for side, run in (("baseline", baseline), ("candidate", candidate))}
-    if kinds["baseline"] != kinds["candidate"]:
-        raise ConfigError(
-            f"the runs are of different kinds: baseline {baseline} is {kinds['baseline']} output, candidate "
-            f"{candidate} is {kinds['candidate']} output; diff compares V1 with V1 or V2 with V2"
-        )
+    kind = _same_kind({"baseline": baseline, "candidate": candidate, **({"--noise": noise} if noise is not None else {})})
     if engine not in ENGINES:
         raise ConfigError(f"--engine: one of {', '.join(ENGINES)}, not {engine!r}")
-    settings = _Settings(rtol, exact, ops, pairs, steps, offset, limit, out, html, tables, page)
+    quantum = V1_QUANTUM if kind == "Monitor V1" else 0.0
+    settings = _Settings(rtol, dtype, quantum, exact, ops, pairs, steps, offset, limit, out, html, tables, page,
+                         None if noise is None else str(noise))
     if engine == "spark":
         return _diff_on_spark(baseline, candidate, settings, spark)
     if abs(int(offset)) > MAX_OFFSET:
@@ -276,6 +328,18 @@ def diff(
         duck.release()
 
 
+def _same_kind(runs: dict[str, str | Path]) -> str:
+    """The runs' kind (``"Monitor V2"``); a ConfigError when one differs from the baseline's."""
+    kinds = {side: _kind(run, side) for side, run in runs.items()}
+    for side, kind in kinds.items():
+        if kind != kinds["baseline"]:
+            raise ConfigError(
+                f"the runs are of different kinds: baseline {runs['baseline']} is {kinds['baseline']} output, {side} "
+                f"{runs[side]} is {kind} output; diff compares V1 with V1 or V2 with V2"
+            )
+    return kinds["baseline"]
+
+
 MAX_OFFSET = 2**53
 """The largest ``--offset`` (either way): step numbers stay exact in every engine and in JSON."""
 
@@ -284,7 +348,9 @@ MAX_OFFSET = 2**53
 class _Settings:
     """:func:`diff`'s options, checked."""
 
-    rtol: float
+    rtol: float | None
+    dtype: str | None
+    quantum: float
     exact: bool
     ops: Sequence[str] | None
     pairs: Mapping
@@ -295,6 +361,7 @@ class _Settings:
     html: str | Path | None
     tables: Sequence[str] | None
     page: Any
+    noise: str | None
 
 
 def _diff_on_spark(baseline: str | Path, candidate: str | Path, settings: _Settings, session: Any) -> DiffResult:
@@ -306,52 +373,26 @@ def _diff_on_spark(baseline: str | Path, candidate: str | Path, settings: _Setti
 
 def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, settings: _Settings) -> DiffResult:
     """:func:`diff` on ``con`` (its options checked)."""
-    rtol, exact, ops, pairs, steps, offset = (settings.rtol, settings.exact, settings.ops, settings.pairs,
-                                              settings.steps, settings.offset)
-    limit, out, html, tables, page = settings.limit, settings.out, settings.html, settings.tables, settings.page
-    check_mapping(con, pairs)
-    views = {side: con.attach(side, run, window)
-             for side, run, window in (("b", baseline, steps), ("c", candidate, _shift(steps, -offset)))}
+    steps, offset = settings.steps, settings.offset
+    check_mapping(con, settings.pairs)
+    runs = [("b", baseline, steps), ("c", candidate, _shift(steps, -offset))]
+    if settings.noise is not None:
+        runs.append(("n", settings.noise, steps))
+    views = {side: con.attach(side, run, window) for side, run, window in runs}
     con.seal()
-    if tables is not None:
-        unknown = sorted(set(tables) - set(views["b"]) - set(views["c"]))
-        if unknown:
-            raise ConfigError(
-                f"--tables: {unknown} in neither run (baseline tables: {sorted(views['b'])}, "
-                f"candidate tables: {sorted(views['c'])})"
-            )
-    common = [t for t in views["b"] if t in views["c"] and (tables is None or t in tables)]
-    result = DiffResult(str(baseline), str(candidate), rtol, exact, offset, steps)
+    common = _common_tables(views, settings.tables)
+    dtype, source = _precision(con, views["b"], settings.dtype)
+    rtol = DTYPE_RTOL[dtype] if settings.rtol is None else settings.rtol
+    tolerance = Tolerance(rtol=rtol, quantum=settings.quantum, exact=settings.exact)
+    result = DiffResult(str(baseline), str(candidate), rtol, settings.exact, offset, steps, dtype=dtype,
+                        dtype_source=source, noise=settings.noise, margin=tolerance.margin)
     result.tables_only = {
         "baseline": sorted(set(views["b"]) - set(views["c"])),
         "candidate": sorted(set(views["c"]) - set(views["b"])),
     }
-    wanted = set(ops) if ops else None
-    if wanted is not None:
-        known = {o for cols in views["b"].values() for o in ops_of(cols)}
-        unknown = sorted(wanted - known)
-        if unknown:
-            raise ConfigError(f"--ops: {unknown} in no table of the baseline (its ops: {sorted(known)})")
-    sources: list[str] = []
-    for table in common:
-        table_ops = [o for o in ops_of(views["b"][table]) if o in views["c"][table]]
-        if wanted is not None:
-            table_ops = [o for o in table_ops if o in wanted]
-        result.ops[table] = table_ops
-        micro = all(_has_micro(con, side, table, shift, steps) for side, shift in (("b", 0), ("c", offset)))
-        result.micro[table] = micro
-        join = {"rtol": rtol, "exact": exact, "offset": offset, "mapping": pairs, "steps": steps, "micro": micro,
-                "ref": con.ref}
-        joined = joined_sql(table, table_ops, **join)  # type: ignore[arg-type]
-        counts = _counts(con, joined)
-        if _repeats(con, table, counts, offset, steps):
-            joined = joined_sql(table, table_ops, occurrence=True, **join)  # type: ignore[arg-type]
-            counts = _counts(con, joined)
-        kept = f"kept_{len(sources)}"
-        con.keep(kept, f"SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
-        result.tables[table] = {name: int(counts.get(code, 0)) for code, name in STATUS_NAMES.items()}
-        con.view(f"ord_{len(sources)}", ordered_sql(table, kept, ref=con.ref))
-        sources.append(f"ord_{len(sources)}")
+    wanted = _wanted_ops(views["b"], settings.ops)
+    sources = [_compare_table(con, result, views, table, wanted, settings, tolerance, i)
+               for i, table in enumerate(common)]
     if sources:
         con.view("diverged_rows", _union_by_name(con, sources))
     totals = {name: sum(t[name] for t in result.tables.values()) for name in STATUS_NAMES.values()}
@@ -364,23 +405,124 @@ def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, setti
             f"{totals['only_candidate']} only in the candidate (different models? a --map or --offset needed?)"
         )
     if sources:
-        earliest = _rows(con, DIVERGED, max(limit, 1))  # the first divergence even with limit 0
-        result.first = earliest[0] if earliest else None
-        result.divergences = earliest[:limit]
-        result.largest = _largest(con, limit, any("norm" in o for o in result.ops.values()))
-        result.only_baseline = _rows(con, ONLY_BASELINE, EXAMPLES)
-        result.only_candidate = _rows(con, ONLY_CANDIDATE, EXAMPLES)
-    if out is not None:
-        result.written += write_outputs(con, result, Path(out), bool(sources))
-    if html is not None:
+        _collect_rows(con, result, settings.limit)
+    _write(con, result, settings, common, bool(sources))
+    return result
+
+
+def _precision(con: DiffEngine, baseline: dict[str, list[str]], given: str | None) -> tuple[str, str]:
+    """The baseline's precision and where it comes from (:attr:`DiffResult.dtype`): ``given``,
+    else the coarsest dtype of its rows (Monitor V1 files have a ``dtype`` column), else float32."""
+    if given is not None:
+        return given, "--dtype"
+    names: set[str] = set()
+    for table, columns in baseline.items():
+        if "dtype" in columns:
+            names |= {r[0] for r in con.fetch(f"SELECT DISTINCT dtype FROM {con.ref('b', table)}")}
+    found = {d for d in map(dtype_of, names) if d is not None}
+    if not found:
+        return DEFAULT_DTYPE, "assumed"
+    return max(found, key=DTYPE_RTOL.__getitem__), "files"
+
+
+def _common_tables(views: dict[str, dict[str, list[str]]], tables: Sequence[str] | None) -> list[str]:
+    """The tables both runs have (of ``tables`` when given; a name in neither is a ConfigError)."""
+    if tables is not None:
+        unknown = sorted(set(tables) - set(views["b"]) - set(views["c"]))
+        if unknown:
+            raise ConfigError(
+                f"--tables: {unknown} in neither run (baseline tables: {sorted(views['b'])}, "
+                f"candidate tables: {sorted(views['c'])})"
+            )
+    return [t for t in views["b"] if t in views["c"] and (tables is None or t in tables)]
+
+
+def _wanted_ops(baseline: dict[str, list[str]], ops: Sequence[str] | None) -> set[str] | None:
+    """``--ops`` as a set (None: every op); an op in no table of the baseline is a ConfigError."""
+    if not ops:
+        return None
+    known = {o for cols in baseline.values() for o in ops_of(cols)}
+    unknown = sorted(set(ops) - known)
+    if unknown:
+        raise ConfigError(f"--ops: {unknown} in no table of the baseline (its ops: {sorted(known)})")
+    return set(ops)
+
+
+def _compare_table(con: DiffEngine, result: DiffResult, views: dict[str, dict[str, list[str]]], table: str,
+                   wanted: set[str] | None, settings: _Settings, tolerance: Tolerance, index: int) -> str:
+    """Join ``table`` of both runs (with the rerun's noise levels when there is a rerun), keep
+    its diverged rows and rows in one run only, count its statuses into ``result``; the name of
+    its ordered rows' view."""
+    table_ops = [o for o in ops_of(views["b"][table]) if o in views["c"][table]]
+    if wanted is not None:
+        table_ops = [o for o in table_ops if o in wanted]
+    result.ops[table] = table_ops
+    micro = all(_has_micro(con, side, table, shift, settings.steps) for side, shift in (("b", 0), ("c", settings.offset)))
+    result.micro[table] = micro
+    noise = None
+    if "n" in views and table in views["n"] and not tolerance.exact:
+        noise = f"noise_{index}"
+        _measure_noise(con, result, table, table_ops, tolerance, settings.steps, noise)
+    join = {"tolerance": tolerance, "offset": settings.offset, "mapping": settings.pairs,
+            "steps": settings.steps, "micro": micro, "ref": con.ref, "noise": noise}
+    joined, counts = _join(con, table, table_ops, join, ("c", settings.offset))
+    result.joins[table] = join
+    con.keep(f"kept_{index}", f"SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
+    result.tables[table] = {name: int(counts.get(code, 0)) for code, name in STATUS_NAMES.items()}
+    con.view(f"ord_{index}", ordered_sql(table, f"kept_{index}", ref=con.ref))
+    return f"ord_{index}"
+
+
+def _join(con: DiffEngine, table: str, ops: list[str], join: dict[str, Any], other: tuple[str, int]) -> tuple[str, dict[int, int]]:
+    """The :func:`~trainprobe.tools.diff_sql.joined_sql` of ``table`` between the baseline and
+    side ``other`` (name, step offset), with occurrences numbered when a key repeats; its counts."""
+    joined = joined_sql(table, ops, other=other[0], **join)
+    counts = _counts(con, joined)
+    if _repeats(con, table, counts, other, join["steps"]):
+        joined = joined_sql(table, ops, other=other[0], occurrence=True, **join)
+        counts = _counts(con, joined)
+    return joined, counts
+
+
+def _measure_noise(con: DiffEngine, result: DiffResult, table: str, ops: list[str], tolerance: Tolerance,
+                   steps: tuple[int, int] | None, name: str) -> None:
+    """Keep the rerun's noise levels of ``table`` (:func:`~trainprobe.tools.diff_sql.noise_sql`)
+    as ``name``; their largest per scope and op into ``result.noise_levels``."""
+    micro = all(_has_micro(con, side, table, 0, steps) for side in ("b", "n"))
+    join = {"tolerance": tolerance, "steps": steps, "micro": micro, "ref": con.ref}
+    joined, _ = _join(con, table, ops, join, ("n", 0))
+    con.keep(name, noise_sql(joined, ops))
+    levels: dict[str, dict[str, float]] = {}
+    measured = [o for o in ops if o not in COUNT_OPS]  # a count's tolerance is 0 whatever the rerun
+    columns = ", ".join(f"max({quote('n_' + o)})" for o in measured)
+    if columns:
+        for scope, *values in con.fetch(f"SELECT k_scope, {columns} FROM {name} GROUP BY k_scope ORDER BY k_scope"):
+            levels[scope] = {o: float(v) for o, v in zip(measured, values) if v is not None}
+    result.noise_levels[table] = levels
+
+
+def _collect_rows(con: DiffEngine, result: DiffResult, limit: int) -> None:
+    """The first divergence, the earliest ones, the largest, the rows in one run only."""
+    earliest = _rows(con, DIVERGED, max(limit, 1))  # the first divergence even with limit 0
+    result.first = earliest[0] if earliest else None
+    result.divergences = earliest[:limit]
+    result.largest = _largest(con, limit, any("norm" in o for o in result.ops.values()))
+    result.only_baseline = _rows(con, ONLY_BASELINE, EXAMPLES)
+    result.only_candidate = _rows(con, ONLY_CANDIDATE, EXAMPLES)
+
+
+def _write(con: DiffEngine, result: DiffResult, settings: _Settings, common: list[str], any_rows: bool) -> None:
+    """The files asked for (``out``, ``html``) and the sections of another page (``page``)."""
+    if settings.out is not None:
+        result.written += write_outputs(con, result, Path(settings.out), any_rows)
+    if settings.html is not None:
         from trainprobe.tools.diff_html import write_html
 
-        result.written.append(write_html(con, result, Path(html), common, pairs))
-    if page is not None:
+        result.written.append(write_html(con, result, Path(settings.html), common, settings.pairs))
+    if settings.page is not None:
         from trainprobe.tools.diff_html import add_sections
 
-        add_sections(page, con, result, common, pairs)
-    return result
+        add_sections(settings.page, con, result, common, settings.pairs)
 
 
 def _union_by_name(con: DiffEngine, sources: Sequence[str]) -> str:
@@ -400,10 +542,12 @@ def _counts(con: DiffEngine, joined: str) -> dict[int, int]:
     return {int(k): int(v) for k, v in con.fetch(f"SELECT status, count(*) FROM ({joined}) GROUP BY status")}
 
 
-def _repeats(con: DiffEngine, table: str, counts: dict[int, int], offset: int, steps: tuple[int, int] | None) -> bool:
-    """Whether a key repeats in either run: the join then counts some of its rows twice."""
+def _repeats(con: DiffEngine, table: str, counts: dict[int, int], other: tuple[str, int],
+             steps: tuple[int, int] | None) -> bool:
+    """Whether a key repeats in the baseline or in side ``other`` (name, step offset): the join
+    then counts some of its rows twice."""
     matched = sum(counts.get(s, 0) for s in (EQUAL, WITHIN, DIVERGED))
-    for schema, only, shift in (("b", ONLY_BASELINE, 0), ("c", ONLY_CANDIDATE, offset)):
+    for schema, only, shift in (("b", ONLY_BASELINE, 0), (other[0], ONLY_CANDIDATE, other[1])):
         [(rows,)] = con.fetch(rows_sql(schema, table, shift, steps, ref=con.ref))
         if matched + counts.get(only, 0) != rows:
             return True
@@ -443,59 +587,45 @@ def _shift(steps: tuple[int, int] | None, by: int) -> tuple[int, int] | None:
 
 
 def _rows(
-    con: DiffEngine, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows"
+    con: DiffEngine, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows", norm: bool = False
 ) -> list[Divergence]:
-    """The first ``limit`` kept rows of ``status`` in ``order`` (execution order)."""
+    """The first ``limit`` kept rows of ``status`` in ``order`` (execution order), each shown
+    with its worst op (with ``norm``, its ``norm`` where the row has one)."""
     out = []
     for r in con.records(f"SELECT * FROM {source} WHERE status = {status} ORDER BY {order} LIMIT {int(limit)}"):
-        op = r["worst_op"]
+        op = "norm" if norm and r.get("f_norm") is not None else r["worst_op"]
         out.append(Divergence(
             table=r["tbl"], step=int(r["k_step"]), micro_step=None if r["k_micro"] < 0 else int(r["k_micro"]),
             rank=int(r["k_rank"]), vpp_stage=int(r["k_vpp"]),
             name=r["b_name"] if r["b_name"] is not None else r["c_name"], scope=r["k_scope"], op=op,
             baseline=r.get(f"b_{op}") if op else None, candidate=r.get(f"c_{op}") if op else None,
-            rel_diff=r["rel"], candidate_name=r["c_name"],
+            rel_diff=r.get(f"r_{op}") if op else None, candidate_name=r["c_name"],
+            tolerance=r.get(f"t_{op}") if op else None, factor=r.get(f"f_{op}") if op else None,
         ))
     return out
 
 
+TENSOR_SQL = (
+    "CASE WHEN tbl IN ('param', 'param_origin', 'param_updated') THEN 'param' "
+    "WHEN tbl IN ('weight_grad', 'grad_unreduced', 'grad_reduced') THEN 'grad' "
+    "ELSE concat(tbl, '/', k_scope) END"
+)
+"""The kind of tensor a row summarises, for the "largest" table: a parameter (before or after
+the step), a parameter's gradient (unreduced or reduced), else its table and scope."""
+
+
 def _largest(con: DiffEngine, limit: int, has_norm: bool) -> list[Divergence]:
-    """One diverged row per tensor (table, scope, name), the tensors that differ most first: by the relative difference of ``norm`` where
-    the table has it (the most robust summary of a tensor: a ``mean`` near 0 swings widely),
-    else of the row's worst op; shown with that op."""
-    key = "COALESCE(r_norm, rel)" if has_norm else "rel"
+    """One diverged row per tensor (:data:`TENSOR_SQL` and name), the tensors that changed most
+    first: by the factor of ``norm`` where the table has it (the most robust summary of a
+    tensor: a ``mean`` near 0 swings widely), else of the row's worst op; ties in execution
+    order (an unreduced gradient before the reduced one, ``param_updated`` before the next
+    step's ``param_origin``)."""
+    key = "COALESCE(f_norm, factor)" if has_norm else "factor"
     per_tensor = (
-        f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY tbl, k_scope, k_name ORDER BY {key} DESC, "
+        f"(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {TENSOR_SQL}, k_name ORDER BY {key} DESC, "
         f"{ORDER}) AS tensor_rank FROM diverged_rows WHERE status = {DIVERGED}) WHERE tensor_rank = 1)"
     )
-    rows = _rows(con, DIVERGED, limit, order=f"{key} DESC, {ORDER}", source=per_tensor)
-    if not has_norm:
-        return rows
-    if not rows:
-        return rows
-    # one query for every listed row (one round trip: Spark's cost a query, not a row): per
-    # (table, step, rank, scope, name), its diverged row of the largest norm difference
-    tensor = "tbl, k_step, k_rank, k_scope, COALESCE(b_name, c_name)"
-    wanted = " OR ".join(
-        f"(tbl = {literal(r.table)} AND k_step = {r.step} AND k_rank = {r.rank} AND k_scope = {literal(r.scope)} "
-        f"AND COALESCE(b_name, c_name) = {literal(r.name)})"
-        for r in rows
-    )
-    norms = {
-        tuple(found[:5]): found[5:]
-        for found in con.fetch(
-            f"SELECT * EXCLUDE (norm_rank) FROM (SELECT {tensor}, b_norm, c_norm, r_norm, row_number() OVER "
-            f"(PARTITION BY {tensor} ORDER BY r_norm DESC, {ORDER}) AS norm_rank FROM diverged_rows "
-            f"WHERE status = {DIVERGED} AND ({wanted})) WHERE norm_rank = 1"
-        )
-    }
-    out = []
-    for row in rows:
-        norm = norms.get((row.table, row.step, row.rank, row.scope, row.name))
-        if norm is not None and norm[2] is not None:
-            row = replace(row, op="norm", baseline=norm[0], candidate=norm[1], rel_diff=norm[2])
-        out.append(row)
-    return out
+    return _rows(con, DIVERGED, limit, order=f"{key} DESC, {ORDER}", source=per_tensor, norm=has_norm)
 
 
 def write_outputs(con: DiffEngine, result: DiffResult, out: Path, any_rows: bool) -> list[Path]:
@@ -508,7 +638,7 @@ def write_outputs(con: DiffEngine, result: DiffResult, out: Path, any_rows: bool
     select = (
         "tbl AS \"table\", k_step AS step, CASE WHEN k_micro < 0 THEN NULL ELSE k_micro END AS micro_step, "
         "k_rank AS rank, k_vpp AS vpp_stage, b_name AS name, c_name AS candidate_name, k_scope AS scope, "
-        f"worst_op, rel AS rel_diff{', ' + per_op if per_op else ''}"
+        f"worst_op, rel AS rel_diff, tol AS tolerance, factor{', ' + per_op if per_op else ''}"
     )
     if any_rows:
         # a table without an op lacks its columns: _union_by_name gave NULLs

@@ -1,10 +1,14 @@
-"""``trainprobe diff BASELINE CANDIDATE``: the command line of :func:`trainprobe.tools.diff.diff`.
+"""``trainprobe diff BASELINE CANDIDATE [CANDIDATE ...] [--noise RERUN]``: the command line of
+:func:`trainprobe.tools.diff.diff`.
 
 Prints the answer first (one line), then the earliest divergences in execution order, the
-largest relative differences, and the counts (with examples of rows present in one run only).
-Exit status: 0 every matched row within tolerance, 1 the runs diverge, 2 bad input (one line on
-stderr, from :func:`trainprobe.cli.main`). ``--engine spark`` runs the same queries on Apache
-Spark over the runs' Parquet files (local mode, or the process's active session), the same output.
+tensors that changed most (one row each, ``×N``), and the counts (with examples of rows present
+in one run only); with several candidates, that report for each in turn, under a ``== CANDIDATE``
+line. ``--noise RERUN``: a rerun of the baseline that differs only by noise; each op's tolerance
+becomes at least 10× the difference it shows. Exit status: 0 every matched row within
+tolerance (of every candidate), 1 a candidate diverges, 2 bad input (one line on stderr, from
+:func:`trainprobe.cli.main`). ``--engine spark`` runs the same queries on Apache Spark over the
+runs' Parquet files (local mode, or the process's active session), the same output.
 """
 
 from __future__ import annotations
@@ -28,8 +32,14 @@ def add_parser(sub: Any) -> None:
         "Needs: pip install 'trainprobe[query]'.",
     )
     p.add_argument("baseline", metavar="BASELINE", help="the reference run (V2 output_dir, V1 MONITOR_OUTPUT_DIR, or one rank's folder)")
-    p.add_argument("candidate", metavar="CANDIDATE", help="the run compared with it (same kind)")
-    p.add_argument("--rtol", type=float, default=None, help="tolerance on the relative difference (default 1e-3)")
+    p.add_argument("candidate", metavar="CANDIDATE", nargs="+", help="the run(s) compared with it (same kind)")
+    p.add_argument("--rtol", type=float, default=None,
+                   help="tolerance on each op's normalised difference (default: by dtype, float32 1e-3)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default=None,
+                   help="the runs' precision, for the default rtol (default: a V1 row's own dtype, else float32)")
+    p.add_argument("--noise", metavar="RERUN", default=None,
+                   help="a rerun of BASELINE that differs only by noise (threads, kernels, op order): each op's "
+                   "tolerance becomes at least 10x the difference it shows")
     p.add_argument("--exact", action="store_true", help="demand bit-equal values (deterministic reruns, CI)")
     p.add_argument("--ops", help="compare only these ops, comma-separated (default: every op both runs have)")
     p.add_argument("--map", dest="mapping", metavar="FILE", help="YAML/JSON regex -> replacement pairs for the candidate's names")
@@ -65,23 +75,32 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from trainprobe.tools.diff import DEFAULT_RTOL, diff
+    from trainprobe.tools.diff import diff
 
     if args.exact and args.rtol is not None:
         raise ConfigError("--exact and --rtol: give one (--exact demands bit-equal values)")
+    if args.exact and args.noise is not None:
+        raise ConfigError("--exact and --noise: give one (--exact demands bit-equal values)")
     if args.limit < 0:
         raise ConfigError("--limit: must be >= 0")
+    if len(args.candidate) > 1 and (args.out or args.html):
+        raise ConfigError("--out and --html: one candidate at a time (they would overwrite each other)")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
-    result = diff(
-        args.baseline, args.candidate, rtol=DEFAULT_RTOL if args.rtol is None else args.rtol, exact=args.exact,
-        ops=ops, mapping=args.mapping, steps=parse_steps(args.steps), offset=args.offset, limit=args.limit,
-        out=args.out, html=args.html, tables=tables, engine=args.engine, rank_local=args.rank_local,
-    )
-    print_result(result, sys.stdout)
-    for path in result.written:
-        print(f"wrote {path}", file=sys.stderr)
-    return result.exit_code
+    status = 0
+    for candidate in args.candidate:
+        result = diff(
+            args.baseline, candidate, rtol=args.rtol, exact=args.exact, ops=ops, mapping=args.mapping,
+            steps=parse_steps(args.steps), offset=args.offset, limit=args.limit, out=args.out, html=args.html,
+            tables=tables, engine=args.engine, rank_local=args.rank_local, dtype=args.dtype, noise=args.noise,
+        )
+        if len(args.candidate) > 1:
+            sys.stdout.write(("" if candidate == args.candidate[0] else "\n") + f"== {candidate}\n")
+        print_result(result, sys.stdout)
+        for path in result.written:
+            print(f"wrote {path}", file=sys.stderr)
+        status = max(status, result.exit_code)
+    return status
 
 
 def print_result(result: Any, out: TextIO) -> None:
@@ -92,11 +111,13 @@ def print_result(result: Any, out: TextIO) -> None:
 
     out.write(printable(result.answer()) + "\n")
     c = result.counts
+    if result.noise is not None:
+        out.write(f"tolerance: {result.rule()}: {_noise_line(result)}\n")
     if result.divergences:
         out.write(f"\nearliest divergences ({len(result.divergences)} of {c['diverged']:,}, execution order):\n")
         _table(out, result.divergences, fmt)
     if result.largest and c["diverged"] > 1:
-        out.write("\nlargest relative differences:\n")
+        out.write("\nlargest changes (one row per tensor, by its norm where it has one):\n")
         _table(out, result.largest, fmt)
     out.write(
         f"\nrows compared {c['compared']:,}: equal {c['equal']:,}, within tolerance {c['within_tolerance']:,}, "
@@ -109,14 +130,26 @@ def print_result(result: Any, out: TextIO) -> None:
             out.write(f"tables only in {side}: {', '.join(result.tables_only[side])}\n")
 
 
-def _table(out: TextIO, rows: Sequence[Any], fmt: Any) -> None:
+def _noise_line(result: Any) -> str:
+    """The rerun's largest noise level per table (``module 3.1e-05, param 2.0e-06``)."""
     from trainprobe.engine.printable import printable
 
-    head = ("step", "rank", "table", "tensor", "op", "baseline", "candidate", "rel_diff")
+    parts = []
+    for table, scopes in result.noise_levels.items():
+        levels = [v for ops in scopes.values() for v in ops.values()]
+        parts.append(f"{table} {max(levels):.1e}" if levels else f"{table} -")
+    return f"the rerun {printable(result.noise)} differs by at most " + (", ".join(parts) or "nothing")
+
+
+def _table(out: TextIO, rows: Sequence[Any], fmt: Any) -> None:
+    from trainprobe.engine.printable import printable
+    from trainprobe.tools.diff_sql import fmt_factor
+
+    head = ("step", "rank", "table", "tensor", "op", "baseline", "candidate", "change", "rel_diff", "tol")
     cells = [
         (str(r.step), str(r.rank), r.table if r.scope == r.table else f"{r.table} {printable(r.scope)}", printable(r.name),
-         printable(r.op or ""),
-         fmt(r.baseline), fmt(r.candidate), f"{r.rel_diff:.2e}" if r.rel_diff is not None else "")
+         printable(r.op or ""), fmt(r.baseline), fmt(r.candidate), fmt_factor(r.factor),
+         f"{r.rel_diff:.2e}" if r.rel_diff is not None else "", f"{r.tolerance:.1e}" if r.tolerance is not None else "")
         for r in rows
     ]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(head)]

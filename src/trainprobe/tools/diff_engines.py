@@ -83,12 +83,14 @@ class DuckDiff(DuckEngine):
         self.readable: list[Path] = []  # both runs' files: all the locked connection may read
         self.rank_local = False  # True: compare rank-local rows even where full-tensor views exist
         self._merged: set[tuple[str, str]] = set()  # (side, table) read through its full-tensor rows
+        self._sides: list[str] = []  # the runs attached: b, c (and n, a rerun)
 
     def attach(self, side: str, run: str | Path, steps: tuple[int, int] | None) -> dict[str, list[str]]:
         from trainprobe.tools.query import connect
         from trainprobe.tools.query_files import find_run_files
 
         run_files = find_run_files(run)
+        self._sides.append(side)
         self.readable += [f.path for f in run_files]
         self.con.execute(f"CREATE SCHEMA {quote(side)}")
         self.con.execute(f"USE {quote(side)}")
@@ -152,12 +154,12 @@ class DuckDiff(DuckEngine):
 
     def seal(self) -> None:
         """Lock the connection (:mod:`~trainprobe.tools.query_lock`); and compare in full tensors
-        only when the two runs' layouts differ: two runs of one layout compare rank by rank, as
-        written, so that a fault on one replica (one DDP rank) is not hidden by the merge, which
-        counts a replicated tensor once."""
+        only when the runs' layouts differ (a run's from the baseline's): runs of one layout
+        compare rank by rank, as written, so that a fault on one replica (one DDP rank) is not
+        hidden by the merge, which counts a replicated tensor once."""
         from trainprobe.tools.query_lock import lock
 
-        if self._merged and self._layout_of("b") == self._layout_of("c"):
+        if self._merged and all(self._layout_of(s) == self._layout_of("b") for s in self._sides):
             self._merged.clear()
         lock(self.con, self.readable, spill=self.spill)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.sinks.files import write_atomically
-from trainprobe.tools.diff_sql import ONLY_BASELINE, ONLY_CANDIDATE, fmt, joined_sql
+from trainprobe.tools.diff_sql import BACKWARD_FIRST_LAST, ONLY_BASELINE, ONLY_CANDIDATE, fmt, joined_sql
 from trainprobe.tools.report_html import SCRIPT, STYLE, PageBuilder
 
 MAX_COLUMNS = 400
@@ -71,9 +71,7 @@ def add_sections(page: PageBuilder, engine: Any, result: Any, tables: Sequence[s
 def _cells(engine: Any, table: str, result: Any, mapping: Sequence[tuple[str, str]]) -> list[tuple[Any, ...]]:
     """``(scope, name, step, rel, only, order)`` per tensor and step: the largest relative
     difference, whether a row is in one run only, the tensor's place in execution order."""
-    joined = joined_sql(table, result.ops.get(table, []), rtol=result.rtol, exact=result.exact,
-                        offset=result.offset, mapping=mapping, steps=result.steps,
-                        micro=result.micro.get(table, True), ref=engine.ref)
+    joined = joined_sql(table, result.ops.get(table, []), **result.joins[table])
     from trainprobe.tools.query_sql import stage_sql
 
     sql = f"""WITH j AS ({joined}), first AS (SELECT arg_min(COALESCE(b_file, c_file), k_step) AS file FROM j)
@@ -90,7 +88,8 @@ def heatmap(table: str, cells: Sequence[tuple[Any, ...]], result: Any) -> dict[s
     order: dict[tuple[str, str], tuple[float, float]] = {}
     for scope, name, _, _, _, stage, pos in cells:
         key = (scope, name)
-        mark = (float(stage), float(pos) if pos is not None else math.inf)
+        place = float(pos) if pos is not None else math.inf
+        mark = (float(stage), -place if stage == BACKWARD_FIRST_LAST else place)  # backward: the last parameter first
         order[key] = min(order.get(key, mark), mark)
     tensors = sorted(order, key=lambda k: (*order[k], k))[:MAX_TENSORS]
     row_of = {k: i for i, k in enumerate(tensors)}
@@ -143,7 +142,7 @@ def heatmap(table: str, cells: Sequence[tuple[Any, ...]], result: Any) -> dict[s
     return {
         "data": traces,
         "layout": {
-            "title": {"text": f"{table}: log10 of the relative difference per step (rtol {result.rtol:g})"},
+            "title": {"text": f"{table}: log10 of the relative difference per step ({result.rule()})"},
             "height": height, "showlegend": False,
             "xaxis": {"title": {"text": "step"}, "type": "category"},
             "yaxis": {"autorange": "reversed", "type": "category", "automargin": True},
@@ -163,7 +162,7 @@ def summary_html(result: Any) -> str:
     parts = [
         f'<p class="{state}" id="tp-answer">{_e(result.answer())}</p>',
         f'<p class="note">baseline {_e(result.baseline)}; candidate {_e(result.candidate)}; '
-        f"{'exact' if result.exact else f'rtol {result.rtol:g}'}; offset {result.offset}</p>",
+        f"{'exact' if result.exact else _e(result.rule())}; offset {result.offset}</p>",
         "<table><tr>" + "".join(f"<th>{_e(k)}</th>" for k in c) + "</tr><tr>"
         + "".join(f'<td class="num">{v:,}</td>' for v in c.values()) + "</tr></table>",
     ]
