@@ -57,9 +57,12 @@ def make_model(layout: str) -> torch.nn.Module:
 
 
 def _inject(model: torch.nn.Module, variant: str, step: int, rank: int) -> None:
-    """The fault, into ``BAD_RANK``'s shard of fc1.weight's gradient (after backward)."""
+    """The fault, into ``BAD_RANK``'s shard of fc1.weight's gradient (after backward); ``bias``:
+    a NaN into ``BAD_RANK``'s copy of TP's replicated fc2.bias gradient."""
     local = model.fc1.weight.grad.to_local()
     with torch.no_grad():
+        if variant == "bias" and step == NAN_STEP and rank == BAD_RANK:
+            model.fc2.bias.grad.to_local()[0] = float("nan")
         if variant == "nan" and step == NAN_STEP and rank == BAD_RANK:
             local[0, 0] = float("nan")
         if variant == "spike" and step == SPIKE_STEP and rank == BAD_RANK:
@@ -96,7 +99,7 @@ def _stats(t: torch.Tensor) -> dict[str, float]:
 
 def _entry(rank: int, root: Path) -> None:
     for layout in LAYOUTS:
-        for variant in VARIANTS:
+        for variant in VARIANTS + (("bias",) if layout == "tp" else ()):
             truth = train(root / f"{layout}_{variant}", layout, variant, rank)
             if rank == BAD_RANK and truth:
                 (root / f"{layout}_{variant}_truth.json").write_text(json.dumps(truth))
@@ -134,6 +137,15 @@ def test_a_nan_in_one_shard_is_named_with_its_full_tensor_and_ranks(sharded: Pat
     # rank 1 broke first; rank 0 only once the NaN reached it through the next step's forward
     assert result.first_step_by_rank[BAD_RANK] == NAN_STEP and result.first_step_by_rank[0] > NAN_STEP
     assert "rank 1 alone first" in result.ranks_line()
+
+
+def test_a_nan_in_one_replica_is_not_hidden_by_the_other_copy(sharded: Path) -> None:
+    result = diagnose(sharded / "tp_bias")
+    first = result.first
+    assert first is not None
+    assert (first.step, first.table, first.scope, first.name) == (NAN_STEP, "weight_grad", "reduced", "fc2.bias")
+    assert (first.ranks, first.held, first.bad_ranks, first.rank) == ((0, 1), "replicas, counted once", (1,), 1)
+    assert "held by ranks 0,1 (replicas, counted once), NaN/inf in rank 1's replica" in result.line()
 
 
 def _full_row(run: Path, step: int, op: str) -> float:
