@@ -1,4 +1,4 @@
-"""One execution order for every offline tool (:mod:`trainprobe.tools.execution_order`): its key on
+"""One execution order for every offline tool (:mod:`trainprobe.engine.execution_order`): its key on
 plain fields, and real tiny-GPT training with Monitor V1 alerts and a weight ×1e30 at step 30,
 where ``anomaly-analyse``, ``report`` (its alerts, its timeline's star) and a scan of the CSV rows
 must name the same first event."""
@@ -16,7 +16,7 @@ from test_v1_support import make_v1
 from trainprobe.demo.gpt import GPTConfig, TinyGPT
 from trainprobe.tools.anomaly_analyse import AnomalyEvent, analyse
 from trainprobe.tools.anomaly_analyse import execution_key as event_key
-from trainprobe.tools.execution_order import (
+from trainprobe.engine.execution_order import (
     BACKWARD,
     FORWARD,
     OPTIMIZER,

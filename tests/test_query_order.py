@@ -1,4 +1,4 @@
-"""The query layer orders rows exactly as :func:`trainprobe.tools.execution_order.execution_key`:
+"""The query layer orders rows exactly as :func:`trainprobe.engine.execution_order.execution_key`:
 its SQL is generated from that module, and on real V1 and V2 runs (two gloo ranks, several tables,
 micro-steps) every row's SQL key equals the Python key and both sort the rows identically."""
 
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("duckdb")
 
 from reference_layouts import write_reference_v1  # noqa: E402
-from trainprobe.tools.execution_order import V2_DEFAULT_TABLE, execution_key, row_positions, table_of  # noqa: E402
+from trainprobe.engine.execution_order import V2_DEFAULT_TABLE, execution_key, row_positions, table_of  # noqa: E402
 from trainprobe.tools.query import connect, describe  # noqa: E402
 from trainprobe.tools.query_sql import first_nonfinite_sql, ordered_rows_sql  # noqa: E402
 

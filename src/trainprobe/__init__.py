@@ -8,6 +8,8 @@ Public API (also importable under the reference tool's paths, see ``trainprobe.c
   norms, Adam moments, expert load) to TensorBoard, the log and dump_path.
 * :class:`PrecisionDebugger` and ``module_dump``/``module_dump_end``/``seed_all``/``random_save``:
   precision data dump.
+* :class:`AnomalyStop` / :class:`AnomalyEvent`: what Monitor V2's online rules (its ``anomaly``
+  block) raise and report; see docs/acting_on_anomalies.md.
 * :func:`rerun_check` (and its :class:`RerunVerdict`): does a training step reproduce bit for
   bit? (a numerical fault, or a transient one of the device).
 * :class:`ConfigError`: raised for every invalid config field, naming its JSON path.
@@ -25,6 +27,7 @@ from trainprobe._lazy import lazy_exports
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from trainprobe.backends.torch.rerun_check import RerunVerdict, rerun_check
     from trainprobe.dump import PrecisionDebugger, module_dump, module_dump_end, random_save, seed_all
+    from trainprobe.engine.anomaly.events import AnomalyEvent, AnomalyStop
     from trainprobe.engine.errors import ConfigError
     from trainprobe.frontdoors.metrics import TrainingMetricsMonitor
     from trainprobe.frontdoors.monitor_v1 import TrainerMon
@@ -33,6 +36,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "AnomalyEvent": "trainprobe.engine.anomaly.events",
+    "AnomalyStop": "trainprobe.engine.anomaly.events",
     "ConfigError": "trainprobe.engine.errors",
     "PrecisionDebugger": "trainprobe.dump",
     "RerunVerdict": "trainprobe.backends.torch.rerun_check",
@@ -48,6 +53,8 @@ _EXPORTS: dict[str, str] = {
 """Public name → the module that defines it (imported on first use)."""
 
 __all__ = [
+    "AnomalyEvent",
+    "AnomalyStop",
     "ConfigError",
     "PrecisionDebugger",
     "RerunVerdict",

@@ -5,7 +5,7 @@
 and any tool reading monitor rows (a ``diff`` or ``diagnose`` of two runs). They all sort with
 :func:`execution_key`, which takes plain keys, so a tool needs no event object to use it::
 
-    from trainprobe.tools.execution_order import execution_key, row_positions
+    from trainprobe.engine.execution_order import execution_key, row_positions
 
     key = execution_key(step=30, table="actv", micro_step=0, position=12, rank=0)
     rows.sort(key=lambda r: execution_key(r.step, r.table, target=r.name, micro_step=r.micro,

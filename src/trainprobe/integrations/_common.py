@@ -94,6 +94,7 @@ class MonitorPair:
                 "optimizer_pre_step_hook": hook_optimizer,
                 "initial_step": initial_step + 1,
                 "resumed": initial_step > 0,
+                "anomaly_stop_raises": False,  # an anomaly's "stop" stops the trainer (end_step's answer)
             }
             if grad_acc_steps is not None:
                 context["grad_acc_steps"] = grad_acc_steps
@@ -106,13 +107,15 @@ class MonitorPair:
         Monitor V2 ends its own when ``optimizer.step()`` does not (``"patch_optimizer_step":
         false``; otherwise its optimizer post-hook already did, on the same optimizer step).
         Both then hold the trainer's global step. Returns whether the run should stop
-        (``print_struct``)."""
+        (``print_struct``, or Monitor V2's ``anomaly`` ``stop`` action: the trainer stops itself,
+        with ``before_update`` after a step whose update was skipped)."""
         if self.v2 is not None and not self.v2.steps_with_optimizer:
             self.v2.step()
+        anomaly = self.v2 is not None and self.v2.anomaly_stop is not None
         if self.metrics is None:
-            return False
+            return anomaly
         self.metrics.step(**metrics_args)
-        return self.metrics.stop_requested
+        return self.metrics.stop_requested or anomaly
 
     @property
     def forwards(self) -> bool:

@@ -12,7 +12,7 @@ monitor output folder that contains ``anomaly_detected`` is accepted too). Each 
 Files are read with :func:`trainprobe.engine.safe_json.load_json_file` (regular files only, size and
 nesting bounded, byte-order mark accepted); integer fields must fit in 64 bits.
 
-Execution order is the one every offline tool uses, :mod:`trainprobe.tools.execution_order`
+Execution order is the one every offline tool uses, :mod:`trainprobe.engine.execution_order`
 (the sort key, smallest first; see :func:`execution_key`):
 
 1. ``step``;
@@ -91,7 +91,7 @@ from trainprobe.tools.anomaly_output import (
     write_result,
 )
 from trainprobe.tools.anomaly_read import find_anomaly_files, load_anomalies, read_anomaly_file
-from trainprobe.tools.execution_order import (
+from trainprobe.engine.execution_order import (
     BACKWARD,
     FORWARD,
     ONCE_PER_STEP_SUFFIXES,

@@ -6,7 +6,7 @@ An entry maps a key (``<tag_name>_step_<s>_call_<id>``) to an object with exactl
 ``message`` strings, ``group_mates`` a list of integers. Anything else is a
 :class:`~trainprobe.engine.errors.ConfigError` whose one-line message starts with the file and
 the event key. The phase (forward, backward, optimizer, unknown) comes from the last ``/`` part of
-``tag_name`` (:func:`phase_of`, the table of :mod:`trainprobe.tools.execution_order`).
+``tag_name`` (:func:`phase_of`, the table of :mod:`trainprobe.engine.execution_order`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import INT_MAX, INT_MIN
-from trainprobe.tools.execution_order import OTHER_TABLE, PHASE_OF_SUFFIX, phase_of_table, short_repr
+from trainprobe.engine.execution_order import OTHER_TABLE, PHASE_OF_SUFFIX, phase_of_table, short_repr
 
 #: Integer fields of an event, then the others with their JSON types.
 INT_FIELDS: tuple[str, ...] = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "call_id")

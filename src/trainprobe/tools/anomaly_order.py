@@ -1,5 +1,5 @@
 """Which anomaly events ``anomaly-analyse`` keeps, and in which order: the execution-order key of
-an event (the shared :func:`trainprobe.tools.execution_order.execution_key`), the stable sort, the
+an event (the shared :func:`trainprobe.engine.execution_order.execution_key`), the stable sort, the
 step selection and the checks of ``topk`` and ``step_list``.
 
 A bad ``topk`` or step list raises :class:`~trainprobe.engine.errors.ConfigError` with a one-line
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.safe_files import bounded_int
 from trainprobe.tools.anomaly_events import AnomalyEvent, is_int, short
-from trainprobe.tools.execution_order import execution_key as row_execution_key
+from trainprobe.engine.execution_order import execution_key as row_execution_key
 
 #: ``<target>/rank<r>/<table>``: the table may be a V2 ``<monitor>/<scope>`` group.
 _RANK_TAG = re.compile(r"^(.*)/rank\d+/(.+)$", re.DOTALL)
@@ -23,7 +23,7 @@ _STEP = re.compile(r"[0-9]+")
 
 def execution_key(event: AnomalyEvent) -> tuple[int, ...]:
     """Sort key of execution order (see :mod:`trainprobe.tools.anomaly_analyse`): the shared
-    :func:`trainprobe.tools.execution_order.execution_key` of the event's step, table (what
+    :func:`trainprobe.engine.execution_order.execution_key` of the event's step, table (what
     follows ``/rank<r>/`` in ``tag_name``: a V1 table or tag suffix, or a V2 ``monitor/scope``
     group as the report names its onsets), target, micro-step, position (``call_id`` unless a tool set
     :attr:`AnomalyEvent.position`), rank and pipeline stages."""

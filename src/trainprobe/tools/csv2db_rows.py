@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 
-from trainprobe.tools.execution_order import row_positions as call_indices  # the one row numbering within a key
+from trainprobe.engine.execution_order import row_positions as call_indices  # the one row numbering within a key
 from trainprobe.tools.monitor_output import MonitorCsv, read_table
 
 #: Ops whose metric_id is at least this have no nan_mask bit (SQLite integers are 64-bit).

@@ -2,14 +2,14 @@
 run on DuckDB as it is or on Spark transpiled by sqlglot (:mod:`trainprobe.tools.query_spark`).
 
 Execution order is not defined here: the SQL is generated from
-:mod:`trainprobe.tools.execution_order` (:data:`~trainprobe.tools.execution_order.TABLE_ORDER`,
+:mod:`trainprobe.engine.execution_order` (:data:`~trainprobe.engine.execution_order.TABLE_ORDER`,
 the phases, the once-per-step tables, the pipeline-stage rule), so that a query orders rows
-exactly as :func:`~trainprobe.tools.execution_order.execution_key` does. Per row,
+exactly as :func:`~trainprobe.engine.execution_order.execution_key` does. Per row,
 :func:`order_columns_sql` gives the key's columns, smallest first:
 
 ``step``, ``x_once`` (1 for a table written once per step, after every micro-step),
 ``x_micro`` (the micro-step; 0 for once-per-step tables and an empty cell), ``x_phase``
-(:data:`~trainprobe.tools.execution_order.PHASE_ORDER`), ``x_stage`` (``vpp_stage``; negated
+(:data:`~trainprobe.engine.execution_order.PHASE_ORDER`), ``x_stage`` (``vpp_stage``; negated
 outside the forward phase), ``x_table`` (the table's place in ``TABLE_ORDER``), ``position``
 (the row's place among the rows of its step in its file, 0 first: ``row_positions``), ``rank``.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from trainprobe.engine.nonfinite import COUNT_OPS
-from trainprobe.tools.execution_order import (
+from trainprobe.engine.execution_order import (
     FORWARD,
     OTHER_TABLE,
     PHASE_ORDER,
@@ -102,7 +102,7 @@ def order_columns_sql(table: str) -> list[str]:
 def stage_sql(table: str) -> str:
     """The place of a row of ``table`` within its step, for a given micro-step and pipeline stage,
     as one integer SQL expression over its ``scope`` (and ``name``): ``once * 10000 +
-    (phase + 1) * 100 + table rank + 1``, from :mod:`trainprobe.tools.execution_order`."""
+    (phase + 1) * 100 + table rank + 1``, from :mod:`trainprobe.engine.execution_order`."""
     return _case(table, lambda t, g: _stage_number(*_place(t, g)[:3]))
 
 
@@ -120,7 +120,7 @@ def _stages() -> dict[tuple[str, str | None], int]:
         stages[monitor, scope] = _stage_number(*_place(table)[:3])
     for monitor, table in V2_DEFAULT_TABLE.items():
         stages[monitor, None] = _stage_number(*_place(table)[:3])
-    from trainprobe.tools.execution_order import PHASE_OF_SUFFIX
+    from trainprobe.engine.execution_order import PHASE_OF_SUFFIX
 
     for table in (*PHASE_OF_SUFFIX, OTHER_TABLE):
         stages.setdefault((table, None), _stage_number(*_place(table)[:3]))
@@ -129,7 +129,7 @@ def _stages() -> dict[tuple[str, str | None], int]:
 
 STAGES: Mapping[tuple[str, str | None], int] = _stages()
 """Stage number (:func:`stage_sql`) of a table (any scope: ``None``) or of one V2 monitor's
-scope, derived from :mod:`trainprobe.tools.execution_order` (``other``: its collective calls)."""
+scope, derived from :mod:`trainprobe.engine.execution_order` (``other``: its collective calls)."""
 LATE_STAGE = _stage_number(0, PHASE_ORDER[UNKNOWN], -1)
 """The stage of a table execution_order does not know: before the forward phase of its
 micro-step, as there (the name is kept from when unknown tables came last)."""

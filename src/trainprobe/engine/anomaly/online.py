@@ -26,6 +26,7 @@ from typing import Any
 
 from trainprobe.engine.anomaly.config import AnomalyConfig
 from trainprobe.engine.anomaly.events import AnomalyEvent
+from trainprobe.engine.execution_order import BACKWARD, phase_of_table, table_of
 from trainprobe.engine.nonfinite import first_nonfinite_op
 from trainprobe.engine.records import RowKey
 from trainprobe.engine.rules.series import is_squared
@@ -173,8 +174,6 @@ def _signals(index: dict[str, int], values: Sequence[float]) -> Iterable[tuple[s
 
 
 def _is_backward(table: str, key: RowKey) -> bool:
-    from trainprobe.tools.execution_order import BACKWARD, phase_of_table, table_of
-
     return phase_of_table(table_of(table, key.scope), key.name)[0] == BACKWARD
 
 

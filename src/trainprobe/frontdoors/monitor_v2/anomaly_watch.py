@@ -9,8 +9,9 @@ the spike rule ``trainprobe diagnose`` uses); at the step's boundary it acts on 
 * ``on_anomaly(event)`` (``TrainerMonitorV2(cfg, on_anomaly=fn)``) is called for each event
   (at most one per kind per step), with monitoring paused while it runs (a callback may run
   :func:`trainprobe.rerun_check`);
-* ``dump``: a precision dump of the next ``dump.steps`` steps starts
-  (``<output_dir>/anomaly_dump/step<N>/rank<R>/``, readable by ``trainprobe compare``);
+* ``dump``: a precision dump of the ``dump.steps`` steps after the run's first anomaly
+  (``<output_dir>/anomaly_dump/step<N>/rank<R>/``, readable by ``trainprobe compare``; once per
+  run: what follows the first anomaly is what explains it);
 * ``stop``: every rank learns whether any rank saw an anomaly (one all-gather of one integer
   per step), and all stop at the same step: the session writes the step and closes, then
   :class:`~trainprobe.engine.anomaly.events.AnomalyStop` is raised (or, for the trainer
@@ -29,6 +30,7 @@ once and turns the watch off; training goes on.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from trainprobe.engine.anomaly.online import OnlineRules
 from trainprobe.engine.layout import V2_MONITORS
 from trainprobe.engine.log import error_once, logger
 from trainprobe.engine.probes.base import Probe, StepClock
-from trainprobe.engine.records import StepBatch
+from trainprobe.engine.records import RowKey, StepBatch
 
 DUMP_FOLDER = "anomaly_dump"
 """The folder of ``output_dir`` the ``dump`` action writes its precision dumps into."""
@@ -67,6 +69,8 @@ class AnomalyWatch:
         agree: how ranks agree on a stop (None: this process alone).
         raise_on_stop: raise ``AnomalyStop`` (True) or only set :attr:`stop_requested` (the
             trainer callbacks).
+        micro_step_tables: the tables whose files have a ``micro_step`` column (in the others
+            a row's micro-step is not part of its name, as diagnose reads the files).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class AnomalyWatch:
         on_anomaly: Callable[[AnomalyEvent], Any] | None,
         agree: Agree | None,
         raise_on_stop: bool = True,
+        micro_step_tables: frozenset[str] = frozenset(V2_MONITORS),
     ) -> None:
         self.config = config
         self.rank = rank
@@ -93,6 +98,7 @@ class AnomalyWatch:
         self.on_anomaly = on_anomaly
         self.agree = agree
         self.raise_on_stop = raise_on_stop
+        self.micro_step_tables = micro_step_tables
         self.stop_requested: AnomalyStop | None = None
         self.events: list[AnomalyEvent] = []
         self.disabled = False
@@ -100,6 +106,14 @@ class AnomalyWatch:
         self._reported: dict[int, set[str]] = {}
         self._skipped: set[int] = set()
         self._dump: _DumpAfter | None = None
+        self._dumped = False
+        self._end_step: Callable[[], None] | None = None
+        self._close: Callable[[], None] | None = None
+
+    def bind(self, end_step: Callable[[], None], close: Callable[[], None]) -> None:
+        """The session's ``end_step`` and ``close`` (a stop before the update ends the step and
+        closes the session itself, the optimizer's post-step hook never running)."""
+        self._end_step, self._close = end_step, close
 
     # -- the session's calls -------------------------------------------------------------
     def on_batch(self, probe: Probe, batch: StepBatch) -> None:
@@ -112,7 +126,7 @@ class AnomalyWatch:
                 probe.name,
                 batch.step,
                 probe.spec.ops,
-                batch.rows()[done:],
+                self._as_written(probe.name, batch.rows()[done:]),
                 skipped=batch.step in self._skipped,
                 first_position=done,
             )
@@ -130,7 +144,7 @@ class AnomalyWatch:
             try:
                 for probe in probes:
                     if probe.name in V2_MONITORS and not probe.disabled:
-                        rows = probe.rows.snapshot()  # one host copy per device, waited for
+                        rows = self._as_written(probe.name, probe.rows.snapshot())  # one host copy per device
                         self.rules.judge(probe.name, step, probe.spec.ops, rows, skipped=step in self._skipped)
                         self._judged[probe.name] = len(rows)
                 fresh = self._fresh(step, self.rules.current(step))
@@ -139,7 +153,12 @@ class AnomalyWatch:
                 fresh = []
         self._report(fresh)
         if self._stopping(step, fresh):  # a disabled watch still takes part: no rank waits for it
-            raise SkipUpdate()
+            if not self.raise_on_stop:
+                raise SkipUpdate()  # the trainer callbacks' step wrapper ends the step, the trainer stops
+            if self._end_step is not None and self._close is not None:
+                self._end_step()  # the step's rows, written: no update, so no post-step hook
+                self._close()
+            raise self.stop_requested  # type: ignore[misc]
 
     def skipped(self, step: int) -> None:
         """GradScaler skipped ``step``'s update: its backward rows are not anomalies."""
@@ -163,6 +182,12 @@ class AnomalyWatch:
             if self.raise_on_stop:
                 close()
                 raise self.stop_requested  # type: ignore[misc]
+
+    def _as_written(self, table: str, rows: list[tuple[RowKey, list[float]]]) -> list[tuple[RowKey, list[float]]]:
+        """``rows`` keyed as the files write them (no micro-step where the table has no column)."""
+        if table in self.micro_step_tables:
+            return rows
+        return [(replace(key, micro_step=None) if key.micro_step is not None else key, v) for key, v in rows]
 
     # -- acting --------------------------------------------------------------------------
     def _fresh(self, step: int, events: list[AnomalyEvent]) -> list[AnomalyEvent]:
@@ -202,7 +227,7 @@ class AnomalyWatch:
         if not ranks:
             return False
         self.stop_requested = AnomalyStop(step, tuple(fresh), ranks)
-        logger.warning("trainprobe: %s", self.stop_requested)
+        logger.warning("%s", self.stop_requested)
         return True
 
     def _run_dump(self, step: int, found: bool, *, closing: bool) -> None:
@@ -215,7 +240,8 @@ class AnomalyWatch:
             if done:
                 self._dump = None
             return
-        if found and self.config.dumps and not closing and not self.config.stops:
+        if found and self.config.dumps and not closing and not self.config.stops and not self._dumped:
+            self._dumped = True  # one dump per run: the steps after the first anomaly
             try:
                 self._dump = _DumpAfter(self.config, self.output_dir / DUMP_FOLDER, step, self.model)
             except Exception as exc:  # noqa: BLE001 - as above
@@ -282,21 +308,16 @@ class _DumpAfter:
             uninstall_api_wrappers()
 
 
-def skip_update_wrapper(step: Callable[..., Any], session: Any, watch: AnomalyWatch) -> Callable[..., Any]:
-    """``optimizer.step`` for ``before_update``: the original, unless the pre-step check raised
-    :class:`SkipUpdate`; then the update is not applied, the step ends (its rows written), and
-    the session closes and ``AnomalyStop`` is raised (or, for the trainer callbacks, the call
-    returns None and the trainer stops at its step end)."""
+def skip_update_wrapper(step: Callable[..., Any], end_step: Callable[[], None]) -> Callable[..., Any]:
+    """``optimizer.step`` for ``before_update`` under a trainer callback: the original, unless the
+    pre-step check raised :class:`SkipUpdate`; then no parameter moves, the step ends (its rows
+    written) and the call returns None; the callback stops the trainer at its step end."""
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
             return step(*args, **kwargs)
         except SkipUpdate:
-            session.end_step()
-            stop = watch.stop_requested
-            if watch.raise_on_stop and stop is not None:
-                session.close()
-                raise stop from None
+            end_step()
             return None
 
     return guarded

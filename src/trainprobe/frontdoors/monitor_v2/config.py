@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.anomaly.config import AnomalyConfig, parse_anomaly
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.fields import ConfigObject, check_choice, config_object
 from trainprobe.engine.layout import V2_MONITORS
@@ -34,6 +35,7 @@ TOP_LEVEL_KEYS = (
     "patch_optimizer_step",
     "collect_times",
     "global_stats",
+    "anomaly",
     "monitors",
 )
 COMMON_KEYS = ("enabled", "ops", "eps")
@@ -104,6 +106,8 @@ class MonitorV2Config:
     patch_optimizer_step: bool | None = None
     global_stats: bool = False
     """Live full-tensor statistics of sharded tensors (``TrainerMonitorV2.global_stats``)."""
+    anomaly: AnomalyConfig | None = None
+    """The online rules and their actions (``anomaly`` block, :mod:`trainprobe.engine.anomaly.config`)."""
     module: ModuleMonitorConfig = field(default_factory=ModuleMonitorConfig)
     weight_grad: WeightGradConfig = field(default_factory=WeightGradConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -146,12 +150,29 @@ def load_monitor_v2_config(source: str | Path | dict[str, Any], framework: str |
         schedule=_schedule(top),
         patch_optimizer_step=top.boolean("patch_optimizer_step", False) if top.has("patch_optimizer_step") else None,
         global_stats=top.boolean("global_stats", False),
+        anomaly=_anomaly(top.section("anomaly"), monitors),
         module=_module(monitors.section("module")),
         weight_grad=_weight_grad(monitors.section("weight_grad")),
         optimizer=_optimizer(monitors.section("optimizer")),
         param=_param(monitors.section("param")),
         cc=_cc(monitors.section("cc")),
     )
+
+
+def _anomaly(section: ConfigObject, monitors: ConfigObject) -> AnomalyConfig | None:
+    """``anomaly``: online rules over the enabled monitors' rows; ``before_update`` judges the
+    gradients before the update, so it needs ``monitors.weight_grad``."""
+    anomaly = parse_anomaly(section)
+    if anomaly is None:
+        return None
+    weight_grad = monitors.section("weight_grad")
+    if anomaly.before_update and not (weight_grad.present and weight_grad.raw("enabled", False) is True):
+        raise section.fail(
+            "before_update",
+            'needs monitors.weight_grad (its reduced rows are what is checked before the update); add '
+            '"weight_grad": {"enabled": true} or set before_update false',
+        )
+    return anomaly
 
 
 def _framework(top: ConfigObject, override: str | None) -> str:

@@ -10,10 +10,12 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprobe.backends import backend_for
+from trainprobe.engine.anomaly.events import AnomalyEvent, AnomalyStop
 from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folder_lock import FolderLock, move_aside
@@ -21,6 +23,7 @@ from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import CC_LOG_FILE, V2_MONITORS, v2_file_name, v2_rank_folder
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.optimizer_view import OptimizerView
+from trainprobe.engine.patching import AttrPatch
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.collectives import CcSpec, CollectiveProbe
 from trainprobe.engine.probes.model_view import ModelView, NamedParam
@@ -39,12 +42,35 @@ from trainprobe.engine.sinks.earlier_runs import (
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.engine.skip_log import SKIP_FILE, SkipLog, logged_watcher
 from trainprobe.engine.tensor_layout import LAYOUT_FILE, LayoutFile
+from trainprobe.frontdoors.monitor_v2.anomaly_watch import AnomalyWatch, skip_update_wrapper
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
 
 if TYPE_CHECKING:
     from trainprobe.backends.torch.live_stats import GlobalStatsProbe, StatKey
 
 _NEEDS_OPTIMIZER = ("weight_grad", "optimizer", "param")
+
+
+def _checked_callback(
+    on_anomaly: Any, config: MonitorV2Config, backend: str
+) -> Callable[[AnomalyEvent], Any] | None:
+    """``on_anomaly`` once known to be usable with this config and backend.
+
+    Raises:
+        ConfigError: not callable; given without an ``anomaly`` block; an action the backend
+            cannot take (MindSpore: ``dump`` and ``before_update`` are PyTorch's).
+    """
+    if on_anomaly is not None and not callable(on_anomaly):
+        raise ConfigError(f"on_anomaly: must be callable (a function taking one event), got {type(on_anomaly).__name__}")
+    anomaly = config.anomaly
+    if on_anomaly is not None and anomaly is None:
+        raise ConfigError('on_anomaly: needs an "anomaly" block in the config (e.g. "anomaly": {}) to run the rules')
+    if anomaly is not None and backend != "pytorch":
+        if anomaly.dumps:
+            raise ConfigError(f'anomaly.actions: "dump" is not supported on the {config.framework} backend; remove it')
+        if anomaly.before_update:
+            raise ConfigError(f"anomaly.before_update: not supported on the {config.framework} backend; set it false")
+    return on_anomaly  # type: ignore[no-any-return]
 
 
 class TrainerMonitorV2:
@@ -56,6 +82,10 @@ class TrainerMonitorV2:
         fr: framework, overriding the file's ``framework`` (pytorch, pt, torch, mindspore, ms).
             MindSpore (PyNative) needs the ``trainprobe[mindspore]`` extra; see
             ``docs/mindspore.md``.
+        on_anomaly: with an ``anomaly`` block, called at the step boundary with each
+            :class:`~trainprobe.engine.anomaly.events.AnomalyEvent` the online rules find (at most
+            one per kind and step), monitoring paused while it runs; see
+            ``docs/acting_on_anomalies.md``.
 
     Raises:
         ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path);
@@ -63,9 +93,17 @@ class TrainerMonitorV2:
             collectives (both built-in adapters have them).
     """
 
-    def __init__(self, config_path: str | Path | dict[str, Any], fr: str | None = None) -> None:
+    def __init__(
+        self,
+        config_path: str | Path | dict[str, Any],
+        fr: str | None = None,
+        on_anomaly: Callable[[AnomalyEvent], Any] | None = None,
+    ) -> None:
         self.config: MonitorV2Config = load_monitor_v2_config(config_path, framework=fr)
         self._backend: Backend = backend_for(self.config.framework, "fr" if fr is not None else "framework")
+        self._on_anomaly = _checked_callback(on_anomaly, self.config, self._backend.name)
+        self._watch: AnomalyWatch | None = None  # the online rules of the last session
+        self._step_patch = AttrPatch()
         if self.config.cc.enabled and self._backend.collective_api() is None:
             raise ConfigError(
                 f"monitors.cc: not supported on the {self.config.framework} backend of trainprobe "
@@ -133,6 +171,7 @@ class TrainerMonitorV2:
             raise RuntimeError("TrainerMonitorV2.start(): already started; call stop() first")
         rank = self._backend.rank()
         self._check_global_stats()  # on every rank: each takes part in its collectives
+        self._check_anomaly_ranks()
         if not self.config.monitors_rank(rank):
             logger.info(
                 "trainprobe: rank %d is not in rank=%s, nothing is monitored here", rank, list(self.config.ranks)
@@ -146,7 +185,9 @@ class TrainerMonitorV2:
         try:
             self._session = self._build_session(model, optimizer, context, rank)
             self._session.attach()
+            self._guard_update(optimizer, context)
         except BaseException:
+            self._session.close()
             lock.release()
             raise
         self._lock = lock
@@ -180,6 +221,9 @@ class TrainerMonitorV2:
         ``start()`` may be called again afterwards (the step count continues)."""
         self._session.close()
         self._session = NullSession(self._clock)
+        if self._watch is not None:
+            self._watch.close()
+        self._unguard_update()
         self._started = False
         lock, self._lock = self._lock, None
         if lock is not None:
@@ -196,6 +240,19 @@ class TrainerMonitorV2:
         ``docs/parallelism.md#live-full-tensor-statistics``."""
         live = self._live
         return live.global_stats(step) if live is not None else {}
+
+    @property
+    def anomaly_events(self) -> list[AnomalyEvent]:
+        """The events the online rules found so far (``anomaly`` block), in order; still
+        readable after :meth:`stop`."""
+        return list(self._watch.events) if self._watch is not None else []
+
+    @property
+    def anomaly_stop(self) -> AnomalyStop | None:
+        """The :class:`~trainprobe.engine.anomaly.events.AnomalyStop` of a run the ``stop``
+        action stopped (also when the trainer callbacks stop their trainer instead of raising
+        it), else None."""
+        return self._watch.stop_requested if self._watch is not None else None
 
     def __enter__(self) -> TrainerMonitorV2:
         """``with TrainerMonitorV2(...) as monitor:``: ``stop()`` runs when the block ends, also
@@ -226,6 +283,65 @@ class TrainerMonitorV2:
                 f"global_stats: every rank takes part in its collectives, but rank={list(cfg.ranks)} leaves out "
                 f"rank(s) {left_out}; monitor every rank (remove \"rank\") or set global_stats false"
             )
+
+    def _check_anomaly_ranks(self) -> None:
+        """A ``stop`` on several ranks is agreed by all of them each step: every rank monitored."""
+        anomaly = self.config.anomaly
+        if anomaly is None or not anomaly.stops or not self.config.ranks or self._backend.name != "pytorch":
+            return
+        from trainprobe.backends.torch.live_stats import world_size
+
+        left_out = sorted(set(range(world_size())) - set(self.config.ranks))
+        if left_out:
+            raise ConfigError(
+                f'anomaly.actions: "stop" is agreed by every rank each step, but rank={list(self.config.ranks)} '
+                f"leaves out rank(s) {left_out}; monitor every rank (remove \"rank\") or drop \"stop\""
+            )
+
+    def _anomaly_watch(
+        self, model: Any, rank: int, rank_dir: Path, context: dict[str, Any], micro_tables: frozenset[str]
+    ) -> AnomalyWatch | None:
+        """The online rules of the ``anomaly`` block, or None."""
+        self._watch = None
+        anomaly = self.config.anomaly
+        if anomaly is None:
+            return None
+        raises = context.get("anomaly_stop_raises", True)
+        if not isinstance(raises, bool):
+            raise ConfigError(f"start(anomaly_stop_raises=...): must be True or False, got {raises!r}")
+        agree = None
+        if anomaly.stops and self._backend.name == "pytorch" and self._backend.distributed():
+            from trainprobe.backends.torch.dist_info import ranks_flagging
+
+            agree = ranks_flagging
+        self._watch = AnomalyWatch(
+            anomaly,
+            rank=rank,
+            rank_dir=rank_dir,
+            output_dir=self.config.output_dir,
+            first_step=self._clock.step,
+            clock=self._clock,
+            model=model,
+            on_anomaly=self._on_anomaly,
+            agree=agree,
+            raise_on_stop=raises,
+            micro_step_tables=micro_tables,
+        )
+        return self._watch
+
+    def _guard_update(self, optimizer: Any, context: dict[str, Any]) -> None:
+        """With ``before_update`` under a trainer callback (no ``AnomalyStop`` raised), wrap the
+        optimizer's ``step`` so that a stop skips the update (:func:`skip_update_wrapper`)."""
+        watch = self._watch
+        if watch is None or not watch.config.before_update or watch.raise_on_stop or optimizer is None:
+            return
+        from trainprobe.backends.torch.optimizer import innermost_optimizer
+
+        inner = innermost_optimizer(optimizer)
+        self._step_patch.replace(inner, "step", skip_update_wrapper(inner.step, self._session.end_step))
+
+    def _unguard_update(self) -> None:
+        self._step_patch.restore()
 
     def _live_stats(self, probes: list[Probe], view: ModelView, opt: OptimizerView | None) -> list[Probe]:
         """The ``global_stats`` probe (the session's last), or none."""
@@ -312,12 +428,14 @@ class TrainerMonitorV2:
         # the column order is the spec's (the config's ops), as in V1; each kernel computes in that order
         layouts = {p.name: TableLayout(_with_micro_step(p, clock.micro_batches), p.spec.ops) for p in probes}
         live = self._live_stats(probes, view, opt)  # no table: out of the layouts
+        micro_tables = frozenset(name for name, layout in layouts.items() if layout.with_micro_step)
+        watch = self._anomaly_watch(model, rank, rank_dir, context, micro_tables)
         sink: CsvSink | ParquetSink
         if cfg.format == "parquet":
             sink = ParquetSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
         else:
             sink = CsvSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
-        return Session(
+        session = Session(
             probes=[*probes, *live],
             schedule=cfg.schedule,
             sink=sink,
@@ -329,7 +447,11 @@ class TrainerMonitorV2:
             skip_watch=logged_watcher(  # GradScaler's skipped steps labelled (engine/skip_log.py)
                 self._backend.watch_skipped_steps, SkipLog(rank_dir / SKIP_FILE, clock.step), lambda: clock.step
             ),
+            watch=watch,
         )
+        if watch is not None:
+            watch.bind(session.end_step, session.close)
+        return session
 
     def _describe_layouts(
         self, enabled: list[str], view: ModelView, opt: OptimizerView | None, rank: int, rank_dir: Path
