@@ -476,8 +476,9 @@ def _scan_on_duckdb(
         staged = StagedDuckEngine(root, found, own, full=read.full, exempt=lambda view: exempt_sql(view, read.skipped))
         lock(own, (f.path for f in found))
         nonfinite, spikes, by_rank = _scan(staged, found, rule, limit, root)
-        if read.full:
-            nonfinite, spikes = _held(staged, nonfinite), _held(staged, spikes)
+        if read.full:  # the first ``limit`` of each: all the answer can show (a query or two each)
+            nonfinite = _held(staged, sorted(nonfinite, key=Anomaly.order_key)[:limit])
+            spikes = _held(staged, sorted(spikes, key=Anomaly.order_key)[:limit])
         return nonfinite, spikes, by_rank
     except duck.Error as exc:
         raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
