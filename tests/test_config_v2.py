@@ -22,7 +22,7 @@ from trainprobe.frontdoors.monitor_v2.config import (
 
 TOP_KEYS = (
     "framework, output_dir, format, async_write, rank, start_step, stop_step, step_interval, "
-    "step_count_per_record, patch_optimizer_step, collect_times, monitors"
+    "step_count_per_record, patch_optimizer_step, collect_times, global_stats, anomaly, monitors"
 )
 OPS_LIST = "min, max, mean, norm, nans, zeros"
 
