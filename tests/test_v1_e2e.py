@@ -404,8 +404,8 @@ def test_reload_xy_and_ops_take_effect_next_step(tmp_path, monkeypatch):
 
 def test_a_session_started_inside_a_window_names_its_file_from_its_first_step(tmp_path, monkeypatch):
     """With step_count_per_record 4, an ops change made in step 0 starts a new session at step 1,
-    inside the window 0-3: its file is ``*_1-3.csv`` (not a second ``*_0-3.csv`` next to
-    ``*_0-0.csv``)."""
+    inside the window 0-3: its file is ``*_1-3.csv``, beside the first session's ``*_0-3.csv``
+    (named by its whole window, holding step 0 only), never a second ``*_0-3.csv``."""
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cfg = {"wg_distribution": True, "ops": ["norm"], "step_count_per_record": 4}
@@ -416,7 +416,8 @@ def test_a_session_started_inside_a_window_names_its_file_from_its_first_step(tm
     train(model, opt, 7)
     mon.stop()
     names = sorted(p.name for p in run_dir(tmp_path).glob("grad_reduced_*.csv"))
-    assert names == ["grad_reduced_0-0.csv", "grad_reduced_1-3.csv", "grad_reduced_4-7.csv"]
+    assert names == ["grad_reduced_0-3.csv", "grad_reduced_1-3.csv", "grad_reduced_4-7.csv"]
+    assert sorted({r["step"] for r in read_csv(run_dir(tmp_path) / "grad_reduced_0-3.csv")[1]}) == ["0"]
     assert sorted({r["step"] for r in read_csv(run_dir(tmp_path) / "grad_reduced_1-3.csv")[1]}) == ["1", "2", "3"]
 
 
