@@ -85,8 +85,8 @@ class ShapeBook:
         if cells is None:
             return
         first = self._first.setdefault(key, cells)
-        if not self.per_call:
-            return
+        if not self.per_call or (cells == first and step not in self._at):
+            return  # the common case: the row's usual cells, nothing to undo
         with self._lock:
             if cells != first:
                 if step not in self._at:
