@@ -7,8 +7,9 @@ holds such files would mix two runs (a file renamed at the end of a short window
 earlier run's file of the same name; readers then see one run made of two). Monitor V2 therefore
 asks, at ``start()``, what the user wants (``docs/monitor_v2.md``, "Re-using an output folder"):
 
-* nothing said: :func:`refuse_earlier_run` raises a :class:`ConfigError` naming the folder (also
-  when the folder holds only the hidden ``.partial`` file a killed Parquet run was writing);
+* nothing said (a new run): the earlier run is kept whole, the rank folder moved to
+  ``<output_dir>.1/rank_<r>`` (:func:`~trainprobe.engine.folder_lock.move_aside`; also when the
+  folder holds only the hidden ``.partial`` file a killed Parquet run was writing);
 * ``start(overwrite=True)`` or ``TRAINPROBE_OVERWRITE=1``: :func:`keep_rows_before` with step 0
   removes the earlier run's window files (only those, and the hidden ``.partial`` windows a
   killed Parquet run left open (:func:`open_windows`): nothing else in the folder is touched);
@@ -38,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import PARQUET_SUFFIX, V2_DATA_FILE
 from trainprobe.engine.sinks.files import write_atomically
 from trainprobe.engine.sinks.parquet_sink import merged_step_files
@@ -107,19 +107,6 @@ def drop_merged_step_files(files: list[WindowFile]) -> list[WindowFile]:
     for path in sorted(merged):
         path.unlink()
     return [f for f in files if f.path not in merged]
-
-
-def refuse_earlier_run(rank_dir: Path, files: list[WindowFile], open_files: list[Path] | None = None) -> ConfigError:
-    """The error for a new run started over an earlier one's files (``files``, and the hidden
-    ``.partial`` files ``open_files`` of a killed Parquet run), saying the ways out."""
-    names = [f.path.name for f in files] + [p.name for p in open_files or []]
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return ConfigError(
-        f"output_dir: {str(rank_dir)!r} already holds the files of an earlier run ({shown}); a new run there "
-        "would mix with them. Choose another output_dir, delete those files, pass start(overwrite=True) "
-        f"(or set {OVERWRITE_ENV}=1) to replace them, or start(initial_step=N) to continue a resumed run "
-        "at step N (earlier rows of steps >= N are dropped)"
-    )
 
 
 def keep_rows_before(files: list[WindowFile], step: int, name_file: Callable[[str, int, int], str]) -> int:

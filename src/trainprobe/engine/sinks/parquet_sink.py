@@ -23,7 +23,7 @@ moment, ``kill -9`` included, loses only the rows the writer had not written yet
 progress and the batches queued behind it, as with CSV): every earlier step of its open window is
 an ordinary data file that every reader (``trainprobe query``, ``diagnose``, ``diff``,
 ``report``, ``csv2db``, ``csv2tb``) reads as it is, and that the earlier-run rule sees
-(:mod:`~trainprobe.engine.sinks.earlier_runs`: a new run there is refused, ``overwrite`` removes
+(:mod:`~trainprobe.engine.sinks.earlier_runs`: a new run moves them aside, ``overwrite`` removes
 them, a resumed run keeps the steps below its own); the window's ``.partial`` file, never whole,
 is read by nobody and removed by the next ``start()`` that overwrites or resumes.
 
