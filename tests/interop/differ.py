@@ -325,13 +325,17 @@ def stack_by_name(data: Any) -> tuple[str, dict[str, list[str]]]:
     return "by-name", {n: v for n, v in data.items()}
 
 
+SCRIPTS = ("train.py", "families.py")
+"""The training scripts whose frames in ``stack.json`` are compared."""
+
+
 def script_frames(frames: list[str]) -> list[str]:
-    """The frames in the training script, without paths and line numbers."""
+    """The frames in the training scripts, without paths and line numbers."""
     kept = []
     for frame in frames:
         match = re.match(r"File (.*?), line \d+, in (.*)", frame, re.S)
-        if match and Path(match.group(1)).name == "train.py":
-            kept.append(f"train.py {match.group(2).strip()}")
+        if match and Path(match.group(1)).name in SCRIPTS:
+            kept.append(f"{Path(match.group(1)).name} {match.group(2).strip()}")
     return kept
 
 

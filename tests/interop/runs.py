@@ -36,6 +36,11 @@ REPO = HERE.parent.parent
 SCRIPT = HERE / "scripts" / "train.py"
 SUITE = HERE / "scripts" / "suite.py"
 SUITE_WHATS = ("cnn", "gru", "tied", "dump-scope", "dump-list")
+FAMILIES_SCRIPT = HERE / "scripts" / "families.py"
+FAMILIES = ("conv", "transformer", "moe", "accum")
+FAMILY_DUMPS = ("L0", "L1", "mix", "md5")
+FAMILY_WHATS = FAMILIES + tuple(f"{f}-dump-{d}" for f in FAMILIES for d in FAMILY_DUMPS)
+"""families.py's processes: per family its monitors (V1, V2), then one process per dump level."""
 REF_ENV = "TRAINPROBE_REF_PYTHON"
 WHATS = ("baseline", "v2", "v1", "v1-tb", "dump-L0", "dump-L1", "dump-mix", "dump-tensor")
 JOBS = int(os.environ.get("INTEROP_JOBS", "4"))
@@ -72,13 +77,13 @@ def run(cmd: Sequence[str], log: Path, cwd: Path | None = None) -> int:
 def train_all(out: Path) -> list[Diff]:
     """Every training script under both packages; a failing run or changed losses is a Diff."""
     sides = (("ref", ref_python()), ("tp", sys.executable))
-    # the suite's processes first: each trains several configs, so they are the longest
-    jobs = [(side, python, what) for what in SUITE_WHATS + WHATS for side, python in sides]
+    # the suite's and the families' processes first: each trains several configs, so they are the longest
+    jobs = [(side, python, what) for what in SUITE_WHATS + FAMILY_WHATS + WHATS for side, python in sides]
     pkg = {"ref": "msprobe", "tp": "trainprobe"}
 
     def one(job: tuple[str, str, str]) -> int:
         side, python, what = job
-        script = SUITE if what in SUITE_WHATS else SCRIPT
+        script = SUITE if what in SUITE_WHATS else FAMILIES_SCRIPT if what in FAMILY_WHATS else SCRIPT
         return run(
             [python, str(script), "--pkg", pkg[side], "--what", what, "--out", str(out / side / what)],
             out / "logs" / f"{side}_{what}.log",
@@ -107,10 +112,10 @@ def train_all(out: Path) -> list[Diff]:
 
 
 def suite_runs(out: Path) -> list[Diff]:
-    """How each run of the suite ended, and whether it changed training (the losses of its
-    model without a monitor, in the same process)."""
+    """How each run of the suite and the families ended, and whether it changed training (the
+    losses of its model without a monitor, in the same process)."""
     diffs: list[Diff] = []
-    for what in SUITE_WHATS:
+    for what in SUITE_WHATS + FAMILY_WHATS:
         ends, losses = {}, {}
         for side in ("ref", "tp"):
             folder = out / side / what
@@ -145,6 +150,25 @@ def diff_suite(out: Path) -> list[Diff]:
     diffs += diff_run_folder_clock("v1", ref / "cnn" / "v1", tp / "cnn" / "v1")
     for what in ("dump-scope", "dump-list"):
         diffs += diff_dumps(what, ref / what / what, tp / what / what)
+    return diffs + diff_families(out)
+
+
+def diff_families(out: Path) -> list[Diff]:
+    """What the two packages wrote for the families' runs: V1 (its tables and ``anomaly.json``),
+    V2, and the four dumps."""
+    ref, tp = out / "ref", out / "tp"
+    diffs: list[Diff] = []
+    for family in FAMILIES:
+        for run_name in ("v1", "v2"):
+            diffs += diff_csv_trees(f"{family}/{run_name}", ref / family / run_name, tp / family / run_name)
+        a, b = (side / family / "v1" / "anomaly_detected" / "rank0" / "anomaly.json" for side in (ref, tp))
+        if a.exists() != b.exists():
+            diffs.append(Diff(f"{family}/v1/anomaly.json: present in one only", f"reference {a.exists()}"))
+        elif a.exists():
+            diffs += diff_anomalies(f"{family}/v1/anomaly.json", a, b)
+        for dump in FAMILY_DUMPS:
+            what, name = f"{family}-dump-{dump}", f"dump-{dump}"
+            diffs += diff_dumps(f"{family}/{name}", ref / what / name, tp / what / name)
     return diffs
 
 
@@ -214,10 +238,10 @@ def csv_row_count(root: Path) -> int:
     return sum(len(read_rows([p])[1]) for p in root.rglob("*.csv"))
 
 
-def cross_jobs(out: Path) -> dict[str, tuple[list[str], Path | None]]:
-    """Name -> (command, cwd) of every cross-tool run."""
-    v1, cross = out / "ref" / "v1" / "v1", out / "cross"
-    anomalies = v1 / "anomaly_detected"
+def compare_pairs(out: Path) -> dict[str, tuple[Path, Path]]:
+    """Name -> (target, golden) of every ``compare`` run (each by both tools): the reference's
+    steps 1 vs 0 and trainprobe's step 0 against the reference's, of train.py's dumps and of
+    each family's L1 and md5 dumps."""
     l1, tensor = out / "ref" / "dump-L1" / "dump-L1", out / "ref" / "dump-tensor" / "dump-tensor"
     tp_l1 = out / "tp" / "dump-L1" / "dump-L1"
     pairs = {
@@ -225,6 +249,22 @@ def cross_jobs(out: Path) -> dict[str, tuple[list[str], Path | None]]:
         "ref-ref-tensor": (tensor / "step1", tensor / "step0"),
         "tp-ref": (tp_l1 / "step0", l1 / "step0"),
     }
+    for family in FAMILIES:
+        ref_l1, ref_md5, tp_md5 = (
+            out / side / f"{family}-dump-{kind}" / f"dump-{kind}"
+            for side, kind in (("ref", "L1"), ("ref", "md5"), ("tp", "md5"))
+        )
+        pairs[f"{family}-ref-ref"] = (ref_l1 / "step1", ref_l1 / "step0")
+        pairs[f"{family}-md5-ref-ref"] = (ref_md5 / "step1", ref_md5 / "step0")
+        pairs[f"{family}-md5-tp-ref"] = (tp_md5 / "step0", ref_md5 / "step0")
+    return pairs
+
+
+def cross_jobs(out: Path) -> dict[str, tuple[list[str], Path | None]]:
+    """Name -> (command, cwd) of every cross-tool run."""
+    v1, cross = out / "ref" / "v1" / "v1", out / "cross"
+    anomalies = v1 / "anomaly_detected"
+    pairs = compare_pairs(out)
     jobs: dict[str, tuple[list[str], Path | None]] = {
         "csv2db": (tp_tool("csv2db", str(v1), "-o", str(cross / "csv2db")), None),
         "csv2tb": (tp_tool("csv2tb", str(v1), "-o", str(cross / "csv2tb")), None),
@@ -312,7 +352,7 @@ def diff_cross(out: Path, codes: dict[str, int]) -> list[Diff]:
         diffs += diff_anomaly_analyse(
             cross / "ref-anomaly" / "anomaly_analyse.json", cross / "anomaly" / "anomaly_analyse.json"
         )
-    for name in ("ref-ref", "ref-ref-tensor", "tp-ref"):
+    for name in compare_pairs(out):
         if codes[f"compare-{name}"] or codes[f"ref-compare-{name}"]:
             continue
         (ha, na, ua, va), (hb, nb, ub, vb) = (
