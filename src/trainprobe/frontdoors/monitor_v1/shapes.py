@@ -40,9 +40,21 @@ UNKNOWN = ("", "")
 
 def describe(tensor: Any) -> tuple[str, str]:
     """``("[6, 16]", "torch.float32")``: the shape (as a list) and dtype of ``tensor``, of its
-    local piece for a DTensor."""
-    local = tensor.to_local() if is_dtensor(tensor) else tensor
-    return str(list(local.shape)), str(local.dtype)
+    local piece for a DTensor (the texts made once per shape and dtype: this runs per call)."""
+    local = tensor if type(tensor) in _PLAIN or not is_dtensor(tensor) else tensor.to_local()
+    shape, dtype = local.shape, local.dtype
+    found = _TEXTS.get((shape, dtype))
+    if found is None:
+        if len(_TEXTS) > _MAX_TEXTS:
+            _TEXTS.clear()
+        found = _TEXTS[(shape, dtype)] = (str(list(shape)), str(dtype))
+    return found
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_TEXTS: dict[tuple[Any, Any], tuple[str, str]] = {}
+"""``shape,dtype`` texts by (shape, dtype)."""
+_MAX_TEXTS = 1 << 14
 
 
 _KEEP_STEPS = 1024
