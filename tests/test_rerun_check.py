@@ -135,3 +135,19 @@ def _two_ranks(rank: int) -> None:
 
 def test_on_two_ranks_the_verdict_names_the_rank_that_differed() -> None:
     launch(_two_ranks, timeout=240)
+
+
+def test_leave_before_with_zero_grad_observes_without_a_trace() -> None:
+    model = _model()
+    x, y = _batch()
+    _step(model)(x.clone(), y)  # the gradients of an earlier micro-batch
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    expected = _state(model)
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    verdict = rerun_check(_step(model), x.clone(), y, model=model, leave="before", zero_grad=True)
+    assert verdict.reproducible
+    got = _state(model)
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+    with pytest.raises(ConfigError, match="rerun_check: leave must be 'first' or 'before', got 'after'"):
+        rerun_check(_step(model), x, y, model=model, leave="after")

@@ -13,7 +13,10 @@ parameter's gradient and every buffer (BatchNorm's running statistics).
 * not reproducible: the same computation gave two answers, a transient fault: suspect the device.
 
 Afterwards the model, its gradients, its buffers and the RNG states are exactly as after the first
-call alone, so training can go on (or be checkpointed) as if the check had not run.
+call alone (``leave="first"``, the default: the step ran once, training goes on), or as before the
+check (``leave="before"``: a pure observation, for an ``on_anomaly`` callback). With
+``zero_grad=True`` both calls start from no gradients (``.grad`` None), so that what is compared is
+this step's gradients alone, not what earlier micro-batches accumulated.
 
 Example (from an ``on_anomaly`` callback, see docs/acting_on_anomalies.md)::
 
@@ -22,8 +25,8 @@ Example (from an ``on_anomaly`` callback, see docs/acting_on_anomalies.md)::
         loss.backward()
         return loss
 
-    verdict = trainprobe.rerun_check(step, x, y, model=model)
-    print(verdict.line())   # rerun_check: reproducible (loss and 12 gradients, bit for bit) ...
+    verdict = trainprobe.rerun_check(step, x, y, model=model, leave="before", zero_grad=True)
+    print(verdict.line())   # rerun_check: reproducible (13 values, bit for bit): a numerical fault; ...
 
 Under ``torch.distributed`` every rank of ``group`` must call it together (the step's own
 collectives run twice, and one small all-gather says which ranks saw a difference).
@@ -103,6 +106,8 @@ def rerun_check(
     *args: Any,
     model: torch.nn.Module,
     group: Any = None,
+    leave: str = "first",
+    zero_grad: bool = False,
     **kwargs: Any,
 ) -> RerunVerdict:
     """Run ``step_fn(*args, **kwargs)`` twice from the same state and say whether it reproduced.
@@ -114,17 +119,26 @@ def rerun_check(
             restored.
         group: the process group whose ranks call this together (default: the world, when
             ``torch.distributed`` is initialised).
+        leave: ``"first"``: the state afterwards is that after the first call; ``"before"``: the
+            state before the check (gradients, buffers, RNG states).
+        zero_grad: both calls start from no gradients instead of the current ones.
 
     Returns:
-        A :class:`RerunVerdict`; the model, gradients, buffers and RNG states are left as after
-        the first call.
+        A :class:`RerunVerdict`.
 
     Raises:
-        ConfigError: ``model`` is not a ``torch.nn.Module``.
+        ConfigError: ``model`` is not a ``torch.nn.Module``; ``leave`` is neither ``"first"`` nor
+            ``"before"``.
     """
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"rerun_check: model must be a torch.nn.Module, got {type(model).__name__}")
-    before = _capture(model)
+    if leave not in ("first", "before"):
+        raise ConfigError(f"rerun_check: leave must be 'first' or 'before', got {leave!r}")
+    untouched = _capture(model)
+    if zero_grad:
+        for p in model.parameters():
+            p.grad = None
+    before = _capture(model) if zero_grad else untouched
     pristine = _clone((args, kwargs))
     first_loss = _scalar(step_fn(*args, **kwargs))
     after_first = _capture(model)
@@ -133,7 +147,7 @@ def rerun_check(
     second_loss = _scalar(step_fn(*second_args, **second_kwargs))
     after_second = _capture(model)
     differed = _differences(first_loss, second_loss, after_first, after_second)
-    _restore(model, after_first)
+    _restore(model, after_first if leave == "first" else untouched)
     compared = (first_loss is not None) + len(after_first.grads) + len(after_first.buffers)
     ranks = ranks_flagging(bool(differed), group)
     return RerunVerdict(
