@@ -3,8 +3,8 @@
 A rank folder ``<output_dir>/rank_<r>/`` holds window files ``<table>_step<first>-<last>.csv``,
 or ``.parquet`` with ``"format": "parquet"`` (:data:`trainprobe.engine.layout.V2_DATA_FILE`);
 the rule below is the same for both formats, and for a folder holding both. A new run writing into a folder that already
-holds such files would mix two runs (a file renamed at the end of a short window replaces an
-earlier run's file of the same name; readers then see one run made of two). Monitor V2 therefore
+holds such files would mix two runs (a window file of the new run replaces the earlier run's
+file of the same name; readers then see one run made of two). Monitor V2 therefore
 asks, at ``start()``, what the user wants (``docs/monitor_v2.md``, "Re-using an output folder"):
 
 * nothing said (a new run): the earlier run is kept whole, the rank folder moved to
