@@ -18,6 +18,12 @@ from trainprobe.integrations.lightning import TrainProbeCallback  # noqa: E402
 BATCH, ACCUM, STEPS = 4, 2, 3
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The metrics' default dump_path (./dump) lands in the test's folder, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 class Regressor(pl.LightningModule):
     """Records, per optimizer step (numbered like the trainer's global step once the step is
     done: 1, 2, ...), the gradients before Lightning clips them and, with SGD at lr=1 (no
