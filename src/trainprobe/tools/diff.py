@@ -122,7 +122,7 @@ class DiffResult:
             from: ``"--dtype"``, ``"files"`` (the coarsest dtype of the baseline's Monitor V1
             rows: bf16 autocast makes a run bf16) or ``"assumed"`` (files without dtypes: V2).
         noise: the rerun whose noise raised the tolerance (``--noise``), or None; ``margin`` its factor.
-        noise_levels: per table, scope and op, the rerun's largest noise level (its last step's).
+        noise_levels: per table, scope and op, the rerun's noise level (its largest difference).
         ops: per table, the ops compared.
         micro: per table, whether ``micro_step`` was part of the key (not when one run lacks it).
         counts: ``compared`` (rows matched), ``equal`` (every op bit-equal), ``within_tolerance``,
@@ -288,8 +288,9 @@ def diff(
             float32 for files without one (Monitor V2).
         noise: a rerun of the baseline that differs from it only by what counts as noise
             (thread count, kernels, op order): each op's tolerance becomes at least
-            :data:`~trainprobe.tools.diff_sql.NOISE_MARGIN` times the difference the rerun
-            shows there (per table, scope and op, at that step or before).
+            :data:`~trainprobe.tools.diff_sql.NOISE_MARGIN` times the largest difference the
+            rerun shows in that table and scope (in ``steps``; ``min``, ``max`` and ``mean``
+            together, :func:`~trainprobe.tools.diff_sql.noise_sql`).
 
     Raises:
         ConfigError: an input is missing, empty, not monitor output (a precision dump: use

@@ -115,10 +115,10 @@ def print_result(result: Any, out: TextIO) -> None:
         out.write(f"tolerance: {result.rule()}: {_noise_line(result)}\n")
     if result.divergences:
         out.write(f"\nearliest divergences ({len(result.divergences)} of {c['diverged']:,}, execution order):\n")
-        _table(out, result.divergences, fmt)
+        _table(out, result.divergences, fmt, result.exact)
     if result.largest and c["diverged"] > 1:
         out.write("\nlargest changes (one row per tensor, by its norm where it has one):\n")
-        _table(out, result.largest, fmt)
+        _table(out, result.largest, fmt, result.exact)
     out.write(
         f"\nrows compared {c['compared']:,}: equal {c['equal']:,}, within tolerance {c['within_tolerance']:,}, "
         f"diverged {c['diverged']:,}; only in baseline {c['only_baseline']:,}, only in candidate {c['only_candidate']:,}\n"
@@ -137,21 +137,27 @@ def _noise_line(result: Any) -> str:
     parts = []
     for table, scopes in result.noise_levels.items():
         levels = [v for ops in scopes.values() for v in ops.values()]
-        parts.append(f"{table} {max(levels):.1e}" if levels else f"{table} -")
-    return f"the rerun {printable(result.noise)} differs by at most " + (", ".join(parts) or "nothing")
+        if levels and max(levels) > 0:
+            parts.append(f"{table} {max(levels):.1e}")
+    if not parts:
+        return f"the rerun {printable(result.noise)} equals the baseline (the rtol alone decides)"
+    return f"the rerun {printable(result.noise)} differs by at most " + ", ".join(parts)
 
 
-def _table(out: TextIO, rows: Sequence[Any], fmt: Any) -> None:
+def _table(out: TextIO, rows: Sequence[Any], fmt: Any, exact: bool) -> None:
+    """The rows as a table (``tol``, the tolerance, but with ``--exact``)."""
     from trainprobe.engine.printable import printable
     from trainprobe.tools.diff_sql import fmt_factor
 
-    head = ("step", "rank", "table", "tensor", "op", "baseline", "candidate", "change", "rel_diff", "tol")
-    cells = [
+    head: tuple[str, ...] = ("step", "rank", "table", "tensor", "op", "baseline", "candidate", "change", "rel_diff", "tol")
+    cells: list[tuple[str, ...]] = [
         (str(r.step), str(r.rank), r.table if r.scope == r.table else f"{r.table} {printable(r.scope)}", printable(r.name),
          printable(r.op or ""), fmt(r.baseline), fmt(r.candidate), fmt_factor(r.factor),
          f"{r.rel_diff:.2e}" if r.rel_diff is not None else "", f"{r.tolerance:.1e}" if r.tolerance is not None else "")
         for r in rows
     ]
+    if exact:
+        head, cells = head[:-1], [row[:-1] for row in cells]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(head)]
     out.write("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip() + "\n")
     for row in cells:

@@ -21,7 +21,7 @@ is above its tolerance (:class:`Tolerance`).
 
 Row statuses: :data:`EQUAL`, :data:`WITHIN`, :data:`DIVERGED`, :data:`ONLY_BASELINE`,
 :data:`ONLY_CANDIDATE`. Execution order is the one of
-:mod:`trainprobe.tools.execution_order` (its stages through ``stage_sql`` of
+:mod:`trainprobe.engine.execution_order` (its stages through ``stage_sql`` of
 :mod:`trainprobe.tools.query_sql`, see :data:`ORDER`): step; per micro-batch its forward,
 backward and unreduced gradients, then the once-per-step tables; the row's position among its
 file's rows of that step (unreduced gradients from the last: backward computes the last
@@ -233,8 +233,7 @@ def joined_sql(
     base = num(tolerance.rtol)
     noise_join = ""
     if noise is not None:
-        noise_join = (f" LEFT JOIN {noise} n ON n.k_scope = COALESCE(b.k_scope, c.k_scope) "
-                      "AND n.k_step = COALESCE(b.k_step, c.k_step)")
+        noise_join = f" LEFT JOIN {noise} n ON n.k_scope = COALESCE(b.k_scope, c.k_scope)"
     inner = [f"COALESCE(b.{k}, c.{k}) AS {k}" for k in KEY]
     inner += ["b.k_rank IS NULL AS b_miss", "c.k_rank IS NULL AS c_miss", "b.k_name AS b_name",
               f"{'c.name' if mapping else 'c.k_name'} AS c_name", "b.step AS b_step", "c.step AS c_step",
@@ -273,16 +272,19 @@ def joined_sql(
 
 
 def noise_sql(joined: str, ops: Sequence[str]) -> str:
-    """The noise levels of a rerun from its :func:`joined_sql` with the baseline: per scope and
-    baseline step, per op ``n_<op>``, the largest finite normalised difference of any tensor,
-    rank and micro-step at that step or an earlier one (rows in one run only, and a NaN the
-    rerun has, measure nothing)."""
-    per_step = ", ".join(f"max(CASE WHEN {quote('r_' + o)} < {INF} THEN {quote('r_' + o)} END) AS {quote('s_' + o)}"
-                         for o in ops)
-    window = "OVER (PARTITION BY k_scope ORDER BY k_step ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
-    levels = ", ".join(f"max({quote('s_' + o)}) {window} AS {quote('n_' + o)}" for o in ops)
-    return (f"SELECT k_scope, k_step{', ' + levels if levels else ''} FROM (SELECT k_scope, k_step"
-            f"{', ' + per_step if per_step else ''} FROM ({joined}) GROUP BY k_scope, k_step)")
+    """The noise levels of a rerun from its :func:`joined_sql` with the baseline: per scope, per
+    op ``n_<op>``, the largest finite normalised difference of any tensor, rank and step (of the
+    steps compared); ``min``, ``max`` and ``mean`` pooled (all three measure elements against the
+    tensor's largest: one element's rounding shows in whichever of them it is). Rows in one run
+    only, and a NaN the rerun has, measure nothing."""
+    def finite_max(items: Sequence[str]) -> str:
+        largest = _greatest(items)
+        return f"max(CASE WHEN {largest} < {INF} THEN {largest} END)"
+
+    pooled = [o for o in ops if o in SCALED_OPS]
+    groups = {o: (pooled if o in pooled else [o]) for o in ops}
+    levels = "".join(f", {finite_max([quote('r_' + x) for x in group])} AS {quote('n_' + o)}" for o, group in groups.items())
+    return f"SELECT k_scope{levels} FROM ({joined}) GROUP BY k_scope"
 
 
 def rows_sql(
@@ -324,7 +326,7 @@ ORDER = (
     f"k_step, stage >= {ONCE_STAGE}, CASE WHEN stage >= {ONCE_STAGE} THEN 0 ELSE {_MICRO} END, "
     f"stage, {_MICRO}, position, k_rank, tbl, k_name"
 )
-"""Execution order of :func:`ordered_sql`'s rows, as :func:`trainprobe.tools.execution_order.execution_key`
+"""Execution order of :func:`ordered_sql`'s rows, as :func:`trainprobe.engine.execution_order.execution_key`
 orders them: step; per micro-batch (forward, backward, unreduced gradients), then the
 once-per-step tables (reduced gradients, collectives, optimizer, parameters); the table's stage;
 the row's position in its file's step (unreduced gradients from the last,
