@@ -85,26 +85,33 @@ class ModelView:
         Raises ConfigError (naming ``where``, the argument) when ``model`` is neither a module of
         the framework nor a list of them, nor a pipeline stage or a list of them (a list mixing
         stages and modules, or naming one stage twice, is refused too)."""
-        items = list(model) if isinstance(model, (list, tuple)) else [] if model is None else [model]
         is_list = isinstance(model, (list, tuple))
-        staged = [self._pipeline_stage(m) for m in items]
-        self.pipelined = bool(staged) and all(s is not None for s in staged)
+        items = list(model) if is_list else [] if model is None else [model]
+        staged = self._stages_of(items, where)
+        self.pipelined = staged is not None
         """Whether the chunks are pipeline stages (named by their global stage index)."""
-        if self.pipelined:
-            self.chunks: list[Any] = [s[0] for s in staged if s is not None]  # the framework's modules
-            self.stages = [s[1] for s in staged if s is not None]
-            if len(set(self.stages)) != len(self.stages):
-                raise ConfigError(f"{where}: pipeline stages {self.stages} name one stage more than once")
-            self.stage_prefix = True
-            return
-        if any(s is not None for s in staged):
-            raise ConfigError(f"{where}: a list of pipeline stages or of {self.model_kind}s, not a mix of both")
-        if not all(map(self._is_model, items)):
+        if staged is not None:
+            self.chunks: list[Any] = [chunk for chunk, _ in staged]  # the framework's modules
+            self.stages = [index for _, index in staged]  # each chunk's vpp_stage
+        elif all(map(self._is_model, items)):
+            self.chunks, self.stages = items, list(range(len(items)))
+        else:
             raise ConfigError(f"{where}: expected a {self.model_kind} or a list of them, got {type(model).__name__}")
-        self.chunks = items
-        self.stages = list(range(len(items)))
-        """The ``vpp_stage`` of each chunk: its list index, or its global pipeline stage index."""
-        self.stage_prefix = is_list if stage_prefix is None else stage_prefix
+        self.stage_prefix = True if self.pipelined else is_list if stage_prefix is None else stage_prefix
+
+    def _stages_of(self, items: list[Any], where: str) -> list[tuple[Any, int]] | None:
+        """``(module, global stage index)`` of each of ``items`` when they are all pipeline stages;
+        None when none is. Raises ConfigError for a mix, or a stage named twice."""
+        staged = [self._pipeline_stage(item) for item in items]
+        found = [s for s in staged if s is not None]
+        if not found:
+            return None
+        if len(found) != len(staged):
+            raise ConfigError(f"{where}: a list of pipeline stages or of {self.model_kind}s, not a mix of both")
+        indices = [index for _, index in found]
+        if len(set(indices)) != len(indices):
+            raise ConfigError(f"{where}: pipeline stages {indices} name one stage more than once")
+        return found
 
     # -- the framework ---------------------------------------------------------------------
     def _is_model(self, obj: object) -> bool:

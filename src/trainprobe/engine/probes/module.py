@@ -32,6 +32,26 @@ gradient of a tensor that all of them see goes to the oldest forward not yet giv
 (backward passes run in forward order); an arrival with none left (a second backward through
 a retained graph) repeats the last one's rows.
 
+A module's ``input`` rows are read by a forward pre-hook placed before the module's own
+pre-hooks (a chunk's root: after the hooks it already had, those of the front door's step
+clock), so they are the call's arguments as the caller passes them, before a tensor-parallel
+style or FSDP converts them: the gradient of such an input is the one the style's backward has
+already reduced. ``output`` rows are read after the module's forward hooks: what the caller gets.
+A tensor that is a partial sum (:meth:`ModelView.is_partial`: a DTensor with a ``Partial``
+placement) has no row, forward or gradient; one warning per module names those left out, at the
+end of the step that found them.
+
+Model chunks are named by :class:`ModelView` (``vpp_stage``: the chunk's list index, or a
+pipeline stage's global index). Each chunk's forward pre-hook asks the view how the chunk runs
+(:meth:`ModelView.chunk_call`): a pipeline's metadata-inference pass is not recorded at all (no
+row, no gradient hook, no micro step), and under a pipeline schedule ``micro_step`` is the
+schedule's micro-batch index. A forward that recomputes activations during the backward pass
+(:meth:`ModelView.recomputing`: activation checkpointing) writes no forward row (the forward it
+repeats wrote them) and is not counted as a forward pass; its tensors still get their gradient
+hooks, since a reentrant checkpoint's backward runs through the recomputed tensors (a
+non-reentrant one's never reaches them), tagged with the micro step of the latest gradient row
+of that chunk in the step (the backward running), else of its latest forward.
+
 A tensor without values (``device="meta"``: a shape and a dtype, as shape-only code and deferred
 initialisation pass around) has no row and no gradient row, as in every monitor (the statistics
 kernel gives None for it and the row buffer keeps nothing, see
