@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.layout import V2_RANK
 from trainprobe.engine.log import warn_once
 
 SKIP_FILE = "amp_skips.jsonl"
@@ -121,3 +122,18 @@ def logged_watcher(
         return handle[0]
 
     return watching
+
+
+def run_skips(root: Path) -> dict[int, list[int]]:
+    """Rank → the steps GradScaler skipped there, from each ``rank_<r>/amp_skips.jsonl`` of
+    ``root`` (or of the rank folder ``root``); ranks without skips left out."""
+    out: dict[int, list[int]] = {}
+    folders = [root] + (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+    for folder in folders:
+        match = V2_RANK.fullmatch(folder.name)
+        path = folder / SKIP_FILE
+        if match and path.is_file() and not path.is_symlink():
+            steps = sorted({step for step, _ in read_skips(path)})
+            if steps:
+                out[int(match["rank"])] = steps
+    return out

@@ -11,7 +11,7 @@ anomalous step. An anomaly is
 * a Monitor V1 alert of ``anomaly_detected/rank<r>/anomaly.json``, read as ``anomaly-analyse``
   reads them, where the run has them.
 
-All of them are ordered by :func:`trainprobe.tools.execution_order.execution_key`, the order every
+All of them are ordered by :func:`trainprobe.engine.execution_order.execution_key`, the order every
 offline tool uses. The detection runs in DuckDB (memory bounded by the query, not the run).
 
 Example::
@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainprobe._lazy import callable_module
+from trainprobe.engine.anomaly.finding import Anomaly, ranks_text, skipped_text, step_spans
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.printable import printable
+from trainprobe.engine.execution_order import table_of
+from trainprobe.engine.skip_log import run_skips
 from trainprobe.tools.diagnose_engines import (
     ENGINES,
     DiagnoseEngine,
@@ -54,8 +56,8 @@ from trainprobe.tools.diagnose_sql import (
     spiking_pieces_sql,
     step_starts_sql,
 )
-from trainprobe.tools.execution_order import execution_key, phase_of_table, table_of
 from trainprobe.tools.query_files import RunFile
+from trainprobe.tools.query_full import is_sharded
 
 if TYPE_CHECKING:
 
@@ -69,113 +71,6 @@ _SPIKES = "__diagnose_spikes"
 _LOCAL_SPIKES = "__diagnose_local_spikes"
 """Full-tensor reading: the spikes of the rank-local rows (which rank's piece spiked)."""
 _CANDIDATES = 500
-
-
-@dataclass(frozen=True, slots=True)
-class Anomaly:
-    """One anomaly.
-
-    Attributes:
-        kind: ``"nonfinite"`` (NaN/inf), ``"spike"`` or ``"alert"`` (a Monitor V1 alert whose row
-            the files do not show as a NaN/inf or spike).
-        step, rank, micro_step, vpp_stage: where.
-        table: the view (``weight_grad``, ``actv`` ...; for an alert the last part of its tag).
-        scope: the row's scope (V1: the table).
-        name: the tensor (module or parameter).
-        op: the statistic (``norm``, ``max`` ...); None when an alert does not say.
-        value: its value (NaN/inf kept); None when unknown (an alert alone).
-        median: for a spike, the running median it is compared with.
-        file: the data file of the row (None for an alert alone).
-        position: the row's place among its step's rows in its file (an alert alone: its call_id).
-        source: ``"files"``, ``"alert"`` or ``"files+alert"`` (found in both).
-        rule: the alert's rule (``AnomalyNan`` ...), else None.
-        ranks: for a full-tensor row of a sharded run (its shards merged), every rank holding a
-            piece of the tensor; None for a rank's own row.
-        held: how they hold it: ``"shards"``, ``"replicas, counted once"`` or ``"<n> shards,
-            replicated"``; None for a rank's own row.
-        bad_ranks: for a full-tensor NaN/inf, the ranks whose piece holds it; for a full-tensor
-            spike, the ranks whose own piece spiked too (``rank`` is the least of them); None
-            otherwise (or when no piece spiked alone).
-    """
-
-    kind: str
-    step: int
-    rank: int
-    table: str
-    scope: str
-    name: str
-    micro_step: int | None = None
-    vpp_stage: int | None = None
-    op: str | None = None
-    value: float | None = None
-    median: float | None = None
-    file: str | None = None
-    position: int = 0
-    source: str = "files"
-    rule: str | None = None
-    ranks: tuple[int, ...] | None = None
-    held: str | None = None
-    bad_ranks: tuple[int, ...] | None = None
-
-    def order_key(self) -> tuple[int, ...]:
-        """Its :func:`~trainprobe.tools.execution_order.execution_key`."""
-        return execution_key(
-            self.step,
-            table_of(self.table, None if self.source == "alert" else self.scope),
-            target=self.name,
-            micro_step=self.micro_step,
-            position=self.position,
-            rank=self.rank,
-            vpp_stage=self.vpp_stage or 0,
-        )
-
-    def describe(self) -> str:
-        """One line: step, rank, table, tensor, op and value (and for a spike its median).
-
-        A spike's ratio to its running median has a bounded width: ``60.6x`` below a million,
-        ``1.23e+06x`` / ``1e+300x`` above, ``more than 1e308x`` where the ratio overflows a
-        float; over a denormal median (below the smallest normal float, 2.2e-308) no ratio is
-        printed, the line says the median is denormal."""
-        where = self.table if self.scope in (self.table, "") else f"{self.table}/{self.scope}"
-        once = phase_of_table(table_of(self.table, None if self.source == "alert" else self.scope), self.name)[1]
-        micro = f" micro_step {self.micro_step}" if self.micro_step is not None and not once else ""
-        if self.op is None:
-            what = "(the alert names no op)"
-        elif self.value is None:
-            what = f"{self.op} (the alert gives no value)"
-        else:
-            what = f"{self.op} = {_number(self.value)}"
-        who = "full tensor" if self.ranks is not None else f"rank {self.rank}"
-        text = f"step {self.step}{micro}, {who}, {printable(where)} {printable(self.name)}: {printable(what)}"
-        if self.kind == "spike" and self.median:
-            median = self.median
-            if abs(median) < 2.0**-1022:  # sys.float_info.min: below it a float is denormal
-                text += f", over a denormal running median {_number(median)} (no ratio) (spike)"
-            else:
-                ratio = abs(self.value or 0) / median
-                if not math.isfinite(ratio):
-                    shown = "more than 1e308x"
-                elif abs(ratio) < 1e6:
-                    shown = f"{ratio:.1f}x"
-                else:
-                    shown = f"{ratio:.3g}x"
-                text += f", {shown} its running median {_number(median)} (spike)"
-        elif self.kind == "nonfinite":
-            text += " (NaN/inf)"
-        if self.rule:
-            text += f" [alert {self.rule}]"
-        return text + self._holders()
-
-    def _holders(self) -> str:
-        """``, held by ranks 0,1 (shards), NaN/inf in rank 1's shard`` for a full-tensor row."""
-        if self.ranks is None:
-            return ""
-        text = f", held by ranks {','.join(str(r) for r in self.ranks[:16])}{'...' if len(self.ranks) > 16 else ''} ({self.held})"
-        if self.bad_ranks:
-            piece = "shard" if self.held == "shards" else "replica" if (self.held or "").startswith("replica") else "piece"
-            what, bad = ("NaN/inf" if self.kind == "nonfinite" else "spike"), list(self.bad_ranks)
-            text += f", {what} in rank {bad[0]}'s {piece}" if len(bad) == 1 else f", {what} in the {piece}s of ranks {_ranks(bad)}"
-        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +150,7 @@ class Diagnosis:
         elif len(first) == 1:
             head = f"ranks: rank {first[0]} alone first (step {start})"
         else:
-            head = f"ranks: {len(first)} of {len(self.ranks)} ranks first (step {start}): {_ranks(first)}"
+            head = f"ranks: {len(first)} of {len(self.ranks)} ranks first (step {start}): {ranks_text(first)}"
         tail = "; then " + ", ".join(
             f"rank {r} at step {s}" + (" (later in the step)" if s == start else "") for s, r in later[:8]
         ) if later else ""
@@ -271,21 +166,14 @@ class Diagnosis:
         if self.first is None:
             text = f"no anomaly: no NaN/inf and no spike above {self.spike_factor:g}x in {len(self.ranks)} rank(s)"
             steps = sorted({s for skipped in self.skipped.values() for s in skipped})
-            return text + (f"; {len(steps)} step(s) skipped by GradScaler ({_spans(steps)})" if steps else "")
+            return text + (f"; {len(steps)} step(s) skipped by GradScaler ({step_spans(steps)})" if steps else "")
         first = self.first
         also = " (a step GradScaler skipped)" if first.step in self.skipped.get(first.rank, ()) else ""
         return "first anomaly: " + first.describe() + also
 
     def skipped_line(self) -> str | None:
         """Which steps GradScaler skipped, on which ranks; None where it skipped none."""
-        if not self.skipped:
-            return None
-        sets = {tuple(steps) for steps in self.skipped.values()}
-        if len(sets) == 1 and len(self.skipped) == len(self.ranks):
-            where = f"steps {_spans(next(iter(sets)))}" + (f" on all {len(self.ranks)} ranks" if len(self.ranks) > 1 else "")
-        else:
-            where = "; ".join(f"rank {r}: steps {_spans(s)}" for r, s in sorted(self.skipped.items()))
-        return f"skipped by GradScaler: {where} (the inf/NaN of their scaled gradients is not an anomaly)"
+        return skipped_text(self.skipped, self.ranks)
 
     def tensors_line(self) -> str | None:
         """How a sharded run was read; None for an unsharded one."""
@@ -432,31 +320,6 @@ class _Read:
 
     full: bool = False
     skipped: dict[int, list[int]] = field(default_factory=dict)
-
-
-def is_sharded(root: Path) -> bool:
-    """Whether any ``rank_<r>/tensor_layout.json`` of ``root`` marks a shard or a replica."""
-    from trainprobe.tools.query_full import layout_rows
-
-    return any(row[4] in ("shard", "replica") for row in layout_rows(root))
-
-
-def run_skips(root: Path) -> dict[int, list[int]]:
-    """Rank → the steps GradScaler skipped there, from each ``rank_<r>/amp_skips.jsonl`` of
-    ``root`` (or of the rank folder ``root``); ranks without skips left out."""
-    from trainprobe.engine.layout import V2_RANK
-    from trainprobe.engine.skip_log import SKIP_FILE, read_skips
-
-    out: dict[int, list[int]] = {}
-    folders = [root] + (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
-    for folder in folders:
-        match = V2_RANK.fullmatch(folder.name)
-        path = folder / SKIP_FILE
-        if match and path.is_file() and not path.is_symlink():
-            steps = sorted({step for step, _ in read_skips(path)})
-            if steps:
-                out[int(match["rank"])] = steps
-    return out
 
 
 def _scan_on_duckdb(
@@ -681,7 +544,7 @@ def _merge(found: list[Anomaly], alerts: list[Anomaly]) -> list[Anomaly]:
     """``found`` with the alerts: an alert on a row found in the files marks that row
     (``files+alert``, its rule); the other alerts are anomalies of their own (kind ``alert``,
     ordered by their call_id)."""
-    from trainprobe.tools.execution_order import table_rank
+    from trainprobe.engine.execution_order import table_rank
 
     def key(a: Anomaly, scope: str | None) -> tuple[int, int, str, int]:
         return a.step, a.rank, a.name, table_rank(table_of(a.table, scope), a.name)
@@ -740,30 +603,6 @@ def _piece_rows_sql(anomaly: Anomaly, condition: str, table: str | None = None) 
         f"AND name = {text(anomaly.name)} AND scope = {text(anomaly.scope)} AND {same('micro_step', anomaly.micro_step)} "
         f"AND {same('vpp_stage', anomaly.vpp_stage)} AND {condition} ORDER BY rank"
     )
-
-
-def _spans(steps: Sequence[int]) -> str:
-    """``0-4, 7, 9-10``: sorted steps as runs (at most 8 runs shown)."""
-    runs: list[list[int]] = []
-    for step in steps:
-        if runs and step == runs[-1][1] + 1:
-            runs[-1][1] = step
-        else:
-            runs.append([step, step])
-    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:8])
-    return shown + (f" and {len(runs) - 8} more runs" if len(runs) > 8 else "")
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "?"
-    if math.isnan(value) or math.isinf(value):
-        return repr(value)
-    return f"{value:.6g}"
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks[:16]) + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
 
 
 def _anomaly_json(anomaly: Anomaly | None) -> dict[str, Any] | None:

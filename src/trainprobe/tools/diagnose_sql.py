@@ -11,7 +11,7 @@ micro_step, vpp_stage) and one op of :data:`SPIKE_OPS`. Only the steps the files
 run recorded every 10 steps has series of every 10th step).
 
 Execution order is not defined here: the rows found are ordered by
-:func:`trainprobe.tools.execution_order.execution_key` (:mod:`trainprobe.tools.diagnose`); the
+:func:`trainprobe.engine.execution_order.execution_key` (:mod:`trainprobe.tools.diagnose`); the
 non-finite rows come from the query layer's own :func:`~trainprobe.tools.query_sql.first_nonfinite_sql`.
 
 Standard library only (the SQL is run by the caller).
@@ -127,14 +127,14 @@ def spike_rows_sql(
 
 BACKWARD_ROWS: dict[str, str] = {"module": "scope = 'backward'", "weight_grad": "TRUE", "cc": "TRUE"}
 """Per V2 view, SQL true for its rows computed from the (scaled) backward pass; V1 tables by
-their phase (:mod:`trainprobe.tools.execution_order`)."""
+their phase (:mod:`trainprobe.engine.execution_order`)."""
 
 
 def backward_rows_sql(view: str) -> str | None:
     """SQL true for the rows of ``view`` that the backward pass computed (the ones a loss scale
     multiplies: activation and weight gradients, the collectives that reduce them), None for a
     view with none (``param``, ``optimizer``, V1 ``actv`` ...)."""
-    from trainprobe.tools.execution_order import BACKWARD, OTHER_TABLE, PHASE_OF_SUFFIX
+    from trainprobe.engine.execution_order import BACKWARD, OTHER_TABLE, PHASE_OF_SUFFIX
 
     if view in BACKWARD_ROWS:
         return BACKWARD_ROWS[view]

@@ -185,3 +185,8 @@ def full_view_sql(
         f"FROM rows WHERE NOT ({mergeable})"
     )
     return f"WITH rows AS ({joined}) {merged} UNION ALL {kept}"
+
+
+def is_sharded(root: Path) -> bool:
+    """Whether any ``rank_<r>/tensor_layout.json`` of ``root`` marks a shard or a replica."""
+    return any(row[4] in ("shard", "replica") for row in layout_rows(root))

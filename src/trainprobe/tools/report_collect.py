@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trainprobe.engine.execution_order import V2_DEFAULT_TABLE, V2_TABLE_OF, row_positions
 from trainprobe.tools.anomaly_analyse import AnomalyEvent
-from trainprobe.tools.execution_order import V2_DEFAULT_TABLE, V2_TABLE_OF, row_positions
 from trainprobe.tools.monitor_layout import V1_DATA_TYPES
 from trainprobe.tools.report_cells import compact, real_rows, target_ids
 from trainprobe.tools.report_digest import Digest, digest_block

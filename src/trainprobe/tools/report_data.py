@@ -16,7 +16,7 @@ re-exported here), :mod:`~trainprobe.tools.report_collect` (the reading state),
   the value of largest magnitude, so a spike in one micro-batch is not averaged away.
 * A row is *non-finite* when one of its values is NaN or inf, or its ``nans`` count is above 0.
   For each (group, rank, target) the first such row in execution order is an *onset* event.
-* Execution order is the one every tool uses (:mod:`trainprobe.tools.execution_order`, through
+* Execution order is the one every tool uses (:mod:`trainprobe.engine.execution_order`, through
   :func:`trainprobe.tools.anomaly_analyse.execution_key`): CSV rows are turned into the same kind
   of event, with the V1 table name (V2 groups mapped to the equivalent table) deciding the phase
   and the table's place, and the row's place among the rows of its step in its file as the
@@ -107,7 +107,8 @@ def load_report_data(
     )
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
-    from trainprobe.tools.diagnose import is_sharded, run_skips
+    from trainprobe.engine.skip_log import run_skips
+    from trainprobe.tools.query_full import is_sharded
 
     return ReportData(
         root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training,

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trainprobe.engine.execution_order import PHASE_ORDER, table_rank
 from trainprobe.tools.anomaly_analyse import AnomalyEvent, order_events
-from trainprobe.tools.execution_order import PHASE_ORDER, table_rank
 from trainprobe.tools.report_cells import compact, merge_cells
 from trainprobe.tools.report_rows import Rows, join_blocks, table_phase
 from trainprobe.tools.report_run import offenders_of
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def group_order(tables: dict[str, str]) -> list[str]:
     """Group names in execution order: per-micro-step groups, then once-per-step ones; phase,
-    then the table's place (:data:`~trainprobe.tools.execution_order.TABLE_ORDER`)."""
+    then the table's place (:data:`~trainprobe.engine.execution_order.TABLE_ORDER`)."""
 
     def key(name: str) -> tuple[bool, int, int, str]:
         phase, once = table_phase(tables[name])

@@ -17,6 +17,7 @@ from typing import Any
 
 import plotly.io as pio
 
+from trainprobe.engine.anomaly.finding import skipped_text
 from trainprobe.tools.anomaly_analyse import DEFAULT_TOPK, AnomalyEvent
 from trainprobe.tools.report_data import MAX_TARGETS, ReportData
 from trainprobe.tools.report_events import event_group, event_target
@@ -244,14 +245,12 @@ def _skipped_note(data: ReportData, event: AnomalyEvent | None) -> str:
 
 def _run_notes(data: ReportData) -> list[tuple[str, str]]:
     """Summary rows for a sharded run and for GradScaler's skipped steps (none otherwise)."""
-    from trainprobe.tools.diagnose import Diagnosis
-
     notes = []
     if data.sharded:
         notes.append(("Layout", "sharded (FSDP2 / tensor parallelism): the heatmaps and lines show each rank's "
                       "pieces as written; the Diagnosis answers in full tensors (shards merged, replicas counted once)"))
     if data.skipped:
-        line = Diagnosis(str(data.root), [], None, {}, data.ranks, skipped=data.skipped).skipped_line() or ""
+        line = skipped_text(data.skipped, data.ranks) or ""
         notes.append(("GradScaler", _e(line.removeprefix("skipped by GradScaler: "))
                       + f" — {len({s for v in data.skipped.values() for s in v})} step(s) skipped"))
     return notes

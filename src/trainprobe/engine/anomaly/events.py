@@ -13,7 +13,7 @@ lines only after a kill; :mod:`trainprobe.engine.jsonl`)::
      "actions": ["log", "stop"]}
 
 ``line`` is worded exactly as ``trainprobe diagnose`` words the same row (one definition,
-:meth:`trainprobe.tools.diagnose.Anomaly.describe`). Non-finite values are written as the
+:meth:`trainprobe.engine.anomaly.finding.Anomaly.describe`). Non-finite values are written as the
 strings ``"nan"``, ``"inf"``, ``"-inf"``.
 """
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.anomaly.finding import Anomaly
 from trainprobe.engine.jsonl import append_line, keep_before, read_lines
 from trainprobe.engine.log import warn_once
 
@@ -67,10 +68,8 @@ class AnomalyEvent:
     position: int = 0
     rule: str | None = None
 
-    def as_anomaly(self) -> Any:
-        """The same row as :class:`trainprobe.tools.diagnose.Anomaly` (its wording, its order)."""
-        from trainprobe.tools.diagnose import Anomaly
-
+    def as_anomaly(self) -> Anomaly:
+        """The same row as ``trainprobe diagnose`` finds it (its wording, its order)."""
         return Anomaly(
             kind=self.kind,
             step=self.step,
@@ -89,11 +88,11 @@ class AnomalyEvent:
 
     def line(self) -> str:
         """The row as ``trainprobe diagnose`` describes it."""
-        return str(self.as_anomaly().describe())
+        return self.as_anomaly().describe()
 
     def order_key(self) -> tuple[int, ...]:
         """Its execution-order key (the one diagnose sorts by)."""
-        return tuple(self.as_anomaly().order_key())
+        return self.as_anomaly().order_key()
 
     def to_json(self) -> dict[str, Any]:
         """The event file's object (non-finite numbers as strings)."""
