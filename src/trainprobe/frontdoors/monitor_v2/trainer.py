@@ -182,6 +182,7 @@ class TrainerMonitorV2:
         self._check_arguments(model, optimizer)  # a bad call makes no folder and takes no lock
         rank_dir = make_output_folder(self.config.output_dir / v2_rank_folder(rank), "output_dir")
         lock = FolderLock(rank_dir, "output_dir")
+        self._guard_exit()  # before the session's own atexit close, so that it runs after it
         try:
             self._session = self._build_session(model, optimizer, context, rank)
             self._session.attach()
@@ -262,6 +263,14 @@ class TrainerMonitorV2:
     def __exit__(self, *exc_info: object) -> None:
         """The block ended, normally or by an exception (which propagates): :meth:`stop`."""
         self.stop()
+
+    def _guard_exit(self) -> None:
+        """A gloo run that never destroys its process group exits cleanly
+        (:mod:`trainprobe.backends.torch.exit_guard`, issue #34's exit aborts)."""
+        if self._backend.name == "pytorch":
+            from trainprobe.backends.torch.exit_guard import destroy_at_exit
+
+            destroy_at_exit()
 
     def _check_global_stats(self) -> None:
         """``global_stats`` needs the PyTorch backend, a monitor whose rows it merges, and every
