@@ -59,6 +59,8 @@ def test_a_spike_demo_is_found_at_its_step_by_the_commands_it_prints(tmp_path: P
     assert diagnosed.returncode == 1, diagnosed.stderr
     assert diagnosed.stdout.startswith("first anomaly: step 10, rank 0, module/forward layers.0.input.0: norm = ")
     assert "(spike)" in diagnosed.stdout.splitlines()[0]
+    assert "ranks: the only rank (step 10)" in diagnosed.stdout.splitlines()  # a 1-rank run has no "alone first"
+    assert "alone first" not in diagnosed.stdout
     assert reported.returncode == 0, reported.stderr
     assert (tmp_path / "trainprobe_demo_spike" / "report.html").stat().st_size > 0
     assert diffed.returncode == 1, diffed.stderr
