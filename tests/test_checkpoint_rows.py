@@ -132,7 +132,7 @@ def test_checkpointed_training_bitwise_unchanged(tmp_path: Path, mode: str) -> N
 
 
 def test_a_forward_inside_backward_is_a_recomputation() -> None:
-    """The mechanism (torch >= 2.0): autograd's graph task id is -1 outside a backward pass and
+    """The mechanism: autograd's graph task id is -1 outside a backward pass and
     set while the checkpoint recomputes, in both modes."""
     from trainprobe.backends.torch.model_view import TorchModelView
 
