@@ -7,7 +7,9 @@ step order. The same object serves both sides of a run:
   ``verdict = rule.update(state, step, value)`` for each recorded step;
 * offline, over the files: ``rule.replay(steps, values, squared)`` gives the verdicts of the
   whole series, the same list the step-by-step loop gives (a rule may compute it vectorised;
-  ``tests/test_rules.py`` checks both agree on every rule).
+  ``tests/test_rules.py`` checks both agree on every rule); ``rule.replay_many(starts, steps,
+  values, squared)`` judges many series laid end to end at once (``trainprobe diagnose``: every
+  series of a table in one call), as :class:`Hits`, the same verdicts.
 
 A value that is NaN or ±inf (or missing, given as NaN) is the non-finite check's business: it
 is never a spike and never enters a rule's history; a rule says whether it still takes a place
@@ -90,9 +92,103 @@ class Rule(ABC, Generic[S]):
                 found.append(verdict)
         return found
 
+    def replay_many(
+        self, starts: Sequence[int] | IntArray, steps: Sequence[int] | IntArray,
+        values: Sequence[float] | FloatArray, squared: bool = False,
+    ) -> Hits:
+        """The verdicts of many series laid end to end: series ``i`` is ``steps`` and ``values``
+        from ``starts[i]`` to ``starts[i + 1]`` (the last to the end; ``starts`` ascending, the
+        first 0), each judged from a fresh state: the same verdicts as :meth:`replay` of each,
+        as positions into the arrays (:class:`Hits`). This default replays each series in turn;
+        the rules that can judge all series at once override it (and :meth:`replay` is then
+        this of one series)."""
+        s, v = as_arrays(steps, values)
+        bounds = series_bounds(starts, len(v))
+        found: list[tuple[int, int, Verdict]] = []
+        for a, b in bounds:
+            for verdict in Rule.replay(self, s[a:b], v[a:b], squared):
+                at = a + int(np.searchsorted(s[a:b], verdict.step, side="left"))
+                decided = a + int(np.searchsorted(s[a:b], verdict.decided, side="left"))
+                found.append((at, decided, verdict))
+        return Hits.of(found)
+
     def describe(self) -> str:
         """One line: the rule and its parameters, as the docs and the benchmark show it."""
         return self.name
+
+    def params(self) -> dict[str, object]:
+        """The rule's parameters by name (``diagnosis.json``'s ``spike_rule``)."""
+        from dataclasses import fields
+
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Hits:
+    """The verdicts of :meth:`Rule.replay_many`, as arrays of one length (one entry a verdict,
+    in series and step order).
+
+    Attributes:
+        at: the position (into the arrays given) of the value named (:attr:`Verdict.step`).
+        decided: the position of the value that decided it (:attr:`Verdict.decided`).
+        reference, score, bar: as in :class:`Verdict`.
+    """
+
+    at: IntArray
+    decided: IntArray
+    reference: FloatArray
+    score: FloatArray
+    bar: FloatArray
+
+    @staticmethod
+    def of(found: Sequence[tuple[int, int, Verdict]]) -> Hits:
+        """From (position named, position deciding, verdict) triples."""
+        return Hits(
+            np.array([a for a, _, _ in found], dtype=np.int64),
+            np.array([d for _, d, _ in found], dtype=np.int64),
+            np.array([v.reference for _, _, v in found], dtype=np.float64),
+            np.array([v.score for _, _, v in found], dtype=np.float64),
+            np.array([v.bar for _, _, v in found], dtype=np.float64),
+        )
+
+    def verdicts(self, steps: IntArray, values: FloatArray) -> list[Verdict]:
+        """As :class:`Verdict` objects, over the ``steps`` and ``values`` judged."""
+        return [
+            Verdict(int(steps[a]), float(values[a]), float(r), float(sc), float(b), int(steps[d]))
+            for a, d, r, sc, b in zip(self.at, self.decided, self.reference, self.score, self.bar, strict=True)
+        ]
+
+
+def series_bounds(starts: Sequence[int] | IntArray, length: int) -> list[tuple[int, int]]:
+    """``starts`` (of :meth:`Rule.replay_many`) as (start, end) pairs, checked."""
+    first = np.asarray(starts, dtype=np.int64)
+    if length and (not len(first) or first[0] != 0 or np.any(np.diff(first) <= 0) or first[-1] >= length):
+        raise ValueError(f"series starts {first[:5].tolist()}...: need 0 first, ascending, below {length}")
+    ends = np.append(first[1:], length)
+    return [(int(a), int(b)) for a, b in zip(first, ends, strict=True)] if length else []
+
+
+def series_ids(starts: Sequence[int] | IntArray, length: int) -> IntArray:
+    """Each position's series number (0 for the first series), from ``starts``."""
+    series_bounds(starts, length)  # checked
+    ids = np.zeros(length, dtype=np.int64)
+    first = np.asarray(starts, dtype=np.int64)
+    if len(first) > 1:
+        ids[first[1:]] = 1
+    out: IntArray = np.cumsum(ids)
+    return out
+
+
+def place_in_series(ids: IntArray) -> IntArray:
+    """Each position's index within its series (``ids`` non-decreasing: :func:`series_ids`)."""
+    n = len(ids)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    new = np.ones(n, dtype=bool)
+    new[1:] = ids[1:] != ids[:-1]
+    first = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+    out: IntArray = np.arange(n) - first
+    return out
 
 
 def finite(value: float) -> bool:

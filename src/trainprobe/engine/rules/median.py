@@ -21,7 +21,19 @@ from typing import ClassVar
 
 import numpy as np
 
-from trainprobe.engine.rules.base import FloatArray, IntArray, Rule, Verdict, as_arrays
+from trainprobe.engine.rules.base import (
+    FloatArray,
+    Hits,
+    IntArray,
+    Rule,
+    Verdict,
+    as_arrays,
+    place_in_series,
+    series_ids,
+)
+
+CHUNK = 1 << 18
+"""Rows judged at once by :meth:`RunningMedian.replay_many` (a chunk's windows: CHUNK x W floats)."""
 
 
 @dataclass(slots=True)
@@ -66,24 +78,43 @@ class RunningMedian(Rule[MedianState]):
     def replay(
         self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False
     ) -> list[Verdict]:
-        """Vectorised: every row's window sorted at once (NaN sort last), the same arithmetic."""
+        """Vectorised (:meth:`replay_many` of one series)."""
         s, v = as_arrays(steps, values)
-        if not len(v):
-            return []
+        return self.replay_many([0] if len(v) else [], s, v, squared).verdicts(s, v)
+
+    def replay_many(
+        self, starts: Sequence[int] | IntArray, steps: Sequence[int] | IntArray,
+        values: Sequence[float] | FloatArray, squared: bool = False,
+    ) -> Hits:
+        """Vectorised over every series at once, :data:`CHUNK` rows at a time: each row's window
+        (the W rows before it in its series, NaN where not finite or before the series) sorted
+        (NaN sort last), the same arithmetic as :meth:`update`."""
+        s, v = as_arrays(steps, values)
         v = np.where(np.isfinite(v), v, np.nan)
-        padded = np.concatenate([np.full(self.window, np.nan), v[:-1]])
-        windows = np.sort(np.lib.stride_tricks.sliding_window_view(padded, self.window), axis=1)
-        count = np.count_nonzero(~np.isnan(windows), axis=1)
-        rows = np.arange(len(v))
-        safe = np.maximum(count, 1)
-        median = (windows[rows, (safe - 1) // 2] + windows[rows, safe // 2]) / 2
+        place = place_in_series(series_ids(starts, len(v)))
         bar = float(self.factor) ** 2 if squared else float(self.factor)
+        parts = [self._judge(v, place, bar, a, min(a + CHUNK, len(v))) for a in range(0, len(v), CHUNK)]
+        if not parts:
+            return Hits.of([])
+        at = np.concatenate([p[0] for p in parts])
+        median = np.concatenate([p[1] for p in parts])
+        return Hits(at, at, median, v[at] / median, np.full(len(at), bar))
+
+    def _judge(self, v: FloatArray, place: IntArray, bar: float, a: int, b: int) -> tuple[IntArray, FloatArray]:
+        """The spikes among rows ``a`` to ``b``: their positions and window medians."""
+        rows = np.arange(a, b)
+        windows = np.full((b - a, self.window), np.nan)
+        for k in range(1, self.window + 1):
+            inside = place[a:b] >= k
+            windows[inside, k - 1] = v[rows[inside] - k]
+        windows.sort(axis=1)
+        count = np.count_nonzero(~np.isnan(windows), axis=1)
+        safe = np.maximum(count, 1)
+        index = np.arange(b - a)
+        median = (windows[index, (safe - 1) // 2] + windows[index, safe // 2]) / 2
         with np.errstate(invalid="ignore"):
-            hit = (count >= self.warmup) & (median > 0) & (v > bar * median)
-        return [
-            Verdict(int(s[i]), float(v[i]), float(median[i]), float(v[i]) / float(median[i]), bar, int(s[i]))
-            for i in np.flatnonzero(hit)
-        ]
+            hit = np.flatnonzero((count >= self.warmup) & (median > 0) & (v[a:b] > bar * median))
+        return rows[hit], median[hit]
 
     def describe(self) -> str:
         """The rule with its parameters."""

@@ -18,10 +18,22 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from trainprobe.engine.rules.base import Rule, Verdict
+import numpy as np
+
+from trainprobe.engine.rules.base import (
+    FloatArray,
+    Hits,
+    IntArray,
+    Rule,
+    Verdict,
+    as_arrays,
+    place_in_series,
+    series_ids,
+)
 
 
 @dataclass(slots=True)
@@ -58,6 +70,38 @@ class EarlyMax(Rule[EarlyMaxState]):
             state.seen += 1
             state.largest = max(state.largest, value)
         return None
+
+    def replay(
+        self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False
+    ) -> list[Verdict]:
+        """:meth:`replay_many` of one series."""
+        s, v = as_arrays(steps, values)
+        return self.replay_many([0] if len(v) else [], s, v, squared).verdicts(s, v)
+
+    def replay_many(
+        self, starts: Sequence[int] | IntArray, steps: Sequence[int] | IntArray,
+        values: Sequence[float] | FloatArray, squared: bool = False,
+    ) -> Hits:
+        """Vectorised with Megatron's warm-up (checked once all ``first`` values are in: then no
+        spike joins the max, which is each series' max of its first values); a shorter warm-up
+        judges step by step (a spike found early is kept out of the max)."""
+        if self.warmup is not None and self.warmup != self.first:
+            return Rule.replay_many(self, starts, steps, values, squared)
+        s, v = as_arrays(steps, values)
+        ids = series_ids(starts, len(v))
+        kept = np.flatnonzero(np.isfinite(v))
+        c, gid, seen = v[kept], ids[kept], place_in_series(ids[kept])
+        early = seen < self.first
+        largest = np.zeros(int(ids[-1]) + 1 if len(ids) else 0)
+        if early.any():
+            firsts = np.flatnonzero(early & (seen == 0))  # the first of each series' early values
+            top = np.maximum.reduceat(c[early], np.searchsorted(np.flatnonzero(early), firsts))
+            largest[gid[firsts]] = np.fmax(0.0, top)
+        bar = float(self.factor) ** 2 if squared else float(self.factor)
+        ref = largest[gid]
+        hit = np.flatnonzero(~early & (ref > 0) & (c > bar * ref))
+        at = kept[hit]
+        return Hits(at, at, ref[hit], c[hit] / ref[hit], np.full(len(at), bar))
 
     def describe(self) -> str:
         """The rule with its parameters."""
@@ -151,7 +195,8 @@ class EmaZScore(Rule[EmaState]):
             return None
         std = math.sqrt(state.var)
         score = (x - state.mean) / std if std > 0 else (math.inf if x > state.mean else 0.0)
-        verdict = Verdict(step, value, state.mean, score, self.z, step) if score > self.z else None
+        reference = state.mean**2 if state.squared else state.mean  # in the value's units
+        verdict = Verdict(step, value, reference, score, self.z, step) if score > self.z else None
         used = state.mean + self.z * std if verdict is not None else x
         state.mean = self.alpha * state.mean + (1 - self.alpha) * used
         state.var = self.alpha * state.var + (1 - self.alpha) * (used - state.mean) ** 2

@@ -26,10 +26,22 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainprobe.engine.rules.base import Rule, Verdict
+import numpy as np
+
+from trainprobe.engine.rules.base import (
+    FloatArray,
+    Hits,
+    IntArray,
+    Rule,
+    Verdict,
+    as_arrays,
+    place_in_series,
+    series_ids,
+)
 
 
 @dataclass(slots=True)
@@ -89,6 +101,59 @@ class RecentMax(Rule[RecentState]):
         state.recent.append(value)
         state.seen += 1
         return verdict
+
+    def replay(
+        self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False
+    ) -> list[Verdict]:
+        """Vectorised (:meth:`replay_many` of one series)."""
+        s, v = as_arrays(steps, values)
+        return self.replay_many([0] if len(v) else [], s, v, squared).verdicts(s, v)
+
+    def replay_many(
+        self, starts: Sequence[int] | IntArray, steps: Sequence[int] | IntArray,
+        values: Sequence[float] | FloatArray, squared: bool = False,
+    ) -> Hits:
+        """Vectorised over every series at once: the finite non-zero values of each series in
+        order, each judged against the max (or median) of the up to W before it in its series,
+        with the bar of its place in the series; the same arithmetic as :meth:`update`."""
+        s, v = as_arrays(steps, values)
+        ids = series_ids(starts, len(v))
+        with np.errstate(invalid="ignore"):
+            kept = np.flatnonzero(np.isfinite(v) & (v > 0))
+        c, seen = v[kept], place_in_series(ids[kept])
+        ref = self._references(c, seen)
+        base = float(self.factor) ** 2 if squared else float(self.factor)
+        # the bar of each place, by Python's float power as :meth:`bar` (NumPy's may differ by an ulp)
+        bars = np.array([math.nan] + [base ** (1 + self.grow / n) for n in range(1, int(seen.max(initial=0)) + 1)])
+        bar = bars[seen]
+        with np.errstate(invalid="ignore"):
+            hit = np.flatnonzero((seen >= 1) & (c > bar * ref))
+        at = kept[hit]
+        return Hits(at, at, ref[hit], c[hit] / ref[hit], bar[hit])
+
+    def _references(self, c: FloatArray, seen: IntArray) -> FloatArray:
+        """For each kept value, the max (or median) of the up to W kept values before it in its
+        series (NaN for a series' first)."""
+        lags = np.full((len(c), self.window), np.nan) if self.reference == "median" else None
+        ref = np.full(len(c), -np.inf)
+        for k in range(1, min(self.window, len(c)) + 1):
+            earlier = np.full(len(c), np.nan)
+            earlier[k:] = c[:-k]
+            earlier[seen < k] = np.nan
+            if lags is not None:
+                lags[:, k - 1] = earlier
+            else:
+                ref = np.fmax(ref, earlier)
+        if lags is None:
+            ref[seen == 0] = np.nan
+            return ref
+        lags.sort(axis=1)
+        count = np.minimum(seen, self.window)
+        safe = np.maximum(count, 1)
+        rows = np.arange(len(c))
+        out: FloatArray = (lags[rows, (safe - 1) // 2] + lags[rows, safe // 2]) / 2
+        out[count == 0] = np.nan
+        return out
 
     def describe(self) -> str:
         """The rule with its parameters."""
