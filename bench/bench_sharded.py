@@ -109,8 +109,6 @@ def _parallelize(model: Mlp, world: int) -> None:
     if world == 4:
         from torch.distributed.fsdp import fully_shard
 
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
 
 
