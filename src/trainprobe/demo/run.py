@@ -138,6 +138,7 @@ def run_demo(
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
     monitor.stop()
+    (out / "loss.csv").write_text("step,loss\n" + "".join(f"{s},{v!r}\n" for s, v in enumerate(losses)), encoding="utf-8")
     print(f"trained {steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     if fault is not None:
         print(fault.describe())

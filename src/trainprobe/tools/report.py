@@ -32,6 +32,7 @@ from typing import Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.sinks.files import write_atomically
+from trainprobe.tools.report_findings import Diagnosed, findings_of
 
 COMMAND = "report"
 #: DuckDB's memory limit for the Diagnosis section's ``trainprobe diagnose`` (it spills beyond it):
@@ -114,16 +115,17 @@ def write_report(
     return path
 
 
-def _diagnosis(monitor_dir: str | Path, files: Any = None, rank_local: bool = False) -> list[str]:
-    """``trainprobe diagnose``'s lines for the Diagnosis section (a run it cannot read: one line
-    saying why); ``files``: the run's files, found already by the report."""
+def _diagnosis(monitor_dir: str | Path, files: Any = None, rank_local: bool = False) -> Diagnosed:
+    """``trainprobe diagnose``'s answer for the Diagnosis section and the timeline: its lines and
+    its anomalies (a run it cannot read: one line saying why, no anomaly); ``files``: the run's
+    files, found already by the report."""
     from trainprobe.tools.diagnose import diagnosis_summary
 
     try:
         summary = diagnosis_summary(monitor_dir, files=files, memory_limit=DIAGNOSE_MEMORY, rank_local=rank_local)
-        return list(summary["lines"])
     except ConfigError as exc:
-        return [f"no diagnosis: {exc}"]
+        return Diagnosed([f"no diagnosis: {exc}"])
+    return Diagnosed(list(summary["lines"]), findings_of(summary), ran=True)
 
 
 def _baseline_adder(baseline: str | Path | None, monitor_dir: str | Path) -> Any:

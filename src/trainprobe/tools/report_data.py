@@ -46,6 +46,7 @@ from trainprobe.tools.report_events import event_target as event_target
 from trainprobe.tools.report_groups import build_group, group_order
 from trainprobe.tools.report_groups import default_op as default_op
 from trainprobe.tools.report_groups import pick_targets as pick_targets
+from trainprobe.tools.report_loss import find_loss_files, read_loss_files
 from trainprobe.tools.report_onsets import read_alerts
 from trainprobe.tools.report_read import ReportFile, connection, find_report_files, read_files
 from trainprobe.tools.report_run import find_event_files, find_training_state, read_event_files, read_training_state
@@ -69,8 +70,9 @@ def load_report_data(
     folders or one level below (see :func:`~trainprobe.tools.report_run.find_training_state`);
     and the metrics' TensorBoard scalars (loss, learning rate, gradient norm) of ``tensorboard``
     (their ``tensorboard_dir``), else of event files in ``monitor_dir``'s ``rank_<id>`` folders
-    (see :func:`~trainprobe.tools.report_run.find_event_files`). ``files``: the data files of
-    ``monitor_dir`` when the caller found them already (:func:`~trainprobe.tools.report_read.find_report_files`).
+    (see :func:`~trainprobe.tools.report_run.find_event_files`); and the ``loss.csv`` files in
+    ``monitor_dir`` and its ``rank_<id>`` folders (:mod:`~trainprobe.tools.report_loss`).
+    ``files``: the data files of ``monitor_dir`` when the caller found them already (:func:`~trainprobe.tools.report_read.find_report_files`).
 
     Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
     as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
@@ -88,6 +90,7 @@ def load_report_data(
     con = connection(files)
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
+    read_loss_files(find_loss_files(root), training)
     anomaly_files, alerts = read_alerts(root, files)
     reading = Reading(alert_rows=alerts_by_row(alerts))
     torn = sum(collect_file(file, rows, reading) for file, rows in read_files(con, files))

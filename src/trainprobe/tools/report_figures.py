@@ -28,6 +28,7 @@ from trainprobe.tools.anomaly_analyse import AnomalyEvent
 from trainprobe.tools.report_data import Group, ReportData, default_op
 from trainprobe.tools.report_downsample import bucket_size, downsample
 from trainprobe.tools.report_events import event_group, event_target
+from trainprobe.tools.report_findings import KIND_WORDS, Finding, kinds_in_order
 from trainprobe.tools.report_run import LOSS_KEYS, LR_KEYS, NORM_KEYS, Offenders, Series
 
 Figure = dict[str, Any]
@@ -43,8 +44,14 @@ PAGE_LINE_POINTS = 400_000
 TOP_LINES = 10
 PICKABLE_LINES = 30
 MAX_TIMELINE_EVENTS = 2000
+#: Heatmap row height and row label font (px): a label of each row fits its row.
+ROW_PIXELS = 14
+ROW_FONT = 11
 NONFINITE_COLOUR = "#e4002b"
 COLOURSCALE = "Viridis"
+#: Diagnose's anomalies on the timeline: kind → (marker symbol, colour).
+FINDING_MARKERS = {"spike": ("triangle-up-open", "#ff7f0e"), "nonfinite": ("square-open", "#000"),
+                   "alert": ("x-thin-open", "#000")}
 RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 #: The colour-scale menu; log (index 1) is the default: one embedding row no longer washes out
 #: the rest. Log colour is log10(|x|) with 0 one decade below the smallest non-zero |x|; the
@@ -255,17 +262,38 @@ def group_heatmap(group: Group, size: int) -> Figure:
             menu("tp-scale", SCALE_LABELS, LOG_SCALE),
         ]
     )
-    height = int(min(1000, max(340, 12 * len(group.targets) + 170)))
     layout = {
         "title": {"text": f"{plot_text(group.name)}: {_targets_words(group)} × steps"},
-        "height": height,
+        "height": heatmap_height(len(group.targets)),
         "margin": {"t": 90, "b": 60},
         "updatemenus": menus,
         "xaxis": {"title": {"text": _step_title(size)}},
-        "yaxis": {"type": "category", "autorange": "reversed", "automargin": True, "title": {"text": "target"}},
+        "yaxis": row_axis([plot_text(name) for name in group.targets]),
         "plot_bgcolor": "#f4f4f4",
     }
     return {"data": traces, "layout": layout}
+
+
+def heatmap_height(rows: int) -> int:
+    """Pixels of a heatmap of ``rows`` targets: :data:`ROW_PIXELS` per row (every row's label
+    fits, none is dropped) plus the menus, title and step axis."""
+    return int(max(340, ROW_PIXELS * rows + 170))
+
+
+def row_axis(labels: list[str]) -> dict[str, Any]:
+    """The y axis of a targets heatmap: one tick per row, every label drawn (Plotly's automatic
+    ticks skip labels once rows are closer than its font: with 20 rows and more every other one
+    was lost), top to bottom in model order; the margin grows to the longest label."""
+    return {
+        "type": "category",
+        "autorange": "reversed",
+        "automargin": True,
+        "title": {"text": "target"},
+        "tickmode": "array",
+        "tickvals": labels,
+        "ticktext": labels,
+        "tickfont": {"size": ROW_FONT},
+    }
 
 
 # --------------------------------------------------------------------------- line charts
@@ -371,14 +399,14 @@ def rank_comparison(groups: Sequence[Group]) -> Figure:
             _steps_axis(group.steps, size), y, values, nonfinite, rows[0][2], {"group": g}, g == 0, group.name
         )
     menus = menu_row([menu("tp-group", [plot_text(g.name) for g in groups]), menu("tp-scale", SCALE_LABELS, LOG_SCALE)])
-    n_ranks = max(len(group.ranks) for group in groups)
+    labels = [f"rank {rank}" for rank in sorted({r for group in groups for r in group.ranks})]
     layout = {
         "title": {"text": "ranks × steps: global norm of each data type"},
-        "height": int(min(800, max(300, 30 * n_ranks + 200))),
+        "height": int(max(min(800, max(300, 30 * len(labels) + 200)), ROW_PIXELS * len(labels) + 200)),
         "margin": {"t": 90, "b": 60},
         "updatemenus": menus,
         "xaxis": {"title": {"text": "step"}},
-        "yaxis": {"type": "category", "autorange": "reversed", "automargin": True},
+        "yaxis": {**row_axis(labels), "title": {"text": "rank"}},
         "plot_bgcolor": "#f4f4f4",
     }
     return {"data": traces, "layout": layout}
@@ -392,10 +420,14 @@ def is_csv_event(event: AnomalyEvent) -> bool:
     return event.source.suffix == ".csv"
 
 
-def timeline_categories(data: ReportData, events: Sequence[AnomalyEvent]) -> list[str]:
-    """The timeline's rows: the data types in execution order, then any only alerts name."""
+def timeline_categories(
+    data: ReportData, events: Sequence[AnomalyEvent], findings: Sequence[Finding] = ()
+) -> list[str]:
+    """The timeline's rows: the data types in execution order, then any only alerts or
+    diagnose's anomalies name."""
     names = [group.name for group in data.groups]
-    extra = [g for g in dict.fromkeys(event_group(e) for e in events) if g not in names]
+    named = [event_group(e) for e in events] + [f.group for f in findings]
+    extra = [g for g in dict.fromkeys(named) if g not in names]
     return [plot_text(name) for name in names + extra]
 
 
@@ -416,9 +448,52 @@ def _event_trace(events: Sequence[AnomalyEvent], name: str, symbol: str, colour:
     }
 
 
-def anomaly_timeline(data: ReportData, events: Sequence[AnomalyEvent]) -> Figure:
+def _finding_trace(findings: Sequence[Finding], kind: str) -> dict[str, Any]:
+    """Diagnose's anomalies of one ``kind`` as markers (spikes: triangles; NaN/inf: squares;
+    alerts: crosses), hover: diagnose's own line."""
+    symbol, colour = FINDING_MARKERS.get(kind, ("x-thin-open", "#000"))
+    mine = [f for f in findings if f.kind == kind]
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": f"Diagnosis: {KIND_WORDS.get(kind, plot_text(kind))}",
+        "x": [f.step for f in mine],
+        "y": [plot_text(f.group) for f in mine],
+        "customdata": [[plot_text(f.line)] for f in mine],
+        "marker": {"symbol": symbol, "size": 13, "color": colour, "line": {"width": 2, "color": colour}},
+        "hovertemplate": "%{customdata[0]}<extra>Diagnosis</extra>",
+        "meta": {"role": "finding", "kind": kind},
+    }
+
+
+def _star(first: AnomalyEvent | Finding) -> tuple[dict[str, Any], str]:
+    """The star's trace on ``first`` (diagnose's first anomaly, else the first event) and its label."""
+    star: dict[str, Any]
+    if isinstance(first, Finding):
+        star = {
+            "type": "scatter", "mode": "markers", "name": "first anomaly (as the Diagnosis says)",
+            "x": [first.step], "y": [plot_text(first.group)], "customdata": [[plot_text(first.line)]],
+            "hovertemplate": "%{customdata[0]}<extra>first anomaly</extra>",
+        }
+        where = f"{first.group} · {first.name} · rank {first.rank} · step {first.step} ({KIND_WORDS.get(first.kind, first.kind)})"
+        label = f"first anomaly: {plot_text(where)}"
+    else:
+        star = _event_trace([first], "first in execution order", "star", NONFINITE_COLOUR, 22)
+        where = f"{event_group(first)} · {event_target(first)} · rank {first.data['rank']} · step {first.data['step']}"
+        label = f"first: {plot_text(where)}"
+    star["marker"] = {"symbol": "star", "size": 22, "color": NONFINITE_COLOUR, "line": {"width": 1.5, "color": "#000"}}
+    star["meta"] = {"role": "star", "step": star["x"][0], "group": star["y"][0]}
+    return star, label
+
+
+def anomaly_timeline(
+    data: ReportData, events: Sequence[AnomalyEvent], findings: Sequence[Finding] = (), diagnosed: bool = False
+) -> Figure:
     """Steps (x) × data types (y) of the NaN/inf onsets (circles) and dumped alerts (diamonds),
-    coloured by rank; the first event in execution order is a star with a label."""
+    coloured by rank, and of ``trainprobe diagnose``'s anomalies (``findings``: spikes as
+    triangles, NaN/inf as squares). The star, with a label, marks diagnose's first anomaly
+    (the Diagnosis section's first line); without a diagnosis (``diagnosed`` False) the first
+    event in execution order; when diagnose ran and found none (a GradScaler run), no star."""
     traces = []
     for rank in sorted({e.data["rank"] for e in events}):
         colour = RANK_COLOURS[rank % len(RANK_COLOURS)]
@@ -429,23 +504,27 @@ def anomaly_timeline(data: ReportData, events: Sequence[AnomalyEvent]) -> Figure
             traces.append(_event_trace(csv, f"NaN/inf rows, rank {rank}", "circle-open", colour, 15))
         if alerts:
             traces.append(_event_trace(alerts, f"alerts, rank {rank}", "diamond", colour, 8))
-    first = events[0]
-    star = _event_trace([first], "first in execution order", "star", NONFINITE_COLOUR, 22)
-    star["marker"]["line"] = {"width": 1.5, "color": "#000"}
-    traces.append(star)
-    categories = timeline_categories(data, events)
+    traces += [_finding_trace(findings, kind) for kind in kinds_in_order(findings)]
+    first: AnomalyEvent | Finding | None = findings[0] if findings else (None if diagnosed or not events else events[0])
+    categories = timeline_categories(data, events, findings)
     steps = data.steps
-    where = f"{event_group(first)} · {event_target(first)} · rank {first.data['rank']} · step {first.data['step']}"
-    label = f"first: {plot_text(where)}"
+    annotations = []
+    if first is not None:
+        star, label = _star(first)
+        traces.append(star)
+        step = star["x"][0]
+        annotations.append({
+            "x": step, "y": star["y"][0], "text": label, "showarrow": True, "arrowhead": 2,
+            "ax": -70 if step > (steps[0] + steps[-1]) / 2 else 70, "ay": -40,
+            "bgcolor": "#fff", "bordercolor": NONFINITE_COLOUR,
+        })
+    low = min([float(steps[0]), *(f.step for f in findings)])
+    high = max([float(steps[-1]), *(f.step for f in findings)])
     layout = {
         "title": {"text": "anomaly timeline (execution order: step, micro-step, phase, stage, data type, row, rank)"},
         "height": int(max(300, 34 * len(categories) + 190)),
         "margin": {"t": 70, "b": 60},
-        "xaxis": {
-            "title": {"text": "step"},
-            "range": [float(steps[0]) - 0.5, float(steps[-1]) + 0.5],
-            "zeroline": False,
-        },
+        "xaxis": {"title": {"text": "step"}, "range": [low - 0.5, high + 0.5], "zeroline": False},
         "yaxis": {
             "type": "category",
             "categoryorder": "array",
@@ -453,19 +532,7 @@ def anomaly_timeline(data: ReportData, events: Sequence[AnomalyEvent]) -> Figure
             "range": [len(categories) - 0.5, -0.5],
             "automargin": True,
         },
-        "annotations": [
-            {
-                "x": first.data["step"],
-                "y": plot_text(event_group(first)),
-                "text": label,
-                "showarrow": True,
-                "arrowhead": 2,
-                "ax": -70 if first.data["step"] > (steps[0] + steps[-1]) / 2 else 70,
-                "ay": -40,
-                "bgcolor": "#fff",
-                "bordercolor": NONFINITE_COLOUR,
-            }
-        ],
+        "annotations": annotations,
         "hovermode": "closest",
         "legend": {"orientation": "h", "y": -0.25},
     }
@@ -595,7 +662,7 @@ def run_figure(panels: dict[str, list[Series]]) -> Figure:
             del trace["legendgrouptitle"]
     layout.update(
         {
-            "title": {"text": "run: " + ", ".join(plot_text(t) for t in panels) + " over steps"},
+            "title": {"text": "training curves: " + ", ".join(plot_text(t) for t in panels) + " over steps"},
             "height": int(200 + 220 * n),
             "margin": {"t": 60, "b": 60},
             "hovermode": "closest",

@@ -39,6 +39,7 @@ from trainprobe.tools.report_figures import (
     run_figure,
     run_series,
 )
+from trainprobe.tools.report_findings import KIND_WORDS, Diagnosed, Finding
 from trainprobe.tools.report_run import TOP_K, TRAINING_STATE, Offenders
 
 PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
@@ -204,8 +205,9 @@ def _range(values: Sequence[int]) -> str:
     return f"{len(values)} ({values[0]}–{values[-1]})" if values else "0"
 
 
-def summary_html(data: ReportData) -> str:
-    """The summary section: steps, ranks, data types, targets, rows, NaN/inf and alerts."""
+def summary_html(data: ReportData, diagnosed: Diagnosed | None = None) -> str:
+    """The summary section: the first anomaly (the Diagnosis's, when ``diagnosed`` ran), steps,
+    ranks, data types, targets, rows, NaN/inf and alerts."""
     steps = [int(s) for s in data.steps]
     layouts = ", ".join({"v1": "Monitor V1", "v2": "Monitor V2"}[layout] for layout in data.layouts)
     nonfinite_rows = sum(g.nonfinite_rows for g in data.groups)
@@ -218,19 +220,30 @@ def summary_html(data: ReportData) -> str:
             "tp-first-alert", first_alert, "none"
         )
     rows = [
+        *_first_anomaly_row(diagnosed),
         ("Monitor output", f"{_e(data.root)} ({layouts})"),
         ("Steps", _range(steps)),
         ("Ranks", f"{len(data.ranks)} ({', '.join(map(str, data.ranks))})"),
         ("Data types", f"{len(data.groups)}: {_e(', '.join(g.name for g in data.groups))}"),
         ("Targets", _targets_summary(data)),
         ("CSV rows", f"{sum(g.rows for g in data.groups)} in {data.files} file(s); torn rows skipped: {data.torn}"),
-        ("NaN/inf", f"{nonfinite_rows} row(s) in {bad_groups} data type(s); first in execution order: {first}"
+        ("NaN/inf", f"{nonfinite_rows} row(s) in {bad_groups} data type(s); first NaN/inf row in execution order: {first}"
          + _skipped_note(data, data.first_nonfinite)),
         ("Alerts", alert_text),
         *_run_notes(data),
     ]
     table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<section id="summary"><h2>Summary</h2><table>{table}</table>{_groups_table(data)}</section>'
+
+
+def _first_anomaly_row(diagnosed: Diagnosed | None) -> list[tuple[str, str]]:
+    """The summary's "First anomaly" row: the Diagnosis's first line (none when it did not run)."""
+    if diagnosed is None or not diagnosed.ran or not diagnosed.lines:
+        return []
+    state = "bad" if diagnosed.first is not None else "ok"
+    text = diagnosed.lines[0].removeprefix("first anomaly: ")
+    return [("First anomaly", f'<a href="#diagnosis" class="{state}">{_e(text)}</a> (starred on the timeline)'
+             if diagnosed.first is not None else f'<span class="ok">{_e(text)}</span>')]
 
 
 def _skipped_note(data: ReportData, event: AnomalyEvent | None) -> str:
@@ -365,26 +378,67 @@ class PageBuilder:
         self.figures += 1
 
 
-def _timeline_section(page: PageBuilder, data: ReportData) -> None:
-    events = data.timeline
+def _timeline_section(page: PageBuilder, data: ReportData, diagnosed: Diagnosed) -> None:
+    events, findings = data.timeline, diagnosed.findings
     total = data.onset_count + len(data.alerts)
     page.add('<section id="timeline"><h2>Anomaly timeline</h2>')
-    if not events:
-        page.add('<p class="ok">No NaN/inf rows in the CSVs and no anomaly.json events.</p></section>')
+    if not events and not findings:
+        page.add('<p class="ok">No NaN/inf rows in the CSVs, no anomaly.json events and no anomaly found by '
+                 "the Diagnosis.</p></section>")
         return
     shown = events[:MAX_TIMELINE_EVENTS]
     cut = f" Only the first {len(shown)} of {total} events are drawn." if len(shown) < total else ""
     page.add(
         '<p class="note">Circles: the first NaN/inf row of each target, data type and rank in the CSVs; diamonds: '
-        "the events Monitor V1 dumped to anomaly_detected/rank*/anomaly.json. Execution order: step, then "
+        "the events Monitor V1 dumped to anomaly_detected/rank*/anomaly.json; triangles (spikes) and squares "
+        "(NaN/inf): the anomalies of the Diagnosis section. "
+        + _star_words(diagnosed, bool(events))
+        + " Execution order: step, then "
         "micro-step (reduced gradients and the optimizer after every micro-step), then phase (forward &lt; "
         "backward &lt; optimizer), pipeline stage, data type (activations, activation gradients, unreduced "
         "gradients, reduced gradients, collectives, parameters, optimizer state, updated parameters), the "
         "row's place in its step (an alert takes the place of its CSV row), rank: the order anomaly-analyse "
-        "uses. The star marks the first event." + cut + "</p>"
+        "and diagnose use." + cut + "</p>"
     )
-    page.add_figure(anomaly_timeline(data, shown))
-    page.add(f"{timeline_tables(events, total)}</section>")
+    page.add_figure(anomaly_timeline(data, shown, findings, diagnosed.ran))
+    page.add(_first_anomaly_line(diagnosed))
+    if findings:
+        page.add(f"<h3>The Diagnosis's {len(findings)} anomal{'y' if len(findings) == 1 else 'ies'}</h3>"
+                 + findings_table(findings))
+    if events:
+        page.add(timeline_tables(events, total))
+    page.add("</section>")
+
+
+def _star_words(diagnosed: Diagnosed, events: bool) -> str:
+    """What the star marks."""
+    if diagnosed.first is not None:
+        return "The star marks the first anomaly, the one the Diagnosis names first (spikes included)."
+    if diagnosed.ran:
+        return "No star: the Diagnosis found no anomaly (see its lines)."
+    return "The star marks the first event." if events else ""
+
+
+def _first_anomaly_line(diagnosed: Diagnosed) -> str:
+    """``<p id="tp-timeline-first" data-step=... data-kind=...>``: the star's event, for tests and scripts."""
+    first = diagnosed.first
+    if first is None:
+        return ""
+    attrs = {"data-step": first.step, "data-rank": first.rank, "data-data-type": first.group,
+             "data-target": first.name, "data-kind": first.kind}
+    attr_text = " ".join(f'{k}="{_e(v)}"' for k, v in attrs.items())
+    return f'<p class="note" id="tp-timeline-first" {attr_text}>Star: {_e(first.line)}</p>'
+
+
+def findings_table(findings: Sequence[Finding]) -> str:
+    """Diagnose's anomalies as a table: order, kind, step, rank, data type, target, diagnose's line."""
+    head = "".join(f"<th>{h}</th>" for h in ("order", "kind", "step", "rank", "data type", "target", "what"))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_e(c)}</td>" for c in (n, KIND_WORDS.get(f.kind, f.kind), f.step, f.rank,
+                                                         f.group, f.name, f.line)) + "</tr>"
+        for n, f in enumerate(findings, start=1)
+    )
+    return f'<table id="tp-findings"><tr>{head}</tr>{body}</table>'
 
 
 def _heatmap_section(page: PageBuilder, data: ReportData) -> None:
@@ -458,26 +512,46 @@ def _run_section(page: PageBuilder, data: ReportData) -> None:
     panels = run_series(data)
     if not panels:
         return
-    files, events = data.training.files, data.training.event_files
-    sources = f"{len(files)} {TRAINING_STATE} file(s), {len(events)} TensorBoard event file(s)"
-    skipped = f" ({data.training.skipped} line(s) skipped: torn or not JSON)" if data.training.skipped else ""
-    page.add('<section id="run"><h2>Run</h2>')
+    files, events, losses = data.training.files, data.training.event_files, data.training.loss_files
+    skipped = f" {data.training.skipped} line(s) were left out (torn or not a step)." if data.training.skipped else ""
+    page.add('<section id="run"><h2>Training curves</h2>')
     page.add(
         f'<p class="note" id="tp-run-sources" data-files="{len(files)}" data-event-files="{len(events)}" '
-        f'data-panels="{_e(",".join(panels))}">Over steps, from {_e(sources)}{_e(skipped)} and the gradient '
-        "CSVs of the monitor output. Loss: the training metrics' <code>loss</code> (TensorBoard), "
-        f"<code>local_loss</code> (the mean of the rank's micro-batch losses) and "
-        "<code>device_accum_local_loss</code> (their sum). Learning rate: <code>learning-rate</code>, only in the "
-        f"TensorBoard event files (pass <code>--tensorboard</code> with the metrics' tensorboard_dir; "
-        f"{_e(TRAINING_STATE)} holds none). Global gradient norm: <code>grad-norm</code> (TensorBoard) and "
-        f"<code>device_local_norm</code> ({_e(TRAINING_STATE)}), the gradients the optimizer applies, after "
-        "clipping; and per gradient data type of the monitor output, sqrt of the sum of every parameter's "
-        "squared norm (NaN/inf norms left out; red crosses mark those steps). One line per source and rank (at most the 8 lowest ranks). "
-        f"Runs longer than {MAX_LINE_POINTS} steps show the value of largest magnitude of each bucket of steps. "
-        "Click a legend entry to hide a line.</p>"
+        f'data-loss-files="{len(losses)}" data-panels="{_e(",".join(panels))}">'
+        f"How training went, step by step: {_e(_panel_words(list(panels)))}. Each line is one source on one "
+        "rank (the 8 lowest ranks); click a name in the legend to hide or show its line. A red cross on the "
+        f"gradient norm marks a step where some parameter's gradient was NaN or infinite.{_e(skipped)}</p>"
+        + _run_sources(data)
     )
     page.add_figure(run_figure(panels))
     page.add("</section>")
+
+
+def _panel_words(panels: list[str]) -> str:
+    """``the loss, the learning rate and the size of the gradients (global gradient norm)``."""
+    words = {"loss": "the loss", "learning rate": "the learning rate",
+             "global gradient norm": "the size of the gradients (global gradient norm)"}
+    named = [words.get(p, p) for p in panels]
+    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+
+
+def _run_sources(data: ReportData) -> str:
+    """A folded list of where each curve's numbers come from."""
+    training = data.training
+    items = [
+        f"<li><b>loss.csv</b> beside the run ({len(training.loss_files)} file(s)): the loss your training "
+        "loop wrote (<code>trainprobe demo</code> writes one; see the report's documentation for the format).</li>",
+        f"<li><b>training metrics</b>: {len(training.files)} {_e(TRAINING_STATE)} file(s) "
+        "(<code>local_loss</code>: the mean loss of the rank's micro-batches, <code>device_accum_local_loss</code>: "
+        "their sum, <code>device_local_norm</code>: the gradient norm the optimizer applies, after clipping) and "
+        f"{len(training.event_files)} TensorBoard event file(s) (<code>loss</code>, <code>learning-rate</code>, "
+        "<code>grad-norm</code>; only these hold the learning rate: pass <code>--tensorboard</code>).</li>",
+        "<li><b>the monitor's gradient files</b>: per step, the square root of the sum of every parameter's "
+        "squared gradient norm (a NaN/inf norm is left out and marked with a red cross).</li>",
+        f"<li>Runs longer than {MAX_LINE_POINTS} steps show, per bucket of steps, its value of largest "
+        "magnitude. The training metrics count steps from 1, the monitors from 0.</li>",
+    ]
+    return f"<details><summary>Where these numbers come from</summary><ul>{''.join(items)}</ul></details>"
 
 
 def _offenders_section(page: PageBuilder, data: ReportData) -> None:
@@ -525,7 +599,7 @@ def _nav(data: ReportData, diagnosis: bool = False, baseline: bool = False) -> s
     if baseline:
         links.append(("baseline", "Baseline"))
     if run_series(data):
-        links.append(("run", "Run"))
+        links.append(("run", "Training curves"))
     if chosen_offenders(data) is not None:
         links.append(("offenders", "Top offenders"))
     links += [("timeline", "Anomaly timeline"), ("heatmaps", "Heatmaps"), ("lines", "Lines")]
@@ -549,16 +623,18 @@ def _diagnosis_section(page: PageBuilder, lines: Sequence[str], baseline: Any) -
         baseline(page)
 
 
-def render_page(data: ReportData, diagnosis: Sequence[str] = (), baseline: Any = None) -> str:
-    """The whole HTML document of the report: the Diagnosis section (``diagnosis``: the lines of
-    ``trainprobe diagnose``; ``baseline``: a callable adding ``trainprobe diff``'s section) first
-    when given, then the report's own sections."""
+def render_page(data: ReportData, diagnosis: Sequence[str] | Diagnosed = (), baseline: Any = None) -> str:
+    """The whole HTML document of the report: the Diagnosis section (``diagnosis``: the answer of
+    ``trainprobe diagnose``, or only its lines; ``baseline``: a callable adding ``trainprobe
+    diff``'s section) first when given, then the report's own sections. The timeline marks
+    diagnose's anomalies and stars its first one."""
+    diagnosed = diagnosis if isinstance(diagnosis, Diagnosed) else Diagnosed(list(diagnosis))
     page = PageBuilder()
-    if diagnosis or baseline is not None:
-        _diagnosis_section(page, diagnosis, baseline)
+    if diagnosed.lines or baseline is not None:
+        _diagnosis_section(page, diagnosed.lines, baseline)
     _run_section(page, data)
     _offenders_section(page, data)
-    _timeline_section(page, data)
+    _timeline_section(page, data, diagnosed)
     _heatmap_section(page, data)
     _lines_section(page, data)
     _ranks_section(page, data)
@@ -570,8 +646,8 @@ def render_page(data: ReportData, diagnosis: Sequence[str] = (), baseline: Any =
         f'<div id="tp-status" data-state="loading" data-rendered="0" data-expected="{page.figures}" '
         'data-errors="" hidden></div>'
         f'<h1>{_e(title)}</h1><p class="note">Generated {_e(stamp)} by trainprobe report from '
-        f"{_e(data.root)}. Self-contained: works offline.</p>{_nav(data, bool(diagnosis), baseline is not None)}"
-        f"{summary_html(data)}"
+        f"{_e(data.root)}. Self-contained: works offline.</p>{_nav(data, bool(diagnosed.lines), baseline is not None)}"
+        f"{summary_html(data, diagnosed)}"
         + "".join(page.parts)
         + "</body></html>\n"
     )

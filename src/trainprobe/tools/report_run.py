@@ -234,6 +234,7 @@ class TrainingState:
     Attributes:
         files: the ``training_state.jsonl`` files read.
         event_files: the TensorBoard event files read.
+        loss_files: the ``loss.csv`` files read (:mod:`~trainprobe.tools.report_loss`).
         skipped: lines skipped (torn, not JSON, no integer ``step``).
         series: the lines of :data:`LOSS_KEYS`, :data:`LR_KEYS` and :data:`NORM_KEYS` present.
         offenders: per rank, from the ``local_norm/<param>`` keys (when there are any).
@@ -241,6 +242,7 @@ class TrainingState:
 
     files: list[Path] = field(default_factory=list)
     event_files: list[Path] = field(default_factory=list)
+    loss_files: list[Path] = field(default_factory=list)
     skipped: int = 0
     series: list[Series] = field(default_factory=list)
     offenders: dict[int, Offenders] = field(default_factory=dict)
