@@ -299,6 +299,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.parametrize("tables", [["--tables", "param,cc"], ["--tables", "param", "cc"], ["--data-type", "param", "cc"]])
+def test_tables_is_the_option_and_data_type_its_reference_alias(monitor_runs, tmp_path, tables):
+    out = tmp_path / "out"
+    done = run_cli(str(monitor_runs.v2), "--output", str(out), *tables)
+    assert done.returncode == 0, done.stderr
+    assert {n for (n,) in query(out / "monitor_metrics.db", "SELECT name FROM data_types")} == {"param", "cc"}
+
+
 def test_cli_converts_and_prints_one_line(monitor_runs, tmp_path):
     out = tmp_path / "out"
     done = run_cli(str(monitor_runs.v2), "-o", str(out), "--step-partition", "3", "--data-type", "param", "cc")

@@ -95,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=DEMO_DESCRIPTION,
     )
     demo.add_argument(
-        "--out", default=None, help="output folder (default ./trainprobe_demo; with --fault F ./trainprobe_demo_F)"
+        "-o",
+        "--output",
+        "--out",
+        dest="out",
+        default=None,
+        help="output folder (default ./trainprobe_demo; with --fault F ./trainprobe_demo_F)",
     )
     demo.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     demo.add_argument(

@@ -62,6 +62,15 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.execution_order import (
+    BACKWARD,
+    FORWARD,
+    ONCE_PER_STEP_SUFFIXES,
+    OPTIMIZER,
+    PHASE_OF_SUFFIX,
+    PHASE_ORDER,
+    UNKNOWN,
+)
 from trainprobe.engine.layout import ANOMALY_FILE, ANOMALY_FOLDER
 from trainprobe.engine.safe_files import one_line
 from trainprobe.tools.anomaly_events import (
@@ -91,15 +100,6 @@ from trainprobe.tools.anomaly_output import (
     write_result,
 )
 from trainprobe.tools.anomaly_read import find_anomaly_files, load_anomalies, read_anomaly_file
-from trainprobe.engine.execution_order import (
-    BACKWARD,
-    FORWARD,
-    ONCE_PER_STEP_SUFFIXES,
-    OPTIMIZER,
-    PHASE_OF_SUFFIX,
-    PHASE_ORDER,
-    UNKNOWN,
-)
 
 #: The names this public path has always offered (their homes: the modules above).
 __all__ = [
@@ -187,6 +187,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     )
     parser.add_argument(
         "-o",
+        "--output",
         "--out_path",
         "--out-path",
         dest="out_path",

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import logger
@@ -18,8 +19,18 @@ from trainprobe.engine.log import logger
 OUTPUT_STAMP = "%Y%m%d%H%M%S"
 
 
+class CommaList(argparse.Action):
+    """``--tables a b`` and ``--tables a,b`` alike: the values, split at commas, in order."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        items = [values] if isinstance(values, str) else list(values or [])
+        setattr(namespace, self.dest, [part for item in items for part in str(item).split(",") if part])
+
+
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
-    """``MONITOR_PATH [--time-start T] [--time-end T] [--process-num N] [--data-type TYPE ...]
+    """``MONITOR_PATH [--time-start T] [--time-end T] [--process-num N] [--tables TABLE ...]
     [-o OUTPUT_DIR]``; the Namespace fields are ``monitor_path``, ``time_start``, ``time_end``,
     ``process_num``, ``data_type_list`` (None = all) and ``output_dirpath``."""
     parser.add_argument("monitor_path", help="monitor output: a V1 MONITOR_OUTPUT_DIR or run folder, a V2 output_dir")
@@ -27,11 +38,14 @@ def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-end", dest="time_end", help="last V1 run timestamp to take (inclusive)")
     parser.add_argument("--process-num", dest="process_num", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument(
+        "--tables",
         "--data-type",
         dest="data_type_list",
         nargs="+",
-        metavar="TYPE",
-        help="data types to convert (file prefixes such as grad_reduced, or V2 monitors); default all",
+        action=CommaList,
+        metavar="TABLE",
+        help="tables to convert (V1 file prefixes such as grad_reduced, or V2 monitors), space- or comma-separated; "
+        "default all (--data-type: the reference's spelling)",
     )
     parser.add_argument("-o", "--output", dest="output_dirpath", help="output folder (default: timestamped)")
 
