@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,27 +80,41 @@ def test_v1_with_alerts_gives_the_same_first_anomaly(runs: DiagnoseRuns) -> None
 
 
 def test_cli_prints_the_line_and_writes_diagnosis_json(runs: DiagnoseRuns, tmp_path: Path) -> None:
-    done = _cli(str(runs.v2), "--out", str(tmp_path / "out"))
+    done = _cli(str(runs.v2), "--out", str(tmp_path / "out"), "--rule", "median")
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"first anomaly: step {SPIKE_STEP}, rank {BAD_RANK}, weight_grad/reduced {SPIKE_PARAM}: ")
-    assert "(spike)" in lines[0]
+    assert lines[0].endswith(" (spike)") and "its running median" in lines[0]
     assert any(line.startswith(f"first NaN/inf: step {NAN_STEP}, rank {BAD_RANK}") for line in lines)
     doc = json.loads((tmp_path / "out" / "diagnosis.json").read_text())
     assert doc["found"] is True and doc["line"] == lines[0]
     assert doc["first"]["step"] == SPIKE_STEP and doc["first"]["kind"] == "spike" and doc["first"]["ratio"] > 10
     assert doc["first_nonfinite"]["value"] == "nan"
     assert doc["ranks"]["first"] == [BAD_RANK] and doc["ranks"]["all"] == [0, 1]
-    assert doc["spike_rule"] == {"factor": 10.0, "window": 20, "warmup": 10, "ops": ["norm", "max", "min"]}
+    rule = {k: v for k, v in doc["spike_rule"].items() if k != "text"}
+    assert rule == {"name": "median", "factor": 10.0, "window": 20, "warmup": 10, "ops": ["norm", "max", "min"]}
+    assert doc["spike_rule"]["text"].startswith("median: v > 10 x median of the previous 20 rows")
+    # the default rule: the same row, worded with its reference
+    done = _cli(str(runs.v2), "--out", str(tmp_path / "default"))
+    assert done.returncode == 1, done.stderr
+    line = done.stdout.splitlines()[0]
+    assert line.startswith(f"first anomaly: step {SPIKE_STEP}, rank {BAD_RANK}, weight_grad/reduced {SPIKE_PARAM}: norm = ")
+    assert re.search(r", [0-9.]+x its recent max [0-9.e-]+ \(spike, recent_max\)$", line), line
+    doc = json.loads((tmp_path / "default" / "diagnosis.json").read_text())
+    assert doc["spike_rule"]["name"] == "recent_max" and doc["first"]["spike_rule"] == "recent_max"
+    assert doc["spike_rule"]["factor"] == 4.0 and doc["spike_rule"]["window"] == 10
 
 
 def test_clean_tiny_gpt_run_exits_0(runs: DiagnoseRuns, tmp_path: Path) -> None:
     done = _cli(str(runs.clean), "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("no anomaly: no NaN/inf and no spike above 10x in 2 rank(s)")
+    assert done.stdout.startswith("no anomaly: no NaN/inf and no spike by the rule recent_max in 2 rank(s)")
     assert json.loads((tmp_path / "diagnosis.json").read_text())["first"] is None
-    # the warm-up is what keeps the early steps quiet: without it they cry wolf
-    assert diagnose(runs.clean, warmup=1, window=20, spike_factor=3).first is not None
+    done = _cli(str(runs.clean), "--rule", "median")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("no anomaly: no NaN/inf and no spike above 10x in 2 rank(s)")
+    # the median rule's warm-up is what keeps the early steps quiet: without it they cry wolf
+    assert diagnose(runs.clean, rule="median", warmup=1, window=20, spike_factor=3).first is not None
 
 
 def test_report_summary(runs: DiagnoseRuns) -> None:
@@ -199,6 +215,60 @@ def test_python_api_trainprobe_tools_diagnose(runs: DiagnoseRuns) -> None:
     assert result.to_json()["spike_rule"]["factor"] == 1e6
     with pytest.raises(ConfigError, match="--spike-factor"):
         diagnose(runs.v2, spike_factor=1.0)
+
+
+def test_rule_options_are_checked_in_one_line(runs: DiagnoseRuns) -> None:
+    with pytest.raises(ConfigError, match=r"--warmup: the spike rule 'recent_max' has no warmup parameter \(its parameters: factor, window, grow, reference\); leave --warmup out"):
+        diagnose(runs.v2, warmup=5)
+    with pytest.raises(ConfigError, match=r"--spike-factor: the spike rule 'ema_z' has no factor parameter"):
+        diagnose(runs.v2, rule="ema_z", spike_factor=3)
+    with pytest.raises(ConfigError, match=r"--window: the spike rule 'early_max' has no window parameter"):
+        diagnose(runs.v2, rule="early_max", window=3)
+    with pytest.raises(ConfigError, match=r"--rule: 'zclip' is not a spike rule; one of median, early_max, mean_patience, ema_z, recent_max"):
+        diagnose(runs.v2, rule="zclip")
+    with pytest.raises(ConfigError, match=r"--rule median: need 1 <= warmup \(30\) <= window \(20\)"):
+        diagnose(runs.v2, rule="median", warmup=30)
+    for args, match in ((["--warmup", "5"], "--warmup: the spike rule 'recent_max' has no warmup"),
+                        (["--rule", "zclip"], "--rule: 'zclip' is not a spike rule")):
+        done = _cli(str(runs.v2), *args)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and match in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("rule", ["median", "early_max", "mean_patience", "ema_z", "recent_max"])
+def test_every_rule_runs_on_the_run_and_is_named(runs: DiagnoseRuns, rule: str) -> None:
+    """Each rule of engine/rules replayed over the run's series: the spikes are its verdicts
+    (the same as replaying one series by hand), named in the line; the NaN is found by all."""
+    result = diagnose(runs.v2, rule=rule)
+    assert result.rule == rule and result.to_json()["spike_rule"]["name"] == rule
+    assert result.first_nonfinite is not None and result.first_nonfinite.step == NAN_STEP
+    for anomaly in result.anomalies:
+        if anomaly.kind == "spike":
+            assert anomaly.spike_rule == rule
+            assert ("(spike)" if rule == "median" else f"(spike, {rule})") in anomaly.describe()
+            verdict = _by_hand(runs.v2, anomaly)
+            assert verdict.reference == anomaly.median and verdict.value == abs(anomaly.value or 0)
+
+
+def _by_hand(run: Path, anomaly: Any) -> Any:
+    """The rule's verdict at the anomaly's step, replaying its one series read by hand."""
+    import numpy as np
+
+    from trainprobe.engine.rules import rule_named
+    from trainprobe.engine.rules.series import is_squared, signals
+    from trainprobe.tools.query import connect
+
+    micro = "IS NULL" if anomaly.micro_step is None else f"= {anomaly.micro_step}"
+    rows = connect(run).execute(
+        f"SELECT step, min, max, norm FROM {anomaly.table} WHERE rank = ? AND name = ? AND scope = ? "
+        f"AND micro_step {micro} AND step <= {NAN_STEP} ORDER BY step, file_row",
+        [anomaly.rank, anomaly.name, anomaly.scope],
+    ).fetchall()
+    steps = np.array([r[0] for r in rows])
+    ops = {op: np.array([np.nan if r[i] is None else r[i] for r in rows], dtype=float) for i, op in ((1, "min"), (2, "max"), (3, "norm"))}
+    magnitudes = signals(ops)["norm" if anomaly.op == "norm" else "amax"][0]
+    found = rule_named(anomaly.spike_rule).replay(steps, magnitudes, is_squared(anomaly.scope))
+    [verdict] = [v for v in found if v.step == anomaly.step]
+    return verdict
 
 
 def test_reference_layouts_no_tensor_rows_are_not_anomalies(tmp_path: Path) -> None:

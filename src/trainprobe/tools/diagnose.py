@@ -6,13 +6,16 @@ reads); out, a :class:`Diagnosis`: the first anomalies in execution order and ea
 anomalous step. An anomaly is
 
 * a NaN/inf (the query layer's :func:`~trainprobe.tools.query.first_nonfinite`), or
-* a spike (:mod:`trainprobe.tools.diagnose_sql`): an op value above ``spike_factor`` times the
-  median of its series' previous values, after a warm-up;
+* a spike: a value that the spike rule ``rule`` of :mod:`trainprobe.engine.rules` (default
+  :data:`~trainprobe.engine.rules.DEFAULT_RULE`, ``recent_max``) flags in its series, replayed
+  over every series of the files (:mod:`trainprobe.tools.diagnose_spikes`): the same rule, the
+  same definition as the online rules of Monitor V2;
 * a Monitor V1 alert of ``anomaly_detected/rank<r>/anomaly.json``, read as ``anomaly-analyse``
   reads them, where the run has them.
 
 All of them are ordered by :func:`trainprobe.engine.execution_order.execution_key`, the order every
-offline tool uses. The detection runs in DuckDB (memory bounded by the query, not the run).
+offline tool uses. The events the online rules wrote during the run
+(``rank_<r>/anomaly_events.jsonl``) are shown beside the answer.
 
 Example::
 
@@ -20,6 +23,7 @@ Example::
     result = diagnose("monitor_output")
     print(result.line())              # the one line: step, rank, table, tensor, op, value
     result.first                      # Anomaly or None; result.anomalies: the first few
+    diagnose("monitor_output", rule="median", spike_factor=5)   # another rule, its factor
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from trainprobe._lazy import callable_module
 from trainprobe.engine.anomaly.finding import Anomaly, ranks_text, skipped_text, step_spans
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.execution_order import table_of
+from trainprobe.engine.rules import DEFAULT_RULE, RULES, Rule, rule_named
 from trainprobe.engine.skip_log import run_skips
 from trainprobe.tools.diagnose_engines import (
     ENGINES,
@@ -44,15 +49,13 @@ from trainprobe.tools.diagnose_engines import (
     StagedDuckEngine,
     on_spark,
 )
+from trainprobe.tools.diagnose_online import OnlineEvents, online_events
+from trainprobe.tools.diagnose_spikes import keep_spikes
 from trainprobe.tools.diagnose_sql import (
-    DEFAULT_SPIKE_FACTOR,
-    DEFAULT_WARMUP,
-    DEFAULT_WINDOW,
     SPIKE_OPS,
     exempt_sql,
     first_spikes_sql,
     nonfinite_by_rank_sql,
-    spike_rows_sql,
     spiking_pieces_sql,
     step_starts_sql,
 )
@@ -84,7 +87,9 @@ class Diagnosis:
         first_nonfinite: the first NaN/inf (the query layer's answer), also when a spike came first.
         first_step_by_rank: each rank with an anomaly → its first anomalous step.
         ranks: every rank of the run.
-        spike_factor, window, warmup: the spike rule used.
+        rule: the spike rule's name (:data:`trainprobe.engine.rules.RULES`).
+        rule_params: its parameters (its defaults, with the options given).
+        rule_text: the rule in one line (:meth:`~trainprobe.engine.rules.base.Rule.describe`).
         alerts: Monitor V1 alert events read (0 without ``anomaly_detected``).
         baseline: the ``diff`` answer's first line with ``baseline``, else None.
         sharded: whether the run's ``tensor_layout.json`` files mark shards or replicas.
@@ -92,6 +97,7 @@ class Diagnosis:
             merged, replicas counted once) or ``"rank-local"`` (each rank's rows as written).
         skipped: rank → the steps GradScaler skipped there (``amp_skips.jsonl``); their
             backward rows (scaled gradients) are not anomalies.
+        online: the events the online rules wrote during the run (``anomaly_events.jsonl``).
     """
 
     run: str
@@ -99,14 +105,15 @@ class Diagnosis:
     first_nonfinite: Anomaly | None
     first_step_by_rank: dict[int, int]
     ranks: list[int]
-    spike_factor: float = DEFAULT_SPIKE_FACTOR
-    window: int = DEFAULT_WINDOW
-    warmup: int = DEFAULT_WARMUP
+    rule: str = DEFAULT_RULE
+    rule_params: dict[str, Any] = field(default_factory=dict)
+    rule_text: str = DEFAULT_RULE
     alerts: int = 0
     baseline: str | None = None
     sharded: bool = False
     tensors: str = "rank-local"
     skipped: dict[int, list[int]] = field(default_factory=dict)
+    online: OnlineEvents = field(default_factory=OnlineEvents)
 
     @property
     def first(self) -> Anomaly | None:
@@ -164,12 +171,18 @@ class Diagnosis:
         steps, how many: their inf is the scaler's, not an anomaly); a first anomaly in a step
         GradScaler skipped says so."""
         if self.first is None:
-            text = f"no anomaly: no NaN/inf and no spike above {self.spike_factor:g}x in {len(self.ranks)} rank(s)"
+            text = f"no anomaly: no NaN/inf and {self._no_spike()} in {len(self.ranks)} rank(s)"
             steps = sorted({s for skipped in self.skipped.values() for s in skipped})
             return text + (f"; {len(steps)} step(s) skipped by GradScaler ({step_spans(steps)})" if steps else "")
         first = self.first
         also = " (a step GradScaler skipped)" if first.step in self.skipped.get(first.rank, ()) else ""
         return "first anomaly: " + first.describe() + also
+
+    def _no_spike(self) -> str:
+        """``no spike above 10x`` (the median rule's words) or ``no spike by the rule recent_max``."""
+        if self.rule == "median":
+            return f"no spike above {self.rule_params.get('factor', 10.0):g}x"
+        return f"no spike by the rule {self.rule}"
 
     def skipped_line(self) -> str | None:
         """Which steps GradScaler skipped, on which ranks; None where it skipped none."""
@@ -188,7 +201,7 @@ class Diagnosis:
         out = [self.line()]
         if self.baseline is not None:
             out.append(f"against the baseline: {self.baseline}")
-        notes = [n for n in (self.skipped_line(), self.tensors_line()) if n is not None]
+        notes = [n for n in (self.online.line(), self.skipped_line(), self.tensors_line()) if n is not None]
         if self.first is None:
             return out + notes
         out += [f"  then: {a.describe()}" for a in self.anomalies[1:]]
@@ -212,26 +225,23 @@ class Diagnosis:
                 "first_step_by_rank": {str(r): s for r, s in sorted(self.first_step_by_rank.items())},
                 "summary": self.ranks_line(),
             },
-            "spike_rule": {
-                "factor": self.spike_factor,
-                "window": self.window,
-                "warmup": self.warmup,
-                "ops": list(SPIKE_OPS),
-            },
+            "spike_rule": {"name": self.rule, **self.rule_params, "ops": list(SPIKE_OPS), "text": self.rule_text},
             "alerts": self.alerts,
             "baseline": self.baseline,
             "sharded": self.sharded,
             "tensors": self.tensors,
             "skipped_by_gradscaler": {str(r): s for r, s in sorted(self.skipped.items())},
+            "online": {"line": self.online.line(), "events": self.online.events},
         }
 
 
 def diagnose(
     run: str | Path,
     *,
-    spike_factor: float = DEFAULT_SPIKE_FACTOR,
-    window: int = DEFAULT_WINDOW,
-    warmup: int = DEFAULT_WARMUP,
+    rule: str = DEFAULT_RULE,
+    spike_factor: float | None = None,
+    window: int | None = None,
+    warmup: int | None = None,
     limit: int = DEFAULT_LIMIT,
     baseline: str | Path | None = None,
     files: Sequence[RunFile] | None = None,
@@ -243,6 +253,11 @@ def diagnose(
     """Diagnose ``run`` (see the module docstring); ``files``: its data files when the caller
     found them already (:func:`~trainprobe.tools.query_files.find_run_files`); ``memory_limit``:
     DuckDB's (it spills to a temporary folder beyond it; ``trainprobe report`` gives less).
+
+    ``rule``: the spike rule, one of :data:`trainprobe.engine.rules.RULES` (default
+    ``recent_max``, the online rules' default too); ``spike_factor``, ``window``, ``warmup``
+    set its ``factor``, ``window`` and ``warmup`` parameters (None: the rule's own), for the
+    rules that have them (``--warmup`` with ``recent_max``: a ConfigError naming it).
 
     ``engine="spark"`` runs the same queries on Apache Spark over the run's Parquet files
     (``trainprobe convert RUN --to parquet`` first for a CSV run): ``spark`` is your
@@ -279,20 +294,21 @@ def diagnose(
             malformed ``anomaly.json``; with ``engine="spark"``, a run without Parquet files or
             without the ``[spark]`` extra.
     """
-    _check_options(spike_factor, window, warmup, limit)
+    spike = spike_rule(rule, spike_factor, window, warmup)
+    if limit < 1:
+        raise ConfigError(f"limit: {limit}; need at least 1")
     if engine not in ENGINES:
         raise ConfigError(f"--engine: one of {', '.join(ENGINES)}, not {engine!r}")
     root = Path(run).expanduser()
     _refuse_dump(root)
     found = _run_files(root, files)
-    rule = (spike_factor, window, warmup)
     skipped = run_skips(root)
     sharded = is_sharded(root)
     read = _Read(full=sharded and not rank_local and engine == "duckdb", skipped=skipped if engine == "duckdb" else {})
     if engine == "spark":
-        nonfinite, spikes, by_rank = _scan_on_spark(root, found, spark, rule, limit)
+        nonfinite, spikes, by_rank = _scan_on_spark(root, found, spark, spike, limit)
     else:
-        nonfinite, spikes, by_rank = _scan_on_duckdb(root, found, memory_limit, rule, limit, read)
+        nonfinite, spikes, by_rank = _scan_on_duckdb(root, found, memory_limit, spike, limit, read)
     alerts = _alerts(root)
     found_anomalies = _merge(nonfinite + spikes, alerts[:_CANDIDATES])
     for event in alerts:
@@ -303,15 +319,42 @@ def diagnose(
         first_nonfinite=min(nonfinite, key=Anomaly.order_key) if nonfinite else None,
         first_step_by_rank={int(r): int(s) for r, s in by_rank.items()},
         ranks=sorted({f.rank for f in found}),
-        spike_factor=spike_factor,
-        window=window,
-        warmup=warmup,
+        rule=spike.name,
+        rule_params=spike.params(),
+        rule_text=spike.describe(),
         alerts=len(alerts),
         baseline=baseline_line(root, Path(baseline)) if baseline is not None else None,
         sharded=sharded,
         tensors="full" if read.full else "rank-local",
         skipped=read.skipped,
+        online=online_events(root),
     )
+
+
+def spike_rule(name: str, factor: float | None, window: int | None, warmup: int | None) -> Rule[Any]:
+    """The rule ``name`` with the options given (None: the rule's own).
+
+    Raises:
+        ConfigError: an unknown rule (the message lists them), an option the rule has no
+            parameter for (``--warmup: the spike rule 'recent_max' has no warmup ...``), a bad value.
+    """
+    if name not in RULES:
+        raise ConfigError(f"--rule: {name!r} is not a spike rule; one of {', '.join(RULES)}")
+    if factor is not None and not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 1):
+        raise ConfigError(f"--spike-factor: {factor!r}; give a number above 1")
+    own = RULES[name]().params()
+    given = {"factor": factor, "window": window, "warmup": warmup}
+    params = {k: v for k, v in given.items() if v is not None}
+    for key in params:
+        if key not in own:
+            flag = "--spike-factor" if key == "factor" else f"--{key}"
+            raise ConfigError(
+                f"{flag}: the spike rule {name!r} has no {key} parameter (its parameters: {', '.join(own)}); leave {flag} out"
+            )
+    try:
+        return rule_named(name, **params)
+    except ValueError as exc:
+        raise ConfigError(f"--rule {name}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +366,7 @@ class _Read:
 
 
 def _scan_on_duckdb(
-    root: Path, found: Sequence[RunFile], memory_limit: str, rule: tuple[float, int, int], limit: int, read: _Read
+    root: Path, found: Sequence[RunFile], memory_limit: str, rule: Rule[Any], limit: int, read: _Read
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     from trainprobe.tools.query import require, short_error
     from trainprobe.tools.query_lock import lock
@@ -348,7 +391,7 @@ def _scan_on_duckdb(
 
 
 def _scan_on_spark(
-    root: Path, found: Sequence[RunFile], session: Any, rule: tuple[float, int, int], limit: int
+    root: Path, found: Sequence[RunFile], session: Any, rule: Rule[Any], limit: int
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     failure = f"run: {str(root)!r}: Spark could not read the data"
     with on_spark(session, lambda spark: SparkEngine(spark, root), failure) as engine:
@@ -356,7 +399,7 @@ def _scan_on_spark(
 
 
 def _scan(
-    engine: DiagnoseEngine, files: Sequence[RunFile], rule: tuple[float, int, int], limit: int, root: Path
+    engine: DiagnoseEngine, files: Sequence[RunFile], rule: Rule[Any], limit: int, root: Path
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     """The non-finite candidates, the spike candidates and each rank's first anomalous step
     (non-finite or spike) of the run, on ``engine`` (see :func:`diagnose`)."""
@@ -374,11 +417,11 @@ def _scan(
         nonfinite = [_from_nonfinite(row) for row in engine.records(first_nonfinite_sql(engine.views(), last, _CANDIDATES))]
         engine.narrow(min(f.first_step for f in files), last)  # the spike scan reads up to ``last``
         views = engine.views()
-    engine.keep(_SPIKES, spike_rows_sql(views, *rule, last))
-    spikes = _first_spikes(engine, limit)
+    keep_spikes(engine, _SPIKES, views, rule, last)
+    spikes = _first_spikes(engine, limit, rule.name)
     firsts = f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank"
     if isinstance(engine, StagedDuckEngine) and engine.full:
-        engine.keep_local(_LOCAL_SPIKES, spike_rows_sql(views, *rule, last))
+        keep_spikes(engine.local(), _LOCAL_SPIKES, views, rule, last)
         firsts = spiking_pieces_sql(_SPIKES, _LOCAL_SPIKES)
     for rank, step in engine.fetch(firsts):
         by_rank[rank] = min(by_rank.get(rank, step), step)
@@ -398,15 +441,6 @@ def baseline_line(run: Path, baseline: Path) -> str:
     from trainprobe.tools.diff import diagnose_line
 
     return diagnose_line(baseline, run)
-
-
-def _check_options(spike_factor: float, window: int, warmup: int, limit: int) -> None:
-    if not (isinstance(spike_factor, (int, float)) and math.isfinite(spike_factor) and spike_factor > 1):
-        raise ConfigError(f"--spike-factor: {spike_factor!r}; give a number above 1 (default {DEFAULT_SPIKE_FACTOR:g})")
-    if not 1 <= warmup <= window:
-        raise ConfigError(f"warm-up {warmup} and window {window}: need 1 <= warm-up <= window")
-    if limit < 1:
-        raise ConfigError(f"limit: {limit}; need at least 1")
 
 
 def _run_files(root: Path, files: Sequence[RunFile] | None = None) -> list[RunFile]:
@@ -456,7 +490,7 @@ def _from_nonfinite(row: dict[str, Any]) -> Anomaly:
     )
 
 
-def _first_spikes(engine: DiagnoseEngine, limit: int) -> list[Anomaly]:
+def _first_spikes(engine: DiagnoseEngine, limit: int, rule: str) -> list[Anomaly]:
     """The spike candidates (first of each group in the first ``limit`` spike steps), placed."""
     rows = engine.fetch(first_spikes_sql(_SPIKES, steps=limit, limit=_CANDIDATES))
     if not rows:
@@ -472,7 +506,10 @@ def _first_spikes(engine: DiagnoseEngine, limit: int) -> list[Anomaly]:
     for table, rank, step, micro, vpp, scope, name, op, value, median, file_row in rows:
         first_row, file = starts.get((table, rank, step), (file_row, None))
         found.append(
-            Anomaly("spike", step, rank, table, scope, name, micro, vpp, op, value, median, file, file_row - first_row)
+            Anomaly(
+                "spike", step, rank, table, scope, name, micro, vpp, op, value, median, file, file_row - first_row,
+                spike_rule=rule,
+            )
         )
     return found
 

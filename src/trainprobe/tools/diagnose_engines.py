@@ -1,10 +1,11 @@
 """Where ``trainprobe diagnose`` runs its SQL: DuckDB on this machine (the default) or Apache
 Spark (``--engine spark``, a run's Parquet files, on a cluster or in local mode).
 
-Both run the same queries of :mod:`trainprobe.tools.diagnose_sql` (written once in DuckDB's
-dialect; Spark gets them through :func:`trainprobe.tools.query_spark.to_spark`): an engine only
-says which views a run has, runs a query, and keeps a query's rows under a name for the next
-queries. DuckDB also narrows its views to the steps a query needs (files outside them are not
+Both run the same queries of :mod:`trainprobe.tools.diagnose_sql` and
+:mod:`trainprobe.tools.diagnose_spikes` (written once in DuckDB's dialect; Spark gets them
+through :func:`trainprobe.tools.query_spark.to_spark`): an engine only says which views a run
+has, runs a query (its rows, or its columns as NumPy arrays for the spike rule's replay), and
+keeps a query's rows (or rows made here: the spikes found) under a name for the next queries. DuckDB also narrows its views to the steps a query needs (files outside them are not
 opened); Spark's views cover the whole run and the queries' own ``WHERE step`` conditions
 prune its Parquet reads.
 """
@@ -38,6 +39,12 @@ class DiagnoseEngine(Protocol):
     def keep(self, name: str, sql: str) -> None:
         """The rows of ``sql`` kept as the table ``name`` for later queries."""
 
+    def arrays(self, sql: str) -> dict[str, Any]:
+        """The columns of ``sql`` as NumPy arrays (NULL as NaN, or masked, in float columns)."""
+
+    def keep_rows(self, name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[Any, ...]]) -> None:
+        """``rows`` kept as the table ``name`` with ``columns`` (name, SQL type)."""
+
     def narrow(self, first: int, last: int) -> None:
         """From now on, views holding at least steps ``first`` to ``last`` (maybe only those)."""
 
@@ -64,6 +71,25 @@ class DuckEngine:
 
     def keep(self, name: str, sql: str) -> None:
         self.con.execute(f"CREATE TEMP TABLE {name} AS {sql}")
+
+    def arrays(self, sql: str) -> dict[str, Any]:
+        return dict(self.con.execute(sql).fetchnumpy())
+
+    def keep_rows(self, name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[Any, ...]]) -> None:
+        import pyarrow as pa
+
+        from trainprobe.tools.sql_names import ident
+
+        types = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}
+        table = pa.table(
+            {c: pa.array([r[i] for r in rows], type=types[t]) for i, (c, t) in enumerate(columns)}
+        )
+        self.con.register("__trainprobe_rows", table)
+        try:
+            picked = ", ".join(f"CAST({ident(c)} AS {t}) AS {ident(c)}" for c, t in columns)
+            self.con.execute(f"CREATE TEMP TABLE {name} AS SELECT {picked} FROM __trainprobe_rows")
+        finally:
+            self.con.unregister("__trainprobe_rows")
 
     def narrow(self, first: int, last: int) -> None:
         """Replace the connection's views by views of steps ``first``..``last``: narrowed to them
@@ -167,6 +193,18 @@ class StagedDuckEngine(DuckEngine):
         finally:
             self.con.execute("USE main")
 
+    def arrays_local(self, sql: str) -> dict[str, Any]:
+        """:meth:`arrays` over the kept rank-local views."""
+        self.con.execute(f"USE {KEPT_SCHEMA}")
+        try:
+            return self.arrays(sql)
+        finally:
+            self.con.execute("USE main")
+
+    def local(self) -> LocalRows:
+        """This engine reading the kept rank-local views (for the spike scan of each rank's rows)."""
+        return LocalRows(self)
+
     def layout(self) -> list[tuple[Any, ...]]:
         """Every rank's layout entries (:data:`~trainprobe.tools.query_full.LAYOUT_TABLE`), [] without."""
         from trainprobe.tools.query_full import LAYOUT_TABLE
@@ -177,6 +215,26 @@ class StagedDuckEngine(DuckEngine):
         if not known:
             return []
         return list(self.con.execute(f"SELECT * FROM {RAW_SCHEMA}.{LAYOUT_TABLE}").fetchall())
+
+
+class LocalRows:
+    """A :class:`StagedDuckEngine` whose queries read the kept rank-local views (its tables kept
+    are temporary tables, shared with the engine)."""
+
+    def __init__(self, engine: StagedDuckEngine) -> None:
+        self.engine = engine
+
+    def fetch(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.engine.fetch_local(sql)
+
+    def arrays(self, sql: str) -> dict[str, Any]:
+        return self.engine.arrays_local(sql)
+
+    def keep(self, name: str, sql: str) -> None:
+        self.engine.keep_local(name, sql)
+
+    def keep_rows(self, name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[Any, ...]]) -> None:
+        self.engine.keep_rows(name, columns, rows)
 
 
 class SparkEngine:
@@ -209,6 +267,25 @@ class SparkEngine:
         from trainprobe.tools.query_spark import to_spark
 
         frame = self.session.sql(to_spark(sql)).cache()  # read by several queries: computed once
+        frame.createOrReplaceTempView(name)
+        self._kept[name] = frame
+
+    def arrays(self, sql: str) -> dict[str, Any]:
+        """The columns of ``sql``, through Arrow (``DataFrame.toArrow``, pyspark 4) or pandas."""
+        import numpy as np
+
+        from trainprobe.tools.query_spark import to_spark
+
+        frame = self.session.sql(to_spark(sql))
+        if hasattr(frame, "toArrow"):
+            table = frame.toArrow()
+            return {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
+        pandas = frame.toPandas()
+        return {c: np.asarray(pandas[c]) for c in pandas.columns}
+
+    def keep_rows(self, name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[Any, ...]]) -> None:
+        schema = ", ".join(f"`{c}` {'STRING' if t == 'VARCHAR' else t}" for c, t in columns)
+        frame = self.session.createDataFrame(list(rows), schema=schema).cache()
         frame.createOrReplaceTempView(name)
         self._kept[name] = frame
 
