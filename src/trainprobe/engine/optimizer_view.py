@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
+from trainprobe.engine.log import warn_once
+
 MOMENTS: tuple[str, str] = ("exp_avg", "exp_avg_sq")
 """The Adam-family moments the probes read, as PyTorch names them (the MindSpore adapter renames
 its own to these)."""
@@ -89,6 +91,51 @@ class OptimizerView(StepHooks, Protocol):
         """The tensor the optimizer steps for the model parameter ``param`` (its float32 master
         copy or shard under a mixed-precision wrapper; ``param`` itself otherwise)."""
         ...
+
+
+MemberHook = Callable[[frozenset[int]], None]
+"""A hook around one optimizer's step among several, called with the ids of the tensors that
+optimizer steps (:attr:`~trainprobe.engine.probes.base.StepClock.stepping`)."""
+
+
+class SeveralOptimizers(Protocol):
+    """A view of several optimizers stepped one after another in each training step (a GAN's
+    ``[opt_d, opt_g]``, Megatron's ``ChainedOptimizer``): the session takes each one's rows
+    around its own step."""
+
+    @property
+    def several(self) -> bool:
+        """Whether the view holds more than one optimizer."""
+        ...
+
+    def register_member_hooks(self, pre: MemberHook, post: MemberHook, end: Callable[[], None]) -> Removable:
+        """Call ``pre(ids)`` just before and ``post(ids)`` just after each step of each of the
+        view's optimizers (``ids``: the tensors that one steps), and ``end()`` after the last
+        optimizer's post-step hook: the last in the order passed ends each training step. One
+        warning when an optimizer steps twice before it, or the last one steps while another
+        has not (the order passed is not the order stepped)."""
+        ...
+
+
+def warn_unstepped(params: Iterable[tuple[str, Any]], optimizer: OptimizerView, call: str) -> list[str]:
+    """Warn once when trainable model parameters (``(name, tensor)``, as the rows name them) are
+    stepped by no optimizer passed, while some are (a GAN's ``optimizer=opt_g``): they get no
+    weight_grad/optimizer/param rows. Nothing is said when the optimizer steps none of them
+    (flat partitions, DeepSpeed ZeRO: its own rows name them). ``call``: the front door's call,
+    for the advice. Returns the names left out."""
+    stepped = {id(p) for group in optimizer.groups() for p in group["params"]}
+    trainable = [(n, p) for n, p in params if getattr(p, "requires_grad", True)]
+    left = [n for n, p in trainable if id(p) not in stepped]
+    if not left or len(left) == len(trainable):
+        return []
+    shown = ", ".join(left[:6]) + (f", ... ({len(left)} in all)" if len(left) > 6 else "")
+    warn_once(
+        f"optimizer-leaves-out-{id(optimizer)}",
+        f"trainprobe: {len(left)} trainable parameters of the model are stepped by no optimizer passed "
+        f"({shown}); they get no weight_grad, optimizer or param rows. To monitor them, pass every "
+        f"optimizer you step, in step order: {call}",
+    )
+    return left
 
 
 def holds(keys: Iterable[str], needs: Collection[str], *, every: bool) -> bool:

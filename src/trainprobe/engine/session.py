@@ -33,12 +33,16 @@ from typing import Any, Protocol
 
 from trainprobe.engine.folders import one_line_fault
 from trainprobe.engine.log import error_once, logger
-from trainprobe.engine.optimizer_view import Removable, StepHooks
+from trainprobe.engine.optimizer_view import Removable, SeveralOptimizers, StepHooks
 from trainprobe.engine.probes.base import Probe, StepClock
 from trainprobe.engine.records import StepBatch
 from trainprobe.engine.schedule import Schedule
 from trainprobe.engine.sinks.background import Sink, Writer
 from trainprobe.engine.sinks.fanout import FanOut
+
+_WHOLE_STEP = frozenset({"global_stats"})
+"""Probes whose post-step work reads every row of the step: run once, after the last of several
+optimizers."""
 
 
 class StepWatch(Protocol):
@@ -138,9 +142,7 @@ class Session:
                 skips = self.skip_watch if self.patch_step else None
                 watch = skips(self.optimizer, self._skipped_step) if skips is not None else None
                 self._optimizer_handles = [watch] if watch is not None else []
-                self._optimizer_handles.append(self.optimizer.register_step_post_hook(self._post_step))
-                if self.pre_step_hook:
-                    self._optimizer_handles.append(self.optimizer.register_step_pre_hook(self._pre_step))
+                self._optimizer_handles += self._step_hooks(self.optimizer)
         except BaseException:
             self._detach()
             raise
@@ -148,6 +150,28 @@ class Session:
         atexit.register(self._at_exit)
         if self.schedule.finished(self.clock.step):
             self._finish(None)
+
+    def _step_hooks(self, optimizer: StepHooks) -> list[Removable]:
+        """The optimizer step hooks: around each optimizer's own step when the view holds several
+        (:class:`~trainprobe.engine.optimizer_view.SeveralOptimizers`; the last one ends the
+        step), else around the one step."""
+        if getattr(optimizer, "several", False) and self.pre_step_hook:
+            several: SeveralOptimizers = optimizer  # type: ignore[assignment]
+            return [several.register_member_hooks(self.optimizer_pre_step, self.optimizer_post_step, self._last_step)]
+        handles = [optimizer.register_step_post_hook(self._post_step)]
+        if self.pre_step_hook:
+            handles.append(optimizer.register_step_pre_hook(self._pre_step))
+        return handles
+
+    def _last_step(self) -> None:
+        """The last of several optimizers stepped: the work that reads the whole step's rows
+        (``global_stats``), then the step ends (``patch_step``)."""
+        if not self.closed and self.clock.collecting:
+            for probe in self.probes:
+                if probe.name in _WHOLE_STEP and not probe.disabled:
+                    probe.guard(probe.after_optimizer_step)()
+        if self.patch_step:
+            self.end_step()
 
     def close(self) -> None:
         """Write the current step's rows if it was collected, remove every hook, close files."""
@@ -296,17 +320,23 @@ class Session:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizer_pre_step()
 
-    def optimizer_pre_step(self) -> None:
+    def optimizer_pre_step(self, stepping: frozenset[int] | None = None) -> None:
         """Run the probes' pre-step work; for front doors that own the optimizer hooks (a
         session built with ``optimizer=None``) or that know better than the pre-step hook when
         the gradients are ready (``pre_step_hook=False``: the loop runs forward and backward
-        inside ``optimizer.step(closure)``, as Lightning does)."""
+        inside ``optimizer.step(closure)``, as Lightning does). ``stepping``: one of several
+        optimizers is about to step those tensors (:attr:`StepClock.stepping`), only theirs are
+        read."""
         if self.closed:
             return
         if self.clock.collecting:
-            for probe in self.probes:
-                if not probe.disabled:
-                    probe.guard(probe.before_optimizer_step)()
+            self.clock.stepping = stepping
+            try:
+                for probe in self.probes:
+                    if not probe.disabled:
+                        probe.guard(probe.before_optimizer_step)()
+            finally:
+                self.clock.stepping = None
             if self.watch is not None:
                 self.watch.before_update(self.probes)
 
@@ -321,14 +351,19 @@ class Session:
                 self.watch.skipped(self.clock.step)
             self.end_step()
 
-    def optimizer_post_step(self) -> None:
-        """Run the probes' post-step work (see :meth:`optimizer_pre_step`)."""
+    def optimizer_post_step(self, stepping: frozenset[int] | None = None) -> None:
+        """Run the probes' post-step work (see :meth:`optimizer_pre_step`); with ``stepping``
+        (one of several optimizers stepped), the whole step's work waits for the last one."""
         if self.closed:
             return
         if self.clock.collecting:
-            for probe in self.probes:
-                if not probe.disabled:
-                    probe.guard(probe.after_optimizer_step)()
+            self.clock.stepping = stepping
+            try:
+                for probe in self.probes:
+                    if not probe.disabled and (stepping is None or probe.name not in _WHOLE_STEP):
+                        probe.guard(probe.after_optimizer_step)()
+            finally:
+                self.clock.stepping = None
 
     def _on_write_error(self, monitor: str, exc: BaseException) -> None:
         probe = self._by_name.get(monitor)
@@ -362,10 +397,10 @@ class NullSession:
         """Move the clock to the next step."""
         self.clock.step += 1
 
-    def optimizer_pre_step(self) -> None:
+    def optimizer_pre_step(self, stepping: frozenset[int] | None = None) -> None:
         """Nothing recorded."""
 
-    def optimizer_post_step(self) -> None:
+    def optimizer_post_step(self, stepping: frozenset[int] | None = None) -> None:
         """Nothing recorded."""
 
     def flush(self) -> None:

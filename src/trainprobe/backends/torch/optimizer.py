@@ -30,7 +30,7 @@ none of the view's).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import error_once, info_once, warn_once
-from trainprobe.engine.optimizer_view import MOMENTS, Removable, StepHook, chain_verdict, holds
+from trainprobe.engine.optimizer_view import MOMENTS, MemberHook, Removable, StepHook, chain_verdict, holds
 
 _TORCH_STATE_KEYS: dict[str, frozenset[str]] = {
     "Adam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
@@ -101,7 +101,16 @@ def innermost_optimizer(optimizer: object, where: str = "start(optimizer=...)") 
 
 
 def _chain(optimizer: object) -> list[Any] | None:
-    """The members of a chain of optimizers (``.chained_optimizers``), or None."""
+    """The members of a chain of optimizers (a list or tuple of them, or ``.chained_optimizers``),
+    or None.
+
+    Raises:
+        ConfigError: an empty list or tuple.
+    """
+    if isinstance(optimizer, (list, tuple)):
+        if not optimizer:
+            raise ConfigError("start(optimizer=...): an empty list; pass the optimizers you step, in step order")
+        return list(optimizer)
     chain = getattr(optimizer, "chained_optimizers", None)
     return list(chain) if isinstance(chain, (list, tuple)) and chain else None
 
@@ -167,6 +176,7 @@ class TorchOptimizerView:
         self._model_of = {id(copy): model for model, copy in pairs}
         self._copy_of = {id(model): copy for model, copy in pairs}
         self._hooks: list[_ViewHook] = []  # the step hooks registered through the view
+        self._members: list[_MemberHooks] = []  # the per-optimizer hooks registered through it
         self._watch: Removable | None = None  # the process-wide pre-hook, while hooks are registered
         self._stepped = _param_ids(self.optimizers)  # ids of the tensors the view's optimizers step
         self._shares: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = (
@@ -219,6 +229,26 @@ class TorchOptimizerView:
         """``hook`` after each step of the last optimizer (moved to a replacement)."""
         return self._add(_ViewHook(self, hook, post=True))
 
+    @property
+    def several(self) -> bool:
+        """Whether the view holds several optimizers (then :meth:`register_member_hooks`)."""
+        return len(self.optimizers) > 1
+
+    def stepped_by(self, optimizer: torch.optim.Optimizer) -> frozenset[int]:
+        """Ids of the tensors ``optimizer`` steps: its own and the model parameters they copy."""
+        ids = _param_ids([optimizer])
+        return frozenset(ids | {id(self._model_of[i]) for i in ids if i in self._model_of})
+
+    def register_member_hooks(self, pre: MemberHook, post: MemberHook, end: Callable[[], None]) -> Removable:
+        """See :meth:`~trainprobe.engine.optimizer_view.SeveralOptimizers.register_member_hooks`."""
+        return self._add_members(_MemberHooks(self, pre, post, end))
+
+    def _add_members(self, hooks: _MemberHooks) -> _MemberHooks:
+        self._members.append(hooks)
+        if self._watch is None:
+            self._watch = register_optimizer_step_pre_hook(self._any_step)
+        return hooks
+
     # -- following a replaced optimizer (see the module docstring) ---------------------------
     def _add(self, hook: _ViewHook) -> _ViewHook:
         self._hooks.append(hook)
@@ -226,11 +256,13 @@ class TorchOptimizerView:
             self._watch = register_optimizer_step_pre_hook(self._any_step)
         return hook
 
-    def _removed(self, hook: _ViewHook) -> None:
+    def _removed(self, hook: _ViewHook | _MemberHooks) -> None:
         """``hook`` was removed; the last one takes the process-wide pre-hook with it."""
         if hook in self._hooks:
             self._hooks.remove(hook)
-        if not self._hooks and self._watch is not None:
+        if hook in self._members:
+            self._members.remove(hook)
+        if not self._hooks and not self._members and self._watch is not None:
             self._watch.remove()
             self._watch = None
 
@@ -284,6 +316,8 @@ class TorchOptimizerView:
         self._shares = weakref.WeakKeyDictionary()
         for hook in list(self._hooks):
             hook.move()
+        for members in list(self._members):
+            members.move()
         info_once(
             f"optimizer-followed-{id(self)}-{id(new)}",
             f"trainprobe: a new optimizer ({type(new).__name__}) steps the monitored parameters in place of "
@@ -327,6 +361,76 @@ class _ViewHook:
             return
         self.removed = True
         self.handle.remove()
+        self.view._removed(self)
+
+
+class _MemberHooks:
+    """Hooks around each step of each optimizer of a view (see
+    :meth:`~trainprobe.engine.optimizer_view.SeveralOptimizers.register_member_hooks`), moved
+    onto the view's optimizers of now when it follows a replaced one."""
+
+    def __init__(self, view: TorchOptimizerView, pre: MemberHook, post: MemberHook, end: Callable[[], None]) -> None:
+        self.view = view
+        self.pre, self.post, self.end = pre, post, end
+        self.removed = False
+        self._handles: list[Removable] = []
+        self._owners: list[torch.optim.Optimizer] = []
+        self._stepped: list[torch.optim.Optimizer] = []  # the optimizers that stepped in this training step
+        self._register()
+
+    def _register(self) -> None:
+        self._owners = list(self.view.optimizers)
+        for o in self._owners:
+            self._handles.append(o.register_step_pre_hook(self._before))
+            self._handles.append(o.register_step_post_hook(self._after))
+
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if any(o is optimizer for o in self._stepped):
+            warn_once(
+                f"optimizer-steps-twice-{id(self)}-{id(optimizer)}",
+                f"trainprobe: {type(optimizer).__name__} stepped again before {self._last_name()} (the last of the "
+                "optimizers passed) ended the training step; each of its updates in that step gets its own "
+                "weight_grad/optimizer/param rows under the same step number",
+            )
+        self.pre(self.view.stepped_by(optimizer))
+
+    def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped.append(optimizer)
+        self.post(self.view.stepped_by(optimizer))
+        if optimizer is not self._owners[-1]:
+            return
+        missing = [o for o in self._owners if not any(s is o for s in self._stepped)]
+        self._stepped = []
+        if missing:
+            warn_once(
+                f"optimizer-not-stepped-{id(self)}",
+                f"trainprobe: {self._last_name()}, the last of the optimizers passed, ended a training step in "
+                f"which {', '.join(type(o).__name__ for o in missing)} did not step (its rows are then filed "
+                "under the next step); pass the optimizers in the order each training step steps them",
+            )
+        self.end()
+
+    def _last_name(self) -> str:
+        return type(self._owners[-1]).__name__
+
+    def move(self) -> None:
+        """Onto the view's optimizers of now, if they changed."""
+        if self.removed or self._owners == self.view.optimizers:
+            return
+        self._unregister()
+        self._register()
+
+    def _unregister(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+    def remove(self) -> None:
+        """Unregister the hooks (idempotent)."""
+        if self.removed:
+            return
+        self.removed = True
+        self._unregister()
         self.view._removed(self)
 
 

@@ -109,15 +109,20 @@ def _kind(placement: Any) -> str:
 
 
 def _piece(
-    global_shape: list[int], placements: tuple[Any, ...], mesh_shape: list[int], coordinate: list[int] | None
+    global_shape: list[int],
+    placements: tuple[Any, ...],
+    mesh_shape: list[int],
+    coordinate: list[int] | None,
+    skip: tuple[int, ...] = (),
 ) -> tuple[list[int] | None, list[int]]:
     """``(offsets, local shape)`` of this rank's piece: each ``Shard(d)`` in mesh order cuts what
-    is left of dimension ``d`` into ``mesh_shape[i]`` chunks (``torch.chunk``'s sizes)."""
+    is left of dimension ``d`` into ``mesh_shape[i]`` chunks (``torch.chunk``'s sizes); the mesh
+    dimensions in ``skip`` cut nothing."""
     shape, offsets = list(global_shape), [0] * len(global_shape)
     if coordinate is None:
         return None, [0] * len(global_shape)
     for index, placement in enumerate(placements):
-        if not placement.is_shard() or type(placement).__name__ != "Shard":
+        if index in skip or not placement.is_shard() or type(placement).__name__ != "Shard":
             continue
         dim = placement.dim if placement.dim >= 0 else placement.dim + len(shape)
         pieces, size = mesh_shape[index], shape[dim]
@@ -128,27 +133,101 @@ def _piece(
     return offsets, shape
 
 
+def unsharded_piece(t: Any, fsdp_dims: tuple[int, ...]) -> tuple[list[int] | None, list[int]]:
+    """``(offsets, local shape)`` of what this rank holds of DTensor ``t`` once FSDP has gathered
+    it over the mesh dimensions ``fsdp_dims`` (:func:`fsdp_mesh_dims`): the tensor autograd
+    computes gradients for in forward and backward, so what an ``unreduced`` gradient row
+    summarises. Under 1-D FSDP2 the whole parameter (``[7, 6]`` for a ``[7, 6]`` weight whose
+    shard is ``[4, 6]``); under 2-D FSDP2 + tensor parallelism its tensor-parallel piece."""
+    shape = [int(s) for s in t.shape]
+    mesh = t.device_mesh
+    return _piece(shape, tuple(t.placements), list(mesh.shape), mesh.get_coordinate(), fsdp_dims)
+
+
+def fsdp_mesh_dims(chunks: Sequence[Any]) -> dict[int, tuple[int, ...]]:
+    """``id`` of every FSDP2 (``fully_shard``) parameter of ``chunks``' modules → the dimensions of
+    its DTensor mesh that are data-parallel (FSDP shards over them; HSDP also replicates over the
+    first): the leading ones, before any tensor-parallel dimension. Read from FSDP's parameter
+    records (the data-parallel mesh each was sharded on); where torch has none, every dimension
+    of a 1-D mesh, all but the last of a larger one. FSDP1's flat parameters are not listed."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        return {}
+    dims: dict[int, tuple[int, ...]] = {}
+    for chunk in chunks:
+        for module in chunk.modules() if hasattr(chunk, "modules") else ():
+            if isinstance(module, FSDPModule):
+                dims.update(_fsdp2_dims(cast(torch.nn.Module, module)))
+    return dims
+
+
+def _fsdp2_dims(module: torch.nn.Module) -> dict[int, tuple[int, ...]]:
+    """:func:`fsdp_mesh_dims` of the parameters one ``fully_shard`` module manages."""
+    records = _fsdp2_records(module)
+    if records is not None:
+        return {
+            id(r.sharded_param): tuple(range(r.mesh_info.mesh.ndim)) for r in records if is_dtensor(r.sharded_param)
+        }
+    out: dict[int, tuple[int, ...]] = {}
+    for p in module.parameters():
+        if is_dtensor(p):
+            ndim = cast(Any, p).device_mesh.ndim
+            out[id(p)] = tuple(range(max(1, ndim - 1)))
+    return out
+
+
+def _fsdp2_records(module: torch.nn.Module) -> list[Any] | None:
+    """FSDP2's private per-parameter records (``FSDPParam``) of ``module``, or None where this
+    torch keeps them otherwise."""
+    try:
+        state = module._get_fsdp_state()  # type: ignore[operator]
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            group = state._fsdp_param_group
+            groups = [group] if group is not None else []
+        records = [r for g in groups for r in g.fsdp_params]
+        for r in records:
+            _ = r.sharded_param, r.mesh_info.mesh.ndim
+        return records
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+
+
 def param_layouts(params: Sequence[Any], chunks: Sequence[Any]) -> tuple[int, dict[int, tuple[dict[str, Any], dict[str, Any]]]]:
     """The world size and, for each of ``params`` (``NamedParam``), ``(layout of its rows, layout
     of its unreduced gradient rows)``. An unreduced gradient is ``rank_local`` (the rank's own,
     before the data-parallel reduction) in a multi-rank run, except for a DTensor parameter not
     managed by FSDP whose mesh spans every rank (tensor parallelism alone: its gradient is
-    already the shard's gradient)."""
+    already the shard's gradient). An FSDP2 parameter's unreduced gradient is of the unsharded
+    parameter (:func:`unsharded_piece`): its ``local_shape``, ``numel`` and ``offsets`` say so."""
     import torch.distributed as dist
 
     from trainprobe.engine.tensor_layout import RANK_LOCAL
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    fsdp = _fsdp_params(chunks)
+    fsdp, gathered = _fsdp_params(chunks), fsdp_mesh_dims(chunks)
     out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for named in params:
         t = named.param
         layout = layout_of(t)
         unreduced = layout
+        if id(t) in gathered:
+            unreduced = _unsharded_layout(t, layout, gathered[id(t)])
         if world > 1 and (id(t) in fsdp or not is_dtensor(t) or t.device_mesh.size() != world):
-            unreduced = {**layout, "kind": RANK_LOCAL}
+            unreduced = {**unreduced, "kind": RANK_LOCAL}
         out[id(t)] = (layout, unreduced)
     return world, out
+
+
+def _unsharded_layout(t: Any, layout: dict[str, Any], fsdp_dims: tuple[int, ...]) -> dict[str, Any]:
+    """``layout`` of an FSDP2 parameter as its unreduced gradient has it: the local shape, element
+    count and offsets of the piece gathered over ``fsdp_dims`` (:func:`unsharded_piece`)."""
+    offsets, shape = unsharded_piece(t, fsdp_dims)
+    numel = 1
+    for size in shape:
+        numel *= size
+    return {**layout, "numel": numel, "local_shape": shape, "offsets": offsets if layout["offsets"] is not None else None}
 
 
 def _fsdp_params(chunks: Sequence[Any]) -> set[int]:

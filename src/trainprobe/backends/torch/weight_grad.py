@@ -315,6 +315,10 @@ class WeightGradProbe(Probe):
         """Reduced rows of the gradients as they are now (also read on demand by Monitor V1)."""
         keep = self.keep_reduced
         indices, grads = self._present_grads()
+        stepping = self.clock.stepping
+        if stepping is not None:  # one of several optimizers steps: its parameters' gradients only
+            kept_ids = [(i, g) for i, g in zip(indices, grads) if id(self._tensors[i]) in stepping]
+            indices, grads = [i for i, _ in kept_ids], [g for _, g in kept_ids]
         if keep is not None:
             kept = [(i, g) for i, g in zip(indices, grads) if keep(self.params[i])]
             indices, grads = [i for i, _ in kept], [g for _, g in kept]

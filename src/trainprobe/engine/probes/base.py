@@ -31,6 +31,9 @@ class StepClock:
     step: int = 0
     collecting: bool = False
     micro_batches: int = 1
+    stepping: frozenset[int] | None = None
+    """Ids of the tensors the optimizer now stepping steps, while one of several optimizers'
+    step hooks runs (the optimizer probes read only those); None: every parameter."""
 
 
 @dataclass(frozen=True, slots=True)

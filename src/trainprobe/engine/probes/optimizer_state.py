@@ -68,8 +68,10 @@ class OptimizerStateProbe(Probe):
             return
         keys: list[RowKey] = []
         tensors: list[Any] = []
-        known = self._keys
+        known, stepping = self._keys, self.clock.stepping
         for named in self.params:
+            if stepping is not None and id(named.param) not in stepping:
+                continue  # one of several optimizers steps: its parameters only
             for moment, value in self.optimizer.moments_of(named.param).items():
                 key = known.get((id(named), moment))
                 if key is None:

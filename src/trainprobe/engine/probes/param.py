@@ -34,11 +34,14 @@ class ParamProbe(Probe):
         self._tensors = [p.param for p in params]
 
     def _record(self, scope: str) -> None:
-        values = self.stats.rows(self._tensors)
         keys = self._keys.get(scope)
         if keys is None:
             keys = self._keys[scope] = [RowKey(p.vpp_stage, p.name, scope) for p in self.params]
-        self.rows.extend(keys, values)
+        tensors, stepping = self._tensors, self.clock.stepping
+        if stepping is not None:  # one of several optimizers steps: its parameters only
+            kept = [i for i, t in enumerate(tensors) if id(t) in stepping]
+            keys, tensors = [keys[i] for i in kept], [tensors[i] for i in kept]
+        self.rows.extend(keys, self.stats.rows(tensors))
 
     def before_optimizer_step(self) -> None:
         self._record("param_origin")

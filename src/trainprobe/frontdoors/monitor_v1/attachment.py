@@ -32,7 +32,7 @@ from trainprobe.engine.backend import Backend
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folder_lock import FolderLock
 from trainprobe.engine.folders import make_output_folder
-from trainprobe.engine.optimizer_view import OptimizerView
+from trainprobe.engine.optimizer_view import OptimizerView, warn_unstepped
 from trainprobe.engine.probes.base import StepClock
 from trainprobe.engine.probes.model_view import ModelView, NamedParam
 from trainprobe.frontdoors.monitor_v1 import output
@@ -117,6 +117,7 @@ def attach(
     check_arguments(optimizer, grad_acc_steps, start_iteration)
     view = backend.model_view(model, "set_monitor(model=...)", stage_prefix=True)  # V1: always "<vpp_stage>:"
     opt = backend.optimizer_view(optimizer, "set_monitor(optimizer=...)")
+    warn_unstepped([(n.name, n.param) for n in view.parameters()], opt, "set_monitor(model, optimizer=[opt_d, opt_g])")
     rank = backend.rank()
     return Attachment(
         backend=backend,

@@ -101,10 +101,12 @@ class MonitorControl:
         """Just before ``optimizer.step()``: the probes' pre-step work."""
         self.session.optimizer_pre_step()
 
-    def end_step(self) -> None:
-        """Just after ``optimizer.step()``: the probes' post-step work, the step's rows to the
+    def end_step(self, post_step: bool = True) -> None:
+        """Just after ``optimizer.step()``: the probes' post-step work (unless ``post_step`` is
+        False: each of several optimizers' was done after its own step), the step's rows to the
         writer, the clock moved on."""
-        self.session.optimizer_post_step()
+        if post_step:
+            self.session.optimizer_post_step()
         self.session.end_step()
         self._between_steps = True
 

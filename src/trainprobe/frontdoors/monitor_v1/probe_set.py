@@ -86,7 +86,7 @@ def build_probes(cfg: MonitorV1Config, attachment: Attachment, shapes: ShapeBook
     every, param_names = parameter_names(cfg, attachment)
     params = monitored_params(cfg, every, param_names)
     if shapes is not None:
-        shapes.add_params(params)
+        shapes.add_params(params, attachment.view.chunks)
     probes: list[Probe] = []
     spec = ProbeSpec(cfg.ops, cfg.eps)
     module_rank = cfg.monitors_rank(attachment.rank)

@@ -15,19 +15,23 @@ micro-batch (an MoE expert receiving 1 token, then 2); a row key's first shape i
 cells (:meth:`ShapeBook.__call__`), and the steps where a call had another come to the sinks
 through :meth:`ShapeBook.changed`. Parameter rows (gradients, moments, parameters,
 update/ratio) describe the parameter (the gradient that is read, ``main_grad`` included, when it
-exists); ``mg_direction`` is one float64 number (``[]``). Rows with nothing known (collectives,
+exists), except ``grad_unreduced`` rows of an FSDP2 (``fully_shard``) parameter: they summarise
+the gradient of the unsharded parameter FSDP gathers for forward and backward (before the
+reduce-scatter), so they have its shape, the whole parameter's under 1-D FSDP2 (``[7, 6]`` where
+the ``grad_reduced`` row of rank 0's shard says ``[4, 6]``) and the tensor-parallel piece's
+under 2-D FSDP2 + TP; ``mg_direction`` is one float64 number (``[]``). Rows with nothing known (collectives,
 l2 features) get empty cells.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from trainprobe.backends.torch.placement import is_dtensor
+from trainprobe.backends.torch.placement import fsdp_mesh_dims, is_dtensor, unsharded_piece
 from trainprobe.engine.probes.model_view import NamedParam
 from trainprobe.engine.probes.module import ModuleProbe
 from trainprobe.engine.records import RowKey
@@ -84,6 +88,7 @@ class ShapeBook:
         self._lock = threading.Lock()
         self._params: dict[str, tuple[str, str]] = {}
         self._grads: dict[str, tuple[str, str]] = {}
+        self._unreduced: dict[str, tuple[str, str]] = {}
 
     def note(self, scope: str, name: str, tensor: torch.Tensor) -> None:
         """The tensor of the call being recorded as row ``name`` of ``scope``; :meth:`bind` gives
@@ -118,16 +123,22 @@ class ShapeBook:
         for old in [s for s in self._at if s < before]:
             del self._at[old]
 
-    def add_params(self, params: Iterable[NamedParam]) -> None:
+    def add_params(self, params: Iterable[NamedParam], chunks: Sequence[Any] = ()) -> None:
         """Parameters whose rows (by their written name) describe them. A gradient row describes
         the parameter's ``main_grad`` where ``grad_of`` finds one now (``.grad`` always has the
-        parameter's shape and dtype)."""
+        parameter's shape and dtype); an unreduced gradient row of an FSDP2 parameter of
+        ``chunks`` (the model's modules) describes the unsharded parameter."""
+        gathered = fsdp_mesh_dims(chunks) if chunks else {}
         for named in params:
             if named.name in self._params:
                 continue
             self._params[named.name] = own = describe(named.param)
             grad = self.grad_of(named.param) if self.grad_of is not None else None
             self._grads[named.name] = describe(grad) if isinstance(grad, torch.Tensor) else own
+            dims = gathered.get(id(named.param))
+            if dims is not None:
+                shape = unsharded_piece(named.param, dims)[1]
+                self._unreduced[named.name] = (str(shape), own[1])
 
     def __call__(self, key: RowKey) -> tuple[str, str]:
         """The ``shape,dtype`` cells of ``key`` (its first call's for an activation; empty when
@@ -137,6 +148,8 @@ class ShapeBook:
             return found
         if key.scope == "mg_direction":
             return SCALAR
+        if key.scope == "unreduced" and key.name in self._unreduced:
+            return self._unreduced[key.name]
         table = self._grads if key.scope in GRAD_SCOPES else self._params
         return table.get(key.name, UNKNOWN)
 

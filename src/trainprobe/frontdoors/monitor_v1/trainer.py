@@ -27,6 +27,7 @@ pending changes), :mod:`~trainprobe.frontdoors.monitor_v1.exits` and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from trainprobe.backends import backend_for
 from trainprobe.engine.backend import Backend
 from trainprobe.engine.fields import config_file
 from trainprobe.engine.log import logger, warn_once
+from trainprobe.engine.optimizer_view import SeveralOptimizers
 from trainprobe.engine.stats.ops import ALL_OPS, parse_ops
 from trainprobe.frontdoors.monitor_v1 import output
 from trainprobe.frontdoors.monitor_v1.assembly import SessionFactory
@@ -182,10 +184,15 @@ class TrainerMon:
             optimizer, lambda: self._post_step(optimizer, (), {})
         )  # GradScaler skipped it
         self._hooks = [watch] if watch is not None else []
-        self._hooks += [
-            optimizer.register_step_pre_hook(self._pre_step),
-            optimizer.register_step_post_hook(self._post_step),
-        ]
+        if getattr(optimizer, "several", False):  # each optimizer's rows around its own step, the last ends it
+            several: SeveralOptimizers = optimizer  # type: ignore[assignment]
+            last = functools.partial(self._post_step, optimizer, (), {}, members=True)
+            self._hooks.append(several.register_member_hooks(self._member_pre_step, self._member_post_step, last))
+        else:
+            self._hooks += [
+                optimizer.register_step_pre_hook(self._pre_step),
+                optimizer.register_step_post_hook(self._post_step),
+            ]
         for chunk in attachment.view.chunks:
             self._hooks.append(chunk.register_forward_pre_hook(self._step_begins, prepend=True))
 
@@ -288,8 +295,18 @@ class TrainerMon:
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._control.before_optimizer_step()
 
-    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._control.end_step()
+    def _member_pre_step(self, stepping: frozenset[int]) -> None:
+        """One of several optimizers is about to step ``stepping``: their pre-step rows."""
+        self._control.session.optimizer_pre_step(stepping)
+
+    def _member_post_step(self, stepping: frozenset[int]) -> None:
+        """One of several optimizers stepped ``stepping``: their post-step rows."""
+        self._control.session.optimizer_post_step(stepping)
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any, *, members: bool = False) -> None:
+        """The step ended; ``members``: the last of several optimizers stepped (each one's
+        post-step work is done)."""
+        self._control.end_step(post_step=not members)
         try:
             ending = run_end_message([self._struct] if self._struct is not None else [], self._control.probes)
             if ending is not None:

@@ -22,7 +22,7 @@ from trainprobe.engine.folder_lock import FolderLock, move_aside
 from trainprobe.engine.folders import make_output_folder
 from trainprobe.engine.layout import CC_LOG_FILE, V2_MONITORS, v2_file_name, v2_rank_folder
 from trainprobe.engine.log import logger, warn_once
-from trainprobe.engine.optimizer_view import OptimizerView
+from trainprobe.engine.optimizer_view import OptimizerView, warn_unstepped
 from trainprobe.engine.patching import AttrPatch
 from trainprobe.engine.probes.base import Probe, ProbeSpec, StepClock
 from trainprobe.engine.probes.collectives import CcSpec, CollectiveProbe
@@ -418,6 +418,9 @@ class TrainerMonitorV2:
         enabled = cfg.enabled_monitors()
         view = self._check_arguments(model, optimizer)
         opt = backend.optimizer_view(optimizer) if optimizer is not None else None
+        if opt is not None and set(enabled) & set(_NEEDS_OPTIMIZER):
+            named = [(n.name, n.param) for n in view.parameters()]
+            warn_unstepped(named, opt, "start(model=..., optimizer=[opt_d, opt_g])")
         rank_dir = make_output_folder(cfg.output_dir / v2_rank_folder(rank), "output_dir")
         if not self._wrote_here:
             self._make_room(rank_dir, context)
