@@ -85,10 +85,11 @@ def write_report(
     Torn rows of a killed run are skipped (a warning names each file once, the summary counts them).
     The "Diagnosis" section holds ``trainprobe diagnose``'s answer for ``monitor_dir``; with
     ``baseline`` (a good run of the same kind) the page also holds ``trainprobe diff``'s answer,
-    counts and heatmaps of ``baseline`` against ``monitor_dir``. On a sharded run (FSDP2, tensor
-    parallelism) the diagnosis is of full tensors and names the ranks holding the tensor where it
-    went wrong (``rank_local=True``: of each rank's rows as written); the heatmaps and lines show
-    each rank's rows as written. GradScaler's skipped steps are named (summary and diagnosis),
+    counts and heatmaps of ``baseline`` against ``monitor_dir``; the anomaly timeline marks
+    diagnose's anomalies and stars its first one. On a sharded run (FSDP2, tensor parallelism)
+    the diagnosis, heatmaps, lines, training curves and top offenders are of full tensors (shards
+    merged, replicas counted once; the diagnosis names the ranks holding the tensor where it went
+    wrong); ``rank_local=True``: of each rank's rows as written. GradScaler's skipped steps are named (summary and diagnosis),
     not counted as anomalies by the diagnosis.
 
     Raises:
@@ -105,7 +106,7 @@ def write_report(
     files = find_report_files(Path(monitor_dir).expanduser())
     # the diagnosis first: its DuckDB memory is given back before the report's data is read
     diagnosis = _diagnosis(monitor_dir, run_files(files), rank_local)
-    data = load_report_data(monitor_dir, training_state, tensorboard, files=files)
+    data = load_report_data(monitor_dir, training_state, tensorboard, files=files, rank_local=rank_local)
     path = output_path(output)
     text = render_page(data, diagnosis=diagnosis, baseline=_baseline_adder(baseline, monitor_dir))
     try:
@@ -184,8 +185,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rank-local", action="store_true",
-        help="the Diagnosis of each rank's rows as written; by default a sharded run (FSDP2, TP) is diagnosed in "
-        "full tensors (shards merged, replicas counted once)",
+        help="each rank's rows as written (Diagnosis, heatmaps, lines); by default a sharded run (FSDP2, TP) is "
+        "shown in full tensors (shards merged, replicas counted once)",
     )
     parser.set_defaults(run=run)
     return parser

@@ -4,9 +4,8 @@ larger groups picked and their files read again, and alerts given their CSV row'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,13 +16,10 @@ from trainprobe.tools.report_cells import compact, real_rows, target_ids
 from trainprobe.tools.report_digest import Digest, digest_block
 from trainprobe.tools.report_events import bare_target, event_group, event_target
 from trainprobe.tools.report_groups import pick_targets
-from trainprobe.tools.report_read import FileRows, ReportFile, read_files
+from trainprobe.tools.report_read import FileRows, ReportFile
 from trainprobe.tools.report_rows import Block, table_phase
 from trainprobe.tools.report_run import TopShares
 from trainprobe.tools.report_types import GRADIENT_TABLES, MAX_TARGETS
-
-if TYPE_CHECKING:
-    import duckdb
 
 
 @dataclass
@@ -55,12 +51,16 @@ class Reading:
             self.sampled[name] = np.zeros(0, dtype=np.int64)
             self.blocks = {key: kept for key, kept in self.blocks.items() if key[0] != name}
 
-    def reread_sampled(self, con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> None:
-        """Pick the targets each sampled group draws and read its files again for their rows."""
+    def reread_sampled(self, read: Callable[[Sequence[ReportFile]], Iterable[tuple[ReportFile, FileRows]]],
+                       files: Sequence[ReportFile]) -> None:
+        """Pick the targets each sampled group draws and read its files again (``read``: as the
+        first pass read them) for their rows."""
         for name in self.sampled:
             self.sampled[name] = pick_targets(self.peaks[name], self.bad[name], MAX_TARGETS)
         wanted = {name.split("/")[0] for name in self.sampled}
-        for file, rows in read_files(con, [f for f in files if f.data_type in wanted]):
+        if not wanted:
+            return
+        for file, rows in read([f for f in files if f.data_type in wanted]):
             collect_file(file, rows, self, second=True)
 
 

@@ -43,12 +43,13 @@ from trainprobe.tools.report_downsample import bucket_size as bucket_size
 from trainprobe.tools.report_downsample import downsample as downsample
 from trainprobe.tools.report_events import event_group as event_group
 from trainprobe.tools.report_events import event_target as event_target
+from trainprobe.tools.report_full import row_reader
 from trainprobe.tools.report_groups import build_group, group_order
 from trainprobe.tools.report_groups import default_op as default_op
 from trainprobe.tools.report_groups import pick_targets as pick_targets
 from trainprobe.tools.report_loss import find_loss_files, read_loss_files
 from trainprobe.tools.report_onsets import read_alerts
-from trainprobe.tools.report_read import ReportFile, connection, find_report_files, read_files
+from trainprobe.tools.report_read import ReportFile, find_report_files
 from trainprobe.tools.report_run import find_event_files, find_training_state, read_event_files, read_training_state
 from trainprobe.tools.report_types import GRADIENT_TABLES as GRADIENT_TABLES
 from trainprobe.tools.report_types import MAX_ONSETS as MAX_ONSETS
@@ -63,6 +64,7 @@ def load_report_data(
     training_state: str | Path | None = None,
     tensorboard: str | Path | None = None,
     files: list[ReportFile] | None = None,
+    rank_local: bool = False,
 ) -> ReportData:
     """Read every monitor CSV and anomaly file under ``monitor_dir``, and the training metrics'
     ``training_state.jsonl`` files: those of ``training_state`` (the file, a ``rank_<id>``
@@ -73,6 +75,10 @@ def load_report_data(
     (see :func:`~trainprobe.tools.report_run.find_event_files`); and the ``loss.csv`` files in
     ``monitor_dir`` and its ``rank_<id>`` folders (:mod:`~trainprobe.tools.report_loss`).
     ``files``: the data files of ``monitor_dir`` when the caller found them already (:func:`~trainprobe.tools.report_read.find_report_files`).
+
+    On a sharded run (FSDP2, tensor parallelism) the ``weight_grad``, ``param`` and ``optimizer``
+    rows are read as full tensors (:mod:`~trainprobe.tools.report_full`); ``rank_local``: each
+    rank's rows as written.
 
     Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
     as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
@@ -87,20 +93,25 @@ def load_report_data(
     """
     root = Path(monitor_dir).expanduser()
     files = find_report_files(root) if files is None else files
-    con = connection(files)
+    from trainprobe.tools.query_full import is_sharded
+
+    sharded = is_sharded(root)
+    reader = row_reader(root, files, full=sharded and not rank_local)
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     read_loss_files(find_loss_files(root), training)
     anomaly_files, alerts = read_alerts(root, files)
     reading = Reading(alert_rows=alerts_by_row(alerts))
-    torn = sum(collect_file(file, rows, reading) for file, rows in read_files(con, files))
-    if not reading.tables:
-        raise ConfigError(
-            f"monitor_path: the {len(files)} monitor file(s) under {str(root)!r} hold no complete row "
-            "(all torn or header only); let the run write at least one step"
-        )
-    reading.reread_sampled(con, files)
-    con.close()
+    try:
+        torn = sum(collect_file(file, rows, reading) for file, rows in reader.read(files))
+        if not reading.tables:
+            raise ConfigError(
+                f"monitor_path: the {len(files)} monitor file(s) under {str(root)!r} hold no complete row "
+                "(all torn or header only); let the run write at least one step"
+            )
+        reading.reread_sampled(reader.read, files)
+    finally:
+        reader.close()
     built = [build_group(name, reading) for name in group_order(reading.tables)]
     groups = [group for group, _ in built]
     onsets = order_events(event for _, events in built for event in events)[:MAX_ONSETS]
@@ -111,9 +122,8 @@ def load_report_data(
     layouts = tuple(sorted({f.layout for f in files}))
     count = sum(g.onset_targets for g in groups)
     from trainprobe.engine.skip_log import run_skips
-    from trainprobe.tools.query_full import is_sharded
 
     return ReportData(
         root, layouts, len(files), torn, groups, onsets, alerts, anomaly_files, count, training,
-        skipped=run_skips(root), sharded=is_sharded(root),
+        skipped=run_skips(root), sharded=sharded, tensors="full" if reader.full is not None else "rank-local",
     )

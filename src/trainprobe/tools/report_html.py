@@ -259,9 +259,14 @@ def _skipped_note(data: ReportData, event: AnomalyEvent | None) -> str:
 def _run_notes(data: ReportData) -> list[tuple[str, str]]:
     """Summary rows for a sharded run and for GradScaler's skipped steps (none otherwise)."""
     notes = []
-    if data.sharded:
-        notes.append(("Layout", "sharded (FSDP2 / tensor parallelism): the heatmaps and lines show each rank's "
-                      "pieces as written; the Diagnosis answers in full tensors (shards merged, replicas counted once)"))
+    if data.sharded and data.tensors == "full":
+        notes.append(("Layout", '<span id="tp-tensors" data-tensors="full">sharded (FSDP2 / tensor parallelism): '
+                      "the page shows full tensors (shards merged, replicas counted once), each parameter under the "
+                      "least rank holding it; <code>--rank-local</code> shows each rank's pieces as written</span>"))
+    elif data.sharded:
+        notes.append(("Layout", '<span id="tp-tensors" data-tensors="rank-local">sharded (FSDP2 / tensor '
+                      "parallelism), read rank-local (<code>--rank-local</code>): each rank's pieces as written"
+                      "</span>"))
     if data.skipped:
         line = skipped_text(data.skipped, data.ranks) or ""
         notes.append(("GradScaler", _e(line.removeprefix("skipped by GradScaler: "))

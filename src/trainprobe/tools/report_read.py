@@ -205,23 +205,38 @@ def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Itera
     Raises:
         _BulkError: DuckDB failed; _Unordered: the scan's rows are not file after file in order.
     """
+    made = table_sql(con, batch[0].data_type, [f.source for f in batch])
+    if made is None:
+        raise _Unordered
+    view, names = made
+    ops = _ops(names)
+    yield from stream_file_rows(con, f"SELECT {_items(ops, names)}, file FROM ({view})", batch, ops)
+
+
+def stream_file_rows(
+    con: duckdb.DuckDBPyConnection, sql: str, batch: Sequence[ReportFile], ops: tuple[str, ...]
+) -> Iterator[tuple[ReportFile, FileRows]]:
+    """``(file, its rows)`` for each of ``batch`` (one table and layout) from ``sql``: a SELECT of
+    :func:`select_items` and ``file`` whose rows come file after file in ``batch``'s order, each
+    file's in file order; streamed in batches of :data:`BATCH_ROWS` rows (a file without a row:
+    empty rows). Used for the rank-local rows and for the full tensors of a sharded run
+    (:mod:`~trainprobe.tools.report_full`).
+
+    Raises:
+        _BulkError: DuckDB failed; _Unordered: the rows are not file after file in order.
+    """
     import duckdb
     import pyarrow as pa
 
     from trainprobe.tools.csv2db_read import read_ahead
 
     index = {str(f.path): n for n, f in enumerate(batch)}
-    made = table_sql(con, batch[0].data_type, [f.source for f in batch])
-    if made is None:
-        raise _Unordered
-    view, names = made
-    ops = _ops(names)
     v2 = batch[0].layout == "v2"
     pending: list[pa.Table] = []
     current = 0
     ahead: Generator[pa.RecordBatch, None, None] | None = None
     try:
-        reader = con.sql(f"SELECT {_items(ops, names)}, file FROM ({view})").to_arrow_reader(BATCH_ROWS)
+        reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
         ahead = read_ahead(iter(reader), depth=1)  # the scan of the next batch overlaps this one's numpy work
         for record in ahead:
             for start, end, name in _file_runs(record.column("file")):
@@ -263,6 +278,11 @@ def _file_runs(column: object) -> list[tuple[int, int, str]]:
     return [(a, b, str(files[a].as_py())) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
+def torn_rows(file: ReportFile) -> int:
+    """1 when ``file`` is a CSV file whose last record is torn (the query layer leaves it out), else 0."""
+    return _torn(file)
+
+
 def _torn(file: ReportFile) -> int:
     """1 when ``file`` is a CSV file whose last record is torn, else 0."""
     return int(file.source.format == "csv" and (clean_length(file.path) or 0) > 0)
@@ -271,6 +291,11 @@ def _torn(file: ReportFile) -> int:
 def _ops(names: Sequence[str]) -> tuple[str, ...]:
     """The op columns among a view's ``names``."""
     return tuple(c for c in names if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS)
+
+
+def select_items(ops: Sequence[str], names: Sequence[str]) -> str:
+    """The SELECT list of the report's columns (see :func:`_items`)."""
+    return _items(ops, names)
 
 
 def _items(ops: Sequence[str], names: Sequence[str]) -> str:
@@ -343,3 +368,7 @@ def _reason(message: str) -> str:
     if "unicode" in flat.lower() or "utf-8" in flat.lower() or "utf8" in flat.lower():
         return f"not UTF-8 text ({flat[:200]})"
     return f"not a monitor file DuckDB can read ({flat[:300]})"
+
+
+#: What :func:`stream_file_rows` raises when its stream fails or is out of order.
+STREAM_ERRORS = (_BulkError, _Unordered)

@@ -113,8 +113,9 @@ class ReportData:
         anomaly_files: the ``anomaly.json`` files read.
         training: what the ``training_state.jsonl`` files hold (empty without them).
         skipped: rank → the steps GradScaler skipped there (``amp_skips.jsonl``; empty without).
-        sharded: whether the run's ``tensor_layout.json`` files mark shards or replicas (its
-            rows are rank-local pieces; the Diagnosis section answers in full tensors).
+        sharded: whether the run's ``tensor_layout.json`` files mark shards or replicas.
+        tensors: ``"full"`` (a sharded run's parameter tables read as full tensors, each under
+            the least rank holding it) or ``"rank-local"`` (every rank's rows as written).
     """
 
     root: Path
@@ -129,6 +130,7 @@ class ReportData:
     training: TrainingState = field(default_factory=TrainingState)
     skipped: dict[int, list[int]] = field(default_factory=dict)
     sharded: bool = False
+    tensors: str = "rank-local"
 
     @property
     def steps(self) -> np.ndarray:
