@@ -4,18 +4,21 @@ the statistics of the *full* tensors it holds a piece of, not only of its local 
 Under FSDP2, tensor parallelism (DTensor) and their 2-D mixes a row summarises the rank's local
 piece (:mod:`trainprobe.backends.torch.placement`). The read side merges the pieces after the
 run (:mod:`trainprobe.tools.query_full`); online rules need the merged values while training
-runs. :class:`GlobalStatsProbe` gives them with two collectives per collected step, whatever the
+runs. :class:`GlobalStatsProbe` gives them with one collective per collected step, whatever the
 number of tensors:
 
-* at start, the ranks agree once (``all_gather_object``) on one *slot* per sharded tensor and
-  mesh: ``(table, name, scope, mesh ranks)``;
-* after ``optimizer.step()``, each rank packs the local statistics of its pieces into two flat
-  float64 tensors, one row per slot: ``SUM`` (norm², mean·numel, nans, zeros·numel, numel, NaN
-  flags of min/max) and ``MAX`` (max, −min); a slot this rank does not hold, an empty piece or a
-  replicated copy of a piece (coordinate ≠ 0 along a ``Replicate`` mesh dimension) contributes
-  the neutral value. One ``all_reduce`` per tensor, the same calls in the same order on every
-  rank, no host synchronisation per tensor (on an accelerator the rows stay on the device; the
-  values reach the host only when :meth:`GlobalStatsProbe.global_stats` is called);
+* at start, the ranks agree once (an all-gather of their pickled slot lists) on one *slot* per
+  sharded tensor and mesh: ``(table, name, scope, mesh ranks)``;
+* after ``optimizer.step()``, each rank packs the local statistics of its pieces into one flat
+  float64 tensor, one row per slot: the summed fields (norm², mean·numel, nans, zeros·numel,
+  numel, NaN flags of min/max) then the maximised ones (max, −min); a slot this rank does not
+  hold, an empty piece or a replicated copy of a piece (coordinate ≠ 0 along a ``Replicate``
+  mesh dimension) contributes the neutral value (0, −inf). One ``all_gather`` of that tensor
+  (``slots × 8`` values a rank) per collected step, whatever the number of tensors, the same
+  call on every rank; each rank then sums and maximises over the ranks itself (in rank order,
+  so every rank gets the same bits). No host synchronisation per tensor (on an accelerator the
+  rows stay on the device; the values reach the host only when
+  :meth:`GlobalStatsProbe.global_stats` is called);
 * the merged statistics are those of the full tensor: ``norm`` = √Σ norm², ``mean`` and
   ``zeros`` element-weighted, ``nans`` summed, ``min``/``max`` exact (NaN when a piece has a
   NaN, as ``torch.max`` of the full tensor gives).
@@ -26,6 +29,10 @@ summand), Megatron-attribute shards (no mesh says which ranks hold the other pie
 ``unreduced`` gradients (each rank's own before the reduction), and a slot whose pieces do not
 add up to the tensor's elements this step (a rank's rows are missing: its monitor failed).
 
+The collectives are the process group's own (``ProcessGroup.allgather``), not the
+``torch.distributed`` functions the ``cc`` monitor records: trainprobe's traffic is never a
+``cc`` row.
+
 A fault in packing is logged once and this rank contributes neutral values from then on (the
 collectives go on, so no rank waits for another); a failing collective is logged once and ends
 the live statistics on this rank.
@@ -34,6 +41,7 @@ the live statistics on this rank.
 from __future__ import annotations
 
 import math
+import pickle
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +68,7 @@ KEPT_STEPS = 8
 """How many of the latest collected steps :meth:`GlobalStatsProbe.global_stats` can answer."""
 _SUM_FIELDS = 6  # norm², Σ mean·numel, nans, Σ zeros·numel, numel, NaN flags of min/max
 _MAX_FIELDS = 2  # max, −min
+_FIELDS = _SUM_FIELDS + _MAX_FIELDS
 
 
 class StatKey(NamedTuple):
@@ -132,10 +141,10 @@ def _pieces(params: Sequence[NamedParam], tables: Sequence[str]) -> dict[StatKey
 
 @dataclass
 class _Step:
-    """One collected step's reduced buffers and local rows, made host values on first read."""
+    """One collected step's gathered buffer (``[world, slots, fields]``) and local rows, made
+    host values on first read."""
 
-    sums: torch.Tensor
-    maxes: torch.Tensor
+    gathered: torch.Tensor
     local: dict[StatKey, Any]  # key → its row values (a list, or a device tensor)
     values: dict[StatKey, dict[str, float]] | None = None
 
@@ -171,24 +180,24 @@ class GlobalStatsProbe(Probe):
         everyone: list[Any] = [mine]
         if world_size() > 1:
             self._device = _collective_device()
-            everyone = [None] * world_size()
-            dist.all_gather_object(everyone, mine)
+            everyone = _gather_objects(mine, self._device)
         union = sorted({(s[0], s[1], s[2], tuple(s[3])) for slots in everyone for s in (slots or [])})
         self.slots = {slot: i for i, slot in enumerate(union)}
         self._slot_of = {k: self.slots[_slot(k, p)] for k, p in self.pieces.items() if p.sharded}
 
     # -- each step -------------------------------------------------------------------------
     def after_optimizer_step(self) -> None:
-        """Pack this rank's pieces, reduce them with every rank, keep the step's buffers."""
+        """Pack this rank's pieces, gather them from every rank (one collective), keep the
+        step's buffer."""
         if self._broken:
             return
         step = self.clock.step
         local, sums, maxes = self._contribution()
+        gathered = torch.cat([sums, maxes], dim=1).unsqueeze(0)
         if self.slots:
             try:
-                dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-                dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-                self.collectives += 2
+                gathered = _gather(gathered[0])
+                self.collectives += 1
             except Exception as exc:  # noqa: BLE001 - a monitor must never break training
                 self._broken = True
                 error_once(
@@ -197,7 +206,7 @@ class GlobalStatsProbe(Probe):
                     "full-tensor statistics are off on this rank for the rest of the run",
                 )
                 return
-        self._steps[step] = _Step(sums, maxes, local)
+        self._steps[step] = _Step(gathered, local)
         while len(self._steps) > KEPT_STEPS:
             self._steps.popitem(last=False)
 
@@ -297,7 +306,7 @@ class GlobalStatsProbe(Probe):
         for key, row in held.local.items():
             ops = self.sources[key.table].spec.ops
             out[key] = dict(zip(ops, (float(v) for v in _host(row))))
-        sums, maxes = held.sums.tolist(), held.maxes.tolist()
+        sums, maxes = _combine(held.gathered)
         for key, slot in self._slot_of.items():
             global_numel = self.pieces[key].global_numel
             merged = _merge(self.sources[key.table].spec.ops, sums[slot], maxes[slot], global_numel)
@@ -328,6 +337,36 @@ def _merge(ops: Sequence[str], sums: list[float], maxes: list[float], global_num
         "min": math.nan if nan_flags or empty else -neg_lo,
     }
     return {op: merged[op] for op in ops if op in merged}
+
+
+def _combine(gathered: torch.Tensor) -> tuple[list[list[float]], list[list[float]]]:
+    """Every slot's sums and maxima over the ranks of a gathered ``[world, slots, fields]``
+    buffer: summed in rank order (NaN propagates), maximised (the maxima hold no NaN)."""
+    sums = gathered[0, :, :_SUM_FIELDS].clone()
+    for contribution in gathered[1:]:
+        sums += contribution[:, :_SUM_FIELDS]
+    maxes = gathered[:, :, _SUM_FIELDS:].amax(dim=0)
+    return sums.tolist(), maxes.tolist()
+
+
+def _gather(mine: torch.Tensor) -> torch.Tensor:
+    """``mine`` of every rank, stacked ``[world, ...]``: one ``allgather`` on the default
+    process group itself (not through ``torch.distributed.all_gather``, which ``cc`` records)."""
+    group = dist.distributed_c10d._get_default_group()
+    out = torch.empty((group.size(), *mine.shape), dtype=mine.dtype, device=mine.device)
+    group.allgather([list(out.unbind(0))], [mine.contiguous()]).wait()
+    return out
+
+
+def _gather_objects(mine: Any, device: torch.device) -> list[Any]:
+    """``mine`` (picklable) of every rank, in rank order: two gathers (the sizes, then the padded
+    bytes) on the default process group itself, out of ``cc``'s sight."""
+    data = torch.frombuffer(bytearray(pickle.dumps(mine)), dtype=torch.uint8).to(device)
+    sizes = _gather(torch.tensor([data.numel()], dtype=torch.int64, device=device)).flatten().tolist()
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data
+    everyone = _gather(padded).cpu()
+    return [pickle.loads(bytes(everyone[r, :n].tolist())) for r, n in enumerate(sizes)]  # noqa: S301 - our own ranks
 
 
 def _stack(rows: list[Any], device: torch.device) -> torch.Tensor:
