@@ -136,8 +136,10 @@ class TrainerMonitorV2:
         """Create the enabled monitors and attach them.
 
         Args:
-            model: an ``nn.Module`` (MindSpore: an ``nn.Cell``) or a list of model chunks
-                (``vpp_stage`` = list index).
+            model: an ``nn.Module`` (MindSpore: an ``nn.Cell``), a list of model chunks
+                (``vpp_stage`` = list index), or ``torch.distributed.pipelining``
+                ``PipelineStage`` objects (one, or the list this rank holds: ``vpp_stage`` = each
+                stage's global stage index, names prefixed ``<stage>:``).
             optimizer: a ``torch.optim.Optimizer`` or a wrapper with ``.optimizer`` (MindSpore:
                 an ``nn.Optimizer`` or ``mint.optim`` optimizer); required by weight_grad,
                 optimizer and param.
