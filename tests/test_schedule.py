@@ -194,15 +194,10 @@ def test_window_origin_zero_for_v1() -> None:
     assert [s.window(t) for t in (1, 3, 5)] == [(0, 1), (2, 3), (4, 5)]
 
 
-def test_file_window_and_file_end_name_every_sinks_files() -> None:
-    """The names both sinks (CSV, Parquet) give a window's file: started no earlier than the
-    sink's first step; a window cut short ends at the last collected step at or before the stop."""
+def test_file_window_names_every_sinks_files() -> None:
+    """The names both sinks (CSV, Parquet) give a window's file: its whole window, started no
+    earlier than the sink's first step."""
     s = Schedule(start_step=2, step_interval=3, step_count_per_record=10)
     assert s.file_window(5) == (2, 11)
     assert s.file_window(8, first_step=6) == (6, 11)  # a session started inside the window
     assert s.file_window(5, first_step=6) == (5, 11)  # never after the step itself
-    assert s.file_end(2, 11, None) == 11  # the schedule finished: the name stands
-    assert s.file_end(2, 11, 12) == 11
-    assert s.file_end(2, 11, 7) == 5  # steps 2, 5 collected by step 7
-    assert s.file_end(6, 11, 7) == 6  # never before the file's first step
-    assert s.file_end(2, 11, 0) == 2

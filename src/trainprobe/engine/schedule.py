@@ -87,19 +87,6 @@ class Schedule:
         first, last = self.window(step)
         return max(first, min(first_step, step)), last
 
-    def file_end(self, first: int, last: int, reached: int | None) -> int:
-        """The last step in the name of a file of window ``first``-``last`` once it is closed at
-        step ``reached``: ``last``, or for a window cut short (``reached`` < ``last``) the last
-        step collected at or before ``reached`` (never before ``first``). None: the schedule
-        finished, the name stands."""
-        if reached is None or reached >= last:
-            return last
-        if reached < self.start_step:
-            collected = self.start_step
-        else:
-            collected = self.start_step + ((reached - self.start_step) // self.step_interval) * self.step_interval
-        return max(first, collected)
-
     def step_at(self, index: int) -> int:
         """The step collected at 0-based ``index``."""
         return self.start_step + index * self.step_interval

@@ -190,9 +190,10 @@ class Session:
 
     def _finish(self, reached: int | None) -> None:
         """Remove hooks and close the output. ``reached``: training stopped (``close()``) at that
-        step, so a window it cut short is renamed to end there; None: the schedule finished, and
-        the last window keeps the name of its full range (``step5-6`` even when step 6 is not
-        collected, as the reference names it)."""
+        step; None: the schedule finished. Either way every window keeps the name of its full
+        range (``step5-6`` even when training stopped after step 5 or step 6 is not collected,
+        as the reference names it); ``reached`` is passed on to the sinks, which change no name
+        with it."""
         self._detach()
         if not self.closed:
             self.closed = True
