@@ -144,10 +144,32 @@ def _fault_and_refusals(rank: int, root: Path) -> None:
     (root / f"fault_rank{rank}.json").write_text(json.dumps({"seen": seen, "errors": errors, "refused": refused}))
 
 
+def _cc_run(rank: int, root: Path) -> None:
+    """TP with ``cc`` on, with and without ``global_stats``: the loop's own all_reduce each step."""
+    counts = {}
+    for name, live in (("cc_live", True), ("cc_plain", False)):
+        model, _ = _model("tp")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        monitors = {"weight_grad": {"enabled": True, "ops": OPS}, "cc": {"enabled": True, "ops": OPS}}
+        cfg = {"output_dir": str(root / name), "global_stats": live, "monitors": monitors}
+        mon = TrainerMonitorV2(write_config(root, cfg, name=f"{name}_rank{rank}.json"))
+        mon.start(model=model, optimizer=opt)
+        for step in range(STEPS):
+            model(torch.randn(5, 8, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+            dist.all_reduce(torch.ones(3) * step)  # the loop's collective: a cc row
+            opt.step()
+            opt.zero_grad()
+        counts[name] = mon._live.collectives if mon._live is not None else -1
+        mon.stop()
+    (root / f"cc_rank{rank}.json").write_text(json.dumps(counts))
+
+
 def _tp_entry(rank: int, root: Path) -> None:
     _train(rank, root, "tp")
     dist.barrier()
     _fault_and_refusals(rank, root)
+    dist.barrier()
+    _cc_run(rank, root)
 
 
 def _two_d_entry(rank: int, root: Path) -> None:
@@ -227,6 +249,21 @@ def test_a_rank_whose_packing_fails_leaves_its_tensors_out_everywhere(runs: Path
     faults = [m for m in saved[1]["errors"] if "global_stats: packing" in m]
     assert len(faults) == 1 and "left out from now on" in faults[0]
     assert saved[0]["errors"] == []
+
+
+def test_one_collective_per_step_and_no_cc_row_of_its_own(runs: Path) -> None:
+    """One collective per collected step; ``cc`` writes the same rows with global_stats on and off."""
+    from conftest import rows_of
+
+    for rank in range(2):
+        assert json.loads((runs / f"cc_rank{rank}.json").read_text())["cc_live"] == STEPS
+        seen = {}
+        for name in ("cc_live", "cc_plain"):
+            rows = rows_of(runs / name, "cc", rank)
+            seen[name] = [(r["step"], r["module_name"], r["scope"]) for r in rows]
+        assert seen["cc_live"] == seen["cc_plain"], rank
+        assert len({s for s, _, _ in seen["cc_plain"]}) == STEPS  # the loop's all_reduce, each step
+        assert not any("gather" in n for _, n, _ in seen["cc_live"]), seen["cc_live"]
 
 
 def test_configs_that_cannot_work_are_refused_naming_the_field(runs: Path) -> None:
