@@ -1,19 +1,22 @@
 """``trainprobe report MONITOR_DIR [-o report.html]``: one self-contained HTML page (works offline)
 from Monitor V1 or V2 output.
 
-The page holds, top to bottom: a summary (steps, ranks, data types, targets, rows, torn rows
-skipped, NaN/inf rows and the first one in execution order, dumped alerts); the run (loss,
-learning rate, global gradient norm over steps, from ``training_state.jsonl``, the training
-metrics' TensorBoard scalars and the gradient CSVs); the top offenders (the parameters carrying the largest shares of the global gradient
-norm², per step and over the run); the anomaly timeline
-(the first NaN/inf row of each target in the CSVs and the events of
-``anomaly_detected/rank*/anomaly.json``, the first in execution order starred); per data type a
-targets × steps heatmap (menus: op, rank, log colour by default, or linear) and line charts of the
-top targets by max norm; with several ranks, a ranks × steps heatmap of each data type's global
-norm. Heatmaps of more than 500 steps are downsampled: each column is a bucket of consecutive
-steps showing its value of largest magnitude (red if any is NaN/inf). A data type with more than
-200 targets draws 200 heatmap rows (NaN/inf targets first, then the largest peaks) and the page
-says so. Names are escaped for Plotly, which reads labels as HTML. See ``docs/report.md``.
+The page holds, top to bottom: a summary (the first anomaly, steps, ranks, data types, targets,
+rows, torn rows skipped, NaN/inf rows and the first one in execution order, dumped alerts); the
+Diagnosis (``trainprobe diagnose``'s answer); the training curves (loss, learning rate, global
+gradient norm over steps, from a ``loss.csv`` beside the run, ``training_state.jsonl``, the
+training metrics' TensorBoard scalars and the gradient CSVs); the top offenders (the parameters
+carrying the largest shares of the global gradient norm², per step and over the run); the
+anomaly timeline (the first NaN/inf row of each target in the CSVs, the events of
+``anomaly_detected/rank*/anomaly.json`` and diagnose's anomalies, spikes included, with its
+first anomaly starred); per data type a targets × steps heatmap (menus: op, rank, log colour by
+default, or linear; every row labelled) and line charts of the top targets by max norm; with
+several ranks, a ranks × steps heatmap of each data type's global norm. A sharded run is shown
+in full tensors (``--rank-local``: each rank's rows). Heatmaps of more than 500 steps are
+downsampled: each column is a bucket of consecutive steps showing its value of largest magnitude
+(red if any is NaN/inf). A data type with more than 200 targets draws 200 heatmap rows (NaN/inf
+targets first, then the largest peaks) and the page says so. Names are escaped for Plotly,
+which reads labels as HTML. See ``docs/report.md``.
 
 Python::
 
@@ -76,8 +79,8 @@ def write_report(
     """Write the HTML report of the monitor output under ``monitor_dir`` (a V1 MONITOR_OUTPUT_DIR
     or run folder, or a V2 output_dir) to ``output`` (see :func:`output_path`) and return its path.
 
-    The training metrics' ``training_state.jsonl`` files (loss and gradient norms of the Run
-    section) come from ``training_state`` (the file, a ``rank_<id>`` folder or the metrics'
+    The training metrics' ``training_state.jsonl`` files (loss and gradient norms of the training
+    curves) come from ``training_state`` (the file, a ``rank_<id>`` folder or the metrics'
     ``dump_path``), else from ``monitor_dir``, its ``rank_<id>`` folders or one level below;
     their TensorBoard scalars (loss, learning rate, gradient norm) from ``tensorboard`` (the
     metrics' ``tensorboard_dir``), else from event files in ``monitor_dir``'s ``rank_<id>`` folders.
@@ -170,13 +173,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--training-state",
         metavar="PATH",
         help="the training metrics' training_state.jsonl, a rank_<id> folder or their dump_path (default: any "
-        "found in MONITOR_DIR, its rank_<id> folders or one level below): loss and gradient norm of the Run section",
+        "found in MONITOR_DIR, its rank_<id> folders or one level below): loss and gradient norm of the training curves",
     )
     parser.add_argument(
         "--tensorboard",
         metavar="PATH",
         help="the training metrics' tensorboard_dir (or a rank_<id> folder or event file): loss, learning rate "
-        "and grad-norm of the Run section (default: event files in MONITOR_DIR's rank_<id> folders)",
+        "and grad-norm of the training curves (default: event files in MONITOR_DIR's rank_<id> folders)",
     )
     parser.add_argument(
         "--baseline",

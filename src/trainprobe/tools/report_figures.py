@@ -542,13 +542,13 @@ def anomaly_timeline(
 # --------------------------------------------------------------------------- run
 
 
-#: The Run section's panels: title, the training_state.jsonl keys drawn, y axis type.
+#: The training curves' panels: title, the training_state.jsonl keys drawn, y axis type.
 RUN_PANELS = (
     ("loss", LOSS_KEYS, "linear"),
     ("learning rate", LR_KEYS, "linear"),
     ("global gradient norm", NORM_KEYS, "log"),
 )
-#: Ranks drawn per line of the Run section (the lowest ones).
+#: Ranks drawn per line of the training curves (the lowest ones).
 MAX_RUN_RANKS = 8
 OTHER_COLOUR = "#9e9e9e"
 REST_COLOUR = "#e0e0e0"

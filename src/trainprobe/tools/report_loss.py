@@ -30,7 +30,7 @@ from trainprobe.engine.safe_files import is_inside, is_regular_file
 from trainprobe.tools.report_run import LOSS_KEYS, LR_KEYS, NORM_KEYS, Series, TrainingState, rank_of
 
 LOSS_FILE = "loss.csv"
-#: The columns drawn, as the Run panels name them (``lr`` and ``learning-rate`` both mean the learning rate).
+#: The columns drawn, as the training curves' panels name them (``lr`` and ``learning-rate`` both mean the learning rate).
 KEYS = (*LOSS_KEYS, *LR_KEYS, *NORM_KEYS)
 #: Bytes read of a ``loss.csv`` at most (a million steps of a few columns fit).
 MAX_BYTES = 64 << 20

@@ -215,7 +215,7 @@ def offender_rows(
 
 @dataclass
 class Series:
-    """One line of the Run section: ``key`` of ``source`` on ``rank`` (NaN/inf kept); for a
+    """One line of the training curves: ``key`` of ``source`` on ``rank`` (NaN/inf kept); for a
     norm computed from the gradient CSVs, ``nonfinite`` flags the steps where some parameter's
     norm was NaN/inf (left out of the sum)."""
 

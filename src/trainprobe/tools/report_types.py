@@ -19,7 +19,7 @@ from trainprobe.tools.report_run import Offenders, TrainingState
 MAX_TARGETS = 200
 #: NaN/inf onsets kept (the timeline draws at most this many); the page says how many there were.
 MAX_ONSETS = 2000
-#: The V1 tables of gradients: their groups feed the Run section and the top offenders, in this
+#: The V1 tables of gradients: their groups feed the training curves and the top offenders, in this
 #: order of preference (the reduced gradient is the one the optimizer applies).
 GRADIENT_TABLES = ("grad_reduced", "grad_unreduced")
 
