@@ -21,10 +21,11 @@ in the same step (rank 0's; the ranks wait for each other in the collectives). R
 ratios, the layout metadata's overhead in points (``wg+layout`` − ``wg``, target ≤ 0.5), and the
 live statistics' added points (``wg+layout+global`` − ``wg+layout``).
 
-Collectives are counted with a wrapper around ``torch.distributed``'s functions (this bench only):
-per twin and step, those called from trainprobe's code by name (the live statistics: one
-``all_reduce`` for SUM and one for MAX, target ≤ 1 per reduction kind), and the start-time
-``all_gather_object`` that agrees on the slots.
+Collectives: the live statistics issue theirs on the process group itself
+(``ProcessGroup.allgather``, out of ``cc``'s sight), counted by the probe
+(``GlobalStatsProbe.collectives``) over the timed steps: target ≤ 1 per step. A wrapper around
+``torch.distributed``'s functions (this bench only) also counts, per twin and step, the calls
+made from trainprobe's code through them (expected: none).
 
 Usage::
 
@@ -150,9 +151,13 @@ def _train(rank: int, world: int, args: dict[str, Any], out: Path) -> None:
         counter.twin = f"start:{twin}"
         twins[twin] = (model, opt, _monitor(twin, out / f"w{world}", model, opt))
     dp_rank = rank // 2 if world == 4 else 0
+    live = twins["wg+layout+global"][2]
+    issued_before = 0
     times: dict[str, list[float]] = {t: [] for t in TWINS}
     for step in range(args["warmup"] + args["steps"]):
         x = torch.randn(args["batch"], args["hidden"], generator=torch.Generator().manual_seed(1000 * step + dp_rank))
+        if step == args["warmup"]:
+            issued_before = live._live.collectives
         order = TWINS[step % 4:] + TWINS[:step % 4]
         for twin in order:
             model, opt, _ = twins[twin]
@@ -164,14 +169,16 @@ def _train(rank: int, world: int, args: dict[str, Any], out: Path) -> None:
             opt.zero_grad()
             if step >= args["warmup"]:
                 times[twin].append(time.perf_counter() - started)
-    live = twins["wg+layout+global"][2]
-    checked = len(live.global_stats()) if live is not None else 0
+    checked = len(live.global_stats())
+    issued = live._live.collectives - issued_before
     for _, _, mon in twins.values():
         if mon is not None:
             mon.stop()
     if rank == 0:
         counts = [[t, n, by_us, c] for (t, n, by_us), c in counter.counts.items()]
-        (out / f"result_w{world}.json").write_text(json.dumps({"times": times, "counts": counts, "live_keys": checked}))
+        (out / f"result_w{world}.json").write_text(json.dumps(
+            {"times": times, "counts": counts, "live_keys": checked, "live_collectives": issued}
+        ))
 
 
 def _free_port() -> int:
@@ -196,7 +203,8 @@ def _report(world: int, args: dict[str, Any], result: dict[str, Any]) -> None:
         print(f"{twin:18s} monitored/unmonitored {ratio[twin]:.4f}   trainprobe collectives/step {per_step[twin] or 0}")
     print(f"layout metadata: {(ratio['wg+layout'] - ratio['wg']) * 100:+.2f} points on the weight_grad row (target <= 0.5)")
     print(f"live global statistics: {(ratio['wg+layout+global'] - ratio['wg+layout']) * 100:+.2f} points; "
-          f"collectives/step {per_step['wg+layout+global']} (target <= 1 per reduction kind); at start {at_start}; "
+          f"collectives/step {result['live_collectives'] / steps:g} (ProcessGroup.allgather, target <= 1); "
+          f"through torch.distributed: per step {per_step['wg+layout+global'] or 0}, at start {at_start or 0}; "
           f"full-tensor values per step on rank 0: {result['live_keys']}")
 
 

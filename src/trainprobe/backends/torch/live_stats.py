@@ -139,6 +139,23 @@ def _pieces(params: Sequence[NamedParam], tables: Sequence[str]) -> dict[StatKey
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Holders:
+    """Who holds a sharded tensor's pieces at a step, worded as ``trainprobe diagnose`` words a
+    full-tensor row (:class:`~trainprobe.engine.anomaly.finding.Anomaly`'s ``ranks``, ``held``,
+    ``bad_ranks``).
+
+    Attributes:
+        ranks: every rank holding a piece (sorted).
+        held: ``"shards"``, or ``"<n> shards, replicated"`` when copies of the pieces repeat.
+        bad_ranks: the ranks whose contributing piece has a NaN/inf statistic this step.
+    """
+
+    ranks: tuple[int, ...]
+    held: str
+    bad_ranks: tuple[int, ...]
+
+
 @dataclass
 class _Step:
     """One collected step's gathered buffer (``[world, slots, fields]``) and local rows, made
@@ -288,6 +305,25 @@ class GlobalStatsProbe(Probe):
         maxes.index_copy_(0, index, torch.stack([top, bottom], dim=1))
 
     # -- reading ---------------------------------------------------------------------------
+    def sharded(self) -> frozenset[StatKey]:
+        """The rows of this rank whose full-tensor values come from the collective (the others
+        given are this rank's own rows: whole or replicated tensors)."""
+        return frozenset(self._slot_of)
+
+    def holders(self, step: int, key: StatKey) -> Holders | None:
+        """Who holds ``key``'s pieces at ``step`` (None: not a sharded row, or the step is not
+        kept)."""
+        held, slot = self._steps.get(step), self._slot_of.get(key)
+        if held is None or slot is None:
+            return None
+        group = self.pieces[key].group
+        rows = held.gathered[:, slot, :].cpu()
+        sums, maxes = rows[:, :_SUM_FIELDS], rows[:, _SUM_FIELDS:]
+        bad = (~sums.isfinite()).any(dim=1) | (sums[:, 2] > 0) | (sums[:, 5] > 0) | (maxes == math.inf).any(dim=1)
+        pieces = int((sums[:, 4] > 0).sum())
+        text = "shards" if pieces == len(group) else f"{pieces} shards, replicated"
+        return Holders(tuple(sorted(group)), text, tuple(int(r) for r in bad.nonzero().flatten().tolist()))
+
     def global_stats(self, step: int | None = None) -> dict[StatKey, dict[str, float]]:
         """The full-tensor statistics of ``step`` (default: the latest collected step), as
         ``{StatKey(table, name, scope): {op: value}}`` with the table's ops; ``{}`` for a step

@@ -23,6 +23,17 @@ have taken their statistics: one host read of them per step. A stop then skips t
 (``optimizer.step()`` returns without moving a parameter, or raises ``AnomalyStop``), so the
 model and the optimizer are exactly as after the last healthy step.
 
+Where live full-tensor statistics are on (``"global_stats": true``,
+:mod:`trainprobe.backends.torch.live_stats`), the rules see full tensors: a ``weight_grad``
+``reduced``, ``param`` or ``optimizer`` row of a sharded tensor is judged on the full tensor's
+values (the same ops, the row's key; the live statistics of step ``s`` are computed after its
+``optimizer.step()``, before the step's rows reach the watch), so every rank finds the same
+anomaly, and its event is worded as ``trainprobe diagnose`` words the full-tensor row
+(``step 7, full tensor, weight_grad/reduced fc1.weight: norm = nan (NaN/inf), held by ranks 0,1
+(shards), NaN/inf in rank 1's shard``; its ``rank`` is the least rank whose piece holds the
+NaN/inf). Rows judged before the update (``before_update``) are judged on this rank's pieces:
+the full values exist only after ``optimizer.step()``. A full-tensor spike names no piece.
+
 A fault inside the watch itself (not an anomaly: a bug, a full disk for the event file) is logged
 once and turns the watch off; training goes on.
 """
@@ -30,12 +41,13 @@ once and turns the watch off; training goes on.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainprobe.engine.anomaly.config import AnomalyConfig
 from trainprobe.engine.anomaly.events import AnomalyEvent, AnomalyStop, EventLog
+from trainprobe.engine.anomaly.finding import Anomaly
 from trainprobe.engine.anomaly.online import OnlineRules
 from trainprobe.engine.layout import V2_MONITORS
 from trainprobe.engine.log import error_once, logger
@@ -47,6 +59,53 @@ DUMP_FOLDER = "anomaly_dump"
 
 Agree = Callable[[bool], tuple[int, ...]]
 """``agree(flag)``: the ranks whose flag is true (a collective every rank calls together)."""
+
+
+FullKey = tuple[str, str, str]
+"""(table, name, scope): a row of a tensor whose full-tensor values the live statistics give."""
+
+
+class FullTensors(Protocol):
+    """What the watch reads of the live full-tensor statistics
+    (:class:`~trainprobe.backends.torch.live_stats.GlobalStatsProbe`)."""
+
+    def sharded(self) -> frozenset[Any]:
+        """The sharded rows' keys ``(table, name, scope)``."""
+        ...
+
+    def global_stats(self, step: int | None = None) -> dict[Any, dict[str, float]]:
+        """``{(table, name, scope): {op: value}}`` of ``step``."""
+        ...
+
+    def holders(self, step: int, key: Any) -> Any:
+        """Who holds ``key``'s pieces (``ranks``, ``held``, ``bad_ranks``), or None."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FullTensorEvent(AnomalyEvent):
+    """An event on a sharded tensor's full-tensor values: worded as diagnose words the
+    full-tensor row (``full tensor``, the ranks holding it, whose piece holds the NaN/inf).
+
+    Attributes:
+        ranks: every rank holding a piece.
+        held: how they hold it (``"shards"``, ``"<n> shards, replicated"``).
+        bad_ranks: for a NaN/inf, the ranks whose piece holds it (None: none known).
+    """
+
+    ranks: tuple[int, ...] = ()
+    held: str = "shards"
+    bad_ranks: tuple[int, ...] | None = None
+
+    def as_anomaly(self) -> Anomaly:
+        """The full-tensor row as ``trainprobe diagnose`` finds it."""
+        return replace(AnomalyEvent.as_anomaly(self), ranks=self.ranks, held=self.held, bad_ranks=self.bad_ranks)
+
+    def to_json(self) -> dict[str, Any]:
+        """The event file's object, with ``ranks``, ``held`` and ``bad_ranks``."""
+        out = AnomalyEvent.to_json(self)
+        bad = list(self.bad_ranks) if self.bad_ranks is not None else None
+        return {**out, "ranks": list(self.ranks), "held": self.held, "bad_ranks": bad}
 
 
 class SkipUpdate(Exception):
@@ -109,6 +168,20 @@ class AnomalyWatch:
         self._dumped = False
         self._end_step: Callable[[], None] | None = None
         self._close: Callable[[], None] | None = None
+        self.full: FullTensors | None = None
+        self._full_keys: frozenset[FullKey] | None = None
+
+    def see_full_tensors(self, live: FullTensors) -> None:
+        """Judge the sharded rows on the full tensors' values of ``live`` (see the module doc;
+        its rows are known once the session attached it: read at the first batch)."""
+        self.full, self._full_keys = live, None
+
+    def _sharded(self) -> frozenset[FullKey]:
+        if self.full is None:
+            return frozenset()
+        if self._full_keys is None:
+            self._full_keys = frozenset((key[0], key[1], key[2]) for key in self.full.sharded())
+        return self._full_keys
 
     def bind(self, end_step: Callable[[], None], close: Callable[[], None]) -> None:
         """The session's ``end_step`` and ``close`` (a stop before the update ends the step and
@@ -122,11 +195,12 @@ class AnomalyWatch:
             return
         try:
             done = self._judged.pop(probe.name, 0) if batch.step == self.clock.step else 0
+            rows = self._as_written(probe.name, batch.rows()[done:])
             self.rules.judge(
                 probe.name,
                 batch.step,
                 probe.spec.ops,
-                self._as_written(probe.name, batch.rows()[done:]),
+                self._full_rows(probe.name, batch.step, probe.spec.ops, rows),
                 skipped=batch.step in self._skipped,
                 first_position=done,
             )
@@ -171,7 +245,8 @@ class AnomalyWatch:
         fresh: list[AnomalyEvent] = []
         if not self.disabled:
             try:
-                fresh = [e for e in self.rules.end_step(step) if e.kind not in self._reported.get(e.step, set())]
+                ended = [self._marked(e) for e in self.rules.end_step(step)]
+                fresh = [e for e in ended if e.kind not in self._reported.get(e.step, set())]
                 self._reported = {}
             except Exception as exc:  # noqa: BLE001 - the watch never breaks training
                 self._fail(exc)
@@ -188,6 +263,33 @@ class AnomalyWatch:
         if table in self.micro_step_tables:
             return rows
         return [(replace(key, micro_step=None) if key.micro_step is not None else key, v) for key, v in rows]
+
+    def _full_rows(
+        self, table: str, step: int, ops: Sequence[str], rows: list[tuple[RowKey, list[float]]]
+    ) -> list[tuple[RowKey, list[float]]]:
+        """``rows`` with each sharded row's values those of its full tensor (where known)."""
+        sharded = self._sharded()
+        if self.full is None or not any((table, key.name, key.scope) in sharded for key, _ in rows):
+            return rows
+        merged = self.full.global_stats(step)
+        out = []
+        for key, values in rows:
+            full = merged.get((table, key.name, key.scope)) if (table, key.name, key.scope) in sharded else None
+            out.append((key, [full.get(op, v) for op, v in zip(ops, values)] if full is not None else values))
+        return out
+
+    def _marked(self, event: AnomalyEvent) -> AnomalyEvent:
+        """``event`` as a :class:`FullTensorEvent` where it is of a sharded row's full tensor."""
+        if self.full is None or (event.table, event.name, event.scope) not in self._sharded():
+            return event
+        holders = self.full.holders(event.step, (event.table, event.name, event.scope))
+        if holders is None:
+            return event
+        bad = holders.bad_ranks if event.kind == "nonfinite" and holders.bad_ranks else None
+        given = {f.name: getattr(event, f.name) for f in fields(AnomalyEvent)}
+        if bad:
+            given["rank"] = min(bad)
+        return FullTensorEvent(**given, ranks=holders.ranks, held=holders.held, bad_ranks=bad)
 
     # -- acting --------------------------------------------------------------------------
     def _fresh(self, step: int, events: list[AnomalyEvent]) -> list[AnomalyEvent]:
