@@ -129,10 +129,8 @@ def add_full_views(con: Any, root: Path, views: Mapping[str, Sequence[str]]) -> 
 
 def _merge(op: str) -> str:
     q = ident(op)
-    if op == "min":
-        return f"min({q})"
-    if op == "max":
-        return f"max({q})"
+    if op in ("min", "max"):  # a NaN piece makes the full tensor's min/max NaN, as torch's (DuckDB's skip it)
+        return f"CASE WHEN bool_or(isnan({q})) THEN CAST('nan' AS DOUBLE) ELSE {op}({q}) END"
     if op == "norm":
         return f"sqrt(sum({q} * {q}))"
     if op == "nans":

@@ -465,6 +465,8 @@ class TrainerMonitorV2:
         )
         if watch is not None:
             watch.bind(session.end_step, session.close)
+            if self._live is not None:
+                watch.see_full_tensors(self._live)  # the rules judge sharded rows on full tensors
         return session
 
     def _describe_layouts(
