@@ -116,7 +116,7 @@ def test_a_spike_reaches_the_callback_worded_as_diagnoses_first_line(tmp_path: P
     from trainprobe.tools.diagnose import diagnose
 
     assert seen and seen[0].step == 14 and seen[0].kind == "spike"
-    assert diagnose(tmp_path / "run").line() == "first anomaly: " + seen[0].line()
+    assert diagnose(tmp_path / "run", rule="median").line() == "first anomaly: " + seen[0].line()
     per_step: dict[int, int] = {}
     for event in seen:
         per_step[event.step] = per_step.get(event.step, 0) + 1

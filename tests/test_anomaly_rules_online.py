@@ -53,13 +53,18 @@ def test_the_block_defaults_and_each_bad_field_is_named() -> None:
         _parse({"spike_rule": "zclip"})
 
 
-def _train(out: Path, *, spike_step: int | None, nan_step: int | None, steps: int = 24) -> Path:
+def _train(
+    out: Path, *, spike_step: int | None, nan_step: int | None, steps: int = 24, anomaly: dict[str, Any] | None = None
+) -> Path:
     torch.manual_seed(0)
     model = TinyGPT(CFG)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     batches = synthetic_batches(CFG, batch_size=4, seed=0)
     monitors = {t: {"enabled": True, "ops": list(OPS)} for t in TABLES}
-    mon = TrainerMonitorV2({"output_dir": str(out), "step_count_per_record": 8, "monitors": monitors})
+    config: dict[str, Any] = {"output_dir": str(out), "step_count_per_record": 8, "monitors": monitors}
+    if anomaly is not None:
+        config["anomaly"] = anomaly
+    mon = TrainerMonitorV2(config)
     mon.start(model=model, optimizer=opt)
     params = dict(model.named_parameters())
     for step in range(steps):
@@ -103,7 +108,7 @@ def test_the_first_online_event_is_diagnoses_first_line(tmp_path: Path, spike: i
     from trainprobe.tools.diagnose import diagnose
 
     run = _train(tmp_path / "run", spike_step=spike, nan_step=nan)
-    answer = diagnose(run)
+    answer = diagnose(run, rule="median")
     events = _replay(run, OnlineRules(AnomalyConfig(spike_rule="median"), rank=0))
     assert answer.first is not None and events
     assert "first anomaly: " + events[0].line() == answer.line()
@@ -114,3 +119,30 @@ def test_the_first_online_event_is_diagnoses_first_line(tmp_path: Path, spike: i
 def test_a_healthy_run_gets_no_event(tmp_path: Path) -> None:
     run = _train(tmp_path / "run", spike_step=None, nan_step=None)
     assert _replay(run, OnlineRules(AnomalyConfig(spike_rule="median"), rank=0)) == []
+    assert _replay(run, OnlineRules(AnomalyConfig(), rank=0)) == []
+
+
+@pytest.mark.parametrize(("spike", "nan"), [(14, None), (None, 7), (14, 18), (3, None)])
+def test_with_default_configs_the_first_online_event_is_diagnoses_first_line(
+    tmp_path: Path, spike: int | None, nan: int | None
+) -> None:
+    """``AnomalyConfig()`` and ``diagnose(run)``, both on their defaults (one rule, ``recent_max``):
+    the events the monitor wrote during the run (an ``anomaly`` block of defaults) and the rows
+    replayed afterwards both start with diagnose's first line, at the fault's step (a x100
+    spike at step 3 too: no blind warm-up)."""
+    from trainprobe.engine.anomaly.events import read_events
+    from trainprobe.engine.rules import DEFAULT_RULE
+    from trainprobe.tools.diagnose import diagnose
+
+    assert AnomalyConfig().spike_rule == DEFAULT_RULE == "recent_max"
+    run = _train(tmp_path / "run", spike_step=spike, nan_step=nan, anomaly={})
+    answer = diagnose(run)
+    assert answer.rule == DEFAULT_RULE and answer.first is not None
+    written = read_events(run / "rank_0")
+    replayed = _replay(run, OnlineRules(AnomalyConfig(), rank=0))
+    assert written and replayed
+    assert answer.line() == "first anomaly: " + written[0]["line"] == "first anomaly: " + replayed[0].line()
+    assert written[0]["step"] == replayed[0].step == (spike if spike is not None else nan)
+    assert [(e["step"], e["kind"]) for e in written] == [(e.step, e.kind) for e in replayed]
+    if spike is not None:
+        assert written[0]["rule"] == "recent_max" and written[0]["line"].endswith("(spike, recent_max)")

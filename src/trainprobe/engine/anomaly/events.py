@@ -84,6 +84,7 @@ class AnomalyEvent:
             median=self.reference,
             position=self.position,
             source="online",
+            spike_rule=self.rule if self.kind == "spike" else None,
         )
 
     def line(self) -> str:

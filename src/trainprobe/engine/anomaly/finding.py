@@ -27,7 +27,8 @@ class Anomaly:
         name: the tensor (module or parameter).
         op: the statistic (``norm``, ``max`` ...); None when an alert does not say.
         value: its value (NaN/inf kept); None when unknown (an alert alone).
-        median: for a spike, the running median it is compared with.
+        median: for a spike, the reference it is compared with (the spike rule's: a running
+            median, a recent max ...; the name is kept from the first rule).
         file: the data file of the row (None for an alert alone).
         position: the row's place among its step's rows in its file (an alert alone: its call_id).
         source: ``"files"``, ``"alert"`` or ``"files+alert"`` (found in both).
@@ -39,6 +40,8 @@ class Anomaly:
         bad_ranks: for a full-tensor NaN/inf, the ranks whose piece holds it; for a full-tensor
             spike, the ranks whose own piece spiked too (``rank`` is the least of them); None
             otherwise (or when no piece spiked alone).
+        spike_rule: for a spike, the rule that found it (:mod:`trainprobe.engine.rules`); None
+            is the running median's (``median``).
     """
 
     kind: str
@@ -59,6 +62,7 @@ class Anomaly:
     ranks: tuple[int, ...] | None = None
     held: str | None = None
     bad_ranks: tuple[int, ...] | None = None
+    spike_rule: str | None = None
 
     def order_key(self) -> tuple[int, ...]:
         """Its :func:`~trainprobe.engine.execution_order.execution_key`."""
@@ -73,9 +77,11 @@ class Anomaly:
         )
 
     def describe(self) -> str:
-        """One line: step, rank, table, tensor, op and value (and for a spike its median).
+        """One line: step, rank, table, tensor, op and value (and for a spike its reference:
+        ``60.6x its running median 0.0896 (spike)`` for the ``median`` rule, ``12.3x its recent
+        max 0.0123 (spike, recent_max)`` for the others, :data:`REFERENCES`).
 
-        A spike's ratio to its running median has a bounded width: ``60.6x`` below a million,
+        A spike's ratio to its reference has a bounded width: ``60.6x`` below a million,
         ``1.23e+06x`` / ``1e+300x`` above, ``more than 1e308x`` where the ratio overflows a
         float; over a denormal median (below the smallest normal float, 2.2e-308) no ratio is
         printed, the line says the median is denormal."""
@@ -92,8 +98,10 @@ class Anomaly:
         text = f"step {self.step}{micro}, {who}, {printable(where)} {printable(self.name)}: {printable(what)}"
         if self.kind == "spike" and self.median:
             median = self.median
+            named = REFERENCES.get(self.spike_rule or "median", "reference")
+            tag = "(spike)" if self.spike_rule in (None, "median") else f"(spike, {printable(self.spike_rule or '')})"
             if abs(median) < 2.0**-1022:  # sys.float_info.min: below it a float is denormal
-                text += f", over a denormal running median {number_text(median)} (no ratio) (spike)"
+                text += f", over a denormal {named} {number_text(median)} (no ratio) {tag}"
             else:
                 ratio = abs(self.value or 0) / median
                 if not math.isfinite(ratio):
@@ -102,7 +110,7 @@ class Anomaly:
                     shown = f"{ratio:.1f}x"
                 else:
                     shown = f"{ratio:.3g}x"
-                text += f", {shown} its running median {number_text(median)} (spike)"
+                text += f", {shown} its {named} {number_text(median)} {tag}"
         elif self.kind == "nonfinite":
             text += " (NaN/inf)"
         if self.rule:
@@ -119,6 +127,17 @@ class Anomaly:
             what, bad = ("NaN/inf" if self.kind == "nonfinite" else "spike"), list(self.bad_ranks)
             text += f", {what} in rank {bad[0]}'s {piece}" if len(bad) == 1 else f", {what} in the {piece}s of ranks {ranks_text(bad)}"
         return text
+
+
+REFERENCES: dict[str, str] = {
+    "median": "running median",
+    "recent_max": "recent max",
+    "early_max": "early max",
+    "mean_patience": "recent mean",
+    "ema_z": "EMA mean",
+}
+"""What each spike rule of :data:`trainprobe.engine.rules.RULES` compares a value with, as the
+answers word it (every rule has one; tests/test_rules.py checks)."""
 
 
 def number_text(value: float | None) -> str:
