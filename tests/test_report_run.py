@@ -261,8 +261,11 @@ def _report(run: RunReference, out: Path) -> str:
 def test_cli_page_has_run_offenders_and_log_heatmaps(run, tmp_path):
     text = _report(run, tmp_path / "run.html")
     assert '<section id="run">' in text and '<section id="offenders">' in text
-    sources = re.search(r'id="tp-run-sources" data-files="(\d+)" data-event-files="(\d+)" data-panels="([^"]*)"', text)
-    assert sources is not None and sources.groups() == ("1", "1", "loss,learning rate,global gradient norm")
+    sources = re.search(
+        r'id="tp-run-sources" data-files="(\d+)" data-event-files="(\d+)" data-loss-files="(\d+)" data-panels="([^"]*)"',
+        text,
+    )
+    assert sources is not None and sources.groups() == ("1", "1", "0", "loss,learning rate,global gradient norm")
     table = re.search(r'<table id="tp-offenders">(.*?)</table>', text, re.S)
     assert table is not None
     first = re.findall(r"<tr><td>([^<]*)</td><td class=num>(\d+)</td>", table.group(1))[0]
@@ -328,7 +331,7 @@ def test_page_draws_run_offenders_and_log_heatmap_in_chromium(run, tmp_path):
 def test_write_report_passes_the_sources_on(run, tmp_path):
     path = write_report(run.v2, tmp_path / "r.html", training_state=run.dump / "rank_0" / "training_state.jsonl")
     text = path.read_text(encoding="utf-8")
-    assert 'data-files="1" data-event-files="0" data-panels="loss,global gradient norm"' in text
+    assert 'data-files="1" data-event-files="0" data-loss-files="0" data-panels="loss,global gradient norm"' in text
 
 
 def test_v1_and_v2_gradient_csvs_of_two_ranks_feed_run_and_offenders(monitor_runs):
