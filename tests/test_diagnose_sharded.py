@@ -126,10 +126,10 @@ def test_a_nan_in_one_shard_is_named_with_its_full_tensor_and_ranks(sharded: Pat
         "nonfinite", NAN_STEP, "weight_grad", "reduced", "fc1.weight"
     )
     assert (first.ranks, first.held, first.bad_ranks, first.rank) == ((0, 1), "shards", (BAD_RANK,), BAD_RANK)
-    assert first.op == "max" and first.value is not None and math.isnan(first.value)  # the full tensor's max
+    assert first.op == "min" and first.value is not None and math.isnan(first.value)  # NaN in min and max: min is first
     assert math.isnan(_truth(sharded, f"{layout}_nan")["full"]["max"])
     line = result.line()
-    assert line.startswith(f"first anomaly: step {NAN_STEP}, full tensor, weight_grad/reduced fc1.weight: max = nan")
+    assert line.startswith(f"first anomaly: step {NAN_STEP}, full tensor, weight_grad/reduced fc1.weight: min = nan")
     assert "held by ranks 0,1 (shards), NaN/inf in rank 1's shard" in line
     doc = result.to_json()
     assert doc["first"]["ranks"] == [0, 1] and doc["first"]["bad_ranks"] == [1] and doc["tensors"] == "full"
