@@ -8,8 +8,10 @@
   slow drift are not flagged; a x10 spike late is found at its step;
 * the published rules as published (early max after its first 100, patience names the first
   outlier, the z-score EMA takes the clipped value);
-* ``median`` reproduces ``trainprobe diagnose``'s SQL rule (``spike_rows_sql``) row for row on
-  a real Monitor V2 run of the tiny GPT with a gradient spike and a NaN.
+* ``replay_many`` (many series end to end, what ``diagnose`` calls) gives each series' replay;
+* ``median`` reproduces ``trainprobe diagnose``'s former SQL rule (a window median in DuckDB,
+  kept here as an independent reference) row for row on a real Monitor V2 run of the tiny GPT
+  with a gradient spike and a NaN, replayed by hand and through diagnose's own spike scan.
 """
 
 from __future__ import annotations
@@ -93,10 +95,41 @@ def test_streaming_and_replay_give_the_same_verdicts(name: str, params: dict[str
 
 
 def test_every_rule_is_registered_and_checked_here() -> None:
+    from trainprobe.engine.anomaly.finding import REFERENCES
+
     assert set(RULES) == {name for name, _ in PARAMS}
     assert DEFAULT_RULE in RULES
     for name, make in RULES.items():
         assert make().name == name and make().describe().startswith(name)
+        assert name in REFERENCES  # the answers word each rule's reference
+
+
+@pytest.mark.parametrize(("name", "params"), PARAMS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(PARAMS)])
+@pytest.mark.parametrize("squared", [False, True])
+def test_replay_many_gives_each_series_replay(
+    name: str, params: dict[str, Any], squared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many series end to end (what diagnose passes: every series of a table at once) give the
+    verdicts of each series judged alone, at positions into the arrays; the median's chunks of
+    rows cut through series."""
+    import trainprobe.engine.rules.median as median
+
+    monkeypatch.setattr(median, "CHUNK", 97)
+    rule = rule_named(name, **params)
+    series = [_hostile(seed) ** (2 if squared else 1) for seed in range(6)]
+    series += [np.array([np.nan]), np.array([5.0, 0.0, 100.0]), _noisy(150, 9, {3: 100.0, 120: 50.0})]
+    steps = [np.arange(len(x)) * 3 + 5 for x in series]
+    starts = np.cumsum([0] + [len(x) for x in series[:-1]])
+    all_steps, all_values = np.concatenate(steps), np.concatenate(series)
+    hits = rule.replay_many(starts, all_steps, all_values, squared)
+    expected = [v for st, x in zip(steps, series, strict=True) for v in _stream(rule, st, x, squared)]
+    assert hits.verdicts(all_steps, all_values) == expected and expected
+    owner = np.searchsorted(starts, hits.at, side="right") - 1  # each hit lies in its own series
+    assert [int(all_steps[a]) for a in hits.at] == [v.step for v in expected]
+    assert list(owner) == sorted(owner)
+    assert rule.replay_many([], [], [], squared).verdicts(np.zeros(0, np.int64), np.zeros(0)) == []
+    with pytest.raises(ValueError, match="series starts"):
+        rule.replay_many([1, 5], all_steps, all_values, squared)
 
 
 def test_median_reference_is_the_float64_median_of_its_window() -> None:
@@ -231,7 +264,7 @@ def test_signals_are_todays() -> None:
     norm, amax = got["norm"], got["amax"]
     np.testing.assert_array_equal(norm[0], [4.0, np.nan, 2.0])
     np.testing.assert_array_equal(amax[0], [3.0, 5.0, 1.0])
-    assert amax[1] == ["min", "max", "max"]
+    assert amax[1] == ["min", "max", "min"]  # the finite one where the other is NaN/inf, as online
     assert signals({"max": np.array([-2.0])})["amax"][1] == ["max"]
 
 
@@ -276,11 +309,46 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _sql_rows(con: Any, views: dict[str, list[str]], rule: RunningMedian) -> set[tuple[Any, ...]]:
-    from trainprobe.tools.diagnose_sql import spike_rows_sql
+def _median_sql(views: dict[str, list[str]], factor: float, window: int, warmup: int) -> str:
+    """The running median rule as DuckDB SQL (diagnose's own until it replayed engine/rules):
+    a window ``ROWS BETWEEN W PRECEDING AND 1 PRECEDING`` per series, NaN/inf as NULL."""
+    def finite(op: str) -> str:
+        return f'CASE WHEN abs("{op}") < CAST(\'inf\' AS DOUBLE) THEN abs("{op}") END'
 
-    sql = spike_rows_sql(views, rule.factor, rule.window, rule.warmup)
-    return {(t, r, s, n, sc, op, v, m) for t, r, s, _mi, _vp, n, sc, op, v, m, _fr in con.sql(sql).fetchall()}
+    keys = "rank, name, scope, micro_step, vpp_stage"
+    bar = f"CASE WHEN scope = 'exp_avg_sq' THEN {factor ** 2!r} ELSE {factor!r} END"
+    pick = f"{finite('min')} IS NOT NULL AND ({finite('max')} IS NULL OR abs(\"min\") > abs(\"max\"))"
+    parts = []
+    for table in views:
+        base = (f"SELECT {keys}, step, file_row, {finite('norm')} AS a_norm, \"norm\" AS v_norm, 'norm' AS o_norm, "
+                f"greatest({finite('min')}, {finite('max')}) AS a_amax, CASE WHEN {pick} THEN \"min\" ELSE \"max\" END AS v_amax, "
+                f"CASE WHEN {pick} THEN 'min' ELSE 'max' END AS o_amax FROM {table}")
+        frame = f"PARTITION BY {keys} ORDER BY step, file_row ROWS BETWEEN {window} PRECEDING AND 1 PRECEDING"
+        stats = ", ".join(f"median(a_{k}) OVER w AS m_{k}, count(a_{k}) OVER w AS n_{k}" for k in ("norm", "amax"))
+        for k in ("norm", "amax"):
+            parts.append(
+                f"SELECT '{table}' AS t, rank, step, name, scope, o_{k}, v_{k}, m_{k} FROM "
+                f"(SELECT *, {stats} FROM ({base}) WINDOW w AS ({frame})) "
+                f"WHERE n_{k} >= {warmup} AND m_{k} > 0 AND a_{k} > {bar} * m_{k}"
+            )
+    return " UNION ALL ".join(parts)
+
+
+def _sql_rows(con: Any, views: dict[str, list[str]], rule: RunningMedian) -> set[tuple[Any, ...]]:
+    return set(con.sql(_median_sql(views, rule.factor, rule.window, rule.warmup)).fetchall())
+
+
+def _diagnose_rows(run: Path, rule: RunningMedian) -> set[tuple[Any, ...]]:
+    """The spike table of diagnose's own scan (:func:`trainprobe.tools.diagnose_spikes.keep_spikes`)."""
+    import duckdb
+
+    from trainprobe.tools.diagnose_engines import DuckEngine
+    from trainprobe.tools.diagnose_spikes import keep_spikes
+    from trainprobe.tools.query_files import find_run_files
+
+    engine = DuckEngine(run, find_run_files(run), duckdb.connect())
+    keep_spikes(engine, "spikes", engine.views(), rule, None)
+    return set(engine.fetch('SELECT "table", rank, step, name, scope, op, value, median FROM spikes'))
 
 
 def _replayed_rows(con: Any, views: dict[str, list[str]], rule: RunningMedian) -> set[tuple[Any, ...]]:
@@ -316,6 +384,7 @@ def test_median_rule_reproduces_diagnose_sql_on_a_real_run(real_run: Path, param
     rule = RunningMedian(**params)
     sql, replayed = _sql_rows(con, views, rule), _replayed_rows(con, views, rule)
     assert replayed == sql
+    assert _diagnose_rows(real_run, rule) == sql
     assert len(sql) > (0 if not params else 10)
     if not params:  # today's answer: the x50 gradient at step 20 and its after-effects
         assert ("weight_grad", 0, 20, "layers.1.mlp.fc1.weight", "reduced", "norm") in {k[:6] for k in sql}

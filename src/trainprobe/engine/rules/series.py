@@ -4,8 +4,8 @@ A *series* is one tensor's statistic over the steps: one (table, rank, name, sco
 vpp_stage) and one of two signals, as ``trainprobe diagnose`` has always cut them:
 
 * ``norm``: ``|norm|``;
-* ``amax``: the largest magnitude ``max(|min|, |max|)``, reported as ``max`` or ``min``,
-  whichever it is.
+* ``amax``: the largest finite magnitude ``max(|min|, |max|)``, reported as ``max`` or
+  ``min``, whichever it is (the finite one where the other is NaN/inf; ``max`` when neither is).
 
 Not ``min`` or ``max`` alone (the small side of a tensor sits near 0 and jumps 10x without
 anything being wrong), not ``mean`` (it crosses 0), not counts (``nans`` is the NaN/inf
@@ -49,9 +49,10 @@ def signals(ops: Mapping[str, FloatArray]) -> dict[str, tuple[FloatArray, list[s
     low = np.asarray(ops["min"], dtype=np.float64) if "min" in ops else None
     high = np.asarray(ops["max"], dtype=np.float64) if "max" in ops else None
     if low is not None and high is not None:
+        lo, hi = _finite_abs(low), _finite_abs(high)
         with np.errstate(invalid="ignore"):
-            bigger = np.abs(low) > np.abs(high)
-        out["amax"] = (np.fmax(_finite_abs(low), _finite_abs(high)), ["min" if b else "max" for b in bigger])
+            bigger = ~np.isnan(lo) & (np.isnan(hi) | (lo > hi))  # the finite one, else the larger
+        out["amax"] = (np.fmax(lo, hi), ["min" if b else "max" for b in bigger])
     elif low is not None or high is not None:
         only = low if low is not None else high
         assert only is not None
