@@ -37,7 +37,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_paired import Twin  # noqa: E402
-
 from trainprobe import TrainerMonitorV2  # noqa: E402
 
 TWINS: dict[str, dict[str, Any] | None] = {

@@ -14,8 +14,6 @@ import torch
 
 from test_v1_support import make_v1
 from trainprobe.demo.gpt import GPTConfig, TinyGPT
-from trainprobe.tools.anomaly_analyse import AnomalyEvent, analyse
-from trainprobe.tools.anomaly_analyse import execution_key as event_key
 from trainprobe.engine.execution_order import (
     BACKWARD,
     FORWARD,
@@ -25,6 +23,8 @@ from trainprobe.engine.execution_order import (
     row_positions,
     table_of,
 )
+from trainprobe.tools.anomaly_analyse import AnomalyEvent, analyse
+from trainprobe.tools.anomaly_analyse import execution_key as event_key
 from trainprobe.tools.monitor_output import find_csv_files, read_table
 from trainprobe.tools.report_data import event_group, event_target, load_report_data
 

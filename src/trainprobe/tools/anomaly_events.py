@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.execution_order import OTHER_TABLE, PHASE_OF_SUFFIX, phase_of_table, short_repr
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import INT_MAX, INT_MIN
-from trainprobe.engine.execution_order import OTHER_TABLE, PHASE_OF_SUFFIX, phase_of_table, short_repr
 
 #: Integer fields of an event, then the others with their JSON types.
 INT_FIELDS: tuple[str, ...] = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "call_id")

@@ -12,9 +12,9 @@ import re
 from collections.abc import Iterable, Sequence
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.execution_order import execution_key as row_execution_key
 from trainprobe.engine.safe_files import bounded_int
 from trainprobe.tools.anomaly_events import AnomalyEvent, is_int, short
-from trainprobe.engine.execution_order import execution_key as row_execution_key
 
 #: ``<target>/rank<r>/<table>``: the table may be a V2 ``<monitor>/<scope>`` group.
 _RANK_TAG = re.compile(r"^(.*)/rank\d+/(.+)$", re.DOTALL)

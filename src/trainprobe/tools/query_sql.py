@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from trainprobe.engine.nonfinite import COUNT_OPS
 from trainprobe.engine.execution_order import (
     FORWARD,
     OTHER_TABLE,
@@ -31,6 +30,7 @@ from trainprobe.engine.execution_order import (
     phase_of_table,
     table_rank,
 )
+from trainprobe.engine.nonfinite import COUNT_OPS
 from trainprobe.tools.sql_names import ident, text
 
 KEY_COLUMNS: tuple[str, ...] = ("rank", "step", "micro_step", "vpp_stage", "name", "scope")
