@@ -50,9 +50,14 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def is_step(value: Any) -> bool:
+    """Whether a line's ``step`` is one (an integer >= 0, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def keep_before(path: Path, first_step: int) -> None:
-    """Drop the lines whose ``step`` is ``first_step`` or later (a run starting again there), and a
-    torn last line, rewriting the file atomically; nothing when there is nothing to drop.
+    """Drop the lines whose ``step`` is ``first_step`` or later (a run starting again there), those
+    without a step, and a torn last line, rewriting the file atomically; nothing when there is nothing to drop.
 
     Raises:
         OSError: the file cannot be read or rewritten.
@@ -60,7 +65,7 @@ def keep_before(path: Path, first_step: int) -> None:
     if not path.exists():
         return
     entries = read_lines(path)
-    kept = [e for e in entries if isinstance(e.get("step"), int) and e["step"] < first_step]
+    kept = [e for e in entries if is_step(e.get("step")) and e["step"] < first_step]
     torn = path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
     if len(kept) < len(entries) or torn:
         from trainprobe.engine.sinks.files import write_atomically

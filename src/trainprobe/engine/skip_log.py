@@ -19,19 +19,16 @@ drops the lines at or after ``s``. Standard library only.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.jsonl import append_line, is_step, keep_before, read_lines
 from trainprobe.engine.layout import V2_RANK
 from trainprobe.engine.log import warn_once
 
 SKIP_FILE = "amp_skips.jsonl"
-MAX_SKIP_BYTES = 64 << 20
-"""A skip file larger than this is read only up to here (a skip line is ~40 bytes)."""
 
 
 class SkipLog:
@@ -39,17 +36,12 @@ class SkipLog:
     once and turns the log off; training and the monitor's rows go on."""
 
     def __init__(self, path: Path, first_step: int) -> None:
-        """Open ``path`` for appending; lines of an earlier run at or after ``first_step`` are dropped."""
+        """Open ``path`` for appending; lines of an earlier run at or after ``first_step`` (and a
+        torn last line, which would glue onto the next one) are dropped."""
         self.path = path
         self.enabled = True
         try:
-            earlier = read_skips(path) if path.exists() else []
-            kept = [s for s in earlier if s[0] < first_step]
-            torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
-            if len(kept) < len(earlier) or torn:  # a torn last line would glue onto the next one
-                from trainprobe.engine.sinks.files import write_atomically
-
-                write_atomically(path, "".join(_line(step, scale) for step, scale in kept))
+            keep_before(path, first_step)
         except OSError as exc:
             self._fail(exc)
 
@@ -58,11 +50,7 @@ class SkipLog:
         if not self.enabled:
             return
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-            try:
-                os.write(fd, _line(step, scale).encode())
-            finally:
-                os.close(fd)
+            append_line(self.path, {"step": int(step), "scale": scale if scale is not None and math.isfinite(scale) else None})
         except OSError as exc:
             self._fail(exc)
 
@@ -75,28 +63,14 @@ class SkipLog:
         )
 
 
-def _line(step: int, scale: float | None) -> str:
-    shown = scale if scale is not None and math.isfinite(scale) else None
-    return json.dumps({"step": int(step), "scale": shown}) + "\n"
-
-
 def read_skips(path: Path) -> list[tuple[int, float | None]]:
     """``(step, scale)`` of each whole line of the skip file ``path``, in file order; lines that
     are not such objects (and a torn last line) are left out. A missing file: []."""
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_SKIP_BYTES)
-    except FileNotFoundError:
-        return []
-    out = []
-    for raw in data.split(b"\n")[:-1]:  # the part after the last newline is torn (or empty)
-        try:
-            entry = json.loads(raw)
-            step, scale = entry["step"], entry.get("scale")
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            out.append((step, float(scale) if isinstance(scale, (int, float)) else None))
+    out: list[tuple[int, float | None]] = []
+    for entry in read_lines(path):
+        step, scale = entry.get("step"), entry.get("scale")
+        if is_step(step):
+            out.append((int(step), float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None))
     return out
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.anomaly.finding import Anomaly
-from trainprobe.engine.jsonl import append_line, keep_before, read_lines
+from trainprobe.engine.jsonl import append_line, is_step, keep_before, read_lines
 from trainprobe.engine.log import warn_once
 
 EVENT_FILE = "anomaly_events.jsonl"
@@ -164,7 +164,7 @@ class EventLog:
 
 def read_events(folder: Path) -> list[dict[str, Any]]:
     """The events of one rank folder's event file, in order (torn or foreign lines left out)."""
-    return [e for e in read_lines(folder / EVENT_FILE) if isinstance(e.get("step"), int)]
+    return [e for e in read_lines(folder / EVENT_FILE) if is_step(e.get("step"))]
 
 
 def _number(value: float) -> float | str:
