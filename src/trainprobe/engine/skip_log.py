@@ -68,7 +68,8 @@ def read_skips(path: Path) -> list[tuple[int, float | None]]:
     are not such objects (and a torn last line) are left out. A missing file: []."""
     out: list[tuple[int, float | None]] = []
     for entry in read_lines(path):
-        step, scale = entry.get("step"), entry.get("scale")
+        step: Any = entry.get("step")
+        scale = entry.get("scale")
         if is_step(step):
             out.append((int(step), float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None))
     return out
