@@ -15,7 +15,9 @@ from differ import Diff  # noqa: E402
 
 
 def test_every_row_of_the_known_differences_table_has_four_cells() -> None:
-    rows = [line for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith("| `")]
+    text = DOC.read_text(encoding="utf-8")
+    known = text[text.index("\n## Known differences") :]  # the table make interop-list writes (other tables have their own columns)
+    rows = [line for line in known.splitlines() if line.startswith("| `")]
     assert len(rows) > 100
     bad = [line[:120] for line in rows if len(cells(line)) != 4]
     assert not bad, bad

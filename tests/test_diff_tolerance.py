@@ -57,7 +57,8 @@ def test_rounding_level_reruns_pass_the_default(runs: dict[str, Path], capsys: p
     small value, flagged the refactor at a bias' mean)."""
     for name in ("refactor", "threads", "fused"):
         exact = diff(runs["base"], runs[name], exact=True)
-        assert exact.exit_code == 1 and exact.counts["diverged"] > 100, name  # they do differ
+        if name != "threads":  # another thread count may round alike on a small machine: then nothing to tolerate
+            assert exact.exit_code == 1 and exact.counts["diverged"] > 100, name  # they do differ
         default = diff(runs["base"], runs[name])
         assert default.exit_code == 0, (name, default.answer())
         assert default.counts["within_tolerance"] == exact.counts["diverged"]

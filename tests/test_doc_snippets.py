@@ -37,7 +37,7 @@ SKIPPED: dict[str, int] = {
     "docs/diagnose.md": 1,  # --engine spark with the user's own SparkSession: the [spark] extra and Java
     "docs/diff.md": 1,  # two runs to compare: the tests of tests/test_tool_diff.py train them
     "docs/mindspore.md": 2,  # needs MindSpore
-    "docs/parallelism.md": 3,  # sharded runs (tests/test_sharded_full_tensors.py, test_live_global_stats.py) and a pipeline (test_pipeline_monitor.py), on gloo
+    "docs/parallelism.md": 4,  # sharded runs (tests/test_sharded_full_tensors.py, test_live_global_stats.py, test_anomaly_full_tensors.py) and a pipeline (test_pipeline_monitor.py), on gloo
     "docs/monitor_v1.md": 1,  # tensor parallelism: needs two ranks (tests/test_v1_tp.py trains it on gloo)
     "docs/monitor_v2.md": 1,  # the cc step boundary: needs a process group
     "docs/steps.md": 1,  # the same, as a loop
