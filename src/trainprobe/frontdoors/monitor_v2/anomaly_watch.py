@@ -219,7 +219,15 @@ class AnomalyWatch:
                 for probe in probes:
                     if probe.name in V2_MONITORS and not probe.disabled:
                         rows = self._as_written(probe.name, probe.rows.snapshot())  # one host copy per device
-                        self.rules.judge(probe.name, step, probe.spec.ops, rows, skipped=step in self._skipped)
+                        done = self._judged.get(probe.name, 0)  # several optimizers: each pre-step sees more rows
+                        self.rules.judge(
+                            probe.name,
+                            step,
+                            probe.spec.ops,
+                            rows[done:],
+                            skipped=step in self._skipped,
+                            first_position=done,
+                        )
                         self._judged[probe.name] = len(rows)
                 fresh = self._fresh(step, self.rules.current(step))
             except Exception as exc:  # noqa: BLE001 - the watch never breaks training
