@@ -329,3 +329,19 @@ def test_scalar_checksums_alone_do_not_make_a_statistics_dump_md5(tmp_path: Path
     target = write_dump(tmp_path / "t", data)
     [result] = compare_dumps(target, target, tmp_path / "out")
     assert result.mode == "statistics"
+
+
+def test_baseline_and_candidate_name_the_sides_as_diff_does(tmp_path: Path) -> None:
+    """``--candidate``/``--baseline`` are ``-tp``/``-gp`` (the reference's target/golden): the same
+    table, the candidate's values in the NPU columns."""
+    good = write_dump(tmp_path / "g", {"Torch.relu.0.forward": {"input_args": [stats_entry(torch.ones(2))]}})
+    bad = write_dump(tmp_path / "t", {"Torch.relu.0.forward": {"input_args": [stats_entry(torch.full((2,), 3.0))]}})
+    outputs = []
+    for flags in (["-tp", str(bad), "-gp", str(good)], ["--candidate", str(bad), "--baseline", str(good)]):
+        out = tmp_path / f"out{len(outputs)}"
+        done = subprocess.run([sys.executable, "-m", "trainprobe", "compare", *flags, "-o", str(out)],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (table,) = out.glob("*.csv")
+        outputs.append(table.read_text(encoding="utf-8"))
+    assert outputs[0] == outputs[1] and "3.0" in outputs[0].splitlines()[1]

@@ -32,11 +32,26 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``compare`` on ``subparsers`` (an ``add_subparsers()`` result)."""
     p = subparsers.add_parser(
         "compare",
-        help="compare two precision dumps (target vs golden) and find the first diverging API",
-        description="Compare a target dump (NPU columns) with a golden dump (Bench columns).",
+        help="compare two precision dumps (candidate vs baseline) and find the first diverging API",
+        description="Compare a candidate dump (-tp/--candidate: the reference's target, NPU columns) with a baseline "
+        "dump (-gp/--baseline: the reference's golden, Bench columns).",
     )
-    p.add_argument("-tp", "--target_path", required=True, help="target dump: dump root, step dir or rank dir")
-    p.add_argument("-gp", "--golden_path", required=True, help="golden dump, of the same kind as -tp")
+    p.add_argument(
+        "-tp",
+        "--target_path",
+        "--candidate",
+        dest="target_path",
+        required=True,
+        help="the candidate dump (the reference's 'target', its NPU columns): dump root, step dir or rank dir",
+    )
+    p.add_argument(
+        "-gp",
+        "--golden_path",
+        "--baseline",
+        dest="golden_path",
+        required=True,
+        help="the baseline dump (the reference's 'golden', its Bench columns), of the same kind as the candidate",
+    )
     p.add_argument("-o", "--output_path", default="./output", help="folder for the result tables (default ./output)")
     p.add_argument("--xlsx", action="store_true", help="write .xlsx instead of .csv (needs openpyxl)")
     p.set_defaults(run=_run)

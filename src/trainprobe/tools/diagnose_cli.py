@@ -1,4 +1,4 @@
-"""``trainprobe diagnose RUN [--baseline GOOD_RUN] [--rule NAME] [--spike-factor F] [--window W] [--warmup N] [--out DIR] [--engine duckdb|spark] [--rank-local]``.
+"""``trainprobe diagnose RUN [--baseline BASELINE] [--rule NAME] [--spike-factor F] [--window W] [--warmup N] [--out DIR] [--engine duckdb|spark] [--rank-local]``.
 
 Prints the first anomaly of the run in execution order on one line, then the next few and which
 ranks saw something first (:mod:`trainprobe.tools.diagnose`); ``--out DIR`` writes
@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
         "Needs: pip install 'trainprobe[query]'.",
     )
     parser.add_argument("run_folder", metavar="RUN", help="the run folder (V2 output_dir or V1 MONITOR_OUTPUT_DIR)")
-    parser.add_argument("--baseline", metavar="GOOD_RUN", help="a good run to compare with (trainprobe diff)")
+    parser.add_argument("--baseline", metavar="BASELINE", help="a healthy run to compare with (the baseline of trainprobe diff; this run is the candidate)")
     parser.add_argument(
         "--rule", default=None, metavar="NAME",
         help="the spike rule: recent_max (default), median (the running median ratio, factor 10 / window 20 / "

@@ -183,8 +183,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--baseline",
-        metavar="GOOD_RUN",
-        help="a good run of the same kind: adds trainprobe diff's answer and heatmaps of GOOD_RUN against MONITOR_DIR",
+        metavar="BASELINE",
+        help="a good run of the same kind: adds trainprobe diff's answer and heatmaps of this run against BASELINE",
     )
     parser.add_argument(
         "--rank-local", action="store_true",
