@@ -106,7 +106,7 @@ def test_cli_prints_the_line_and_writes_diagnosis_json(runs: DiagnoseRuns, tmp_p
 
 
 def test_clean_tiny_gpt_run_exits_0(runs: DiagnoseRuns, tmp_path: Path) -> None:
-    done = _cli(str(runs.clean), "--out", str(tmp_path))
+    done = _cli(str(runs.clean), "-o", str(tmp_path))  # -o/--output, --out kept
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("no anomaly: no NaN/inf and no spike by the rule recent_max in 2 rank(s)")
     assert json.loads((tmp_path / "diagnosis.json").read_text())["first"] is None

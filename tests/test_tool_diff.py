@@ -396,7 +396,7 @@ def test_cli_tables_limit_and_every_summary_field(runs, tmp_path):
 
 def test_cli_limit_0_lists_none_but_still_answers_the_first_divergence(runs, tmp_path):
     """Before, ``--limit 0`` printed "no divergence" (and ``first`` null) with exit status 1."""
-    proc = cli(str(runs["base"]), str(runs["scaled"]), "--exact", "--limit", "0", "--out", str(tmp_path))
+    proc = cli(str(runs["base"]), str(runs["scaled"]), "--exact", "--limit", "0", "--output", str(tmp_path))
     assert proc.returncode == 1, proc.stderr
     s = json.loads((tmp_path / "diff_summary.json").read_text())
     assert s["divergences"] == [] and s["largest"] == []

@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--window", type=int, default=None, metavar="W", help="the rule's window (recent_max, median, mean_patience)")
     parser.add_argument("--warmup", type=int, default=None, metavar="N", help="the rule's warm-up (median, early_max, ema_z)")
-    parser.add_argument("--out", metavar="DIR", help="write DIR/diagnosis.json")
+    parser.add_argument("-o", "--output", "--out", dest="out", metavar="DIR", help="write DIR/diagnosis.json")
     parser.add_argument(
         "--engine", choices=("duckdb", "spark"), default="duckdb",
         help="duckdb (default) or spark: the same queries on Apache Spark over the run's Parquet files "
@@ -75,7 +75,7 @@ def _diagnose_command(args: argparse.Namespace) -> int:
         out = Path(args.out)
         try:
             out.mkdir(parents=True, exist_ok=True)
-            write_json_atomically(out / "diagnosis.json", result.to_json(), indent=2, field="--out")
+            write_json_atomically(out / "diagnosis.json", result.to_json(), indent=2, field="--output")
         except OSError as exc:
             raise ConfigError(f"--out: cannot write {str(out / 'diagnosis.json')!r}: {exc.strerror or exc}") from None
     print("\n".join(result.lines()), flush=True)

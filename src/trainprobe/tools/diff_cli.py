@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--offset", type=int, default=0, help="candidate step s is baseline step s+K (a resumed or shifted run)")
     p.add_argument("--limit", type=int, default=20, help="divergences listed (default 20)")
     p.add_argument("--tables", help="compare only these tables/monitors, comma-separated")
-    p.add_argument("--out", metavar="DIR", help="write diff.csv and diff_summary.json there")
+    p.add_argument("-o", "--output", "--out", dest="out", metavar="DIR", help="write diff.csv and diff_summary.json there")
     p.add_argument("--html", metavar="FILE", help="write a self-contained page with the heatmap of differences")
     p.add_argument(
         "--engine", choices=("duckdb", "spark"), default="duckdb",
