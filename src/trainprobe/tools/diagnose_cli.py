@@ -77,6 +77,6 @@ def _diagnose_command(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
             write_json_atomically(out / "diagnosis.json", result.to_json(), indent=2, field="--output")
         except OSError as exc:
-            raise ConfigError(f"--out: cannot write {str(out / 'diagnosis.json')!r}: {exc.strerror or exc}") from None
+            raise ConfigError(f"--output: cannot write {str(out / 'diagnosis.json')!r}: {exc.strerror or exc}") from None
     print("\n".join(result.lines()), flush=True)
     return FOUND if result.first is not None else 0
