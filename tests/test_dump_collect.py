@@ -475,3 +475,23 @@ def test_a_tensor_changed_without_its_version_counter_is_summarised_again(tmp_pa
         second = data["Functional.linear.1.forward"]
         assert_stats(second["input_args"][1], linear.weight)
     assert_stats(second["input_args"][0], x)
+
+
+def test_the_log_line_names_the_files_save_writes(tmp_path: Path) -> None:
+    """A dump of save() calls writes debug.json alone, and its one INFO line says so."""
+    import subprocess
+    import sys
+
+    cfg = write_config(tmp_path, {"task": "statistics", "level": "debug", "dump_path": str(tmp_path / "d")})
+    code = (
+        "import logging, torch\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from trainprobe import PrecisionDebugger\n"
+        f"d = PrecisionDebugger(config_path={str(cfg)!r})\n"
+        "y = torch.randn(3, requires_grad=True) * 3\n"
+        "PrecisionDebugger.save(y, 'y'); y.sum().backward(); d.step()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "trainprobe dump: writing" in line]
+    assert len(said) == 1 and "writing debug.json per step, first under " in said[0], done.stderr

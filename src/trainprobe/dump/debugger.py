@@ -298,9 +298,10 @@ class PrecisionDebugger:
                 return
             self.collector.fail(exc, "writing the JSON files")
             return
-        info_once(
+        written = [n for n in ("dump.json", "stack.json", "construct.json", "debug.json") if (store.rank_dir / n).exists()]
+        info_once(  # the files this dump writes (save()'s debug.json alone, say), named once
             f"dump-where-{store.rank_dir.parent.parent}",
-            f"trainprobe dump: writing dump.json, stack.json and construct.json per step, first under {store.rank_dir}",
+            f"trainprobe dump: writing {_and(written)} per step, first under {store.rank_dir}",
         )
 
     @_on_instance_or_current
@@ -445,3 +446,8 @@ def module_dump_end() -> None:
     current = PrecisionDebugger._current
     if current is not None:
         current.module_dump_end()
+
+
+def _and(names: list[str]) -> str:
+    """``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1] if names else "no file"
