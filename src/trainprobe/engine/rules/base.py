@@ -123,6 +123,17 @@ class Rule(ABC, Generic[S]):
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
 
+class VectorisedRule(Rule[S]):
+    """A rule whose :meth:`replay_many` judges every series at once: :meth:`replay` is that of one
+    series (the vectorised arithmetic serves both; tests/test_rules.py checks it equals the
+    step-by-step :meth:`update`)."""
+
+    def replay(self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False) -> list[Verdict]:
+        """:meth:`replay_many` of one series."""
+        s, v = as_arrays(steps, values)
+        return self.replay_many([0] if len(v) else [], s, v, squared).verdicts(s, v)
+
+
 @dataclass(frozen=True, slots=True)
 class Hits:
     """The verdicts of :meth:`Rule.replay_many`, as arrays of one length (one entry a verdict,

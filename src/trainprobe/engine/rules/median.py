@@ -25,7 +25,7 @@ from trainprobe.engine.rules.base import (
     FloatArray,
     Hits,
     IntArray,
-    Rule,
+    VectorisedRule,
     Verdict,
     as_arrays,
     place_in_series,
@@ -45,7 +45,7 @@ class MedianState:
 
 
 @dataclass(frozen=True, slots=True)
-class RunningMedian(Rule[MedianState]):
+class RunningMedian(VectorisedRule[MedianState]):
     """The running-median ratio (module docstring). Defaults: today's ``diagnose``'s."""
 
     factor: float = 10.0
@@ -74,13 +74,6 @@ class RunningMedian(Rule[MedianState]):
         if median > 0 and clean > state.bar * median:
             return Verdict(step, clean, median, clean / median, state.bar, step)
         return None
-
-    def replay(
-        self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False
-    ) -> list[Verdict]:
-        """Vectorised (:meth:`replay_many` of one series)."""
-        s, v = as_arrays(steps, values)
-        return self.replay_many([0] if len(v) else [], s, v, squared).verdicts(s, v)
 
     def replay_many(
         self, starts: Sequence[int] | IntArray, steps: Sequence[int] | IntArray,

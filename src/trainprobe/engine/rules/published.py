@@ -29,6 +29,7 @@ from trainprobe.engine.rules.base import (
     Hits,
     IntArray,
     Rule,
+    VectorisedRule,
     Verdict,
     as_arrays,
     place_in_series,
@@ -46,7 +47,7 @@ class EarlyMaxState:
 
 
 @dataclass(frozen=True, slots=True)
-class EarlyMax(Rule[EarlyMaxState]):
+class EarlyMax(VectorisedRule[EarlyMaxState]):
     """``v > factor * max(first `first` finite values)``, checked after ``warmup`` values
     (default: all ``first`` of them, Megatron's; a spike found earlier does not join the max)."""
 
@@ -70,13 +71,6 @@ class EarlyMax(Rule[EarlyMaxState]):
             state.seen += 1
             state.largest = max(state.largest, value)
         return None
-
-    def replay(
-        self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False
-    ) -> list[Verdict]:
-        """:meth:`replay_many` of one series."""
-        s, v = as_arrays(steps, values)
-        return self.replay_many([0] if len(v) else [], s, v, squared).verdicts(s, v)
 
     def replay_many(
         self, starts: Sequence[int] | IntArray, steps: Sequence[int] | IntArray,

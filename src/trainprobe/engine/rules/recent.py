@@ -36,7 +36,7 @@ from trainprobe.engine.rules.base import (
     FloatArray,
     Hits,
     IntArray,
-    Rule,
+    VectorisedRule,
     Verdict,
     as_arrays,
     place_in_series,
@@ -54,7 +54,7 @@ class RecentState:
 
 
 @dataclass(frozen=True, slots=True)
-class RecentMax(Rule[RecentState]):
+class RecentMax(VectorisedRule[RecentState]):
     """The ratio to the recent max with a warm-up bar (module docstring). ``reference`` "median"
     judges against the recent values' median instead (the benchmark's comparison; it cries wolf
     on trends)."""
@@ -101,13 +101,6 @@ class RecentMax(Rule[RecentState]):
         state.recent.append(value)
         state.seen += 1
         return verdict
-
-    def replay(
-        self, steps: Sequence[int] | IntArray, values: Sequence[float] | FloatArray, squared: bool = False
-    ) -> list[Verdict]:
-        """Vectorised (:meth:`replay_many` of one series)."""
-        s, v = as_arrays(steps, values)
-        return self.replay_many([0] if len(v) else [], s, v, squared).verdicts(s, v)
 
     def replay_many(
         self, starts: Sequence[int] | IntArray, steps: Sequence[int] | IntArray,
