@@ -286,23 +286,28 @@ class TrainerMonitorV2:
             raise ConfigError(
                 "global_stats: merges the rows of monitors.weight_grad, param or optimizer, and none is enabled"
             )
-        from trainprobe.backends.torch.live_stats import world_size
-
-        left_out = sorted(set(range(world_size())) - set(cfg.ranks)) if cfg.ranks else []
+        left_out = self._ranks_left_out()
         if left_out:
             raise ConfigError(
                 f"global_stats: every rank takes part in its collectives, but rank={list(cfg.ranks)} leaves out "
                 f"rank(s) {left_out}; monitor every rank (remove \"rank\") or set global_stats false"
             )
 
+    def _ranks_left_out(self) -> list[int]:
+        """The ranks of the world the config's ``rank`` list leaves unmonitored (PyTorch; none
+        without a list): a collective every rank must join would wait for them."""
+        if not self.config.ranks:
+            return []
+        from trainprobe.backends.torch.live_stats import world_size
+
+        return sorted(set(range(world_size())) - set(self.config.ranks))
+
     def _check_anomaly_ranks(self) -> None:
         """A ``stop`` on several ranks is agreed by all of them each step: every rank monitored."""
         anomaly = self.config.anomaly
         if anomaly is None or not anomaly.stops or not self.config.ranks or self._backend.name != "pytorch":
             return
-        from trainprobe.backends.torch.live_stats import world_size
-
-        left_out = sorted(set(range(world_size())) - set(self.config.ranks))
+        left_out = self._ranks_left_out()
         if left_out:
             raise ConfigError(
                 f'anomaly.actions: "stop" is agreed by every rank each step, but rank={list(self.config.ranks)} '
