@@ -11,7 +11,7 @@ and is labelled before it runs:
   x100 gradient spike on one parameter, an LR bug from step 8 (the LR 30 times too large), a x100
   batch on one rank of a 2-rank gloo DDP run, a x100 spike under bf16.
 
-The runs are read back through the query layer (:func:`trainprobe.tools.query.connect`); every
+The runs are read back through the query layer (:func:`trainprobe.tools.query.layer.connect`); every
 rule of :data:`trainprobe.engine.rules.RULES` is applied to every per-layer series (both signals,
 every table, rank, scope), together with the NaN/inf check that every rule shares. Printed per
 rule: the false anomalies on the healthy runs (flagged rows, and runs with any), the faults found
@@ -293,7 +293,7 @@ def read_series(run: Path) -> tuple[list[Series], int | None]:
     """Every series of the run (both signals of every row of every view) and the first step with
     a NaN/inf (the check every rule shares), through the query layer."""
     from trainprobe.engine.rules.series import is_squared, signals
-    from trainprobe.tools.query import connect, first_nonfinite
+    from trainprobe.tools.query.layer import connect, first_nonfinite
 
     con = connect(run)
     out: list[Series] = []
@@ -350,7 +350,7 @@ def judge(rule: Any, series: list[Series], nonfinite: int | None) -> Outcome:
 
 def nonfinite_names(run: Path, step: int) -> set[str]:
     """The tensors with a NaN/inf at ``step`` (the first such step)."""
-    from trainprobe.tools.query import first_nonfinite
+    from trainprobe.tools.query.layer import first_nonfinite
 
     return {str(r["name"]) for r in first_nonfinite(run, limit=50) if int(r["step"]) == step}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 CHILD = r"""
 import json, sys, time
-from trainprobe.tools.diagnose import diagnose
+from trainprobe.tools.diagnosis.answer import diagnose
 import duckdb
 start = time.perf_counter()
 result = diagnose(sys.argv[1])

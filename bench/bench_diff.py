@@ -22,7 +22,7 @@ from synthetic_runs import Shape, write_parquet_run  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
-from trainprobe.tools.diff import diff
+from trainprobe.tools.rundiff.answer import diff
 start = time.perf_counter()
 result = diff(sys.argv[1], sys.argv[2], out=sys.argv[3])
 print(json.dumps({"seconds": time.perf_counter() - start, "answer": result.answer(), "counts": result.counts}))

@@ -2,7 +2,7 @@
 
 1. A synthetic V2 ``weight_grad`` run of 32 ranks x 500 steps x 100 parameters x 2 scopes
    (3.2 M rows, CSV, one NaN; ``synthetic_runs.py``). "First NaN/inf in execution order" is
-   answered by ``trainprobe.tools.query`` (``connect`` + ``first_nonfinite``, view creation
+   answered by ``trainprobe.tools.query.layer`` (``connect`` + ``first_nonfinite``, view creation
    included) and by a bare DuckDB scan of the same files for the same question (``read_csv``
    with its type detection, a filter on every op, ``ORDER BY step LIMIT 1``): target, the layer
    within 2x of the bare scan.
@@ -54,7 +54,7 @@ CHILD = r"""
 import json, os, sys, time
 kind, run = sys.argv[1], sys.argv[2]
 import duckdb
-from trainprobe.tools.query import first_nonfinite
+from trainprobe.tools.query.layer import first_nonfinite
 start, cpu = time.perf_counter(), os.times()  # after the imports (the same for both sides)
 if kind.startswith("bare"):
     con = duckdb.connect()
@@ -100,7 +100,7 @@ import json, os, sys, tempfile, time
 from pathlib import Path
 run = sys.argv[2]
 import duckdb
-from trainprobe.tools.report import write_report
+from trainprobe.tools.reporting.report import write_report
 start, cpu = time.perf_counter(), os.times()  # after the imports, as for the queries
 with tempfile.TemporaryDirectory() as out:
     page = write_report(run, Path(out) / "report.html")
@@ -231,10 +231,10 @@ if kind == "bare_all":  # every column of every file, as csv2db must read them
     rows = sum(batch.num_rows for batch in reader)
 elif kind == "store_only":  # csv2db's SQLite side alone: every file read beforehand (not timed)
     from pathlib import Path
-    from trainprobe.tools.csv2db import DEFAULT_STEP_PARTITION
-    from trainprobe.tools.csv2db_read import read_files
-    from trainprobe.tools.csv2db_schema import MetricsDatabase
-    from trainprobe.tools.monitor_files import find_monitor_files
+    from trainprobe.tools.exports.sqlite import DEFAULT_STEP_PARTITION
+    from trainprobe.tools.runs.read import read_files
+    from trainprobe.tools.exports.sqlite_schema import MetricsDatabase
+    from trainprobe.tools.runs.selection import find_monitor_files
     parsed = list(read_files(find_monitor_files(Path(run), None, None, None)))
     shutil.rmtree(out, ignore_errors=True)
     Path(out).mkdir(parents=True)

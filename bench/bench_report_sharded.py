@@ -45,7 +45,7 @@ def write_run(root: Path, ranks: int, steps: int, params: int, window: int = 50)
 
 
 def timed(run: Path, out: Path, rank_local: bool, repeat: int) -> float:
-    from trainprobe.tools.report import write_report
+    from trainprobe.tools.reporting.report import write_report
 
     best = float("inf")
     for _ in range(repeat):

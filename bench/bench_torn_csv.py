@@ -1,10 +1,10 @@
 """A torn CSV file read by the query layer (issue #33's target: 20 MB with one unbalanced quote read
-by ``trainprobe.tools.query.connect`` in at most 30 s).
+by ``trainprobe.tools.query.layer.connect`` in at most 30 s).
 
 Writes a V2 ``weight_grad`` CSV file of ``--mb`` MB whose last record is torn, in two variants:
 ``tail`` (only the last record torn) and ``quote`` (also one opening quote never closed, in the
 middle of the file, which makes the rest of the file one quoted "cell"), then for each prints
-the seconds of :func:`~trainprobe.tools.query_files.torn_tail` alone and of ``connect(run)``
+the seconds of :func:`~trainprobe.tools.runs.files.torn_tail` alone and of ``connect(run)``
 plus ``SELECT count(*)``, the rows read, and what ``torn_tail`` says is left out.
 
 Usage::
@@ -44,8 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=20.0, help="file size in MB (default 20)")
     args = parser.parse_args()
-    from trainprobe.tools.query import connect
-    from trainprobe.tools.query_files import torn_tail
+    from trainprobe.tools.query.layer import connect
+    from trainprobe.tools.runs.files import torn_tail
 
     for variant in ("tail", "quote"):
         with tempfile.TemporaryDirectory() as tmp:

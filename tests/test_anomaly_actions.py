@@ -91,7 +91,7 @@ def test_a_nan_gradient_stops_at_its_step_before_the_update(tmp_path: Path) -> N
     mon.stop()
     events = read_events(tmp_path / "run" / "rank_0")
     assert [e["step"] for e in events] == [7] and events[0]["actions"] == ["log", "stop"]
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     assert diagnose(tmp_path / "run").line() == "first anomaly: " + events[0]["line"]
 
@@ -113,7 +113,7 @@ def test_a_spike_reaches_the_callback_worded_as_diagnoses_first_line(tmp_path: P
     with TrainerMonitorV2(cfg, on_anomaly=seen.append) as mon:
         mon.start(model=model, optimizer=opt)
         _loop(model, opt, 24, spike_step=14)
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     assert seen and seen[0].step == 14 and seen[0].kind == "spike"
     assert diagnose(tmp_path / "run", rule="median").line() == "first anomaly: " + seen[0].line()
@@ -197,7 +197,7 @@ def _two_ranks(rank: int, out: str) -> None:
 
 def test_two_ranks_stop_at_the_same_step_and_the_broken_rank_reports_the_forward_row(tmp_path: Path) -> None:
     launch(_two_ranks, str(tmp_path / "run"), timeout=240)
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     answer = diagnose(tmp_path / "run")
     assert answer.first is not None and answer.first.rank == 1 and answer.first.step == 5

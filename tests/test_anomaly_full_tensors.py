@@ -94,7 +94,7 @@ def test_a_nan_in_one_shard_is_an_event_on_every_rank_naming_the_full_tensor(run
 
 
 def test_the_first_online_event_is_diagnoses_first_line(runs: Path) -> None:
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     answer = diagnose(runs / "full")
     assert answer.first is not None

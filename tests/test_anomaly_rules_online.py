@@ -81,7 +81,7 @@ def _train(
 
 def _replay(run: Path, rules: OnlineRules) -> list[Any]:
     """Feed the run's rows to ``rules`` step by step, each monitor's rows in file order."""
-    from trainprobe.tools.query import connect
+    from trainprobe.tools.query.layer import connect
 
     con = connect(run)
     by_step: dict[int, list[tuple[str, list[tuple[RowKey, list[float]]]]]] = {}
@@ -105,7 +105,7 @@ def _replay(run: Path, rules: OnlineRules) -> list[Any]:
 
 @pytest.mark.parametrize(("spike", "nan"), [(14, None), (None, 7), (14, 18)])
 def test_the_first_online_event_is_diagnoses_first_line(tmp_path: Path, spike: int | None, nan: int | None) -> None:
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     run = _train(tmp_path / "run", spike_step=spike, nan_step=nan)
     answer = diagnose(run, rule="median")
@@ -132,7 +132,7 @@ def test_with_default_configs_the_first_online_event_is_diagnoses_first_line(
     spike at step 3 too: no blind warm-up)."""
     from trainprobe.engine.anomaly.events import read_events
     from trainprobe.engine.rules import DEFAULT_RULE
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     assert AnomalyConfig().spike_rule == DEFAULT_RULE == "recent_max"
     run = _train(tmp_path / "run", spike_step=spike, nan_step=nan, anomaly={})

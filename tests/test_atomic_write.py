@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainprobe.engine.sinks.files import write_atomically, write_json_atomically
-from trainprobe.tools.report import write_report
+from trainprobe.tools.reporting.report import write_report
 
 
 def _plant(folder: Path, names: list[str], victim: Path) -> None:

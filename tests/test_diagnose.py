@@ -17,8 +17,8 @@ import pytest
 
 from diagnose_runs import BAD_RANK, NAN_PARAM, NAN_STEP, SPIKE_PARAM, SPIKE_STEP, DiagnoseRuns, make_diagnose_runs
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.diagnose import diagnose, diagnosis_summary
-from trainprobe.tools.query import first_nonfinite
+from trainprobe.tools.diagnosis.answer import diagnose, diagnosis_summary
+from trainprobe.tools.query.layer import first_nonfinite
 
 pytest.importorskip("duckdb")
 
@@ -201,7 +201,7 @@ def test_demo_run_is_clean(tmp_path: Path) -> None:
 def test_help_does_not_import_duckdb() -> None:
     code = (
         "import sys; from trainprobe.cli import build_parser; build_parser(); "
-        "print([m for m in ('duckdb', 'pyarrow', 'trainprobe.tools.diagnose') if m in sys.modules])"
+        "print([m for m in ('duckdb', 'pyarrow', 'trainprobe.tools.diagnosis.answer') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
@@ -210,7 +210,7 @@ def test_help_does_not_import_duckdb() -> None:
 def test_python_api_trainprobe_tools_diagnose(runs: DiagnoseRuns) -> None:
     import trainprobe.tools
 
-    result = trainprobe.tools.diagnose(runs.v2, spike_factor=1e6)
+    result = trainprobe.tools.diagnosis.answer(runs.v2, spike_factor=1e6)
     assert result.first is not None and result.first.step == NAN_STEP
     assert result.to_json()["spike_rule"]["factor"] == 1e6
     with pytest.raises(ConfigError, match="--spike-factor"):
@@ -255,7 +255,7 @@ def _by_hand(run: Path, anomaly: Any) -> Any:
 
     from trainprobe.engine.rules import rule_named
     from trainprobe.engine.rules.series import is_squared, signals
-    from trainprobe.tools.query import connect
+    from trainprobe.tools.query.layer import connect
 
     micro = "IS NULL" if anomaly.micro_step is None else f"= {anomaly.micro_step}"
     rows = connect(run).execute(
@@ -287,8 +287,8 @@ def test_report_has_the_diagnosis_and_the_baseline_diff(runs: DiagnoseRuns, tmp_
     """``trainprobe report`` shows diagnose's answer first; ``--baseline`` adds diff's answer and
     heatmaps (the page renders in headless Chromium where it is installed)."""
     pytest.importorskip("plotly")
-    from trainprobe.tools.diff import diff
-    from trainprobe.tools.report import write_report
+    from trainprobe.tools.reporting.report import write_report
+    from trainprobe.tools.rundiff.answer import diff
 
     page = write_report(runs.v2, tmp_path / "report.html", baseline=runs.clean)
     text = page.read_text(encoding="utf-8")
@@ -313,8 +313,8 @@ def _cli_report(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_run_files_are_found_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One diagnosis lists the run's folders once: the views and the first-NaN/inf query (also its
     second query over the NaN step's CSV window) are given the files found at the start."""
-    import trainprobe.tools.query as query
-    import trainprobe.tools.query_files as query_files
+    import trainprobe.tools.query.layer as query
+    import trainprobe.tools.runs.files as query_files
 
     header = "vpp_stage,step,module_name,scope,micro_step,min,norm,nans\n"
     rows = {0: "1.0,2.0,0", 1: "1.0,2.0,0", 2: "nan,nan,3", 3: "1.0,2.0,0"}

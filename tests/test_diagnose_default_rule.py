@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from trainprobe.tools.diagnose import diagnose
+from trainprobe.tools.diagnosis.answer import diagnose
 
 pytest.importorskip("duckdb")
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_detection.py"

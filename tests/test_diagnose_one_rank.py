@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from models import MLP
 from test_distributed_v2 import _batch, _loss, _session, launch
-from trainprobe.tools.diagnose import diagnose
+from trainprobe.tools.diagnosis.answer import diagnose
 
 BAD_RANK, BAD_STEP, STEPS = 1, 3, 5
 OPS = ["min", "max", "mean", "norm", "nans"]

@@ -18,7 +18,7 @@ import torch
 from trainprobe import AnomalyStop, TrainerMonitorV2
 from trainprobe.demo.gpt import GPTConfig, TinyGPT, synthetic_batches
 from trainprobe.engine.anomaly.events import read_events
-from trainprobe.tools.diagnose import diagnose
+from trainprobe.tools.diagnosis.answer import diagnose
 
 pytest.importorskip("duckdb")
 CFG = GPTConfig(vocab_size=100, seq_len=16, d_model=32, n_heads=2, n_layers=2)

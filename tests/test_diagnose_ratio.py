@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainprobe.tools.diagnose import Anomaly
+from trainprobe.tools.diagnosis.answer import Anomaly
 
 
 def spike(value: float, median: float) -> str:

@@ -25,7 +25,7 @@ from conftest import write_config  # noqa: E402
 from test_distributed_v2 import launch  # noqa: E402
 from test_sharded_full_tensors import OPS, Net  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
-from trainprobe.tools.diagnose import diagnose  # noqa: E402
+from trainprobe.tools.diagnosis.answer import diagnose  # noqa: E402
 
 WORLD, STEPS, NAN_STEP, SPIKE_STEP, BAD_RANK = 2, 14, 6, 12, 1
 LAYOUTS = ("tp", "fsdp2")
@@ -149,7 +149,7 @@ def test_a_nan_in_one_replica_is_not_hidden_by_the_other_copy(sharded: Path) -> 
 
 
 def _full_row(run: Path, step: int, op: str) -> float:
-    from trainprobe.tools.query import connect
+    from trainprobe.tools.query.layer import connect
 
     con = connect(run)
     [(value,)] = con.execute(

@@ -20,8 +20,8 @@ from diff_variants import NAN_WEIGHT, SIZE, Variant, train  # noqa: E402
 from test_tool_diff import _v1_run, cli, tensor_of  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
-from trainprobe.tools.diff import diff  # noqa: E402
-from trainprobe.tools.diff_sql import DTYPE_RTOL, NOISE_MARGIN, fmt_factor  # noqa: E402
+from trainprobe.tools.rundiff.answer import diff  # noqa: E402
+from trainprobe.tools.sql.diff import DTYPE_RTOL, NOISE_MARGIN, fmt_factor  # noqa: E402
 
 STEPS = 10
 MANUAL = Variant(attention="qs_k")

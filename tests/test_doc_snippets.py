@@ -112,7 +112,7 @@ mon.close()
 """
 
 _DB = """
-from trainprobe.tools.csv2db import CSV2DBConfig, csv2db
+from trainprobe.tools.exports.sqlite import CSV2DBConfig, csv2db
 csv2db(CSV2DBConfig(monitor_path="monitor_output", process_num=1, data_type_list=["grad_reduced"], output_dirpath="."))
 """
 

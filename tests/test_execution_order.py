@@ -23,10 +23,10 @@ from trainprobe.engine.execution_order import (
     row_positions,
     table_of,
 )
-from trainprobe.tools.anomaly_analyse import AnomalyEvent, analyse
-from trainprobe.tools.anomaly_analyse import execution_key as event_key
-from trainprobe.tools.monitor_output import find_csv_files, read_table
-from trainprobe.tools.report_data import event_group, event_target, load_report_data
+from trainprobe.tools.anomalies.analyser import AnomalyEvent, analyse
+from trainprobe.tools.anomalies.analyser import execution_key as event_key
+from trainprobe.tools.reporting.data import event_group, event_target, load_report_data
+from trainprobe.tools.runs.rows import find_csv_files, read_table
 
 SPIKE_STEP = 30
 SPIKED = "layers.1.mlp.fc1"

@@ -105,7 +105,7 @@ def test_the_monitor_leaves_training_bitwise_unchanged(runs: dict[str, Any]) -> 
 
 
 def test_calibration_is_not_the_first_anomaly(runs: dict[str, Any]) -> None:
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     run = runs["root"] / "clean"
     result = diagnose(run)
@@ -121,7 +121,7 @@ def test_calibration_is_not_the_first_anomaly(runs: dict[str, Any]) -> None:
 def test_without_the_skip_file_the_calibration_reads_as_step_0(runs: dict[str, Any], tmp_path: Path) -> None:
     import shutil
 
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     copy = tmp_path / "copy"
     shutil.copytree(runs["root"] / "clean", copy)
@@ -131,7 +131,7 @@ def test_without_the_skip_file_the_calibration_reads_as_step_0(runs: dict[str, A
 
 
 def test_a_nan_in_a_batch_is_found_at_its_step(runs: dict[str, Any]) -> None:
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     truth = runs["batch"]
     assert 10 in truth["skipped"]  # the NaN makes the scaler skip that step too
@@ -144,7 +144,7 @@ def test_a_nan_in_a_batch_is_found_at_its_step(runs: dict[str, Any]) -> None:
 
 
 def test_a_nan_in_a_step_that_was_not_skipped_is_found_at_its_step(runs: dict[str, Any]) -> None:
-    from trainprobe.tools.diagnose import diagnose
+    from trainprobe.tools.diagnosis.answer import diagnose
 
     truth = runs["param"]
     assert 9 not in truth["skipped"] and all(s in truth["skipped"] for s in range(10, STEPS))
@@ -160,7 +160,7 @@ def test_a_nan_in_a_step_that_was_not_skipped_is_found_at_its_step(runs: dict[st
 
 def test_the_report_names_the_skipped_steps(runs: dict[str, Any], tmp_path: Path) -> None:
     pytest.importorskip("plotly")
-    from trainprobe.tools.report import write_report
+    from trainprobe.tools.reporting.report import write_report
 
     page = write_report(runs["root"] / "clean", tmp_path / "r.html").read_text()
     assert "7 step(s) skipped by GradScaler (0-6)" in page

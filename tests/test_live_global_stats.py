@@ -219,7 +219,7 @@ def test_a_nan_in_one_shard_shows_in_the_merged_values(runs: Path) -> None:
 
 @pytest.mark.parametrize("layout", ["tp", "2d"])
 def test_live_values_equal_the_read_sides_full_view(runs: Path, layout: str) -> None:
-    from trainprobe.tools.query import connect
+    from trainprobe.tools.query.layer import connect
 
     con = connect(runs / layout)
     rows = con.execute(

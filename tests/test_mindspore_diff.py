@@ -16,8 +16,8 @@ from trainprobe import TrainerMonitorV2
 from trainprobe.demo import gpt as torch_gpt
 from trainprobe.demo import gpt_mindspore as ms_gpt
 from trainprobe.demo.gpt_mindspore import load_torch_weights
-from trainprobe.tools.diff import diff
-from trainprobe.tools.diff_match import load_mapping
+from trainprobe.tools.rundiff.answer import diff
+from trainprobe.tools.rundiff.match import load_mapping
 
 MAPPING = Path(torch_gpt.__file__).resolve().parent / "ms_torch_names.yaml"
 MONITORS = {

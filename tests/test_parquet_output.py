@@ -26,8 +26,8 @@ from trainprobe import TrainerMonitorV2  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.frontdoors.monitor_v1 import TrainerMon  # noqa: E402
 from trainprobe.frontdoors.monitor_v2.config import load_monitor_v2_config  # noqa: E402
-from trainprobe.tools.query import connect, describe, first_nonfinite  # noqa: E402
-from trainprobe.tools.query_files import find_run_files  # noqa: E402
+from trainprobe.tools.query.layer import connect, describe, first_nonfinite  # noqa: E402
+from trainprobe.tools.runs.files import find_run_files  # noqa: E402
 
 OPS = ["min", "max", "mean", "norm", "nans"]
 STEPS = 7

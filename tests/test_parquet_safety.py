@@ -37,9 +37,9 @@ from trainprobe.engine.errors import ConfigError  # noqa: E402
 from trainprobe.engine.folder_lock import FolderLock, live_writer  # noqa: E402
 from trainprobe.engine.sinks.parquet_sink import merged_step_files  # noqa: E402
 from trainprobe.frontdoors.monitor_v1 import TrainerMon  # noqa: E402
-from trainprobe.tools.query import connect, describe  # noqa: E402
-from trainprobe.tools.query_convert import convert_run  # noqa: E402
-from trainprobe.tools.query_files import find_run_files  # noqa: E402
+from trainprobe.tools.query.convert import convert_run  # noqa: E402
+from trainprobe.tools.query.layer import connect, describe  # noqa: E402
+from trainprobe.tools.runs.files import find_run_files  # noqa: E402
 
 OPS = ["min", "max", "norm", "nans"]
 V2_TABLES = ("module", "weight_grad", "param")

@@ -20,11 +20,11 @@ from models import MLP  # noqa: E402
 from reference_layouts import write_reference_v1  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
 from trainprobe.engine.sinks.parquet_summary import SUMMARY_KEY, decode, read_summary  # noqa: E402
-from trainprobe.tools import query  # noqa: E402
-from trainprobe.tools.query import connect, first_nonfinite, literal  # noqa: E402
-from trainprobe.tools.query_convert import convert_run  # noqa: E402
-from trainprobe.tools.query_files import find_run_files  # noqa: E402
-from trainprobe.tools.query_sql import TEXT_COLUMNS, bad_rows_sql  # noqa: E402
+from trainprobe.tools.query import layer as query  # noqa: E402
+from trainprobe.tools.query.convert import convert_run  # noqa: E402
+from trainprobe.tools.query.layer import connect, first_nonfinite, literal  # noqa: E402
+from trainprobe.tools.runs.files import find_run_files  # noqa: E402
+from trainprobe.tools.sql.questions import TEXT_COLUMNS, bad_rows_sql  # noqa: E402
 
 OPS = ["min", "max", "mean", "norm", "nans"]
 

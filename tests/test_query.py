@@ -1,4 +1,4 @@
-"""The query layer (``trainprobe.tools.query``, ``trainprobe query``, ``trainprobe convert``): real
+"""The query layer (``trainprobe.tools.query.layer``, ``trainprobe query``, ``trainprobe convert``): real
 V1 and V2 runs (two gloo ranks, a NaN injected on rank 1), the reference tool's layouts, CSV and
 Parquet give the same answers."""
 
@@ -20,8 +20,8 @@ from monitor_runs import NAN_RANK, NAN_STEP  # noqa: E402
 from reference_layouts import write_reference_v1, write_reference_v2  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
-from trainprobe.tools.query import connect, describe, first_nonfinite  # noqa: E402
-from trainprobe.tools.query_convert import convert_run  # noqa: E402
+from trainprobe.tools.query.convert import convert_run  # noqa: E402
+from trainprobe.tools.query.layer import connect, describe, first_nonfinite  # noqa: E402
 
 KEYS = "rank, step, micro_step, vpp_stage, name, scope"
 
@@ -92,7 +92,7 @@ def test_a_parquet_run_is_answered_by_one_query(monitor_runs: Any, tmp_path: Pat
     """A run of Parquet files only: "first NaN/inf" is one query (the first bad step nested in
     the ordered one), with the answers of the two queries on the same views and of the CSV run;
     a Parquet run without any NaN answers nothing."""
-    import trainprobe.tools.query as query_module
+    import trainprobe.tools.query.layer as query_module
 
     run = getattr(monitor_runs, layout)
     parquet = _as_parquet(run, tmp_path)

@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
-import trainprobe.tools.query_cli as query_cli  # noqa: E402
+import trainprobe.tools.query.cli as query_cli  # noqa: E402
 from trainprobe.cli import BROKEN_PIPE, build_parser, main  # noqa: E402
-from trainprobe.tools.query import connect  # noqa: E402
+from trainprobe.tools.query.layer import connect  # noqa: E402
 
 HEADER = ["vpp_stage", "step", "module_name", "scope", "micro_step", "min", "norm", "nans"]
 EVIL = "layer\x1b[2J\x1b[H\rno anomaly\x07\x85\u2028end"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.query_files import NoRunFiles, find_run_files
-from trainprobe.tools.report_read import find_report_files
+from trainprobe.tools.reporting.read import find_report_files
+from trainprobe.tools.runs.files import NoRunFiles, find_run_files
 
 
 def test_a_folder_without_data_files_raises_no_run_files(tmp_path: Path) -> None:

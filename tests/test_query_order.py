@@ -13,8 +13,8 @@ pytest.importorskip("duckdb")
 
 from reference_layouts import write_reference_v1  # noqa: E402
 from trainprobe.engine.execution_order import V2_DEFAULT_TABLE, execution_key, row_positions, table_of  # noqa: E402
-from trainprobe.tools.query import connect, describe  # noqa: E402
-from trainprobe.tools.query_sql import first_nonfinite_sql, ordered_rows_sql  # noqa: E402
+from trainprobe.tools.query.layer import connect, describe  # noqa: E402
+from trainprobe.tools.sql.questions import first_nonfinite_sql, ordered_rows_sql  # noqa: E402
 
 
 def _python_keys(rows: list[dict[str, Any]]) -> list[tuple[int, ...]]:

@@ -25,12 +25,12 @@ from diff_runs import SCALED, resumed_copy, train  # noqa: E402
 from monitor_runs import NAN_RANK, NAN_STEP  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
-from trainprobe.tools.diagnose import diagnose  # noqa: E402
-from trainprobe.tools.diff import diff  # noqa: E402
-from trainprobe.tools.query import connect, describe  # noqa: E402
-from trainprobe.tools.query_convert import convert_run  # noqa: E402
-from trainprobe.tools.query_spark import register_views, spark_session, to_spark  # noqa: E402
-from trainprobe.tools.query_sql import STAGES, first_bad_step_sql, first_nonfinite_sql  # noqa: E402
+from trainprobe.tools.diagnosis.answer import diagnose  # noqa: E402
+from trainprobe.tools.engines.spark import register_views, spark_session, to_spark  # noqa: E402
+from trainprobe.tools.query.convert import convert_run  # noqa: E402
+from trainprobe.tools.query.layer import connect, describe  # noqa: E402
+from trainprobe.tools.rundiff.answer import diff  # noqa: E402
+from trainprobe.tools.sql.questions import STAGES, first_bad_step_sql, first_nonfinite_sql  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainprobe.tools.query_files import TornTail, clean_length, torn_tail
+from trainprobe.tools.runs.files import TornTail, clean_length, torn_tail
 
 HEADER = "vpp_stage,step,module_name,scope,micro_step,min,norm,nans\n"
 
@@ -80,7 +80,7 @@ def test_agrees_with_the_former_rule_on_random_files(tmp_path: Path) -> None:
 
 
 def test_chunked_scan_across_chunk_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainprobe.tools.query_files as query_files
+    import trainprobe.tools.runs.files as query_files
 
     monkeypatch.setattr(query_files, "_SCAN_CHUNK", 7)
     rng = random.Random(7)

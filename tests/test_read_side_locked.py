@@ -23,8 +23,8 @@ pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
 from trainprobe.engine.errors import ConfigError  # noqa: E402
-from trainprobe.tools.query import connect, first_nonfinite  # noqa: E402
-from trainprobe.tools.sql_names import check_columns, file_list, glob_literal, hadoop_glob_literal  # noqa: E402
+from trainprobe.tools.query.layer import connect, first_nonfinite  # noqa: E402
+from trainprobe.tools.sql.names import check_columns, file_list, glob_literal, hadoop_glob_literal  # noqa: E402
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -219,7 +219,7 @@ def test_a_torn_file_is_read_in_memory_on_a_locked_connection(monitor_runs: Any,
 
 def test_spark_user_sql_is_one_read_only_query_over_the_views() -> None:
     pytest.importorskip("sqlglot")
-    from trainprobe.tools.query_spark import read_only
+    from trainprobe.tools.engines.spark import read_only
 
     views = ["weight_grad", "module"]
     assert read_only("WITH a AS (SELECT * FROM weight_grad) SELECT * FROM a JOIN module USING (step)", views)
@@ -268,7 +268,7 @@ def test_a_crafted_name_cannot_rewrite_the_terminal(monitor_runs: Any, tmp_path:
 # --- no traceback ---------------------------------------------------------------------------
 
 def test_diff_of_a_truncated_parquet_and_a_huge_offset_are_one_line(monitor_runs: Any, tmp_path: Path) -> None:
-    from trainprobe.tools.query_convert import convert_run
+    from trainprobe.tools.query.convert import convert_run
 
     base = _copy(monitor_runs.v2, tmp_path / "base")
     cut = _copy(monitor_runs.v2, tmp_path / "cut")

@@ -17,9 +17,9 @@ import pytest
 
 from report_fault_fixture import NAN_STEP, SPIKE_STEP, STEPS, FaultRun, make_fault_run
 from test_tool_report import assert_page_ok, needs_chromium, render
-from trainprobe.tools.report import _diagnosis, write_report
-from trainprobe.tools.report_data import load_report_data
-from trainprobe.tools.report_figures import ROW_PIXELS, anomaly_timeline, group_heatmap
+from trainprobe.tools.reporting.data import load_report_data
+from trainprobe.tools.reporting.figures import ROW_PIXELS, anomaly_timeline, group_heatmap
+from trainprobe.tools.reporting.report import _diagnosis, write_report
 
 pytest.importorskip("duckdb")
 pytest.importorskip("plotly")
@@ -93,8 +93,8 @@ def test_the_loss_of_loss_csv_is_drawn_as_written(run: FaultRun, page: str) -> N
 
 
 def test_loss_csv_torn_and_foreign_lines_are_skipped_and_a_foreign_file_left_out(run: FaultRun, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from trainprobe.tools.report_loss import find_loss_files, read_loss_files
-    from trainprobe.tools.report_run import TrainingState
+    from trainprobe.tools.reporting.loss import find_loss_files, read_loss_files
+    from trainprobe.tools.reporting.run import TrainingState
 
     (tmp_path / "rank_1").mkdir()
     (tmp_path / "loss.csv").write_text("step,loss,lr\n0,2.5,0.1\n1,,0.05\nx,3,3\n2,inf,0.01\n3,1.")

@@ -10,9 +10,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from test_tool_report import assert_page_ok, needs_chromium, render
-from trainprobe.tools.report import write_report
-from trainprobe.tools.report_data import load_report_data
-from trainprobe.tools.report_figures import (
+from trainprobe.tools.reporting.data import load_report_data
+from trainprobe.tools.reporting.figures import (
     anomaly_timeline,
     group_heatmap,
     group_lines,
@@ -22,6 +21,7 @@ from trainprobe.tools.report_figures import (
     run_figure,
     run_series,
 )
+from trainprobe.tools.reporting.report import write_report
 
 LINK = '<a href="https://x.example/">click</a>'
 BOLD = "<b>x</b>"

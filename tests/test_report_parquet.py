@@ -15,10 +15,10 @@ pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
 from reference_layouts import V1_RUN, write_reference_v1  # noqa: E402
-from trainprobe.tools.query import connect, describe  # noqa: E402
-from trainprobe.tools.query_convert import convert_run  # noqa: E402
-from trainprobe.tools.report import write_report  # noqa: E402
-from trainprobe.tools.report_data import ReportData, load_report_data  # noqa: E402
+from trainprobe.tools.query.convert import convert_run  # noqa: E402
+from trainprobe.tools.query.layer import connect, describe  # noqa: E402
+from trainprobe.tools.reporting.data import ReportData, load_report_data  # noqa: E402
+from trainprobe.tools.reporting.report import write_report  # noqa: E402
 
 
 def _summary(data: ReportData) -> dict[str, Any]:

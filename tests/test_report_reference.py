@@ -14,8 +14,8 @@ import pytest
 
 from reference_layouts import V1_HEADER, v1_text, v1_weight_rows, write_reference_v1
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.report import write_report
-from trainprobe.tools.report_data import event_group, event_target, load_report_data
+from trainprobe.tools.reporting.data import event_group, event_target, load_report_data
+from trainprobe.tools.reporting.report import write_report
 
 NAN_STEP = 2
 

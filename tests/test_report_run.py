@@ -23,9 +23,8 @@ import pytest
 from report_run_fixture import STEPS, RunReference, make_run
 from test_tool_report import assert_page_ok, needs_chromium, render
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.report import write_report
-from trainprobe.tools.report_data import load_report_data
-from trainprobe.tools.report_figures import (
+from trainprobe.tools.reporting.data import load_report_data
+from trainprobe.tools.reporting.figures import (
     downsample_line,
     log_ticks,
     offender_buckets,
@@ -34,7 +33,8 @@ from trainprobe.tools.report_figures import (
     run_figure,
     run_series,
 )
-from trainprobe.tools.report_run import TOP_K, TopShares, offenders_of
+from trainprobe.tools.reporting.report import write_report
+from trainprobe.tools.reporting.run import TOP_K, TopShares, offenders_of
 
 RTOL = 1e-5  # norms of float32 gradients (float32 sums) against the float64 reference
 

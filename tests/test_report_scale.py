@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools import report_read
-from trainprobe.tools.report_data import Group, load_report_data
-from trainprobe.tools.report_figures import (
+from trainprobe.tools.reporting import read as report_read
+from trainprobe.tools.reporting.data import Group, load_report_data
+from trainprobe.tools.reporting.figures import (
     PAGE_HEATMAP_CELLS,
     PAGE_LINE_POINTS,
     PICKABLE_LINES,
@@ -20,7 +20,7 @@ from trainprobe.tools.report_figures import (
     heatmap_bucket,
     line_bucket,
 )
-from trainprobe.tools.report_read import connection, find_report_files, read_file, read_files
+from trainprobe.tools.reporting.read import connection, find_report_files, read_file, read_files
 
 HEADER = "vpp_stage,step,module_name,scope,micro_step,min,max,mean,norm,nans"
 PARAMS = ("embed.weight", "layers.0.q.weight", "layers.0.k.weight", "head.weight")

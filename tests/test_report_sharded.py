@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 from test_diagnose_sharded import BAD_RANK, NAN_STEP, SPIKE_STEP, WORLD, train  # noqa: E402
 from test_distributed_v2 import launch  # noqa: E402
 from test_tool_report import assert_page_ok, needs_chromium, render  # noqa: E402
-from trainprobe.tools.report import write_report  # noqa: E402
-from trainprobe.tools.report_data import Group, load_report_data  # noqa: E402
+from trainprobe.tools.reporting.data import Group, load_report_data  # noqa: E402
+from trainprobe.tools.reporting.report import write_report  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="torch.distributed with gloo is not available"
@@ -139,7 +139,7 @@ def _targets_with_rows(group: Group, rank: int) -> set[str]:
 
 
 def _norm_lines(data):  # type: ignore[no-untyped-def]
-    from trainprobe.tools.report_figures import run_series
+    from trainprobe.tools.reporting.figures import run_series
 
     return run_series(data)["global gradient norm"]
 

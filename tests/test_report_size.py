@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from test_tool_report import assert_page_ok, needs_chromium, render
-from trainprobe.tools import report_data, report_digest, report_groups, report_onsets
-from trainprobe.tools.report import write_report
-from trainprobe.tools.report_data import MAX_TARGETS, event_target, load_report_data
+from trainprobe.tools.reporting import data as report_data
+from trainprobe.tools.reporting import digest as report_digest
+from trainprobe.tools.reporting import groups as report_groups
+from trainprobe.tools.reporting import onsets as report_onsets
+from trainprobe.tools.reporting.data import MAX_TARGETS, event_target, load_report_data
+from trainprobe.tools.reporting.report import write_report
 
 TARGETS = 20_000
 PAGE_LIMIT = 6_000_000  # bytes: Plotly's bundle (~4.8 MB) and the drawn data; no growth with targets

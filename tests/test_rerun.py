@@ -120,7 +120,7 @@ def test_a_run_folder_without_a_name_keeps_the_earlier_run_inside_it(
     _train(TrainerMonitorV2(_config("./")), 2)
     assert _steps(tmp_path / "earlier_run.1") == [0, 1, 2, 3, 4]
     assert _steps(tmp_path) == [0, 1]
-    query = pytest.importorskip("trainprobe.tools.query")
+    query = pytest.importorskip("trainprobe.tools.query.layer")
     con = query.connect(".")
     assert con.sql("SELECT DISTINCT step FROM weight_grad ORDER BY step").fetchall() == [(0,), (1,)]
 

@@ -339,12 +339,12 @@ def _sql_rows(con: Any, views: dict[str, list[str]], rule: RunningMedian) -> set
 
 
 def _diagnose_rows(run: Path, rule: RunningMedian) -> set[tuple[Any, ...]]:
-    """The spike table of diagnose's own scan (:func:`trainprobe.tools.diagnose_spikes.keep_spikes`)."""
+    """The spike table of diagnose's own scan (:func:`trainprobe.tools.diagnosis.spikes.keep_spikes`)."""
     import duckdb
 
-    from trainprobe.tools.diagnose_engines import DuckEngine
-    from trainprobe.tools.diagnose_spikes import keep_spikes
-    from trainprobe.tools.query_files import find_run_files
+    from trainprobe.tools.diagnosis.spikes import keep_spikes
+    from trainprobe.tools.engines.diagnose import DuckEngine
+    from trainprobe.tools.runs.files import find_run_files
 
     engine = DuckEngine(run, find_run_files(run), duckdb.connect())
     keep_spikes(engine, "spikes", engine.views(), rule, None)
@@ -377,7 +377,7 @@ def _replayed_rows(con: Any, views: dict[str, list[str]], rule: RunningMedian) -
 
 @pytest.mark.parametrize("params", [{}, {"factor": 3.0, "window": 8, "warmup": 3}, {"factor": 1.5, "window": 3, "warmup": 1}])
 def test_median_rule_reproduces_diagnose_sql_on_a_real_run(real_run: Path, params: dict[str, Any]) -> None:
-    from trainprobe.tools.query import connect, describe
+    from trainprobe.tools.query.layer import connect, describe
 
     con = connect(real_run)
     views = {table: [c for c, _ in cols] for table, cols in describe(con).items()}

@@ -67,7 +67,7 @@ def test_tensor_parallel_parameters_get_unreduced_rows(run_2d: Path) -> None:
 
 
 def test_merged_reduced_rows_equal_the_gathered_gradient(run_2d: Path) -> None:
-    from trainprobe.tools.query import connect
+    from trainprobe.tools.query.layer import connect
 
     full = json.loads((run_2d / "full_grads.json").read_text())
     con = connect(run_2d / "run")

@@ -18,7 +18,7 @@ from conftest import write_config  # noqa: E402
 from test_distributed_v2 import launch  # noqa: E402
 from test_sharded_full_tensors import OPS, Net  # noqa: E402
 from trainprobe import TrainerMonitorV2  # noqa: E402
-from trainprobe.tools.diff import diff  # noqa: E402
+from trainprobe.tools.rundiff.answer import diff  # noqa: E402
 
 WORLD, STEPS, FAULT_STEP = 2, 4, 2
 MONITORS = ("weight_grad", "param", "optimizer")

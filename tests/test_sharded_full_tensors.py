@@ -143,7 +143,7 @@ def test_each_rank_describes_its_pieces(sharded_runs: Path, layout: str) -> None
 
 @pytest.mark.parametrize("layout", ["tp", "fsdp2"])
 def test_full_view_equals_the_gathered_gradient(sharded_runs: Path, layout: str) -> None:
-    from trainprobe.tools.query import connect
+    from trainprobe.tools.query.layer import connect
 
     full = json.loads((sharded_runs / f"{layout}_full_grads.json").read_text())
     con = connect(sharded_runs / layout)
@@ -165,7 +165,7 @@ def test_full_view_equals_the_gathered_gradient(sharded_runs: Path, layout: str)
 
 
 def test_rank_local_rows_are_kept_one_per_rank(sharded_runs: Path) -> None:
-    from trainprobe.tools.query import connect, describe
+    from trainprobe.tools.query.layer import connect, describe
 
     con = connect(sharded_runs / "fsdp2")
     [(kinds, per_rank)] = con.execute(

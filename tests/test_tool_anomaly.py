@@ -21,7 +21,7 @@ from models import MLP
 from monitor_runs import NAN_RANK, NAN_STEP
 from test_v1_support import make_v1
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.anomaly_analyse import (
+from trainprobe.tools.anomalies.analyser import (
     BACKWARD,
     FORWARD,
     OPTIMIZER,

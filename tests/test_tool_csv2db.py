@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-import trainprobe.tools.csv2db_rows as csv2db_rows
+import trainprobe.tools.exports.sqlite_rows as csv2db_rows
 from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
 from reference_layouts import V1_OPS, write_reference_repeats, write_reference_v1, write_reference_v2
@@ -27,7 +27,7 @@ from trainprobe import TrainerMonitorV2
 from trainprobe.cli import main as cli_main
 from trainprobe.core.monitor.csv2db import CSV2DBConfig, CSV2DBResult, csv2db
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.csv2db import RowsLostError
+from trainprobe.tools.exports.sqlite import RowsLostError
 
 Key = tuple[int, str, str, int, "int | None", "str | None", int]
 NAN = "nan"  # NaN stand-in: NaN != NaN would fail equal dicts
@@ -567,7 +567,7 @@ def test_a_schema_1_database_is_upgraded(tmp_path):
 def test_parquet_runs_give_the_same_database(monitor_runs, tmp_path, layout):
     """A run converted to Parquet (``trainprobe convert``), wholly or in part (a window with both
     files is read from its Parquet file), gives the same rows, targets and ops as its CSV files."""
-    from trainprobe.tools.query_convert import convert_run
+    from trainprobe.tools.query.convert import convert_run
 
     source = monitor_runs.v1 if layout == "v1" else monitor_runs.v2
     expected = db_rows(convert(source, tmp_path / "from_csv").db_path, calls=True)
@@ -640,7 +640,7 @@ def test_an_index_build_that_fails_on_temporary_files_is_made_again_in_memory(tm
     disk; when that fails (a full temporary folder: here the first build, after it made its
     indexes, raises as SQLite would), the indexes are dropped and made again, in memory, and the
     database is whole."""
-    from trainprobe.tools.csv2db_schema import MetricsDatabase
+    from trainprobe.tools.exports.sqlite_schema import MetricsDatabase
 
     write_reference_v1(tmp_path / "monitor")
     real = MetricsDatabase._index_all
@@ -668,8 +668,8 @@ def test_the_next_batch_is_read_while_this_one_is_stored(tmp_path, monkeypatch):
     database then waited for every query). Same files, same order, same rows either way."""
     import threading
 
-    import trainprobe.tools.csv2db_read as csv2db_read
-    from trainprobe.tools.monitor_files import find_monitor_files
+    import trainprobe.tools.runs.read as csv2db_read
+    from trainprobe.tools.runs.selection import find_monitor_files
 
     write_reference_v1(tmp_path / "monitor")
     files = find_monitor_files(tmp_path / "monitor")
@@ -702,8 +702,8 @@ def test_a_reader_closed_early_ends_its_query_thread_first(tmp_path, monkeypatch
     import threading
     import time
 
-    import trainprobe.tools.csv2db_read as csv2db_read
-    from trainprobe.tools.monitor_files import find_monitor_files
+    import trainprobe.tools.runs.read as csv2db_read
+    from trainprobe.tools.runs.selection import find_monitor_files
 
     write_reference_v1(tmp_path / "monitor")
     real = csv2db_read._query_batch

@@ -22,7 +22,7 @@ from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP
 from reference_layouts import write_reference_v1
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.csv2tb import csv2tensorboard_by_step
+from trainprobe.tools.exports.tensorboard import csv2tensorboard_by_step
 
 Scalars = dict[str, list[tuple[int, float | str]]]
 V1_KEYS = ("vpp_stage", "name", "step", "micro_step")
@@ -321,7 +321,7 @@ def test_reference_v1_layout_gives_the_reference_tags(tmp_path):
 def test_a_parquet_run_gives_the_same_events(monitor_runs, v2_events, tmp_path):
     """The V2 run converted to Parquet (``trainprobe convert``) gives the same tags, steps and
     values as its CSV files."""
-    from trainprobe.tools.query_convert import convert_run
+    from trainprobe.tools.query.convert import convert_run
 
     copy = tmp_path / "v2"
     shutil.copytree(monitor_runs.v2, copy)

@@ -20,8 +20,8 @@ from diff_runs import SCALED, resumed_copy, train  # noqa: E402
 from reference_layouts import write_reference_v1  # noqa: E402
 from trainprobe.cli import main  # noqa: E402
 from trainprobe.engine.errors import ConfigError  # noqa: E402
-from trainprobe.tools.diff import diff  # noqa: E402
-from trainprobe.tools.diff_cli import parse_steps  # noqa: E402
+from trainprobe.tools.rundiff.answer import diff  # noqa: E402
+from trainprobe.tools.rundiff.cli import parse_steps  # noqa: E402
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -154,7 +154,7 @@ def test_offset_aligns_a_shifted_run(runs, tmp_path):
 
 
 def test_csv_against_parquet_of_the_same_run_is_bit_equal(runs, tmp_path):
-    from trainprobe.tools.query_convert import convert_run
+    from trainprobe.tools.query.convert import convert_run
 
     parquet = tmp_path / "parquet"
     shutil.copytree(runs["base"], parquet)

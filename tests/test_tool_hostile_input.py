@@ -19,9 +19,9 @@ from trainprobe.cli import main as cli_main
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.safe_files import bounded_int, one_line, read_bytes, read_text
 from trainprobe.engine.safe_json import depth_of, loads_checked
-from trainprobe.tools.anomaly_analyse import load_anomalies, parse_step_list
-from trainprobe.tools.csv2db import CSV2DBConfig, csv2db
-from trainprobe.tools.monitor_output import find_csv_files, read_table
+from trainprobe.tools.anomalies.analyser import load_anomalies, parse_step_list
+from trainprobe.tools.exports.sqlite import CSV2DBConfig, csv2db
+from trainprobe.tools.runs.rows import find_csv_files, read_table
 
 CLI_TIMEOUT = 60  # seconds: a hang fails the test instead of the suite
 
@@ -84,7 +84,7 @@ def test_the_opener_refuses_what_is_not_a_regular_file(tmp_path):
 
 
 def test_a_table_too_large_is_refused(tmp_path, monkeypatch):
-    import trainprobe.tools.monitor_output as monitor_output
+    import trainprobe.tools.runs.rows as monitor_output
 
     write_reference_v1(tmp_path)
     monkeypatch.setattr(monitor_output, "MAX_CSV_BYTES", 100)
@@ -317,7 +317,7 @@ def test_fuzz_anomaly_json(tmp_path):
 
 
 def test_cli_os_errors_and_control_characters_are_one_line(tmp_path, capsys, monkeypatch):
-    import trainprobe.tools.csv2db as csv2db_module
+    import trainprobe.tools.exports.sqlite as csv2db_module
 
     assert one_line("a\nb\r\x1b[31m\u2028 c") == "a\\nb\\r\\x1b[31m\\u2028 c"
 
@@ -448,7 +448,7 @@ def test_anomaly_json_linking_outside_is_skipped_unread(tmp_path, capsys):
 
 
 def test_report_skips_training_state_and_event_files_linking_outside(tmp_path):
-    from trainprobe.tools.report_run import find_event_files, find_training_state
+    from trainprobe.tools.reporting.run import find_event_files, find_training_state
 
     secret = _secret(tmp_path)
     (tmp_path / "monitor" / "rank_0").mkdir(parents=True)

@@ -13,7 +13,7 @@ from conftest import read_csv
 from monitor_runs import NAN_RANK, NAN_STEP, OPS, STEPS
 from reference_layouts import V1_HEADER, V1_OPS, V1_RUN, V2_OPS, write_reference_v1, write_reference_v2
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.monitor_output import find_csv_files, read_table
+from trainprobe.tools.runs.rows import find_csv_files, read_table
 
 
 def test_v1_run_folders_are_found_per_rank_and_type(monitor_runs):
@@ -97,8 +97,8 @@ def test_only_the_last_line_is_torn(tmp_path, monitor_runs, caplog):
 def test_tools_export_every_public_function():
     import trainprobe.tools as tools
     from trainprobe.pytorch.monitor.csv2tb import csv2tensorboard_by_step
-    from trainprobe.tools.anomaly_analyse import analyse
-    from trainprobe.tools.report import write_report
+    from trainprobe.tools.anomalies.analyser import analyse
+    from trainprobe.tools.reporting.report import write_report
 
     assert tools.csv2tensorboard_by_step is csv2tensorboard_by_step
     assert tools.analyse is analyse and tools.write_report is write_report

@@ -27,8 +27,8 @@ import pytest
 
 from monitor_runs import NAN_RANK, NAN_STEP
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.report import write_report
-from trainprobe.tools.report_data import downsample, event_group, event_target, load_report_data
+from trainprobe.tools.reporting.data import downsample, event_group, event_target, load_report_data
+from trainprobe.tools.reporting.report import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 needs_chromium = pytest.mark.skipif(

@@ -9,8 +9,6 @@ never imports its own submodules at import time (which is what made import cycle
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,14 +35,3 @@ def lazy_exports(
 
     return __getattr__, __dir__
 
-
-def callable_module(name: str, function: Callable[..., Any]) -> None:
-    """Make module ``name`` callable as ``function``: ``trainprobe.tools.diff(...)`` works whether
-    the package attribute is still the lazily exported function or, once ``trainprobe.tools.diff``
-    was imported as a module, the module itself."""
-
-    class _CallableModule(types.ModuleType):
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs)
-
-    sys.modules[name].__class__ = _CallableModule

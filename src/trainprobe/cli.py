@@ -21,13 +21,13 @@ from trainprobe.engine.safe_files import one_line
 # Each entry adds one sub-command: (module, function taking the sub-parsers object).
 _SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("trainprobe.dump.cli", "add_compare_parser"),
-    ("trainprobe.tools.anomaly_analyse", "add_parser"),
-    ("trainprobe.tools.csv2tb", "add_parser"),
-    ("trainprobe.tools.csv2db", "add_parser"),
-    ("trainprobe.tools.report", "add_parser"),
-    ("trainprobe.tools.query_cli", "add_parser"),
-    ("trainprobe.tools.diagnose_cli", "add_parser"),
-    ("trainprobe.tools.diff_cli", "add_parser"),
+    ("trainprobe.tools.anomalies.analyser", "add_parser"),
+    ("trainprobe.tools.exports.tensorboard", "add_parser"),
+    ("trainprobe.tools.exports.sqlite", "add_parser"),
+    ("trainprobe.tools.reporting.report", "add_parser"),
+    ("trainprobe.tools.query.cli", "add_parser"),
+    ("trainprobe.tools.diagnosis.cli", "add_parser"),
+    ("trainprobe.tools.rundiff.cli", "add_parser"),
 )
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from runs import SCRIPT, ref_python, run
 
-from trainprobe.tools.diff import diff
+from trainprobe.tools.rundiff.answer import diff
 
 
 def both(out: Path, what: str) -> tuple[Path, Path]:

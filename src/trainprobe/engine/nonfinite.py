@@ -3,7 +3,7 @@
 A row is non-finite when one of its ops is NaN or ±inf, or one of its count ops
 (:data:`~trainprobe.engine.stats.ops.COUNT_OPS`: ``nans``, the number of NaN elements) is above 0. The op reported is the
 first such op in the row's column order. The query layer writes the same rule as SQL
-(:func:`trainprobe.tools.query_sql.nonfinite_sql`) for ``trainprobe query --first-nonfinite``,
+(:func:`trainprobe.tools.sql.questions.nonfinite_sql`) for ``trainprobe query --first-nonfinite``,
 ``diagnose``, ``diff`` and the report; the online rules of Monitor V2
 (:mod:`trainprobe.engine.anomaly`) apply it to each step's rows as they are written.
 

@@ -3,7 +3,7 @@ the statistics of the *full* tensors it holds a piece of, not only of its local 
 
 Under FSDP2, tensor parallelism (DTensor) and their 2-D mixes a row summarises the rank's local
 piece (:mod:`trainprobe.backends.torch.placement`). The read side merges the pieces after the
-run (:mod:`trainprobe.tools.query_full`); online rules need the merged values while training
+run (:mod:`trainprobe.tools.sql.full`); online rules need the merged values while training
 runs. :class:`GlobalStatsProbe` gives them with one collective per collected step, whatever the
 number of tensors:
 

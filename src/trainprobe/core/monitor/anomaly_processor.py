@@ -1,14 +1,14 @@
 """Compatibility path of the reference tool's ``msprobe.core.monitor.anomaly_processor``.
 
 ``python -m trainprobe.core.monitor.anomaly_processor -d DIR [-o OUT] [-k TOPK] [-s STEP_LIST]``
-is the same as ``trainprobe anomaly-analyse ...``; see :mod:`trainprobe.tools.anomaly_analyse`.
+is the same as ``trainprobe anomaly-analyse ...``; see :mod:`trainprobe.tools.anomalies.analyser`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from trainprobe.tools.anomaly_analyse import (
+from trainprobe.tools.anomalies.analyser import (
     AnalyseResult,
     AnomalyEvent,
     analyse,

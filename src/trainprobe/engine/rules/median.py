@@ -7,7 +7,7 @@ A value ``v`` is a spike when
 and at least ``warmup`` of those W rows were finite, and the median is above 0. ``F`` is the
 factor (``F**2`` for a series of squares). The window is W *rows*: a NaN/inf row takes a place
 in it without entering the median, as in the SQL window frame ``ROWS BETWEEN W PRECEDING AND 1
-PRECEDING`` of :mod:`trainprobe.tools.diagnose_sql`; a spike enters its successors' windows. The
+PRECEDING`` of :mod:`trainprobe.tools.sql.diagnose`; a spike enters its successors' windows. The
 median of an even count is the mean of the two middle values, ``(lo + hi) / 2``, DuckDB's.
 """
 

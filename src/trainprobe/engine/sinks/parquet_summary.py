@@ -7,7 +7,7 @@ key-value entry in its footer, key :data:`SUMMARY_KEY`, whose value is JSON::
     {"version": 1, "rows": 20000, "first_bad_step": 321, "columns": ["vpp_stage", "step", ...]}
 
 ``first_bad_step`` is the first step of the file with a non-finite row, by the query layer's
-rule (:func:`row_is_bad`, the same as :func:`trainprobe.tools.query_sql.bad_rows_sql`), or null
+rule (:func:`row_is_bad`, the same as :func:`trainprobe.tools.sql.questions.bad_rows_sql`), or null
 when it has none; ``columns`` are the file's columns in order; ``rows`` its row count. The query
 layer answers "first NaN/inf" from these footers alone (:func:`read_summary`: a few KB read per
 file, no DuckDB) and reads rows only of the files holding that step's first non-finite row. A

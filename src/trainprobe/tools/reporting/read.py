@@ -1,0 +1,374 @@
+"""The report's reader: a run's data files found and read through the query layer
+(:mod:`trainprobe.tools.query.layer`), one file at a time, as numpy columns.
+
+* Files: :func:`~trainprobe.tools.runs.files.find_run_files` (Monitor V1 and V2, both tools'
+  layouts, CSV or Parquet in any mix; a link to a file outside the folder given is skipped unread
+  with one warning; entries that are not regular files are left out).
+* Rows: the query layer's view of the one file (DuckDB's CSV/Parquet reader, no Python row
+  loop): the V1 ``<vpp_stage>:`` chunk prefix dropped from names, an empty ``micro_step`` cell
+  -1, an empty op cell NaN. A CSV file whose last record is torn (a run killed or still writing)
+  is read without it: one warning names the file, and :attr:`FileRows.torn` counts it.
+* A file DuckDB cannot read (not UTF-8, a cell that is not a number, a wrong number of cells) is a
+  :class:`~trainprobe.engine.errors.ConfigError` naming the file, on one line.
+
+Needs the ``[query]`` extra (DuckDB); without it, one line says how to install it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.tools.query.layer import quote, require, table_sql
+from trainprobe.tools.runs.files import NoRunFiles, RunFile, clean_length, csv_header, find_run_files
+from trainprobe.tools.sql.questions import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+@dataclass(frozen=True)
+class ReportFile:
+    """One data file of the run.
+
+    Attributes:
+        path: the file.
+        layout: ``v1`` or ``v2``.
+        rank: the rank that wrote it.
+        data_type: the V1 table or V2 monitor (``grad_reduced``, ``weight_grad``).
+        run: the name of its run (V1) or rank (V2) folder.
+        source: the query layer's description of the file.
+    """
+
+    path: Path
+    layout: str
+    rank: int
+    data_type: str
+    run: str
+    source: RunFile
+
+
+@dataclass
+class FileRows:
+    """The complete rows of one file, in file order.
+
+    Attributes:
+        ops: the op columns, in file order.
+        steps, micro, vpp: int64 per row (``micro`` -1 where the file has none).
+        values: ``(rows, ops)`` float64 (``nan``/``inf`` kept; an empty cell NaN).
+        target_codes: per row, an index into ``target_names`` (the row's module or parameter).
+        target_names: the distinct names of the file.
+        scope_codes, scope_names: V2: the row's scope, the same way; V1: None.
+        shapes: the reference V1 ``shape`` text per row where the file has that column, else None.
+        torn: 1 when the file's torn last record was left out, else 0.
+    """
+
+    ops: tuple[str, ...]
+    steps: np.ndarray
+    micro: np.ndarray
+    vpp: np.ndarray
+    values: np.ndarray
+    target_codes: np.ndarray
+    target_names: list[str]
+    scope_codes: np.ndarray | None
+    scope_names: list[str] | None
+    shapes: list[str] | None
+    torn: int
+
+    @property
+    def targets(self) -> list[str]:
+        """The row's module or parameter name, per row (a list of strings: for small uses only)."""
+        return [self.target_names[c] for c in self.target_codes.tolist()]
+
+
+def find_report_files(root: Path) -> list[ReportFile]:
+    """Every data file under ``root``, by rank, data type, first step and folder.
+
+    Raises:
+        ConfigError: ``root`` missing or not a folder; no monitor file under it (``no monitor
+            CSV found``, with what was looked for and the links skipped).
+    """
+    try:
+        found = find_run_files(root)
+    except NoRunFiles as exc:
+        text = str(exc)
+        raise ConfigError(
+            "monitor_path: no monitor CSV found (nor Parquet) " + text.split("(.csv or .parquet) ", 1)[1]
+        ) from None
+    files = [ReportFile(f.path, f.layout, f.rank, f.table, f.path.parent.name, f) for f in found]
+    return sorted(files, key=lambda f: (f.rank, f.data_type, f.source.first_step, f.run, f.source.format))
+
+
+def run_files(files: Sequence[ReportFile]) -> list[RunFile]:
+    """The query layer's descriptions of ``files``, in the query layer's order
+    (:func:`~trainprobe.tools.runs.files.find_run_files`'s)."""
+    return sorted((f.source for f in files), key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+
+
+def connection(files: Sequence[ReportFile]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection for :func:`read_file`, locked to reading ``files``
+    (:mod:`~trainprobe.tools.engines.lock`; ConfigError naming the ``[query]`` extra without DuckDB)."""
+    from trainprobe.tools.engines.lock import lock
+
+    con = require("duckdb").connect()
+    lock(con, (f.path for f in files))
+    return con  # type: ignore[no-any-return]
+
+
+def read_file(con: duckdb.DuckDBPyConnection, file: ReportFile) -> FileRows:
+    """The complete rows of ``file`` (see the module docstring).
+
+    Raises:
+        ConfigError: ``<file>: ...`` on one line: a header naming a column twice or lacking the
+            layout's key columns, text that is not UTF-8, a cell that is not a number.
+    """
+    import duckdb
+
+    torn = _torn(file)
+    try:
+        made = table_sql(con, file.data_type, [file.source])
+        if made is None:
+            return _empty(torn)
+        view, names = made
+        ops = _ops(names)
+        got = con.sql(f"SELECT {_items(ops, names)} FROM ({view}) ORDER BY file_row").to_arrow_table()
+    except duckdb.Error as exc:
+        raise ConfigError(f"{file.path}: {_reason(str(exc))}") from None
+    return _file_rows(got, ops, file.layout == "v2", torn)
+
+
+def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+    """``(file, its rows)`` for each of ``files``, in their order, as :func:`read_file` reads
+    them, but each run of consecutive CSV files of one table, layout and header (none of them
+    torn) in one DuckDB scan, streamed in batches of :data:`BATCH_ROWS` rows: the scan runs in
+    parallel, a thread reads the next batch while the caller works on this file's rows, and
+    memory holds two batches and the file being assembled, not the run. The connection is free
+    again once the iteration ends or is closed.
+
+    Raises:
+        ConfigError: as :func:`read_file` (a scan that fails is read again file by file, so
+            that the message names the file).
+    """
+    for batch in _bulk_runs(files):
+        if len(batch) == 1:
+            yield batch[0], read_file(con, batch[0])
+            continue
+        done = 0
+        try:
+            for file, rows in _read_bulk(con, batch):
+                done += 1
+                yield file, rows
+        except (_Unordered, _BulkError):
+            pass  # read the rest file by file
+        for file in batch[done:]:
+            yield file, read_file(con, file)
+
+
+#: Rows per Arrow batch of a many-file scan (:func:`read_files`).
+BATCH_ROWS = 262144
+
+
+class _BulkError(Exception):
+    """A many-file scan failed: its files are read again one at a time (the error names the file)."""
+
+
+class _Unordered(Exception):
+    """A many-file scan did not return its files one after the other, in order."""
+
+
+def _bulk_runs(files: Sequence[ReportFile]) -> list[list[ReportFile]]:
+    """``files`` cut into runs of consecutive CSV files that one scan can read: same table,
+    layout and header, none torn; every other file alone."""
+    runs: list[list[ReportFile]] = []
+    last: tuple[object, ...] | None = None
+    for file in files:
+        key: tuple[object, ...] | None = None
+        if file.source.format == "csv" and not _torn(file):
+            header = csv_header(file.path)
+            key = None if header is None else (file.data_type, file.layout, header)
+        if key is not None and key == last:
+            runs[-1].append(file)
+        else:
+            runs.append([file])
+        last = key
+    return runs
+
+
+def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+    """The files of one run of :func:`_bulk_runs` through one streamed scan (see :func:`read_files`).
+
+    Raises:
+        _BulkError: DuckDB failed; _Unordered: the scan's rows are not file after file in order.
+    """
+    made = table_sql(con, batch[0].data_type, [f.source for f in batch])
+    if made is None:
+        raise _Unordered
+    view, names = made
+    ops = _ops(names)
+    yield from stream_file_rows(con, f"SELECT {_items(ops, names)}, file FROM ({view})", batch, ops)
+
+
+def stream_file_rows(
+    con: duckdb.DuckDBPyConnection, sql: str, batch: Sequence[ReportFile], ops: tuple[str, ...]
+) -> Iterator[tuple[ReportFile, FileRows]]:
+    """``(file, its rows)`` for each of ``batch`` (one table and layout) from ``sql``: a SELECT of
+    :func:`select_items` and ``file`` whose rows come file after file in ``batch``'s order, each
+    file's in file order; streamed in batches of :data:`BATCH_ROWS` rows (a file without a row:
+    empty rows). Used for the rank-local rows and for the full tensors of a sharded run
+    (:mod:`~trainprobe.tools.reporting.full`).
+
+    Raises:
+        _BulkError: DuckDB failed; _Unordered: the rows are not file after file in order.
+    """
+    import duckdb
+    import pyarrow as pa
+
+    from trainprobe.tools.runs.read import read_ahead
+
+    index = {str(f.path): n for n, f in enumerate(batch)}
+    v2 = batch[0].layout == "v2"
+    pending: list[pa.Table] = []
+    current = 0
+    ahead: Generator[pa.RecordBatch, None, None] | None = None
+    try:
+        reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
+        ahead = read_ahead(iter(reader), depth=1)  # the scan of the next batch overlaps this one's numpy work
+        for record in ahead:
+            for start, end, name in _file_runs(record.column("file")):
+                at = index.get(name, -1)
+                if at < current:
+                    raise _Unordered
+                if at > current:
+                    if pending:
+                        yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
+                        current += 1
+                    while current < at:  # files without a row
+                        yield batch[current], _empty(0)
+                        current += 1
+                    pending = []
+                pending.append(record.slice(start, end - start))
+    except (duckdb.Error, pa.ArrowException, OSError):  # a failure in the stream comes as an Arrow OSError
+        raise _BulkError from None
+    finally:
+        if ahead is not None:
+            ahead.close()  # its thread has stopped: the connection is free for a file-by-file read
+    if pending:
+        yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
+        current += 1
+    for file in batch[current:]:
+        yield file, _empty(0)
+
+
+def _file_runs(column: object) -> list[tuple[int, int, str]]:
+    """A batch's ``file`` column (Arrow strings) as runs of one file: ``(start, end, file)``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    files: pa.Array = column  # type: ignore[assignment]
+    n = len(files)
+    if n < 2:
+        return [(0, n, str(files[0].as_py()))] if n else []
+    change = pc.not_equal(files.slice(1), files.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    cuts = np.r_[0, np.flatnonzero(change) + 1, n].tolist()
+    return [(a, b, str(files[a].as_py())) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def torn_rows(file: ReportFile) -> int:
+    """1 when ``file`` is a CSV file whose last record is torn (the query layer leaves it out), else 0."""
+    return _torn(file)
+
+
+def _torn(file: ReportFile) -> int:
+    """1 when ``file`` is a CSV file whose last record is torn, else 0."""
+    return int(file.source.format == "csv" and (clean_length(file.path) or 0) > 0)
+
+
+def _ops(names: Sequence[str]) -> tuple[str, ...]:
+    """The op columns among a view's ``names``."""
+    return tuple(c for c in names if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS)
+
+
+def select_items(ops: Sequence[str], names: Sequence[str]) -> str:
+    """The SELECT list of the report's columns (see :func:`_items`)."""
+    return _items(ops, names)
+
+
+def _items(ops: Sequence[str], names: Sequence[str]) -> str:
+    """The SELECT list of the report's columns (empty micro-step -1, empty op cell NaN)."""
+    items = [
+        "step",
+        "coalesce(micro_step, -1) AS micro",
+        "vpp_stage",
+        "coalesce(name, '') AS name",
+        "coalesce(scope, '') AS scope",
+        *(f"coalesce({quote(op)}, CAST('nan' AS DOUBLE)) AS {quote('op_' + op)}" for op in ops),
+        *(["shape"] if "shape" in names else []),
+    ]
+    return ", ".join(items)
+
+
+def _codes(column: object) -> tuple[np.ndarray, list[str]]:
+    """A text column (Arrow) as (per row an index into the distinct texts, the distinct texts)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(column)
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks() if encoded.num_chunks != 1 else encoded.chunk(0)
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return codes, [str(t) for t in encoded.dictionary.to_pylist()]
+
+
+def _file_rows(got: object, ops: tuple[str, ...], v2: bool, torn: int) -> FileRows:
+    """An Arrow table of :func:`_items`' columns as :class:`FileRows`."""
+    import pyarrow as pa
+
+    table: pa.Table = got  # type: ignore[assignment]
+    n = table.num_rows
+    values = np.empty((n, len(ops)), dtype=np.float64)
+    for column, op in enumerate(ops):
+        values[:, column] = table.column("op_" + op).to_numpy()
+
+    def ints(name: str) -> np.ndarray:
+        return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
+
+    target_codes, target_names = _codes(table.column("name"))
+    scope_codes, scope_names = _codes(table.column("scope")) if v2 else (None, None)
+    shapes = [str(s) for s in table.column("shape").to_pylist()] if "shape" in table.column_names else None
+    return FileRows(
+        ops,
+        ints("step"),
+        ints("micro"),
+        ints("vpp_stage"),
+        values,
+        target_codes,
+        target_names,
+        scope_codes,
+        scope_names,
+        shapes,
+        torn,
+    )
+
+
+def _empty(torn: int) -> FileRows:
+    none = np.zeros(0, dtype=np.int64)
+    return FileRows((), none, none, none, np.zeros((0, 0)), none, [], None, None, None, torn)
+
+
+def _reason(message: str) -> str:
+    """DuckDB's error as one short line: ``not UTF-8 text`` for an encoding error."""
+    from trainprobe.tools.query.layer import short_error
+
+    flat = short_error(message)
+    if "unicode" in flat.lower() or "utf-8" in flat.lower() or "utf8" in flat.lower():
+        return f"not UTF-8 text ({flat[:200]})"
+    return f"not a monitor file DuckDB can read ({flat[:300]})"
+
+
+#: What :func:`stream_file_rows` raises when its stream fails or is out of order.
+STREAM_ERRORS = (_BulkError, _Unordered)

@@ -1,0 +1,261 @@
+"""The data files of a run, for the query layer (:mod:`trainprobe.tools.query.layer`): standard library
+only, so that finding files costs no DuckDB import.
+
+A *run* is a folder holding any mix of:
+
+* Monitor V2 output (``output_dir``): ``rank_<r>/<monitor>_step<a>-<b>.csv`` or ``.parquet``;
+* Monitor V1 output (``MONITOR_OUTPUT_DIR``): ``<MonDD_HH-MM-SS>-rank<r>-<id>/<table>_<a>-<b>.csv``
+  or ``.parquet``;
+
+or one such rank / run folder itself. Both tools' layouts are recognised (trainprobe's and the
+reference msProbe's: same names, see :mod:`trainprobe.tools.runs.layout`). Entries that are
+not regular files, and names no monitor writes, are left out; so is a link to a file outside the
+run folder given (never opened; one warning names it), the rule of
+:func:`trainprobe.tools.runs.layout.find_csv_files`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
+from trainprobe.engine.log import warn_once
+from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
+from trainprobe.engine.sinks.parquet_sink import merged_step_files
+from trainprobe.tools.runs.layout import V1_DATA_TYPES, V2_DATA_TYPES
+
+Layout = Literal["v1", "v2"]
+Format = Literal["csv", "parquet"]
+
+
+class NoRunFiles(ConfigError):
+    """:func:`find_run_files` found no monitor data file in an existing folder (the message says
+    what was looked for): callers that fall back to something else catch this, not the text."""
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """One data file of a run.
+
+    Attributes:
+        path: the file (absolute).
+        layout: ``"v1"`` or ``"v2"``.
+        format: ``"csv"`` or ``"parquet"``.
+        rank: the rank that wrote it (from its folder's name).
+        table: the view it belongs to: the V2 monitor or the V1 table (``weight_grad``, ``actv``).
+        first_step, last_step: the window named in the file name.
+    """
+
+    path: Path
+    layout: Layout
+    format: Format
+    rank: int
+    table: str
+    first_step: int
+    last_step: int
+
+
+def find_run_files(run: str | Path, warn_links: bool = True) -> list[RunFile]:
+    """Every data file of ``run``, ordered by table, rank and first step. Links to files outside
+    ``run`` are skipped, with one warning unless ``warn_links`` is False (a caller that found
+    the same files already and said so).
+
+    Raises:
+        NoRunFiles: ``run`` holds no monitor data file (the message says what was looked for).
+        ConfigError: ``run`` does not exist or is not a folder, or cannot be listed.
+    """
+    root = Path(run).expanduser().absolute()
+    if not root.exists():
+        raise ConfigError(f"run: {str(root)!r} does not exist")
+    if not root.is_dir():
+        raise ConfigError(f"run: {str(root)!r} is not a folder")
+    outside: list[str] = []
+    files = [f for folder, layout, rank in _folders(root) for f in _files_of(folder, layout, rank, root, outside)]
+    if outside and warn_links:
+        warn_once(
+            f"outside:{root}",
+            f"{outside[0]}: a link to a file outside {str(root)!r}, skipped (not read)"
+            + (f", and {len(outside) - 1} more such links" if len(outside) > 1 else ""),
+        )
+    converted = {f.path.with_suffix("") for f in files if f.format == "parquet"}
+    files = [f for f in files if f.format == "parquet" or f.path.with_suffix("") not in converted]
+    files = _without_merged_step_files(files)
+    if not files:
+        raise NoRunFiles(
+            f"run: no monitor data file (.csv or .parquet) under {str(root)!r}"
+            + (f" (skipped {len(outside)} links to files outside the folder)" if outside else "")
+            + "; looked for Monitor V2 "
+            "'rank_<r>/<monitor>_step<a>-<b>.csv' and Monitor V1 '<MonDD_HH-MM-SS>-rank<r>-<id>/<table>_<a>-<b>.csv'"
+        )
+    return sorted(files, key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+
+
+def _without_merged_step_files(files: list[RunFile]) -> list[RunFile]:
+    """``files`` less the Parquet step files whose rows a complete window file beside them
+    already holds (a run killed between a window's merge and the removal of its step files left
+    both: :func:`~trainprobe.engine.sinks.parquet_sink.merged_step_files`); read together their
+    rows would count twice. The files stay on disk (a reader removes nothing)."""
+    if not any(f.format == "parquet" and f.first_step == f.last_step for f in files):
+        return files
+    doubled = set(merged_step_files((f.path, f.table, f.first_step, f.last_step) for f in files))
+    return [f for f in files if f.path not in doubled]
+
+
+def _folders(root: Path) -> Iterator[tuple[Path, Layout, int]]:
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError as exc:
+        raise ConfigError(f"run: cannot list {str(root)!r}: {exc.strerror or exc}") from None
+    for folder in [root, *children]:
+        v1 = V1_RUN.fullmatch(folder.name)
+        v2 = V2_RANK.fullmatch(folder.name)
+        if v1:
+            yield folder, "v1", bounded_int(v1["rank"], "rank", f"run folder {str(folder)!r}")
+        elif v2:
+            yield folder, "v2", bounded_int(v2["rank"], "rank", f"rank folder {str(folder)!r}")
+
+
+def _files_of(folder: Path, layout: Layout, rank: int, root: Path, outside: list[str]) -> Iterator[RunFile]:
+    """The data files of one rank or run folder; links to files outside ``root`` go to ``outside``."""
+    folder_inside = is_inside(folder, root)  # a plain file of the folder is inside iff the folder is
+    pattern = V1_DATA_FILE if layout == "v1" else V2_DATA_FILE
+    known = V1_DATA_TYPES if layout == "v1" else V2_DATA_TYPES
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        raise ConfigError(f"{folder}: cannot list the folder: {exc.strerror or exc}") from None
+    for name in names:
+        match = pattern.fullmatch(name)
+        if not (match and match["type"] in known):
+            continue
+        path = folder / name
+        if not is_regular_file(path):
+            continue
+        if not (folder_inside and not path.is_symlink()) and not is_inside(path, root):
+            outside.append(str(path))
+            continue
+        first = bounded_int(match["first"], "first step", str(path))
+        last = bounded_int(match["last"], "last step", str(path))
+        fmt: Format = "parquet" if match["ext"] == "parquet" else "csv"
+        yield RunFile(path, layout, fmt, rank, match["type"], first, last)
+
+
+def csv_header(path: Path, limit: int = 1 << 16) -> tuple[str, ...] | None:
+    """The column names of a CSV data file (its first line; a byte-order mark and ``\\r`` dropped),
+    or None when the file has no complete first line (empty, or a run that is starting).
+
+    Monitor headers never quote a name (they are identifiers), so the line is split on commas."""
+    with open(path, "rb") as handle:
+        head = handle.read(limit)
+    end = head.find(b"\n")
+    if end < 0:
+        return None
+    line = head[:end].decode("utf-8", "replace").removeprefix("\ufeff").rstrip("\r")
+    return tuple(line.split(",")) if line else None
+
+
+@dataclass(frozen=True)
+class TornTail:
+    """The torn end of a CSV data file (:func:`torn_tail`).
+
+    Attributes:
+        cut: the length in bytes of the file's complete part (its first ``cut`` bytes: whole
+            records, ending with a line break; 0 when no record is complete, the header's
+            line included).
+        lines: the physical lines left out, from ``cut`` to the end of the file, the torn last
+            line counted (so at least 1). More than 1 when the torn record's quoted name holds
+            line breaks, or when a quote earlier in the file is unbalanced (a damaged file:
+            everything after it reads as one quoted cell, often thousands of lines; then
+            ``quote_open`` is True).
+        first_line: the 1-based number of the first line left out (the header is line 1).
+        quote_open: whether the file ends inside a quoted cell (an odd number of ``"``): the
+            torn record stops inside a quoted name, or a quote earlier is unbalanced. A caller
+            warning about the rows it skips can say ``lines`` and, when this is True and
+            ``lines`` is large, that an unbalanced quote on line ``first_line`` or later cut
+            the file there.
+    """
+
+    cut: int
+    lines: int
+    first_line: int
+    quote_open: bool
+
+
+_SCAN_CHUNK = 1 << 22  # bytes counted at a time (the file is mapped, not read whole)
+
+
+def torn_tail(path: Path) -> TornTail | None:
+    """What of CSV file ``path`` is torn, or None when nothing is: the file is empty or ends with
+    a line break (``\\n`` or ``\\r``; the records' quotes are not checked then).
+
+    Otherwise the complete part ends after the last line break outside a quoted cell, quotes
+    counted from the start of the file (``""`` inside a cell counts twice, so it changes
+    nothing): a run killed, or still writing, left a torn last record, which the query layer
+    leaves out. One pass over the file (its ``"`` counted in chunks of a memory map), then a
+    walk back from its end to that line break, and a count of the line breaks on either side
+    of it: linear in the file's size, memory bounded by a chunk.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return None
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            size = len(data)
+            if data[size - 1 : size] in (b"\n", b"\r"):
+                return None
+            quote_open = _count(data, b'"', 0, size) % 2 == 1
+            cut = _last_break_outside_quotes(data, size, quote_open)
+            before = _count(data, b"\n", 0, cut)
+            after = _count(data, b"\n", cut, size)
+    return TornTail(cut=cut, lines=after + 1, first_line=before + 1, quote_open=quote_open)
+
+
+def clean_length(path: Path) -> int | None:
+    """None when the CSV file ends with a line break (nothing torn); 0 for an empty file; else the
+    length in bytes of its complete part: up to and including the last line break outside a
+    quoted cell (:func:`torn_tail`'s ``cut``; it also says how many lines that leaves out, which
+    is more than one when a quoted cell is left open). Linear in the file's size."""
+    if path.stat().st_size == 0:
+        return 0
+    tail = torn_tail(path)
+    return None if tail is None else tail.cut
+
+
+def _count(data: mmap.mmap, byte: bytes, start: int, stop: int) -> int:
+    """How many times ``byte`` occurs in ``data[start:stop]``, counted a chunk at a time."""
+    return sum(data[at : min(at + _SCAN_CHUNK, stop)].count(byte) for at in range(start, stop, _SCAN_CHUNK))
+
+
+def _last_break_outside_quotes(data: mmap.mmap, end: int, inside: bool) -> int:
+    """The offset just after the last ``\\n`` before ``end`` that is outside a quoted cell (0 when
+    none), ``inside``: whether ``end`` itself is inside one. Walks back from quote to quote: the
+    bytes between two quotes are all inside a cell or all outside it."""
+    while end > 0:
+        quote = data.rfind(b'"', 0, end)
+        if not inside:
+            found = data.rfind(b"\n", quote + 1, end)
+            if found >= 0:
+                return found + 1
+        if quote < 0:
+            return 0
+        end, inside = quote, not inside
+    return 0
+
+
+def is_precision_dump(path: Path, depth: int = 3) -> bool:
+    """Whether ``path`` holds a precision dump rather than monitor output: a ``dump.json`` or
+    ``debug.json`` in it or at most ``depth`` folder levels below (``dump_path/step<N>/rank<R>/``).
+    The tools that read runs use it to point at ``trainprobe compare`` instead."""
+    if not path.is_dir():
+        return False
+    patterns = ("*/" * level + name for level in range(depth + 1) for name in ("dump.json", "debug.json"))
+    return any(next(path.glob(pattern), None) is not None for pattern in patterns)
