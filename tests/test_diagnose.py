@@ -210,7 +210,7 @@ def test_help_does_not_import_duckdb() -> None:
 def test_python_api_trainprobe_tools_diagnose(runs: DiagnoseRuns) -> None:
     import trainprobe.tools
 
-    result = trainprobe.tools.diagnosis.answer(runs.v2, spike_factor=1e6)
+    result = trainprobe.tools.diagnose(runs.v2, spike_factor=1e6)
     assert result.first is not None and result.first.step == NAN_STEP
     assert result.to_json()["spike_rule"]["factor"] == 1e6
     with pytest.raises(ConfigError, match="--spike-factor"):
