@@ -320,7 +320,7 @@ def test_cli_writes_the_page_and_prints_its_path(monitor_runs, tmp_path):
 
 
 def test_cli_bad_paths_exit_2_with_one_line(tmp_path):
-    for target, message in ((tmp_path / "nope", "does not exist"), (tmp_path, "no monitor CSV found")):
+    for target, message in ((tmp_path / "nope", "does not exist"), (tmp_path, "no monitor data file")):
         done = _cli(str(target), cwd=tmp_path)
         assert done.returncode == 2
         assert message in done.stderr and "Traceback" not in done.stderr
@@ -330,7 +330,7 @@ def test_cli_bad_paths_exit_2_with_one_line(tmp_path):
 def test_bad_input_raises_config_error(tmp_path, monitor_runs):
     with pytest.raises(ConfigError, match="does not exist"):
         write_report(tmp_path / "nope", tmp_path / "r.html")
-    with pytest.raises(ConfigError, match="no monitor CSV found"):
+    with pytest.raises(ConfigError, match="no monitor data file"):
         write_report(tmp_path, tmp_path / "r.html")
     copy = tmp_path / "v1"
     shutil.copytree(monitor_runs.v1, copy)

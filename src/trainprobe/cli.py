@@ -125,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         try:
-            return args.run(args)
+            handler = getattr(args, "handler", None) or args.run  # args.run: the input run where a command has one
+            return handler(args)
         except BrokenPipeError:
             raise
         except (ConfigError, OSError) as exc:  # OSError: a file that vanished or cannot be written, named in it

@@ -91,7 +91,8 @@ from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import INT_MAX
 from trainprobe.tools.exports.sqlite_rows import ParsedFile, call_indices, parse_file
 from trainprobe.tools.exports.sqlite_schema import DB_NAME, PARTIAL_NAME, MetricsDatabase, RowsLostError, fsync
-from trainprobe.tools.runs.layout import MonitorCsv, check_data_types, parse_time
+from trainprobe.tools.runs.files import RunFile
+from trainprobe.tools.runs.layout import check_data_types, parse_time
 from trainprobe.tools.runs.options import add_selection_arguments, check_process_num, output_folder
 from trainprobe.tools.runs.read import read_ahead, read_files
 from trainprobe.tools.runs.selection import find_monitor_files
@@ -252,7 +253,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help=f"steps per value table (default {DEFAULT_STEP_PARTITION})",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(handler=run)
     return parser
 
 
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: bad arguments or input.
     """
     config = CSV2DBConfig(
-        monitor_path=args.monitor_path,
+        monitor_path=args.run,
         time_start=args.time_start,
         time_end=args.time_end,
         process_num=args.process_num,
@@ -325,7 +326,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 @contextmanager
-def _progress_bar(files: Sequence[MonitorCsv], show: bool) -> Iterator[Callable[[int], None]]:
+def _progress_bar(files: Sequence[RunFile], show: bool) -> Iterator[Callable[[int], None]]:
     """A function to call with each file's size; with ``show``, a tqdm bar on stderr, made at the
     first call (after the worker processes are forked: tqdm runs a thread)."""
     bars: list[Any] = []

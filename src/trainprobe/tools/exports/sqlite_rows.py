@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from itertools import chain, compress, repeat
 
 from trainprobe.engine.execution_order import row_positions as call_indices  # the one row numbering within a key
-from trainprobe.tools.runs.rows import MonitorCsv, read_table
+from trainprobe.tools.runs.files import RunFile
+from trainprobe.tools.runs.rows import read_table
 
 #: Ops whose metric_id is at least this have no nan_mask bit (SQLite integers are 64-bit).
 NAN_BITS = 63
@@ -36,7 +37,7 @@ class ParsedFile:
     the file holds no NaN; ``span`` the smallest and largest step (None: not computed).
     """
 
-    file: MonitorCsv
+    file: RunFile
     size: int
     mtime_ns: int
     ops: tuple[str, ...]
@@ -50,7 +51,7 @@ class ParsedFile:
     span: tuple[int, int] | None = None  # (smallest, largest) step when the reader knows it; None: not given
 
 
-def parse_file(file: MonitorCsv) -> ParsedFile:
+def parse_file(file: RunFile) -> ParsedFile:
     """Read ``file`` (complete rows only; an empty file gives no rows) into columns; see
     :class:`ParsedFile`.
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.safe_files import INT_MAX
 from trainprobe.tools.exports.sqlite_rows import NAN_BITS, ParsedFile, TargetKey
-from trainprobe.tools.runs.layout import MonitorCsv
+from trainprobe.tools.runs.files import RunFile
 
 DB_NAME = "monitor_metrics.db"
 PARTIAL_NAME = ".monitor_metrics.db.partial"
@@ -120,7 +120,7 @@ class MetricsDatabase:
         self.conn.close()
         fsync(self.path)
 
-    def holds(self, file: MonitorCsv) -> bool:
+    def holds(self, file: RunFile) -> bool:
         """Whether the database holds ``file`` as it is now (same size and mtime as when read)."""
         stat = file.path.stat()
         return self._files.get(_file_key(file)) == (stat.st_size, stat.st_mtime_ns)
@@ -219,7 +219,7 @@ class MetricsDatabase:
         """Rows in all value tables (the smallest index is scanned: fast)."""
         return sum(self.conn.execute(f"SELECT count(*) FROM {_q(table)}").fetchone()[0] for table in self._partitions)
 
-    def _may_overlap(self, file: MonitorCsv, data_type_id: int, span: tuple[int, int]) -> bool:
+    def _may_overlap(self, file: RunFile, data_type_id: int, span: tuple[int, int]) -> bool:
         """Whether a stored row can have a key of ``file``'s rows: a file of the same rank and
         data type (``file`` itself read before included) covers some of its steps (those its name
         says and those its rows hold). Also records ``file``'s range for the files that follow."""
@@ -334,7 +334,7 @@ class MetricsDatabase:
             self._data_types[name] = found
         return found
 
-    def _metric_id(self, op: str, file: MonitorCsv) -> int:
+    def _metric_id(self, op: str, file: RunFile) -> int:
         found = self._metrics.get(op)
         if found is None:
             if op in KEY_COLUMNS or op == NAN_MASK:
@@ -519,7 +519,7 @@ def _q(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-def _file_key(file: MonitorCsv) -> str:
+def _file_key(file: RunFile) -> str:
     return str(file.path.absolute())
 
 

@@ -63,7 +63,7 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.sinks.events import EventWriter, require_tensorboard
 from trainprobe.tools.exports.sqlite_rows import ParsedFile
-from trainprobe.tools.runs.layout import MonitorCsv
+from trainprobe.tools.runs.files import RunFile
 from trainprobe.tools.runs.options import add_selection_arguments, check_process_num, output_folder, worker_warnings
 from trainprobe.tools.runs.read import read_files
 from trainprobe.tools.runs.selection import find_monitor_files
@@ -79,7 +79,7 @@ class Group:
 
     rank: int
     data_type: str
-    files: tuple[MonitorCsv, ...]
+    files: tuple[RunFile, ...]
 
     def folder(self, out: Path) -> Path:
         """``<out>/rank<r>/<data_type>``: the run TensorBoard shows for this group."""
@@ -166,15 +166,15 @@ def convert(
     return Conversion(out, results)
 
 
-def group_files(files: Iterable[MonitorCsv]) -> list[Group]:
+def group_files(files: Iterable[RunFile]) -> list[Group]:
     """The files grouped by (rank, data type), groups and files in the order given."""
-    grouped: dict[tuple[int, str], list[MonitorCsv]] = defaultdict(list)
+    grouped: dict[tuple[int, str], list[RunFile]] = defaultdict(list)
     for file in files:
         grouped[(file.rank, file.data_type)].append(file)
     return [Group(rank, data_type, tuple(members)) for (rank, data_type), members in grouped.items()]
 
 
-def target_label(file: MonitorCsv, name: str, vpp_stage: int, micro_step: int | None, scope: str | None) -> str:
+def target_label(file: RunFile, name: str, vpp_stage: int, micro_step: int | None, scope: str | None) -> str:
     """The tag of a row without the ``/<op>`` (see the module docstring): ``vp0:fc1.weight``,
     ``vp0:fc1.input:micro0`` (V1), ``vp0:fc1.weight:unreduced:micro1`` (V2)."""
     if file.layout == "v1":
@@ -257,7 +257,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "tags vp<vpp>:<name>[:micro<m>]/<op>, x axis = step.",
     )
     add_selection_arguments(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(handler=run)
     return parser
 
 
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: bad arguments or input.
     """
     result = convert(
-        args.monitor_path, args.time_start, args.time_end, args.process_num, args.data_type_list, args.output_dirpath
+        args.run, args.time_start, args.time_end, args.process_num, args.data_type_list, args.output_dirpath
     )
     for group in result.groups:
         torn = f", {group.torn} torn row(s) skipped" if group.torn else ""

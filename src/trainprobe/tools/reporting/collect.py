@@ -15,10 +15,11 @@ from trainprobe.tools.reporting.cells import compact, real_rows, target_ids
 from trainprobe.tools.reporting.digest import Digest, digest_block
 from trainprobe.tools.reporting.events import bare_target, event_group, event_target
 from trainprobe.tools.reporting.groups import pick_targets
-from trainprobe.tools.reporting.read import FileRows, ReportFile
+from trainprobe.tools.reporting.read import FileRows
 from trainprobe.tools.reporting.rows import Block, table_phase
 from trainprobe.tools.reporting.run import TopShares
 from trainprobe.tools.reporting.types import GRADIENT_TABLES, MAX_TARGETS
+from trainprobe.tools.runs.files import RunFile
 from trainprobe.tools.runs.layout import V1_DATA_TYPES
 
 
@@ -51,8 +52,8 @@ class Reading:
             self.sampled[name] = np.zeros(0, dtype=np.int64)
             self.blocks = {key: kept for key, kept in self.blocks.items() if key[0] != name}
 
-    def reread_sampled(self, read: Callable[[Sequence[ReportFile]], Iterable[tuple[ReportFile, FileRows]]],
-                       files: Sequence[ReportFile]) -> None:
+    def reread_sampled(self, read: Callable[[Sequence[RunFile]], Iterable[tuple[RunFile, FileRows]]],
+                       files: Sequence[RunFile]) -> None:
         """Pick the targets each sampled group draws and read its files again (``read``: as the
         first pass read them) for their rows."""
         for name in self.sampled:
@@ -76,7 +77,7 @@ def alerts_by_row(alerts: Sequence[AnomalyEvent]) -> dict[tuple[int, str, int, i
     return found
 
 
-def _place_alerts(reading: Reading, file: ReportFile, targets: list[str], columns: dict[str, np.ndarray]) -> None:
+def _place_alerts(reading: Reading, file: RunFile, targets: list[str], columns: dict[str, np.ndarray]) -> None:
     """Give the alerts that name a row of ``file`` that row's position (see the module docstring):
     the k-th alert of a key takes the k-th row of that key."""
     wanted = {key[2] for key in reading.alert_rows if key[:2] == (file.rank, file.data_type)}
@@ -94,7 +95,7 @@ def _place_alerts(reading: Reading, file: ReportFile, targets: list[str], column
             taken[key] = taken.get(key, 0) + 1
 
 
-def _group_of(file: ReportFile, scope: str | None) -> tuple[str, str]:
+def _group_of(file: RunFile, scope: str | None) -> tuple[str, str]:
     """(group name, V1 table) of a row."""
     if file.layout == "v1" or scope is None:
         return file.data_type, file.data_type if file.data_type in V1_DATA_TYPES else "other"
@@ -102,7 +103,7 @@ def _group_of(file: ReportFile, scope: str | None) -> tuple[str, str]:
     return f"{file.data_type}/{scope}", table
 
 
-def collect_file(file: ReportFile, table: FileRows, reading: Reading, second: bool = False) -> int:
+def collect_file(file: RunFile, table: FileRows, reading: Reading, second: bool = False) -> int:
     """Hand the complete rows of ``file`` (``table``) to ``reading`` as one block of numbers per
     group (targets as ids, in model order); returns the torn rows. The second pass keeps only
     the rows of the targets that sampled groups draw.

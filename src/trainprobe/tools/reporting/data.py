@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.anomalies.analyser import order_events
@@ -49,22 +50,25 @@ from trainprobe.tools.reporting.groups import default_op as default_op
 from trainprobe.tools.reporting.groups import pick_targets as pick_targets
 from trainprobe.tools.reporting.loss import find_loss_files, read_loss_files
 from trainprobe.tools.reporting.onsets import read_alerts
-from trainprobe.tools.reporting.read import ReportFile, find_report_files
+from trainprobe.tools.reporting.read import find_report_files
 from trainprobe.tools.reporting.run import find_event_files, find_training_state, read_event_files, read_training_state
+from trainprobe.tools.reporting.spark import spark_row_reader
 from trainprobe.tools.reporting.types import GRADIENT_TABLES as GRADIENT_TABLES
 from trainprobe.tools.reporting.types import MAX_ONSETS as MAX_ONSETS
 from trainprobe.tools.reporting.types import MAX_TARGETS as MAX_TARGETS
 from trainprobe.tools.reporting.types import Group as Group
 from trainprobe.tools.reporting.types import RankMatrix as RankMatrix
 from trainprobe.tools.reporting.types import ReportData as ReportData
+from trainprobe.tools.runs.files import RunFile
 
 
 def load_report_data(
     monitor_dir: str | Path,
     training_state: str | Path | None = None,
     tensorboard: str | Path | None = None,
-    files: list[ReportFile] | None = None,
+    files: list[RunFile] | None = None,
     rank_local: bool = False,
+    spark: Any = None,
 ) -> ReportData:
     """Read every monitor CSV and anomaly file under ``monitor_dir``, and the training metrics'
     ``training_state.jsonl`` files: those of ``training_state`` (the file, a ``rank_<id>``
@@ -78,7 +82,8 @@ def load_report_data(
 
     On a sharded run (FSDP2, tensor parallelism) the ``weight_grad``, ``param`` and ``optimizer``
     rows are read as full tensors (:mod:`~trainprobe.tools.reporting.full`); ``rank_local``: each
-    rank's rows as written.
+    rank's rows as written. ``spark``: a Spark session to read the rows through
+    (:mod:`~trainprobe.tools.reporting.spark`, Parquet runs) instead of DuckDB.
 
     Memory is bounded by what is drawn, not by the number of rows: each file's rows are digested
     as they are read (counts, each target's peak and NaN/inf, the global norm per step, the first
@@ -96,7 +101,11 @@ def load_report_data(
     from trainprobe.tools.sql.full import is_sharded
 
     sharded = is_sharded(root)
-    reader = row_reader(root, files, full=sharded and not rank_local)
+    reader: Any = (
+        row_reader(root, files, full=sharded and not rank_local)
+        if spark is None
+        else spark_row_reader(spark, root, files, full=sharded and not rank_local)
+    )
     training = read_training_state(find_training_state(root, training_state))
     read_event_files(find_event_files(root, tensorboard), training, required=tensorboard is not None)
     read_loss_files(find_loss_files(root), training)

@@ -26,7 +26,6 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.reporting.read import (
     STREAM_ERRORS,
     FileRows,
-    ReportFile,
     connection,
     read_files,
     run_files,
@@ -34,6 +33,7 @@ from trainprobe.tools.reporting.read import (
     stream_file_rows,
     torn_rows,
 )
+from trainprobe.tools.runs.files import RunFile
 
 if TYPE_CHECKING:
     import duckdb
@@ -47,7 +47,7 @@ class FullViews:
     con: Any
     tables: dict[str, list[str]]
 
-    def read(self, files: Sequence[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+    def read(self, files: Sequence[RunFile]) -> Iterator[tuple[RunFile, FileRows]]:
         """The full-tensor rows of ``files`` (all of :attr:`tables`), file by file in their order
         per table (see the module docstring).
 
@@ -80,7 +80,7 @@ class FullViews:
         self.con.close()
 
 
-def full_views(root: Path, files: Sequence[ReportFile]) -> FullViews | None:
+def full_views(root: Path, files: Sequence[RunFile]) -> FullViews | None:
     """The full-tensor views of ``root`` (a sharded V2 run), or None when it has none."""
     from trainprobe.tools.query.layer import connect, describe
     from trainprobe.tools.sql.full import FULL_SUFFIX
@@ -107,7 +107,7 @@ class RowReader:
     con: duckdb.DuckDBPyConnection
     full: FullViews | None = None
 
-    def read(self, files: Sequence[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+    def read(self, files: Sequence[RunFile]) -> Iterator[tuple[RunFile, FileRows]]:
         """``(file, rows)`` of every one of ``files``: rank-local files first, in their order, then
         the full-tensor ones."""
         merged = set(self.full.tables) if self.full is not None else set()
@@ -122,6 +122,6 @@ class RowReader:
             self.full.close()
 
 
-def row_reader(root: Path, files: Sequence[ReportFile], full: bool) -> RowReader:
+def row_reader(root: Path, files: Sequence[RunFile], full: bool) -> RowReader:
     """A :class:`RowReader` of ``files``, with full tensors when ``full`` and the run has them."""
     return RowReader(connection(files), full_views(root, files) if full else None)

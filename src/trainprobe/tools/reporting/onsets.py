@@ -11,9 +11,9 @@ import numpy as np
 
 from trainprobe.tools.anomalies.analyser import ANOMALY_FILE, ANOMALY_FOLDER, AnomalyEvent, load_anomalies
 from trainprobe.tools.reporting.events import COUNT_OPS, describe_values
-from trainprobe.tools.reporting.read import ReportFile
 from trainprobe.tools.reporting.rows import Rows, table_phase
 from trainprobe.tools.reporting.types import MAX_ONSETS, Group
+from trainprobe.tools.runs.files import RunFile
 
 
 def nonfinite_row_mask(values: np.ndarray, known: np.ndarray, ops: tuple[str, ...]) -> np.ndarray:
@@ -76,7 +76,7 @@ def _row_event(group: Group, rank: int, rows: Rows, row: int, names: list[str]) 
     )
 
 
-def read_alerts(root: Path, csvs: Sequence[ReportFile]) -> tuple[list[Path], list[AnomalyEvent]]:
+def read_alerts(root: Path, csvs: Sequence[RunFile]) -> tuple[list[Path], list[AnomalyEvent]]:
     """The events of ``root/anomaly_detected/rank*/anomaly.json`` in file order ([] without).
     When ``root`` is one V1 run folder, its parent's ``anomaly_detected`` and that rank's events."""
     folder, ranks = root / ANOMALY_FOLDER, None

@@ -25,32 +25,11 @@ import numpy as np
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.query.layer import quote, require, table_sql
-from trainprobe.tools.runs.files import NoRunFiles, RunFile, clean_length, csv_header, find_run_files
+from trainprobe.tools.runs.files import RunFile, clean_length, csv_header, find_run_files, rank_order, run_order
 from trainprobe.tools.sql.questions import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
 
 if TYPE_CHECKING:
     import duckdb
-
-
-@dataclass(frozen=True)
-class ReportFile:
-    """One data file of the run.
-
-    Attributes:
-        path: the file.
-        layout: ``v1`` or ``v2``.
-        rank: the rank that wrote it.
-        data_type: the V1 table or V2 monitor (``grad_reduced``, ``weight_grad``).
-        run: the name of its run (V1) or rank (V2) folder.
-        source: the query layer's description of the file.
-    """
-
-    path: Path
-    layout: str
-    rank: int
-    data_type: str
-    run: str
-    source: RunFile
 
 
 @dataclass
@@ -86,31 +65,25 @@ class FileRows:
         return [self.target_names[c] for c in self.target_codes.tolist()]
 
 
-def find_report_files(root: Path) -> list[ReportFile]:
-    """Every data file under ``root``, by rank, data type, first step and folder.
+def find_report_files(root: Path) -> list[RunFile]:
+    """Every data file under ``root`` the report reads
+    (:func:`~trainprobe.tools.runs.files.find_run_files`), by rank, data type, first step and
+    folder (:func:`~trainprobe.tools.runs.files.rank_order`).
 
     Raises:
-        ConfigError: ``root`` missing or not a folder; no monitor file under it (``no monitor
-            CSV found``, with what was looked for and the links skipped).
+        NoRunFiles: no monitor file under ``root`` (the message says what was looked for and
+            the links skipped).
+        ConfigError: ``root`` missing or not a folder.
     """
-    try:
-        found = find_run_files(root)
-    except NoRunFiles as exc:
-        text = str(exc)
-        raise ConfigError(
-            "monitor_path: no monitor CSV found (nor Parquet) " + text.split("(.csv or .parquet) ", 1)[1]
-        ) from None
-    files = [ReportFile(f.path, f.layout, f.rank, f.table, f.path.parent.name, f) for f in found]
-    return sorted(files, key=lambda f: (f.rank, f.data_type, f.source.first_step, f.run, f.source.format))
+    return sorted(find_run_files(root), key=rank_order)
 
 
-def run_files(files: Sequence[ReportFile]) -> list[RunFile]:
-    """The query layer's descriptions of ``files``, in the query layer's order
-    (:func:`~trainprobe.tools.runs.files.find_run_files`'s)."""
-    return sorted((f.source for f in files), key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+def run_files(files: Sequence[RunFile]) -> list[RunFile]:
+    """``files`` in the query layer's order (:func:`~trainprobe.tools.runs.files.run_order`)."""
+    return sorted(files, key=run_order)
 
 
-def connection(files: Sequence[ReportFile]) -> duckdb.DuckDBPyConnection:
+def connection(files: Sequence[RunFile]) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection for :func:`read_file`, locked to reading ``files``
     (:mod:`~trainprobe.tools.engines.lock`; ConfigError naming the ``[query]`` extra without DuckDB)."""
     from trainprobe.tools.engines.lock import lock
@@ -120,7 +93,7 @@ def connection(files: Sequence[ReportFile]) -> duckdb.DuckDBPyConnection:
     return con  # type: ignore[no-any-return]
 
 
-def read_file(con: duckdb.DuckDBPyConnection, file: ReportFile) -> FileRows:
+def read_file(con: duckdb.DuckDBPyConnection, file: RunFile) -> FileRows:
     """The complete rows of ``file`` (see the module docstring).
 
     Raises:
@@ -131,18 +104,18 @@ def read_file(con: duckdb.DuckDBPyConnection, file: ReportFile) -> FileRows:
 
     torn = _torn(file)
     try:
-        made = table_sql(con, file.data_type, [file.source])
+        made = table_sql(con, file.data_type, [file])
         if made is None:
             return _empty(torn)
         view, names = made
-        ops = _ops(names)
+        ops = op_columns(names)
         got = con.sql(f"SELECT {_items(ops, names)} FROM ({view}) ORDER BY file_row").to_arrow_table()
     except duckdb.Error as exc:
         raise ConfigError(f"{file.path}: {_reason(str(exc))}") from None
-    return _file_rows(got, ops, file.layout == "v2", torn)
+    return file_rows(got, ops, file.layout == "v2", torn)
 
 
-def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[RunFile]) -> Iterator[tuple[RunFile, FileRows]]:
     """``(file, its rows)`` for each of ``files``, in their order, as :func:`read_file` reads
     them, but each run of consecutive CSV files of one table, layout and header (none of them
     torn) in one DuckDB scan, streamed in batches of :data:`BATCH_ROWS` rows: the scan runs in
@@ -181,14 +154,14 @@ class _Unordered(Exception):
     """A many-file scan did not return its files one after the other, in order."""
 
 
-def _bulk_runs(files: Sequence[ReportFile]) -> list[list[ReportFile]]:
+def _bulk_runs(files: Sequence[RunFile]) -> list[list[RunFile]]:
     """``files`` cut into runs of consecutive CSV files that one scan can read: same table,
     layout and header, none torn; every other file alone."""
-    runs: list[list[ReportFile]] = []
+    runs: list[list[RunFile]] = []
     last: tuple[object, ...] | None = None
     for file in files:
         key: tuple[object, ...] | None = None
-        if file.source.format == "csv" and not _torn(file):
+        if file.format == "csv" and not _torn(file):
             header = csv_header(file.path)
             key = None if header is None else (file.data_type, file.layout, header)
         if key is not None and key == last:
@@ -199,23 +172,23 @@ def _bulk_runs(files: Sequence[ReportFile]) -> list[list[ReportFile]]:
     return runs
 
 
-def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[ReportFile]) -> Iterator[tuple[ReportFile, FileRows]]:
+def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[RunFile]) -> Iterator[tuple[RunFile, FileRows]]:
     """The files of one run of :func:`_bulk_runs` through one streamed scan (see :func:`read_files`).
 
     Raises:
         _BulkError: DuckDB failed; _Unordered: the scan's rows are not file after file in order.
     """
-    made = table_sql(con, batch[0].data_type, [f.source for f in batch])
+    made = table_sql(con, batch[0].data_type, list(batch))
     if made is None:
         raise _Unordered
     view, names = made
-    ops = _ops(names)
+    ops = op_columns(names)
     yield from stream_file_rows(con, f"SELECT {_items(ops, names)}, file FROM ({view})", batch, ops)
 
 
 def stream_file_rows(
-    con: duckdb.DuckDBPyConnection, sql: str, batch: Sequence[ReportFile], ops: tuple[str, ...]
-) -> Iterator[tuple[ReportFile, FileRows]]:
+    con: duckdb.DuckDBPyConnection, sql: str, batch: Sequence[RunFile], ops: tuple[str, ...]
+) -> Iterator[tuple[RunFile, FileRows]]:
     """``(file, its rows)`` for each of ``batch`` (one table and layout) from ``sql``: a SELECT of
     :func:`select_items` and ``file`` whose rows come file after file in ``batch``'s order, each
     file's in file order; streamed in batches of :data:`BATCH_ROWS` rows (a file without a row:
@@ -245,7 +218,7 @@ def stream_file_rows(
                     raise _Unordered
                 if at > current:
                     if pending:
-                        yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
+                        yield batch[current], file_rows(pa.Table.from_batches(pending), ops, v2, 0)
                         current += 1
                     while current < at:  # files without a row
                         yield batch[current], _empty(0)
@@ -258,7 +231,7 @@ def stream_file_rows(
         if ahead is not None:
             ahead.close()  # its thread has stopped: the connection is free for a file-by-file read
     if pending:
-        yield batch[current], _file_rows(pa.Table.from_batches(pending), ops, v2, 0)
+        yield batch[current], file_rows(pa.Table.from_batches(pending), ops, v2, 0)
         current += 1
     for file in batch[current:]:
         yield file, _empty(0)
@@ -278,18 +251,18 @@ def _file_runs(column: object) -> list[tuple[int, int, str]]:
     return [(a, b, str(files[a].as_py())) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
-def torn_rows(file: ReportFile) -> int:
+def torn_rows(file: RunFile) -> int:
     """1 when ``file`` is a CSV file whose last record is torn (the query layer leaves it out), else 0."""
     return _torn(file)
 
 
-def _torn(file: ReportFile) -> int:
+def _torn(file: RunFile) -> int:
     """1 when ``file`` is a CSV file whose last record is torn, else 0."""
-    return int(file.source.format == "csv" and (clean_length(file.path) or 0) > 0)
+    return int(file.format == "csv" and (clean_length(file.path) or 0) > 0)
 
 
-def _ops(names: Sequence[str]) -> tuple[str, ...]:
-    """The op columns among a view's ``names``."""
+def op_columns(names: Sequence[str]) -> tuple[str, ...]:
+    """The op columns among a view's ``names`` (neither keys, nor text, nor ``file``/``file_row``)."""
     return tuple(c for c in names if c not in KEY_COLUMNS and c not in TEXT_COLUMNS and c not in META_COLUMNS)
 
 
@@ -324,8 +297,8 @@ def _codes(column: object) -> tuple[np.ndarray, list[str]]:
     return codes, [str(t) for t in encoded.dictionary.to_pylist()]
 
 
-def _file_rows(got: object, ops: tuple[str, ...], v2: bool, torn: int) -> FileRows:
-    """An Arrow table of :func:`_items`' columns as :class:`FileRows`."""
+def file_rows(got: object, ops: tuple[str, ...], v2: bool, torn: int) -> FileRows:
+    """An Arrow table of :func:`select_items`' columns (from any engine) as :class:`FileRows`."""
     import pyarrow as pa
 
     table: pa.Table = got  # type: ignore[assignment]

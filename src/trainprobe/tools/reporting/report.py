@@ -1,4 +1,4 @@
-"""``trainprobe report MONITOR_DIR [-o report.html]``: one self-contained HTML page (works offline)
+"""``trainprobe report RUN [-o report.html] [--engine duckdb|spark]``: one self-contained HTML page (works offline)
 from Monitor V1 or V2 output.
 
 The page holds, top to bottom: a summary (the first anomaly, steps, ranks, data types, targets,
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.printable import printable
 from trainprobe.engine.sinks.files import write_atomically
 from trainprobe.tools.reporting.findings import Diagnosed, findings_of
 
@@ -69,49 +70,74 @@ def _import_plotly() -> None:
 
 
 def write_report(
-    monitor_dir: str | Path,
+    run: str | Path,
     output: str | Path | None = None,
     training_state: str | Path | None = None,
     tensorboard: str | Path | None = None,
     baseline: str | Path | None = None,
     rank_local: bool = False,
+    engine: str = "duckdb",
 ) -> Path:
-    """Write the HTML report of the monitor output under ``monitor_dir`` (a V1 MONITOR_OUTPUT_DIR
-    or run folder, or a V2 output_dir) to ``output`` (see :func:`output_path`) and return its path.
+    """Write the HTML report of the run ``run`` (a V1 MONITOR_OUTPUT_DIR or run folder, or a V2
+    output_dir) to ``output`` (see :func:`output_path`) and return its path.
 
     The training metrics' ``training_state.jsonl`` files (loss and gradient norms of the training
     curves) come from ``training_state`` (the file, a ``rank_<id>`` folder or the metrics'
-    ``dump_path``), else from ``monitor_dir``, its ``rank_<id>`` folders or one level below;
+    ``dump_path``), else from ``run``, its ``rank_<id>`` folders or one level below;
     their TensorBoard scalars (loss, learning rate, gradient norm) from ``tensorboard`` (the
-    metrics' ``tensorboard_dir``), else from event files in ``monitor_dir``'s ``rank_<id>`` folders.
+    metrics' ``tensorboard_dir``), else from event files in ``run``'s ``rank_<id>`` folders.
 
     Torn rows of a killed run are skipped (a warning names each file once, the summary counts them).
-    The "Diagnosis" section holds ``trainprobe diagnose``'s answer for ``monitor_dir``; with
+    The "Diagnosis" section holds ``trainprobe diagnose``'s answer for ``run``; with
     ``baseline`` (a good run of the same kind) the page also holds ``trainprobe diff``'s answer,
-    counts and heatmaps of ``baseline`` against ``monitor_dir``; the anomaly timeline marks
+    counts and heatmaps of ``baseline`` against ``run``; the anomaly timeline marks
     diagnose's anomalies and stars its first one. On a sharded run (FSDP2, tensor parallelism)
     the diagnosis, heatmaps, lines, training curves and top offenders are of full tensors (shards
     merged, replicas counted once; the diagnosis names the ranks holding the tensor where it went
     wrong); ``rank_local=True``: of each rank's rows as written. GradScaler's skipped steps are named (summary and diagnosis),
-    not counted as anomalies by the diagnosis.
+    not counted as anomalies by the diagnosis. ``engine="spark"``: the rows, the diagnosis and the
+    baseline's diff are read through Apache Spark (a Parquet run; the process's active session,
+    else one in local mode, stopped at the end: :mod:`~trainprobe.tools.reporting.spark`).
 
     Raises:
-        ConfigError: ``monitor_dir`` missing or holding no monitor CSV, a CSV with a foreign
+        ConfigError: ``run`` missing or holding no monitor file, a CSV with a foreign
             header, no complete row at all, a malformed ``anomaly.json``, an unwritable output,
             a ``training_state`` without ``training_state.jsonl``, a ``tensorboard`` without a
-            readable event file (or without the tensorboard package), or plotly missing.
+            readable event file (or without the tensorboard package), plotly missing, an
+            unknown ``engine``, or ``engine="spark"`` on a run with CSV files or without pyspark.
     """
+    from trainprobe.tools.runs.options import check_engine
+
     _import_plotly()
+    if check_engine(engine) == "spark":
+        from trainprobe.tools.engines.spark import local_session
+
+        with local_session() as session:
+            return _write(run, output, training_state, tensorboard, baseline, rank_local, session)
+    return _write(run, output, training_state, tensorboard, baseline, rank_local, None)
+
+
+def _write(
+    run: str | Path,
+    output: str | Path | None,
+    training_state: str | Path | None,
+    tensorboard: str | Path | None,
+    baseline: str | Path | None,
+    rank_local: bool,
+    spark: Any,
+) -> Path:
+    """:func:`write_report` on DuckDB (``spark`` None) or on the Spark session ``spark``."""
     from trainprobe.tools.reporting.data import load_report_data
     from trainprobe.tools.reporting.html import render_page
     from trainprobe.tools.reporting.read import find_report_files, run_files
 
-    files = find_report_files(Path(monitor_dir).expanduser())
+    engine = "duckdb" if spark is None else "spark"
+    files = find_report_files(Path(run).expanduser())
     # the diagnosis first: its DuckDB memory is given back before the report's data is read
-    diagnosis = _diagnosis(monitor_dir, run_files(files), rank_local)
-    data = load_report_data(monitor_dir, training_state, tensorboard, files=files, rank_local=rank_local)
+    diagnosis = _diagnosis(run, run_files(files), rank_local, engine)
+    data = load_report_data(run, training_state, tensorboard, files=files, rank_local=rank_local, spark=spark)
     path = output_path(output)
-    text = render_page(data, diagnosis=diagnosis, baseline=_baseline_adder(baseline, monitor_dir))
+    text = render_page(data, diagnosis=diagnosis, baseline=_baseline_adder(baseline, run, engine))
     try:
         write_atomically(path, text, field="output")
     except OSError as exc:
@@ -119,67 +145,69 @@ def write_report(
     return path
 
 
-def _diagnosis(monitor_dir: str | Path, files: Any = None, rank_local: bool = False) -> Diagnosed:
+def _diagnosis(run: str | Path, files: Any = None, rank_local: bool = False, engine: str = "duckdb") -> Diagnosed:
     """``trainprobe diagnose``'s answer for the Diagnosis section and the timeline: its lines and
     its anomalies (a run it cannot read: one line saying why, no anomaly); ``files``: the run's
     files, found already by the report."""
     from trainprobe.tools.diagnosis.answer import diagnosis_summary
 
     try:
-        summary = diagnosis_summary(monitor_dir, files=files, memory_limit=DIAGNOSE_MEMORY, rank_local=rank_local)
+        summary = diagnosis_summary(
+            run, files=files, memory_limit=DIAGNOSE_MEMORY, rank_local=rank_local, engine=engine
+        )
     except ConfigError as exc:
         return Diagnosed([f"no diagnosis: {exc}"])
     return Diagnosed(list(summary["lines"]), findings_of(summary), ran=True)
 
 
-def _baseline_adder(baseline: str | Path | None, monitor_dir: str | Path) -> Any:
-    """A callable adding the diff of ``baseline`` against ``monitor_dir`` to the report's page
+def _baseline_adder(baseline: str | Path | None, run: str | Path, engine: str = "duckdb") -> Any:
+    """A callable adding the diff of ``baseline`` against ``run`` to the report's page
     (None without ``baseline``). Raises ConfigError (at the call) when diff cannot compare them."""
     if baseline is None:
         return None
     from trainprobe.tools.rundiff.answer import diff
 
     def add(page: Any) -> None:
-        diff(baseline, monitor_dir, page=page)
+        diff(baseline, run, page=page, engine=engine)
 
     return add
 
 
-def run(args: argparse.Namespace) -> int:
+def command(args: argparse.Namespace) -> int:
     """Write the report of parsed arguments, print its path; returns 0.
 
     Raises:
         ConfigError: see :func:`write_report`.
     """
-    print(write_report(args.monitor_dir, args.output, args.training_state, args.tensorboard, args.baseline,
-                       rank_local=args.rank_local))
+    path = write_report(args.run, args.output, args.training_state, args.tensorboard, args.baseline,
+                        rank_local=args.rank_local, engine=args.engine)
+    print(printable(path))
     return 0
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``report`` on ``subparsers`` (an ``add_subparsers()`` result)."""
+    from trainprobe.tools.runs.options import add_engine_argument, add_output_argument, add_run_argument
+
     parser = subparsers.add_parser(
         COMMAND,
         help="write a self-contained HTML report (heatmaps, lines, anomaly timeline) of monitor output",
-        description="Write one self-contained HTML page (works offline) from Monitor V1 or V2 output.",
+        description="Write one self-contained HTML page (works offline) from Monitor V1 or V2 output; "
+        "prints the page's path.",
     )
-    parser.add_argument("monitor_dir", help="monitor output: a V1 MONITOR_OUTPUT_DIR or run folder, a V2 output_dir")
-    parser.add_argument(
-        "-o",
-        "--output",
-        help=f"the HTML file, or a folder to write {DEFAULT_NAME} in (default: ./{DEFAULT_NAME})",
-    )
+    add_run_argument(parser)
+    add_output_argument(parser, f"the HTML file, or a folder to write {DEFAULT_NAME} in (default: ./{DEFAULT_NAME})")
     parser.add_argument(
         "--training-state",
         metavar="PATH",
         help="the training metrics' training_state.jsonl, a rank_<id> folder or their dump_path (default: any "
-        "found in MONITOR_DIR, its rank_<id> folders or one level below): loss and gradient norm of the training curves",
+        "found in RUN, its rank_<id> folders or one level below): loss and gradient norm of the training curves",
     )
     parser.add_argument(
         "--tensorboard",
         metavar="PATH",
         help="the training metrics' tensorboard_dir (or a rank_<id> folder or event file): loss, learning rate "
-        "and grad-norm of the training curves (default: event files in MONITOR_DIR's rank_<id> folders)",
+        "and grad-norm of the training curves (default: event files in RUN's rank_<id> folders)",
     )
     parser.add_argument(
         "--baseline",
@@ -191,5 +219,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="each rank's rows as written (Diagnosis, heatmaps, lines); by default a sharded run (FSDP2, TP) is "
         "shown in full tensors (shards merged, replicas counted once)",
     )
-    parser.set_defaults(run=run)
+    add_engine_argument(
+        parser, "duckdb (default) or spark: read the rows through Apache Spark (Parquet runs; "
+        "pip install 'trainprobe[spark]')"
+    )
+    parser.set_defaults(handler=command)
     return parser

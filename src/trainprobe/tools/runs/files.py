@@ -1,5 +1,5 @@
-"""The data files of a run, for the query layer (:mod:`trainprobe.tools.query.layer`): standard library
-only, so that finding files costs no DuckDB import.
+"""The data files of a run: the one walk of a run folder every offline tool finds its input with
+(standard library only, so that finding files costs no DuckDB import).
 
 A *run* is a folder holding any mix of:
 
@@ -8,10 +8,26 @@ A *run* is a folder holding any mix of:
   or ``.parquet``;
 
 or one such rank / run folder itself. Both tools' layouts are recognised (trainprobe's and the
-reference msProbe's: same names, see :mod:`trainprobe.tools.runs.layout`). Entries that are
-not regular files, and names no monitor writes, are left out; so is a link to a file outside the
-run folder given (never opened; one warning names it), the rule of
-:func:`trainprobe.tools.runs.layout.find_csv_files`.
+reference msProbe's: same names, see :mod:`trainprobe.tools.runs.layout`).
+
+:func:`walk_run` walks the folder once and describes every data file it finds as a
+:class:`RunFile` (path, rank, layout, table, window, format); entries named like data files that
+are not regular files, and links to files outside the run, are set aside unopened. Every finder
+is a selection over that walk:
+
+* :func:`find_run_files`: the files the query layer reads (a window's ``.parquet`` preferred to
+  its ``.csv``; Parquet step files a merged window already holds left out);
+* :func:`trainprobe.tools.runs.selection.find_monitor_files` and
+  :func:`~trainprobe.tools.runs.selection.find_csv_files`: csv2db's and csv2tb's selection by V1
+  timestamp and data type.
+
+A run without any data file raises :class:`NoRunFiles` (callers that fall back catch the type,
+never the text).
+
+Example::
+
+    for f in find_run_files("monitor_output"):
+        print(f.table, f.rank, f.window, f.format, f.path)
 """
 
 from __future__ import annotations
@@ -28,28 +44,34 @@ from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
 from trainprobe.engine.sinks.parquet_sink import merged_step_files
-from trainprobe.tools.runs.layout import V1_DATA_TYPES, V2_DATA_TYPES
+from trainprobe.tools.runs.layout import V1_DATA_TYPES, V2_DATA_TYPES, Layout
 
-Layout = Literal["v1", "v2"]
 Format = Literal["csv", "parquet"]
+
+#: What the finders looked for, for the message of a run without data files.
+LOOKED_FOR = (
+    "Monitor V2 'rank_<r>/<monitor>_step<a>-<b>.csv' and Monitor V1 '<MonDD_HH-MM-SS>-rank<r>-<id>/<table>_<a>-<b>.csv'"
+)
 
 
 class NoRunFiles(ConfigError):
-    """:func:`find_run_files` found no monitor data file in an existing folder (the message says
-    what was looked for): callers that fall back to something else catch this, not the text."""
+    """A run folder holds no monitor data file (of the kind selected; the message says what was
+    looked for): callers that fall back to something else catch this type, not the text."""
 
 
 @dataclass(frozen=True)
 class RunFile:
-    """One data file of a run.
+    """One data file of a run: the one description of a found file every tool reads.
 
     Attributes:
-        path: the file (absolute).
+        path: the file (absolute when found by :func:`find_run_files`; as given otherwise).
         layout: ``"v1"`` or ``"v2"``.
         format: ``"csv"`` or ``"parquet"``.
         rank: the rank that wrote it (from its folder's name).
         table: the view it belongs to: the V2 monitor or the V1 table (``weight_grad``, ``actv``).
         first_step, last_step: the window named in the file name.
+        root: the run folder it was found in (a reader opens the file only if it still lies
+            inside); None: no such check.
     """
 
     path: Path
@@ -59,59 +81,138 @@ class RunFile:
     table: str
     first_step: int
     last_step: int
+    root: Path | None = None
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The steps named in the file name: ``(first_step, last_step)``."""
+        return self.first_step, self.last_step
+
+    @property
+    def data_type(self) -> str:
+        """The table, under the reference tools' name (csv2db's ``data_type_list``)."""
+        return self.table
+
+    @property
+    def run(self) -> str:
+        """The name of the rank (V2) or run (V1) folder holding the file."""
+        return self.path.parent.name
+
+
+@dataclass(frozen=True)
+class Walk:
+    """What one walk of a run folder found (:func:`walk_run`).
+
+    Attributes:
+        root: the run folder, as given (``~`` expanded).
+        files: every data file, both formats (a window's ``.csv`` and ``.parquet`` both listed).
+        irregular: entries named like data files that are not regular files (a folder, FIFO,
+            device): not opened.
+        outside: links to files outside ``root``: not opened.
+    """
+
+    root: Path
+    files: tuple[RunFile, ...]
+    irregular: tuple[str, ...]
+    outside: tuple[str, ...]
+
+    def warn_outside(self) -> None:
+        """One warning naming the links to files outside the run that were skipped (if any)."""
+        if self.outside:
+            warn_once(
+                f"outside:{self.root}",
+                f"{self.outside[0]}: a link to a file outside {str(self.root)!r}, skipped (not read)"
+                + (f", and {len(self.outside) - 1} more such links" if len(self.outside) > 1 else ""),
+            )
+
+    def warn_irregular(self) -> None:
+        """One warning naming the entries that are not regular files (if any)."""
+        if self.irregular:
+            warn_once(
+                f"irregular:{self.root}",
+                f"{self.irregular[0]}: not a regular file (a folder, FIFO or device?), skipped"
+                + (f", and {len(self.irregular) - 1} more such entries" if len(self.irregular) > 1 else ""),
+            )
+
+
+def walk_run(run: str | Path, field: str = "run") -> Walk:
+    """Walk the run folder ``run`` once (it and its rank / run folders one level down) and describe
+    every data file in it; ``field`` names the input in messages (``run``, or a reference
+    spelling such as ``monitor_path``).
+
+    Raises:
+        ConfigError: ``run`` does not exist, is not a folder, or a folder cannot be listed; a
+            rank or step in a folder or file name above 2**63 - 1.
+    """
+    root = Path(run).expanduser()
+    if not root.exists():
+        raise ConfigError(f"{field}: {str(root)!r} does not exist")
+    if not root.is_dir():
+        raise ConfigError(f"{field}: {str(root)!r} is not a folder")
+    irregular: list[str] = []
+    outside: list[str] = []
+    files = [
+        f
+        for folder, layout, rank in _folders(root, field)
+        for f in _files_of(folder, layout, rank, root, irregular, outside)
+    ]
+    return Walk(root, tuple(files), tuple(irregular), tuple(outside))
+
+
+def run_order(f: RunFile) -> tuple[object, ...]:
+    """The query layer's order of files: by table, rank, first step, format and path."""
+    return f.table, f.rank, f.first_step, f.format, str(f.path)
+
+
+def rank_order(f: RunFile) -> tuple[object, ...]:
+    """The offline tools' order of files: by rank, data type, first step, folder and format."""
+    return f.rank, f.table, f.first_step, f.run, f.format
+
+
+def readable(files: tuple[RunFile, ...] | list[RunFile]) -> list[RunFile]:
+    """``files`` as the readers read them: a window's ``.parquet`` file preferred to its ``.csv``
+    (``trainprobe convert`` output, the readers read the Parquet one), and the Parquet step files
+    whose rows a complete window file beside them already holds left out (a run killed between a
+    window's merge and the removal of its step files left both:
+    :func:`~trainprobe.engine.sinks.parquet_sink.merged_step_files`; read together their rows
+    would count twice). The files stay on disk (a reader removes nothing)."""
+    converted = {f.path.absolute().with_suffix("") for f in files if f.format == "parquet"}
+    kept = [f for f in files if f.format == "parquet" or f.path.absolute().with_suffix("") not in converted]
+    if not any(f.format == "parquet" and f.first_step == f.last_step for f in kept):
+        return kept
+    doubled = set(merged_step_files((f.path, f.table, f.first_step, f.last_step) for f in kept))
+    return [f for f in kept if f.path not in doubled]
 
 
 def find_run_files(run: str | Path, warn_links: bool = True) -> list[RunFile]:
-    """Every data file of ``run``, ordered by table, rank and first step. Links to files outside
-    ``run`` are skipped, with one warning unless ``warn_links`` is False (a caller that found
-    the same files already and said so).
+    """Every data file of ``run`` the readers read (:func:`readable`), paths absolute, ordered by
+    table, rank and first step (:func:`run_order`). Links to files outside ``run`` are skipped,
+    with one warning unless ``warn_links`` is False (a caller that found the same files already
+    and said so).
 
     Raises:
         NoRunFiles: ``run`` holds no monitor data file (the message says what was looked for).
         ConfigError: ``run`` does not exist or is not a folder, or cannot be listed.
     """
-    root = Path(run).expanduser().absolute()
-    if not root.exists():
-        raise ConfigError(f"run: {str(root)!r} does not exist")
-    if not root.is_dir():
-        raise ConfigError(f"run: {str(root)!r} is not a folder")
-    outside: list[str] = []
-    files = [f for folder, layout, rank in _folders(root) for f in _files_of(folder, layout, rank, root, outside)]
-    if outside and warn_links:
-        warn_once(
-            f"outside:{root}",
-            f"{outside[0]}: a link to a file outside {str(root)!r}, skipped (not read)"
-            + (f", and {len(outside) - 1} more such links" if len(outside) > 1 else ""),
-        )
-    converted = {f.path.with_suffix("") for f in files if f.format == "parquet"}
-    files = [f for f in files if f.format == "parquet" or f.path.with_suffix("") not in converted]
-    files = _without_merged_step_files(files)
+    walk = walk_run(Path(run).expanduser().absolute())
+    if warn_links:
+        walk.warn_outside()
+    files = readable(walk.files)
     if not files:
+        links = len(walk.outside)
         raise NoRunFiles(
-            f"run: no monitor data file (.csv or .parquet) under {str(root)!r}"
-            + (f" (skipped {len(outside)} links to files outside the folder)" if outside else "")
-            + "; looked for Monitor V2 "
-            "'rank_<r>/<monitor>_step<a>-<b>.csv' and Monitor V1 '<MonDD_HH-MM-SS>-rank<r>-<id>/<table>_<a>-<b>.csv'"
+            f"run: no monitor data file (.csv or .parquet) under {str(walk.root)!r}"
+            + (f" (skipped {links} links to files outside the folder)" if links else "")
+            + f"; looked for {LOOKED_FOR}"
         )
-    return sorted(files, key=lambda f: (f.table, f.rank, f.first_step, f.format, str(f.path)))
+    return sorted(files, key=run_order)
 
 
-def _without_merged_step_files(files: list[RunFile]) -> list[RunFile]:
-    """``files`` less the Parquet step files whose rows a complete window file beside them
-    already holds (a run killed between a window's merge and the removal of its step files left
-    both: :func:`~trainprobe.engine.sinks.parquet_sink.merged_step_files`); read together their
-    rows would count twice. The files stay on disk (a reader removes nothing)."""
-    if not any(f.format == "parquet" and f.first_step == f.last_step for f in files):
-        return files
-    doubled = set(merged_step_files((f.path, f.table, f.first_step, f.last_step) for f in files))
-    return [f for f in files if f.path not in doubled]
-
-
-def _folders(root: Path) -> Iterator[tuple[Path, Layout, int]]:
+def _folders(root: Path, field: str) -> Iterator[tuple[Path, Layout, int]]:
     try:
         children = sorted(p for p in root.iterdir() if p.is_dir())
     except OSError as exc:
-        raise ConfigError(f"run: cannot list {str(root)!r}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{field}: cannot list {str(root)!r}: {exc.strerror or exc}") from None
     for folder in [root, *children]:
         v1 = V1_RUN.fullmatch(folder.name)
         v2 = V2_RANK.fullmatch(folder.name)
@@ -121,8 +222,11 @@ def _folders(root: Path) -> Iterator[tuple[Path, Layout, int]]:
             yield folder, "v2", bounded_int(v2["rank"], "rank", f"rank folder {str(folder)!r}")
 
 
-def _files_of(folder: Path, layout: Layout, rank: int, root: Path, outside: list[str]) -> Iterator[RunFile]:
-    """The data files of one rank or run folder; links to files outside ``root`` go to ``outside``."""
+def _files_of(
+    folder: Path, layout: Layout, rank: int, root: Path, irregular: list[str], outside: list[str]
+) -> Iterator[RunFile]:
+    """The data files of one rank or run folder; entries that are not regular files go to
+    ``irregular``, links to files outside ``root`` to ``outside`` (neither is opened)."""
     folder_inside = is_inside(folder, root)  # a plain file of the folder is inside iff the folder is
     pattern = V1_DATA_FILE if layout == "v1" else V2_DATA_FILE
     known = V1_DATA_TYPES if layout == "v1" else V2_DATA_TYPES
@@ -136,6 +240,7 @@ def _files_of(folder: Path, layout: Layout, rank: int, root: Path, outside: list
             continue
         path = folder / name
         if not is_regular_file(path):
+            irregular.append(str(path))
             continue
         if not (folder_inside and not path.is_symlink()) and not is_inside(path, root):
             outside.append(str(path))
@@ -143,7 +248,7 @@ def _files_of(folder: Path, layout: Layout, rank: int, root: Path, outside: list
         first = bounded_int(match["first"], "first step", str(path))
         last = bounded_int(match["last"], "last step", str(path))
         fmt: Format = "parquet" if match["ext"] == "parquet" else "csv"
-        yield RunFile(path, layout, fmt, rank, match["type"], first, last)
+        yield RunFile(path, layout, fmt, rank, match["type"], first, last, root)
 
 
 def csv_header(path: Path, limit: int = 1 << 16) -> tuple[str, ...] | None:

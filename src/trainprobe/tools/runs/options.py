@@ -1,12 +1,28 @@
-"""What csv2tb, csv2db and report share: the selection arguments of their command lines, the
-checks of their Python parameters, the timestamped default output folder and the warnings their
-worker processes send back."""
+"""The one vocabulary of the offline tools' command lines, and what csv2tb, csv2db and report share.
+
+Every command that reads a run spells its arguments the same way (:func:`add_run_argument`,
+:func:`add_output_argument`, :func:`add_tables_argument`, :func:`add_engine_argument`):
+
+* the input is the **run**: a positional ``RUN`` (the run folder: a V2 ``output_dir``, a V1
+  ``MONITOR_OUTPUT_DIR`` or one rank / run folder), ``args.run`` in code; the reference tools'
+  spellings stay where they are part of the drop-in (``anomaly-analyse -d/--data_path``);
+* what a command writes goes to **-o/--output** (``--out``, ``--out_path``, ``--output_path``
+  kept as aliases where a command had them), and the command prints what it wrote;
+* **--tables** selects tables / monitors (``--data-type``, the reference's spelling, kept),
+  space- or comma-separated;
+* **--engine duckdb|spark** on every command that reads the run's tables;
+* options anywhere on the line (:func:`intermixed`: ``trainprobe query RUN --engine spark "SQL"``).
+
+A command's function is ``args.handler`` (``args.run`` is the input).
+
+Also here: the selection arguments of csv2db and csv2tb, the checks of their Python parameters,
+the timestamped default output folder and the warnings their worker processes send back."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from os import PathLike
@@ -29,25 +45,86 @@ class CommaList(argparse.Action):
         setattr(namespace, self.dest, [part for item in items for part in str(item).split(",") if part])
 
 
+#: The engines a reading command runs on.
+ENGINES: tuple[str, ...] = ("duckdb", "spark")
+RUN_HELP = "the run folder (V2 output_dir, V1 MONITOR_OUTPUT_DIR, or one rank/run folder)"
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """An argument parser that takes options and positionals in any order: argparse's own parser
+    stops filling an optional positional (``query``'s SQL) at the first option after the run."""
+
+    _parsing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._parsing:  # parse_known_intermixed_args calls back in for each of its two passes
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
+def intermixed(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser``, made to take options anywhere on the line (the sub-parsers object makes plain
+    parsers, so its class is swapped); returns it."""
+    parser.__class__ = _IntermixedParser
+    return parser
+
+
+def add_run_argument(parser: argparse.ArgumentParser, help: str = RUN_HELP, *, optional: bool = False) -> None:
+    """The positional ``RUN`` (``args.run``); ``optional``: it may be left out (a command that also
+    takes a reference spelling such as ``-d``)."""
+    parser.add_argument("run", metavar="RUN", nargs="?" if optional else None, help=help)
+
+
+def add_output_argument(
+    parser: argparse.ArgumentParser, help: str, *aliases: str, dest: str = "output", metavar: str | None = None
+) -> None:
+    """``-o/--output`` (and ``aliases``, the spellings a command had: ``--out``, ``--out_path``) to ``dest``."""
+    parser.add_argument("-o", "--output", *aliases, dest=dest, metavar=metavar, help=help)
+
+
+def add_tables_argument(parser: argparse.ArgumentParser, help: str, dest: str = "tables") -> None:
+    """``--tables TABLE ...`` (``--data-type``, the reference's spelling): space- or comma-separated,
+    a list in ``dest`` (None: every table)."""
+    parser.add_argument(
+        "--tables", "--data-type", dest=dest, nargs="+", action=CommaList, metavar="TABLE",
+        help=help + "; space- or comma-separated (--data-type: the reference's spelling)",
+    )
+
+
+def add_engine_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--engine duckdb|spark`` (default duckdb) to ``args.engine``."""
+    parser.add_argument("--engine", choices=ENGINES, default="duckdb", help=help)
+
+
+def check_engine(engine: object) -> str:
+    """``engine`` checked: one of :data:`ENGINES`.
+
+    Raises:
+        ConfigError: any other value.
+    """
+    if engine not in ENGINES:
+        raise ConfigError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+    return str(engine)
+
+
 def add_selection_arguments(parser: argparse.ArgumentParser) -> None:
-    """``MONITOR_PATH [--time-start T] [--time-end T] [--process-num N] [--tables TABLE ...]
-    [-o OUTPUT_DIR]``; the Namespace fields are ``monitor_path``, ``time_start``, ``time_end``,
+    """``RUN [--time-start T] [--time-end T] [--process-num N] [--tables TABLE ...]
+    [-o OUTPUT_DIR]``; the Namespace fields are ``run``, ``time_start``, ``time_end``,
     ``process_num``, ``data_type_list`` (None = all) and ``output_dirpath``."""
-    parser.add_argument("monitor_path", help="monitor output: a V1 MONITOR_OUTPUT_DIR or run folder, a V2 output_dir")
+    add_run_argument(parser, "the run folder (a V1 MONITOR_OUTPUT_DIR or run folder, a V2 output_dir): monitor_path")
     parser.add_argument("--time-start", dest="time_start", help="first V1 run timestamp to take, e.g. Dec03_21-34-40")
     parser.add_argument("--time-end", dest="time_end", help="last V1 run timestamp to take (inclusive)")
     parser.add_argument("--process-num", dest="process_num", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument(
-        "--tables",
-        "--data-type",
-        dest="data_type_list",
-        nargs="+",
-        action=CommaList,
-        metavar="TABLE",
-        help="tables to convert (V1 file prefixes such as grad_reduced, or V2 monitors), space- or comma-separated; "
-        "default all (--data-type: the reference's spelling)",
+    add_tables_argument(
+        parser, "tables to convert (V1 file prefixes such as grad_reduced, or V2 monitors; default all)", "data_type_list"
     )
-    parser.add_argument("-o", "--output", dest="output_dirpath", help="output folder (default: timestamped)")
+    add_output_argument(parser, "output folder (default: timestamped)", "--output_dirpath", dest="output_dirpath")
 
 
 def check_process_num(process_num: object) -> int:

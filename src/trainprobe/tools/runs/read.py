@@ -31,8 +31,8 @@ from trainprobe.engine.layout import MICRO_COLUMN
 from trainprobe.tools.engines.lock import lock
 from trainprobe.tools.exports.sqlite_rows import NAN_BITS, BaseKey, ParsedFile, number_targets, parse_file
 from trainprobe.tools.query.layer import _read_csv, require
-from trainprobe.tools.runs.files import clean_length, csv_header
-from trainprobe.tools.runs.layout import MonitorCsv, column_roles
+from trainprobe.tools.runs.files import RunFile, clean_length, csv_header
+from trainprobe.tools.runs.layout import column_roles
 from trainprobe.tools.runs.rows import MAX_CSV_BYTES
 from trainprobe.tools.sql.names import file_list
 from trainprobe.tools.sql.names import ident as quote
@@ -54,7 +54,7 @@ _T = TypeVar("_T")
 _DONE = object()
 
 
-def read_files(files: Sequence[MonitorCsv], threads: int | None = None) -> Iterator[ParsedFile]:
+def read_files(files: Sequence[RunFile], threads: int | None = None) -> Iterator[ParsedFile]:
     """Each of ``files`` read into columns, in the order given (see the module docstring);
     ``threads``: DuckDB's threads (None: its default, every core).
 
@@ -92,8 +92,8 @@ _Found = tuple[dict[str, Any], "dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]
 
 
 def _queried(
-    con: duckdb.DuckDBPyConnection, batches: Iterator[tuple[_Group | None, list[MonitorCsv]]]
-) -> Iterator[tuple[_Group | None, list[MonitorCsv], _Found | None]]:
+    con: duckdb.DuckDBPyConnection, batches: Iterator[tuple[_Group | None, list[RunFile]]]
+) -> Iterator[tuple[_Group | None, list[RunFile], _Found | None]]:
     """Each batch with what its DuckDB query found: the files' stats and their rows by position
     in the batch (:func:`_split_by_file`); None for a file of the Python reader, or a batch
     DuckDB refused."""
@@ -101,10 +101,10 @@ def _queried(
         yield group, batch, (None if group is None else _query_batch(con, group, batch))
 
 
-def _batches(files: Sequence[MonitorCsv]) -> Iterator[tuple[_Group | None, list[MonitorCsv]]]:
+def _batches(files: Sequence[RunFile]) -> Iterator[tuple[_Group | None, list[RunFile]]]:
     """Runs of consecutive files DuckDB reads together (same layout, format, header; at most
     :data:`BATCH_BYTES`, the first ones less), and files for the Python reader alone (group None)."""
-    current: list[MonitorCsv] = []
+    current: list[RunFile] = []
     group: _Group | None = None
     held = 0
     limit = FIRST_BATCH_BYTES
@@ -125,7 +125,7 @@ def _batches(files: Sequence[MonitorCsv]) -> Iterator[tuple[_Group | None, list[
         yield group, current
 
 
-def _group_of(file: MonitorCsv) -> _Group | None:
+def _group_of(file: RunFile) -> _Group | None:
     """The batch key of a file DuckDB reads, or None for the Python reader."""
     path = file.path
     if path.suffix == ".parquet":
@@ -172,7 +172,7 @@ def _file_position(con: duckdb.DuckDBPyConnection, source: str, listed: list[str
     return "CAST(file_index AS BIGINT)"
 
 
-def _query_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[MonitorCsv]) -> _Found | None:
+def _query_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[RunFile]) -> _Found | None:
     """The rows of the files of one batch, read by one query, by file (None when DuckDB refuses
     the batch: the Python reader then reads its files, naming the file and cell that is wrong)."""
     layout, fmt, header = group
@@ -196,7 +196,7 @@ def _query_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[Moni
     return stats, _split_by_file(table)
 
 
-def _files_of(group: _Group, files: list[MonitorCsv], found: _Found) -> Iterator[ParsedFile]:
+def _files_of(group: _Group, files: list[RunFile], found: _Found) -> Iterator[ParsedFile]:
     """The files of one batch as :class:`ParsedFile`, from what its query found."""
     layout, _, header = group
     roles = column_roles(header, layout, str(files[0].path))  # type: ignore[arg-type]
@@ -278,7 +278,7 @@ def _dictionary_codes(column: pa.ChunkedArray) -> tuple[int, np.ndarray[Any, Any
 
 
 def _parsed(
-    file: MonitorCsv,
+    file: RunFile,
     size: int,
     mtime_ns: int,
     ops: tuple[str, ...],
@@ -329,7 +329,7 @@ def _parsed(
     )
 
 
-def _keys(rows: pa.Table, column: str, file: MonitorCsv) -> np.ndarray[Any, Any]:
+def _keys(rows: pa.Table, column: str, file: RunFile) -> np.ndarray[Any, Any]:
     """A key column as int64, refused when a cell is empty (a Parquet file may hold nulls)."""
     data = rows.column(column)
     if data.null_count:

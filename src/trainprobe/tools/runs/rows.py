@@ -38,6 +38,7 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.safe_files import INT_MAX, INT_MIN, bounded_int, read_text
+from trainprobe.tools.runs.files import RunFile
 from trainprobe.tools.runs.layout import (
     DATA_TYPES,
     KEY_COLUMNS,
@@ -47,12 +48,11 @@ from trainprobe.tools.runs.layout import (
     V2_DATA_TYPES,
     ColumnRoles,
     Layout,
-    MonitorCsv,
     check_data_types,
     column_roles,
-    find_csv_files,
     parse_time,
 )
+from trainprobe.tools.runs.selection import find_csv_files
 
 __all__ = [
     "DATA_TYPES",
@@ -65,7 +65,7 @@ __all__ = [
     "ColumnRoles",
     "CsvTable",
     "Layout",
-    "MonitorCsv",
+    "RunFile",
     "Record",
     "check_data_types",
     "column_roles",
@@ -106,7 +106,7 @@ class CsvTable:
     checked when the file was read).
     """
 
-    file: MonitorCsv
+    file: RunFile
     header: tuple[str, ...]
     ops: tuple[str, ...]
     rows: list[list[str]]
@@ -157,7 +157,7 @@ class CsvTable:
         return [self._columns[index] if self.rows else [] for index in self.op_cols]
 
 
-def read_table(file: MonitorCsv) -> CsvTable:
+def read_table(file: RunFile) -> CsvTable:
     """The complete rows of ``file``, checked and converted (see the module docstring). A torn
     last record is skipped, counted and warned about once. An empty file (just created by a run
     that is starting) or one holding only a torn header gives a table with no columns and no
