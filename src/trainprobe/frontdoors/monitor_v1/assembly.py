@@ -8,12 +8,21 @@ tags, and goes on from the previous session's running state (its averages and it
 the alert settings stay the same. File output runs on a background writer thread; with
 ``format: api`` the writer is synchronous, so the memory is current when ``optimizer.step()``
 returns.
+
+With an ``anomaly`` block each session runs the online rules
+(:mod:`trainprobe.frontdoors.monitor_v1.online`: an
+:class:`~trainprobe.frontdoors.monitor_v2.anomaly_watch.AnomalyWatch` on the training thread, as
+Monitor V2's); like the alert detector, the watch of the previous session goes on (its spike
+series, its event file, a dump under way) while the block stays the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from trainprobe.engine.anomaly.events import AnomalyEvent
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.folders import check_output_folder
 from trainprobe.engine.layout import ANOMALY_FOLDER, PARQUET_SUFFIX, V1_DATA_FILE, anomaly_rank_folder, v1_file_name
@@ -28,8 +37,10 @@ from trainprobe.frontdoors.monitor_v1 import output
 from trainprobe.frontdoors.monitor_v1.alerts import AlertDetector
 from trainprobe.frontdoors.monitor_v1.attachment import Attachment
 from trainprobe.frontdoors.monitor_v1.config import MonitorV1Config
+from trainprobe.frontdoors.monitor_v1.online import v1_watch
 from trainprobe.frontdoors.monitor_v1.probe_set import build_probes
 from trainprobe.frontdoors.monitor_v1.shapes import ShapeBook
+from trainprobe.frontdoors.monitor_v2.anomaly_watch import AnomalyWatch
 
 
 class SessionFactory:
@@ -37,10 +48,23 @@ class SessionFactory:
 
     Args:
         attachment: what ``set_monitor`` attached to.
+        model: the model given to ``set_monitor`` (what the ``dump`` action dumps).
+        on_anomaly: ``TrainerMon(on_anomaly=...)``, the callback of the online rules' events.
     """
 
-    def __init__(self, attachment: Attachment) -> None:
+    def __init__(
+        self,
+        attachment: Attachment,
+        *,
+        model: Any = None,
+        on_anomaly: Callable[[AnomalyEvent], Any] | None = None,
+    ) -> None:
         self.attachment = attachment
+        self.model = model
+        self.on_anomaly = on_anomaly
+        self.watch: AnomalyWatch | None = None
+        """The online rules of the latest session with an ``anomaly`` block."""
+        self._watch_key: tuple[Any, ...] | None = None
         self.idle = NullSession(attachment.clock)
         """The run's one null session: what runs while nothing is collected."""
         self.memory = MemorySink({}, output.table_of, output.api_key)
@@ -60,6 +84,7 @@ class SessionFactory:
         if not probes:
             return self.idle
         sinks = self._sinks(cfg, schedule, shapes)
+        watch = self._watch(cfg)
         # trailing: TrainerMon ends each step from the optimizer's post-step hook, so a collective
         # issued after optimizer.step() belongs to the step that trained, as in Monitor V2
         session = Session(
@@ -69,9 +94,47 @@ class SessionFactory:
             background=cfg.format != "api",
             clock=self.attachment.clock,
             trailing=True,
+            watch=watch,
         )
+        if watch is not None:
+            watch.bind(session.end_step, session.close)
         session.attach()
         return session
+
+    def _watch(self, cfg: MonitorV1Config) -> AnomalyWatch | None:
+        """The online rules of ``cfg``'s ``anomaly`` block (the previous session's watch when the
+        block, the ops and the rounding are the same), or None."""
+        anomaly = cfg.anomaly
+        if anomaly is None:
+            return None
+        ndigits = cfg.ndigits if cfg.format in ("csv", "parquet") else None
+        key = (anomaly, cfg.ops, ndigits, cfg.monitor_mbs_grad)
+        earlier = self.watch
+        if earlier is not None and not earlier.disabled and self._watch_key == key:
+            return earlier
+        attachment = self.attachment
+        backend = attachment.backend
+        agree = None
+        if anomaly.stops and backend.name == "pytorch" and backend.distributed():
+            from trainprobe.backends.torch.dist_info import ranks_flagging
+
+            agree = ranks_flagging
+        if earlier is not None:
+            earlier.close()
+        self.watch = v1_watch(
+            anomaly,
+            ops=cfg.ops,
+            ndigits=ndigits,
+            mbs_grad=cfg.monitor_mbs_grad,
+            rank=attachment.rank,
+            run_folder=attachment.run_folder(cfg),
+            clock=attachment.clock,
+            model=self.model,
+            on_anomaly=self.on_anomaly,
+            agree=agree,
+        )
+        self._watch_key = key
+        return self.watch
 
     def _sinks(self, cfg: MonitorV1Config, schedule: Schedule, shapes: ShapeBook) -> list[Sink]:
         ops_of = output.columns(cfg.ops)

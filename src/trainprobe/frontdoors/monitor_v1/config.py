@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainprobe.engine.anomaly.config import AnomalyConfig, parse_anomaly
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.fields import ConfigObject, config_object, join_path, type_name
 from trainprobe.engine.schedule import Schedule
@@ -45,6 +46,7 @@ TOP_LEVEL_KEYS = (
     "cc_distribution",
     "stack_info",
     "alert",
+    "anomaly",
     "format",
     "ops",
     "eps",
@@ -150,6 +152,9 @@ class MonitorV1Config:
     cc: CcConfig = field(default_factory=CcConfig)
     stack_info: bool = False
     alert: AlertConfig = field(default_factory=AlertConfig)
+    anomaly: AnomalyConfig | None = None
+    """The online rules and their actions (the ``anomaly`` block of
+    :mod:`trainprobe.engine.anomaly.config`, as in Monitor V2; None without one)."""
     format: str = "csv"
     ops: tuple[str, ...] = DEFAULT_V1_OPS
     eps: float = DEFAULT_EPS
@@ -219,6 +224,7 @@ def load_monitor_v1_config(source: str | Path | dict[str, Any]) -> MonitorV1Conf
         cc=_cc(top.section("cc_distribution")),
         stack_info=top.boolean("stack_info", False),
         alert=_alert(top.section("alert")),
+        anomaly=_anomaly(top),
         format=fmt,
         ops=ops,
         eps=top.number("eps", DEFAULT_EPS, positive=True),
@@ -307,6 +313,19 @@ def _alert(s: ConfigObject) -> AlertConfig:
             )
         rules.append(AlertRule(rule_name=name, threshold=threshold))
     return AlertConfig(rules=tuple(rules), dump=s.boolean("dump", False))
+
+
+def _anomaly(top: ConfigObject) -> AnomalyConfig | None:
+    """``anomaly``: Monitor V2's block (the same fields and checks); ``before_update`` judges the
+    reduced gradients, so it needs ``wg_distribution``."""
+    anomaly = parse_anomaly(top.section("anomaly"))
+    if anomaly is not None and anomaly.before_update and top.raw("wg_distribution", False) is not True:
+        raise top.section("anomaly").fail(
+            "before_update",
+            'checks the reduced gradients before optimizer.step(), which needs "wg_distribution": true; '
+            "set it or set before_update false",
+        )
+    return anomaly
 
 
 def _append_output(top: ConfigObject) -> tuple[str, ...]:

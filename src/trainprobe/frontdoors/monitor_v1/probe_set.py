@@ -139,6 +139,9 @@ _FRAMEWORK_NAMES = {"mindspore": "MindSpore"}
 
 TORCH_ONLY_FIELDS = ("print_struct", "ur_distribution", "mg_direction", "recording_l2_features")
 """The Monitor V1 fields only the PyTorch backend runs."""
+ANOMALY_TORCH_ONLY = ("anomaly.actions", "anomaly.before_update")
+"""The ``anomaly`` block's parts only the PyTorch backend runs: the ``dump`` action (a precision
+dump) and ``before_update``."""
 
 
 def unsupported_fields(config: MonitorV1Config) -> list[str]:
@@ -148,8 +151,10 @@ def unsupported_fields(config: MonitorV1Config) -> list[str]:
         "ur_distribution": config.ur_distribution,
         "mg_direction": config.mg_direction,
         "recording_l2_features": config.l2.enabled,
+        "anomaly.actions": config.anomaly is not None and config.anomaly.dumps,
+        "anomaly.before_update": config.anomaly is not None and config.anomaly.before_update,
     }
-    return [name for name in TORCH_ONLY_FIELDS if on[name]]
+    return [name for name in TORCH_ONLY_FIELDS + ANOMALY_TORCH_ONLY if on[name]]
 
 
 def refuse_unsupported(config: MonitorV1Config, backend: Backend) -> None:
@@ -161,9 +166,10 @@ def refuse_unsupported(config: MonitorV1Config, backend: Backend) -> None:
     unsupported = unsupported_fields(config) if backend.name != "pytorch" else []
     if unsupported:
         framework = _FRAMEWORK_NAMES.get(backend.name, backend.name)
-        raise ConfigError(
-            f"{unsupported[0]}: not supported on the {framework} backend of trainprobe (PyTorch only); set it to false"
-        )
+        field = unsupported[0]
+        fix = 'remove "dump"' if field == "anomaly.actions" else "set it to false"
+        what = f'{field}: "dump" is' if field == "anomaly.actions" else f"{field}:"
+        raise ConfigError(f"{what} not supported on the {framework} backend of trainprobe (PyTorch only); {fix}")
 
 
 def torch_only(field: str, attachment: Attachment) -> bool:

@@ -26,16 +26,20 @@ pending changes), :mod:`~trainprobe.frontdoors.monitor_v1.exits` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from trainprobe.backends import backend_for
+from trainprobe.engine.anomaly.events import AnomalyEvent, AnomalyStop
 from trainprobe.engine.backend import Backend
+from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.fields import config_file
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.optimizer_view import SeveralOptimizers
@@ -65,12 +69,21 @@ class TrainerMon:
             (``pytorch``, or ``mindspore`` as ``trainprobe.mindspore.TrainerMon`` passes it:
             ``nn.Cell`` models in PyNative mode, where ``process_group`` gives pipeline stage 0
             and ``params_have_main_grad`` is ignored).
+        on_anomaly: with an ``anomaly`` block in the config, called at the step boundary with
+            each :class:`~trainprobe.engine.anomaly.events.AnomalyEvent` the online rules find
+            (at most one per kind and step; see ``docs/acting_on_anomalies.md``). Keyword-only,
+            an extension of the reference's signature.
 
     Raises:
         ConfigError: the file is missing, not JSON, or has an invalid field (named by JSON path);
             an unknown or unusable framework; a PyTorch-only field (``print_struct``,
-            ``ur_distribution``, ``mg_direction``, ``recording_l2_features``) switched on for
-            another framework (named).
+            ``ur_distribution``, ``mg_direction``, ``recording_l2_features``, ``anomaly.dump``,
+            ``anomaly.before_update``) switched on for another framework (named); ``on_anomaly``
+            not callable, or given without an ``anomaly`` block.
+
+    With ``anomaly.actions`` holding ``stop``, :class:`~trainprobe.engine.anomaly.events.AnomalyStop`
+    comes out of ``optimizer.step()`` at the step boundary (before the update with
+    ``before_update``); the monitor has written the step and stopped (:meth:`stop`) first.
     """
 
     def __init__(
@@ -81,6 +94,7 @@ class TrainerMon:
         opt_ty: Any = None,
         *,
         framework: str = "pytorch",
+        on_anomaly: Callable[[AnomalyEvent], Any] | None = None,
     ) -> None:
         self.config_file_path = config_file(config_file_path, "config_file_path")
         self.process_group = process_group
@@ -93,6 +107,7 @@ class TrainerMon:
         config = load_monitor_v1_config(self.config_file_path)
         self._backend: Backend = backend_for(framework, "framework")
         refuse_unsupported(config, self._backend)
+        self._on_anomaly = _checked_callback(on_anomaly, config)
         self._control = MonitorControl(config, self.config_file_path, self.dynamic)
         self._attachment: Attachment | None = None
         self._factory: SessionFactory | None = None
@@ -166,7 +181,8 @@ class TrainerMon:
             params_have_main_grad=self.params_have_main_grad,
             process_group=self.process_group,
         )
-        self._attachment, self._factory = attachment, SessionFactory(attachment)
+        self._attachment = attachment
+        self._factory = SessionFactory(attachment, model=model, on_anomaly=self._on_anomaly)
         try:
             self._hook_steps(attachment)
             self._control.begin(self._factory)
@@ -181,7 +197,7 @@ class TrainerMon:
         optimizer = attachment.optimizer  # a chain's pre-step hook is its first member's, its post-step its last's
         # the skip watch first: its counting hook must run before _post_step, which may stop()
         watch = attachment.backend.watch_skipped_steps(
-            optimizer, lambda: self._post_step(optimizer, (), {})
+            optimizer, functools.partial(self._skipped_step, optimizer)
         )  # GradScaler skipped it
         self._hooks = [watch] if watch is not None else []
         if getattr(optimizer, "several", False):  # each optimizer's rows around its own step, the last ends it
@@ -266,10 +282,19 @@ class TrainerMon:
             return {}, {}
         return xy_metrics(self._control.session, self._factory.memory)
 
+    @property
+    def anomaly_events(self) -> list[AnomalyEvent]:
+        """The events the online rules (``anomaly`` block) found so far, in order; still readable
+        after :meth:`stop`."""
+        watch = self._factory.watch if self._factory is not None else None
+        return list(watch.events) if watch is not None else []
+
     def stop(self) -> None:
         """Write what is pending, remove every hook, close the files and unlock the run folder
         (idempotent)."""
         self._control.close()
+        if self._factory is not None and self._factory.watch is not None:
+            self._factory.watch.close()  # a dump of the anomaly action still running
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -293,11 +318,30 @@ class TrainerMon:
         self._control.step_begins()
 
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._control.before_optimizer_step()
+        with self._stopping_on_anomaly():
+            self._control.before_optimizer_step()
 
     def _member_pre_step(self, stepping: frozenset[int]) -> None:
         """One of several optimizers is about to step ``stepping``: their pre-step rows."""
-        self._control.session.optimizer_pre_step(stepping)
+        with self._stopping_on_anomaly():
+            self._control.session.optimizer_pre_step(stepping)
+
+    @contextlib.contextmanager
+    def _stopping_on_anomaly(self) -> Iterator[None]:
+        """An :class:`AnomalyStop` of the online rules stops the monitor, then goes on to the
+        training loop (out of ``optimizer.step()``)."""
+        try:
+            yield
+        except AnomalyStop:
+            self.stop()
+            raise
+
+    def _skipped_step(self, optimizer: Any) -> None:
+        """GradScaler skipped the step: its backward rows are not anomalies; the step ends."""
+        watch = self._factory.watch if self._factory is not None else None
+        if watch is not None:
+            watch.skipped(self.current_step)
+        self._post_step(optimizer, (), {})
 
     def _member_post_step(self, stepping: frozenset[int]) -> None:
         """One of several optimizers stepped ``stepping``: their post-step rows."""
@@ -306,7 +350,8 @@ class TrainerMon:
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any, *, members: bool = False) -> None:
         """The step ended; ``members``: the last of several optimizers stepped (each one's
         post-step work is done)."""
-        self._control.end_step(post_step=not members)
+        with self._stopping_on_anomaly():
+            self._control.end_step(post_step=not members)
         try:
             ending = run_end_message([self._struct] if self._struct is not None else [], self._control.probes)
             if ending is not None:
@@ -320,6 +365,19 @@ class TrainerMon:
             raise
         except Exception as exc:  # noqa: BLE001 - never raise into training
             logger.error("trainprobe: monitor bookkeeping failed at step %d: %s", self.current_step, exc, exc_info=True)
+
+
+def _checked_callback(on_anomaly: Any, config: MonitorV1Config) -> Callable[[AnomalyEvent], Any] | None:
+    """``on_anomaly`` once known to be usable with ``config``.
+
+    Raises:
+        ConfigError: not callable, or given without an ``anomaly`` block.
+    """
+    if on_anomaly is not None and not callable(on_anomaly):
+        raise ConfigError(f"on_anomaly: must be callable (a function taking one event), got {type(on_anomaly).__name__}")
+    if on_anomaly is not None and config.anomaly is None:
+        raise ConfigError('on_anomaly: needs an "anomaly" block in the config (e.g. "anomaly": {}) to run the rules')
+    return on_anomaly  # type: ignore[no-any-return]
 
 
 def _deprecated(key: str, message: str) -> None:

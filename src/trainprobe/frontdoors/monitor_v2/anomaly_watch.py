@@ -64,6 +64,44 @@ Agree = Callable[[bool], tuple[int, ...]]
 FullKey = tuple[str, str, str]
 """(table, name, scope): a row of a tensor whose full-tensor values the live statistics give."""
 
+Rows = list[tuple[RowKey, list[float]]]
+"""A monitor's rows of a step, in the order it produced them."""
+Group = tuple[str, int, Rows]
+"""``(table, offset, rows)``: consecutive rows of one table as its files write them, the first being
+the ``offset``-th of the monitor's rows."""
+
+
+class RowTables(Protocol):
+    """How a front door's rows are named in its files: which monitors are judged, and each row's
+    table and key as written (so the events word them as ``trainprobe diagnose`` reads the files)."""
+
+    def judged(self, monitor: str) -> bool:
+        """Whether ``monitor``'s rows are judged."""
+        ...
+
+    def groups(self, monitor: str, rows: Rows) -> list[Group]:
+        """``rows`` of ``monitor`` as written, cut into runs of one table (rows of tables not
+        judged left out, the offsets still counting them)."""
+        ...
+
+
+class V2Tables:
+    """Monitor V2: a monitor is its table; a row keeps its micro-step only where the table's
+    files have a ``micro_step`` column (``micro_step_tables``)."""
+
+    def __init__(self, micro_step_tables: frozenset[str] = frozenset(V2_MONITORS)) -> None:
+        self.micro_step_tables = micro_step_tables
+
+    def judged(self, monitor: str) -> bool:
+        """The V2 monitors' rows are judged."""
+        return monitor in V2_MONITORS
+
+    def groups(self, monitor: str, rows: Rows) -> list[Group]:
+        """One group: the monitor's rows, keyed as its files write them."""
+        if monitor not in self.micro_step_tables:
+            rows = [(replace(key, micro_step=None) if key.micro_step is not None else key, v) for key, v in rows]
+        return [(monitor, 0, rows)] if rows else []
+
 
 class FullTensors(Protocol):
     """What the watch reads of the live full-tensor statistics
@@ -130,6 +168,10 @@ class AnomalyWatch:
             trainer callbacks).
         micro_step_tables: the tables whose files have a ``micro_step`` column (in the others
             a row's micro-step is not part of its name, as diagnose reads the files).
+        tables: how rows are named in the files (default :class:`V2Tables` of
+            ``micro_step_tables``; Monitor V1 passes its own,
+            :class:`~trainprobe.frontdoors.monitor_v1.online.V1Tables`).
+        dump_folder: where the ``dump`` action writes (default ``output_dir/anomaly_dump``).
     """
 
     def __init__(
@@ -146,6 +188,8 @@ class AnomalyWatch:
         agree: Agree | None,
         raise_on_stop: bool = True,
         micro_step_tables: frozenset[str] = frozenset(V2_MONITORS),
+        tables: RowTables | None = None,
+        dump_folder: Path | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -157,7 +201,8 @@ class AnomalyWatch:
         self.on_anomaly = on_anomaly
         self.agree = agree
         self.raise_on_stop = raise_on_stop
-        self.micro_step_tables = micro_step_tables
+        self.tables: RowTables = tables if tables is not None else V2Tables(micro_step_tables)
+        self.dump_folder = dump_folder if dump_folder is not None else output_dir / DUMP_FOLDER
         self.stop_requested: AnomalyStop | None = None
         self.events: list[AnomalyEvent] = []
         self.disabled = False
@@ -191,21 +236,26 @@ class AnomalyWatch:
     # -- the session's calls -------------------------------------------------------------
     def on_batch(self, probe: Probe, batch: StepBatch) -> None:
         """Judge a monitor's rows of a step (those the pre-step check did not judge already)."""
-        if self.disabled or probe.name not in V2_MONITORS:
+        if self.disabled or not self.tables.judged(probe.name):
             return
         try:
             done = self._judged.pop(probe.name, 0) if batch.step == self.clock.step else 0
-            rows = self._as_written(probe.name, batch.rows()[done:])
-            self.rules.judge(
-                probe.name,
-                batch.step,
-                probe.spec.ops,
-                self._full_rows(probe.name, batch.step, probe.spec.ops, rows),
-                skipped=batch.step in self._skipped,
-                first_position=done,
-            )
+            self._judge(probe, batch.step, batch.rows()[done:], done)
         except Exception as exc:  # noqa: BLE001 - the watch never breaks training
             self._fail(exc)
+
+    def _judge(self, probe: Probe, step: int, rows: Rows, done: int) -> None:
+        """Judge ``rows`` of ``probe`` at ``step``, the first being its ``done``-th row of the step."""
+        ops = probe.spec.ops
+        for table, offset, group in self.tables.groups(probe.name, rows):
+            self.rules.judge(
+                table,
+                step,
+                ops,
+                self._full_rows(table, step, ops, group),
+                skipped=step in self._skipped,
+                first_position=done + offset,
+            )
 
     def before_update(self, probes: Sequence[Probe]) -> None:
         """With ``before_update``: judge the rows known before the update; on a stop, keep the
@@ -217,17 +267,10 @@ class AnomalyWatch:
         if not self.disabled:
             try:
                 for probe in probes:
-                    if probe.name in V2_MONITORS and not probe.disabled:
-                        rows = self._as_written(probe.name, probe.rows.snapshot())  # one host copy per device
+                    if self.tables.judged(probe.name) and not probe.disabled:
+                        rows = probe.rows.snapshot()  # one host copy per device
                         done = self._judged.get(probe.name, 0)  # several optimizers: each pre-step sees more rows
-                        self.rules.judge(
-                            probe.name,
-                            step,
-                            probe.spec.ops,
-                            rows[done:],
-                            skipped=step in self._skipped,
-                            first_position=done,
-                        )
+                        self._judge(probe, step, rows[done:], done)
                         self._judged[probe.name] = len(rows)
                 fresh = self._fresh(step, self.rules.current(step))
             except Exception as exc:  # noqa: BLE001 - the watch never breaks training
@@ -266,15 +309,7 @@ class AnomalyWatch:
                 close()
                 raise self.stop_requested  # type: ignore[misc]
 
-    def _as_written(self, table: str, rows: list[tuple[RowKey, list[float]]]) -> list[tuple[RowKey, list[float]]]:
-        """``rows`` keyed as the files write them (no micro-step where the table has no column)."""
-        if table in self.micro_step_tables:
-            return rows
-        return [(replace(key, micro_step=None) if key.micro_step is not None else key, v) for key, v in rows]
-
-    def _full_rows(
-        self, table: str, step: int, ops: Sequence[str], rows: list[tuple[RowKey, list[float]]]
-    ) -> list[tuple[RowKey, list[float]]]:
+    def _full_rows(self, table: str, step: int, ops: Sequence[str], rows: Rows) -> Rows:
         """``rows`` with each sharded row's values those of its full tensor (where known)."""
         sharded = self._sharded()
         if self.full is None or not any((table, key.name, key.scope) in sharded for key, _ in rows):
@@ -353,7 +388,7 @@ class AnomalyWatch:
         if found and self.config.dumps and not closing and not self.config.stops and not self._dumped:
             self._dumped = True  # one dump per run: the steps after the first anomaly
             try:
-                self._dump = _DumpAfter(self.config, self.output_dir / DUMP_FOLDER, step, self.model)
+                self._dump = _DumpAfter(self.config, self.dump_folder, step, self.model)
             except Exception as exc:  # noqa: BLE001 - as above
                 error_once(f"anomaly-dump-{id(self)}", f"trainprobe: the anomaly dump could not start ({exc})")
 
