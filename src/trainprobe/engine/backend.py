@@ -144,7 +144,9 @@ class Backend(Protocol):
         """What each of ``params`` is on this rank (:mod:`trainprobe.engine.tensor_layout`):
         the world size and, per parameter (``id``), the layout of its rows and of its
         ``unreduced`` gradient rows (``rank_local`` before a data-parallel reduction); an empty
-        mapping where the framework's placements are not read."""
+        mapping where the framework's placements are not read. ``chunks`` may end with the
+        :class:`OptimizerView` of the optimizer: where it keeps each parameter's state on one rank
+        (ZeRO-style sharding), the rows' layout has that rank as ``state_rank``."""
         ...
 
     def group_rank(self, group: Any, where: str) -> int:

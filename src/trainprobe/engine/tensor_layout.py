@@ -19,8 +19,20 @@ a tensor's layout changes. Example (tensor parallelism on two ranks, rank 0)::
 An entry with ``"scope": null`` holds for every scope of that name; an entry naming a scope
 overrides it for that scope. Kinds: ``whole``, ``shard``, ``replica`` and ``partial`` (see
 :mod:`trainprobe.backends.torch.placement`), and ``rank_local``: the rank's own value before a
-data-parallel reduction (``unreduced`` gradients under DDP or FSDP): each rank's row is a
-different tensor, never merged. Standard library only.
+data-parallel reduction (``unreduced`` gradients under DDP or FSDP, activations under data
+parallelism): each rank's row is a different tensor, never merged.
+
+Optional fields (schema ``/1`` still: a reader that does not know them reads the rest as before):
+
+* ``flat_offset``: the piece is ``numel`` consecutive elements of the flattened global tensor,
+  from this index (FSDP1 with ``use_orig_params=True``: a parameter's 1-D view into the rank's
+  flat shard; ``offsets`` is then None). An empty piece has ``numel`` 0 and no offset.
+* ``padding``: the last ``padding`` of the ``numel`` elements are padding zeros of no tensor
+  (FSDP1's flat shards); the read side leaves them out of the merged values.
+* ``state_rank``: on ``optimizer`` entries, the rank that keeps this parameter's optimizer state
+  (ZeRO-style sharding, ``ZeroRedundancyOptimizer``: only that rank has the entry and the rows).
+
+Standard library only.
 """
 
 from __future__ import annotations

@@ -97,7 +97,9 @@ class TorchBackend:
     def param_layouts(self, params: Sequence[NamedParam], chunks: Sequence[Any]) -> ParamLayouts:
         from trainprobe.backends.torch.placement import param_layouts
 
-        return param_layouts(params, chunks)
+        views = [c for c in chunks if isinstance(c, TorchOptimizerView)]
+        modules = [c for c in chunks if not isinstance(c, TorchOptimizerView)]
+        return param_layouts(params, modules, [o for v in views for o in v.optimizers])
 
     group_rank = staticmethod(group_rank)
     group_ranks = staticmethod(group_ranks)

@@ -25,6 +25,7 @@ not a piece; its statistics describe no tensor), ``shard``, ``replica`` (every p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -194,28 +195,39 @@ def _fsdp2_records(module: torch.nn.Module) -> list[Any] | None:
         return None
 
 
-def param_layouts(params: Sequence[Any], chunks: Sequence[Any]) -> tuple[int, dict[int, tuple[dict[str, Any], dict[str, Any]]]]:
+def param_layouts(
+    params: Sequence[Any], chunks: Sequence[Any], optimizers: Sequence[Any] = ()
+) -> tuple[int, dict[int, tuple[dict[str, Any], dict[str, Any]]]]:
     """The world size and, for each of ``params`` (``NamedParam``), ``(layout of its rows, layout
     of its unreduced gradient rows)``. An unreduced gradient is ``rank_local`` (the rank's own,
     before the data-parallel reduction) in a multi-rank run, except for a DTensor parameter not
     managed by FSDP whose mesh spans every rank (tensor parallelism alone: its gradient is
     already the shard's gradient). An FSDP2 parameter's unreduced gradient is of the unsharded
-    parameter (:func:`unsharded_piece`): its ``local_shape``, ``numel`` and ``offsets`` say so."""
+    parameter (:func:`unsharded_piece`): its ``local_shape``, ``numel`` and ``offsets`` say so.
+    FSDP1's parameters (:func:`fsdp1_layouts`) are 1-D pieces of a flat shard. A parameter whose
+    optimizer state a ``ZeroRedundancyOptimizer`` of ``optimizers`` keeps on one rank has that
+    rank as ``state_rank`` in its rows' layout (:func:`zero_state_ranks`)."""
     import torch.distributed as dist
 
     from trainprobe.engine.tensor_layout import RANK_LOCAL
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    fsdp, gathered = _fsdp_params(chunks), fsdp_mesh_dims(chunks)
+    fsdp, gathered, flat = _fsdp_params(chunks), fsdp_mesh_dims(chunks), fsdp1_layouts(chunks)
+    owners = zero_state_ranks(optimizers)
     out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for named in params:
         t = named.param
+        if id(t) in flat:
+            out[id(t)] = flat[id(t)]
+            continue
         layout = layout_of(t)
         unreduced = layout
         if id(t) in gathered:
             unreduced = _unsharded_layout(t, layout, gathered[id(t)])
         if world > 1 and (id(t) in fsdp or not is_dtensor(t) or t.device_mesh.size() != world):
             unreduced = {**unreduced, "kind": RANK_LOCAL}
+        if id(t) in owners:
+            layout = {**layout, "state_rank": owners[id(t)]}
         out[id(t)] = (layout, unreduced)
     return world, out
 
@@ -246,3 +258,90 @@ def _fsdp_params(chunks: Sequence[Any]) -> set[int]:
                 owned.update(id(p) for p in cast(torch.nn.Module, module).parameters())
     return owned
 
+
+
+def fsdp1_layouts(chunks: Sequence[Any]) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+    """``id`` of every parameter of ``chunks``' ``FullyShardedDataParallel`` (FSDP1) modules →
+    ``(layout of its rows, layout of its unreduced gradient rows)``.
+
+    Each FSDP1 unit flattens its parameters into one ``FlatParameter`` and gives each rank an
+    equal 1-D piece of it (``torch.chunk`` sizes), padded with zeros at its end:
+
+    * ``use_orig_params=False``: the monitored parameter is the ``FlatParameter`` itself; its rows
+      are a ``shard`` of the unit's flat tensor (``global_shape`` ``[elements of the unit]``,
+      ``offsets`` ``[this rank's start]``) whose last ``padding`` elements are FSDP's zeros, no
+      element of any parameter;
+    * ``use_orig_params=True``: each original parameter on a rank is a 1-D view of its part of
+      the rank's piece, possibly empty; its rows are a ``shard`` of the parameter
+      (``global_shape`` its real shape, ``flat_offset`` the index of the part's first element in
+      the flattened parameter, ``offsets`` None; an empty part has ``numel`` 0 and
+      ``flat_offset`` None).
+
+    Unreduced gradients are ``rank_local``: the rank's own gradient of the unsharded tensor
+    (the whole flat tensor with every rank's padding; the whole parameter). Read from FSDP1's
+    flat-parameter records; where this torch keeps them otherwise, the parameters are left out
+    (their rows are then described as the tensors they are), as they are under ``NO_SHARD``
+    (whole tensors on every rank, as under DDP)."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # torch without FSDP
+        return {}
+    out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for chunk in chunks:
+        for module in chunk.modules() if hasattr(chunk, "modules") else ():
+            if isinstance(module, FullyShardedDataParallel):
+                handle = getattr(module, "_handle", None)
+                if handle is not None:
+                    out.update(_flat_param_layouts(handle))
+    return out
+
+
+def _flat_param_layouts(handle: Any) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+    """:func:`fsdp1_layouts` of one FSDP1 unit (its ``FlatParamHandle``)."""
+    from trainprobe.engine.tensor_layout import RANK_LOCAL
+
+    try:
+        flat = handle.flat_param
+        infos, shapes = flat._shard_param_infos, [[int(s) for s in shape] for shape in flat._shapes]
+        local, pad, shard_rank = int(flat._sharded_size.numel()), int(flat._shard_numel_padded), int(handle.rank)
+        padded, unpadded = local * int(handle.world_size), int(flat._unpadded_unsharded_size.numel())
+        originals, sharded = flat._params, bool(handle.uses_sharded_strategy)
+    except (AttributeError, TypeError):
+        return {}
+    if not sharded:  # NO_SHARD: every rank holds the whole tensors, as under DDP
+        return {}
+    if originals is None:  # use_orig_params=False: the flat parameter is what the optimizer steps
+        rows = {"kind": SHARD, "numel": local, "local_shape": [local], "global_shape": [unpadded],
+                "offsets": [shard_rank * local], "padding": pad}
+        unreduced = {"kind": RANK_LOCAL, "numel": padded, "local_shape": [padded], "global_shape": [unpadded],
+                     "offsets": [0], "padding": padded - unpadded}
+        return {id(flat): (rows, unreduced)}
+    out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for param, info, shape in zip(originals, infos, shapes):
+        numel = int(info.numel_in_shard) if info.in_shard else 0
+        start = int(info.intra_param_start_idx) if info.in_shard else None
+        rows = {"kind": SHARD, "numel": numel, "local_shape": [numel], "global_shape": shape,
+                "offsets": None, "flat_offset": start}
+        unreduced = {"kind": RANK_LOCAL, "numel": math.prod(shape), "local_shape": shape, "global_shape": shape,
+                     "offsets": [0] * len(shape)}
+        out[id(param)] = (rows, unreduced)
+    return out
+
+
+def zero_state_ranks(optimizers: Sequence[Any]) -> dict[int, int]:
+    """``id`` of every parameter a ``ZeroRedundancyOptimizer`` among ``optimizers`` steps → the rank
+    that holds its optimizer state (ZeRO-style sharding: each rank keeps the state of a subset of
+    the parameters, whole tensors, and broadcasts their updated values after its step). Empty
+    where there is none, or where this torch keeps the partition otherwise."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:  # torch without torch.distributed.optim
+        return {}
+    owners: dict[int, int] = {}
+    for optimizer in optimizers:
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            try:
+                owners.update({id(p): int(r) for p, r in optimizer._param_to_rank.items()})  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):
+                continue
+    return owners

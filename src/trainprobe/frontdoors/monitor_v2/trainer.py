@@ -41,7 +41,7 @@ from trainprobe.engine.sinks.earlier_runs import (
 )
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.engine.skip_log import SKIP_FILE, SkipLog, logged_watcher
-from trainprobe.engine.tensor_layout import LAYOUT_FILE, LayoutFile
+from trainprobe.engine.tensor_layout import LAYOUT_FILE, RANK_LOCAL, LayoutFile
 from trainprobe.frontdoors.monitor_v2.anomaly_watch import AnomalyWatch, skip_update_wrapper
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
 
@@ -481,7 +481,7 @@ class TrainerMonitorV2:
         a piece of a tensor: several ranks, or a parameter that is not whole. Parameters'
         layouts are read once, here: a parameter resharded later in the run is not followed."""
         params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
-        world, layouts = self._backend.param_layouts(params, view.chunks)
+        world, layouts = self._backend.param_layouts(params, [*view.chunks, *([opt] if opt is not None else [])])
         if not layouts or (world == 1 and all(lay[0]["kind"] == "whole" for lay in layouts.values())):
             return
         tensor_parallel = any(
@@ -496,18 +496,8 @@ class TrainerMonitorV2:
             )
         file = LayoutFile(rank_dir / LAYOUT_FILE, rank, world)
         for named in params:
-            if id(named.param) not in layouts:
-                continue
-            layout, unreduced = layouts[id(named.param)]
-            if "weight_grad" in enabled:
-                file.add("weight_grad", named.name, layout)
-                if unreduced != layout:
-                    file.add("weight_grad", named.name, unreduced, scope="unreduced")
-            if "param" in enabled:
-                file.add("param", named.name, layout)
-            if "optimizer" in enabled:
-                for moment in ("exp_avg", "exp_avg_sq"):
-                    file.add("optimizer", f"{named.name}.{moment}", layout)
+            if id(named.param) in layouts:
+                _add_param_layouts(file, enabled, named.name, *layouts[id(named.param)])
         try:
             file.write(self._clock.step)
         except OSError as exc:
@@ -585,6 +575,29 @@ class TrainerMonitorV2:
                 log_path = rank_dir / CC_LOG_FILE
                 probes.append(CollectiveProbe(clock, cc_spec, rank, log_path, backend=backend, models=view.chunks))
         return probes
+
+
+def _add_param_layouts(
+    file: LayoutFile, enabled: list[str], name: str, layout: dict[str, Any], unreduced: dict[str, Any]
+) -> None:
+    """The entries of parameter ``name``'s rows. Under ZeRO-style sharding (``state_rank`` in
+    ``layout``) only the rank holding its optimizer state has ``optimizer`` rows (the whole
+    moments), and another rank's ``param_updated`` row is its own copy before the owner's
+    broadcast (``rank_local``)."""
+    state_rank = layout.get("state_rank")
+    layout = {k: v for k, v in layout.items() if k != "state_rank"}
+    if "weight_grad" in enabled:
+        file.add("weight_grad", name, layout)
+        if unreduced != layout:
+            file.add("weight_grad", name, unreduced, scope="unreduced")
+    if "param" in enabled:
+        file.add("param", name, layout)
+        if state_rank is not None and state_rank != file.rank:
+            file.add("param", name, {**layout, "kind": RANK_LOCAL}, scope="param_updated")
+    if "optimizer" in enabled and (state_rank is None or state_rank == file.rank):
+        extra = {"state_rank": state_rank} if state_rank is not None else {}
+        for moment in ("exp_avg", "exp_avg_sq"):
+            file.add("optimizer", f"{name}.{moment}", {**layout, **extra})
 
 
 def _with_micro_step(probe: Probe, micro_batches: int) -> bool:

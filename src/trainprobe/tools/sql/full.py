@@ -8,11 +8,11 @@ are (``rank_<r>/tensor_layout.json``, :mod:`trainprobe.engine.tensor_layout`). F
 scope:
 
 ==============  =================================================================================
-``min``/``max`` the least / greatest over the pieces (exact)
+``min``/``max`` the least / greatest over the pieces (exact; padding below)
 ``norm``        √Σ norm² over the distinct pieces
 ``mean``        Σ mean·numel / Σ numel (element-weighted: right for uneven shards)
 ``nans``        Σ over the distinct pieces; ``zeros`` (a fraction) element-weighted like ``mean``
-``numel``       elements summarised (Σ over the distinct pieces)
+``numel``       elements summarised (Σ over the distinct pieces, padding left out)
 ``pieces``      how many distinct pieces were merged; ``complete``: whether they add up to the
                 tensor's elements (False: a rank's rows are missing)
 ``ranks``       the ranks holding the pieces merged (``"0,1"``), one rank per replicated piece
@@ -25,10 +25,20 @@ scope:
 ``file_row``
 ==============  =================================================================================
 
-A piece is identified by its offsets and shape in the global tensor: replicas (the same piece on
-several ranks: DDP, a ``Replicate`` mesh dimension) are counted once, the copy of the least rank.
-A piece whose offsets are unknown (Megatron attributes only) counts as its rank's own. Rows of a
-name with no layout entry are kept as they are (``kind`` NULL).
+A piece is identified by its offsets and shape in the global tensor, or by its first element
+and element count in the flattened tensor (``flat_offset``: FSDP1's 1-D views of a flat shard):
+replicas (the same piece on several ranks: DDP, a ``Replicate`` mesh dimension, HSDP) are
+counted once, the copy of the least rank. A piece whose offsets are unknown (Megatron attributes
+only) counts as its rank's own. Empty pieces (an FSDP1 parameter outside a rank's flat shard:
+its row's min/max are NaN by definition) are left out. Rows of a name with no layout entry are
+kept as they are (``kind`` NULL).
+
+FSDP1's padding (``padding``: the zeros at the end of a flat shard that belong to no parameter)
+reaches no merged value: ``numel``, ``mean`` and ``zeros`` count the real elements only (exact,
+as are ``norm`` and ``nans``: zeros add nothing), and a padded piece's ``min``/``max`` is used
+where it cannot be a padding zero; where it may be, and no other piece decides the extreme, the
+merged ``min`` (``max``) is NULL: unknown, never the padding's 0 (``exp_avg_sq``'s min of an
+``use_orig_params=False`` unit whose last rank is padded, for one).
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from trainprobe.tools.sql.questions import nonfinite_sql, ops_of
 
 LAYOUT_TABLE = "tensor_layout"
 """The table of every rank's layout entries (``rank, monitor, name, scope, kind, numel, piece,
-global_numel``) on a connection with full views."""
+global_numel, padding``) on a connection with full views."""
 FULL_SUFFIX = "_full"
 FULL_COMMENT = "trainprobe full-tensor view"
 """The comment on each full view: :func:`~trainprobe.tools.query.layer.describe` leaves them out unless asked."""
@@ -93,13 +103,26 @@ def _row(rank: int, entry: Any, path: Path) -> tuple[Any, ...]:
         kind = entry["kind"]
         if kind not in KINDS:
             raise ValueError(kind)
-        offsets, shape = entry.get("offsets"), [int(s) for s in entry["local_shape"]]
-        piece = json.dumps([[int(o) for o in offsets], shape]) if offsets is not None else None
+        numel, padding = int(entry["numel"]), int(entry.get("padding") or 0)
+        if not 0 <= padding <= numel:
+            raise ValueError(f"padding {padding} of {numel} elements")
         full = entry.get("global_shape")
-        return (rank, str(entry["monitor"]), str(entry["name"]), entry.get("scope"), kind, int(entry["numel"]),
-                piece, math.prod(int(s) for s in full) if full is not None else None)
+        return (rank, str(entry["monitor"]), str(entry["name"]), entry.get("scope"), kind, numel,
+                _piece(entry), math.prod(int(s) for s in full) if full is not None else None, padding)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: an entry that is not a tensor layout ({type(exc).__name__}: {exc})") from None
+
+
+def _piece(entry: Mapping[str, Any]) -> str | None:
+    """What identifies a piece among the ranks' (copies of one piece are replicas): its offsets
+    and shape in the global tensor, or its first element and element count in the flattened
+    tensor (``flat_offset``: FSDP1's 1-D views); None when neither is known."""
+    if entry.get("flat_offset") is not None:
+        return json.dumps(["flat", int(entry["flat_offset"]), int(entry["numel"])])
+    offsets = entry.get("offsets")
+    if offsets is None:
+        return None
+    return json.dumps([[int(o) for o in offsets], [int(s) for s in entry["local_shape"]]])
 
 
 def add_full_views(con: Any, root: Path, views: Mapping[str, Sequence[str]]) -> list[str]:
@@ -109,7 +132,7 @@ def add_full_views(con: Any, root: Path, views: Mapping[str, Sequence[str]]) -> 
     if not rows:
         return []
     import pyarrow as pa  # the [query] extra, as DuckDB
-    columns = ("rank", "monitor", "name", "scope", "kind", "numel", "piece", "global_numel")
+    columns = ("rank", "monitor", "name", "scope", "kind", "numel", "piece", "global_numel", "padding")
     table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
     [(schema,)] = con.execute("SELECT current_schema()").fetchall()
     con.register("__layout_rows", table)
@@ -128,16 +151,32 @@ def add_full_views(con: Any, root: Path, views: Mapping[str, Sequence[str]]) -> 
 
 
 def _merge(op: str) -> str:
+    """The merge of ``op`` over the distinct pieces of a tensor (``numel``: the elements a row
+    summarises, FSDP's zero ``padding`` among them; padding zeros reach no merged value)."""
     q = ident(op)
     if op in ("min", "max"):  # a NaN piece makes the full tensor's min/max NaN, as torch's (DuckDB's skip it)
-        return f"CASE WHEN bool_or(isnan({q})) THEN CAST('nan' AS DOUBLE) ELSE {op}({q}) END"
+        return f"CASE WHEN bool_or(isnan({q})) THEN CAST('nan' AS DOUBLE) ELSE {_padded_extreme(op)} END"
     if op == "norm":
         return f"sqrt(sum({q} * {q}))"
     if op == "nans":
         return f"sum({q})"
-    if op in ("mean", "zeros"):
-        return f"sum({q} * numel) / nullif(sum(numel), 0)"
+    if op == "mean":
+        return f"sum({q} * numel) / nullif(sum(numel - padding), 0)"
+    if op == "zeros":  # a fraction of the row's elements, the padding zeros among them
+        return f"(sum({q} * numel) - sum(padding)) / nullif(sum(numel - padding), 0)"
     return "CAST(NULL AS DOUBLE)"
+
+
+def _padded_extreme(op: str) -> str:
+    """``min``/``max`` over the pieces, leaving FSDP's padding zeros out. A padded piece's extreme
+    on the far side of 0 (a min < 0) is one of its elements; one equal to 0 may be the padding, and
+    then its elements lie on the near side of 0 (all >= 0 for a min). That leaves the merged value
+    exact unless the other pieces lie on that side too: then it is unknown (NULL)."""
+    q = ident(op)
+    far = f"{q} < 0" if op == "min" else f"{q} > 0"
+    near = f"{op}({q}) FILTER (WHERE padding = 0 OR {far})"
+    unknown = f"bool_or(padding > 0 AND {q} = 0) AND coalesce(NOT ({near} {'<=' if op == 'min' else '>='} 0), true)"
+    return f"CASE WHEN {unknown} THEN CAST(NULL AS DOUBLE) ELSE {near} END"
 
 
 def full_view_sql(
@@ -153,26 +192,27 @@ def full_view_sql(
     merged_ops = ", ".join(f"{_merge(o)} AS {ident(o)}" for o in ops)
     kept_ops = ", ".join(ident(o) for o in ops)
     layout = (
-        f"SELECT rank, name, scope, kind, numel, piece, global_numel FROM {ident(schema)}.{ident(LAYOUT_TABLE)} "
+        f"SELECT rank, name, scope, kind, numel, piece, global_numel, padding FROM {ident(schema)}.{ident(LAYOUT_TABLE)} "
         f"WHERE monitor = {text(view)}"
     )
     joined = (
         f"SELECT v.*, coalesce(s.kind, a.kind) AS l_kind, coalesce(s.numel, a.numel) AS numel, "
         f"coalesce(s.piece, a.piece, 'rank:' || CAST(v.rank AS VARCHAR)) AS piece, "
-        f"coalesce(s.global_numel, a.global_numel) AS global_numel "
+        f"coalesce(s.global_numel, a.global_numel) AS global_numel, "
+        f"coalesce(CASE WHEN s.kind IS NOT NULL THEN s.padding ELSE a.padding END, 0) AS padding "
         f"FROM {source or ident(schema) + '.' + ident(view)} v "
         f"LEFT JOIN ({layout}) s ON s.rank = v.rank AND s.name = v.name AND s.scope = v.scope "
         f"LEFT JOIN ({layout}) a ON a.rank = v.rank AND a.name = v.name AND a.scope IS NULL"
     )
     mergeable = f"l_kind IS NOT NULL AND l_kind NOT IN ({text(RANK_LOCAL)}, 'partial')"
     first = f"CASE WHEN {nonfinite_sql(ops)} THEN 0 ELSE 1 END, " if nonfinite_first and ops else ""
-    distinct = (
+    distinct = (  # an empty piece (FSDP1: a parameter outside a rank's flat shard) or all padding: left out
         f"SELECT *, row_number() OVER (PARTITION BY {keys}, piece ORDER BY {first}rank) AS copy "
-        f"FROM rows WHERE {mergeable}"
+        f"FROM rows WHERE {mergeable} AND (numel > padding OR global_numel = 0)"
     )
     merged = (
-        f"SELECT min(rank) AS rank, {keys}{', ' + merged_ops if ops else ''}, sum(numel) AS numel, "
-        "count(*) AS pieces, sum(numel) = max(global_numel) AS complete, "
+        f"SELECT min(rank) AS rank, {keys}{', ' + merged_ops if ops else ''}, sum(numel - padding) AS numel, "
+        "count(*) AS pieces, sum(numel - padding) = max(global_numel) AS complete, "
         "string_agg(CAST(rank AS VARCHAR), ',' ORDER BY rank) AS ranks, 'merged' AS kind, "
         "arg_min(file, rank) AS file, arg_min(file_row, rank) AS file_row "
         f"FROM ({distinct}) WHERE copy = 1 GROUP BY {keys}"
