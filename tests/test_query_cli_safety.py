@@ -255,9 +255,9 @@ def test_a_failed_query_leaves_the_output_file_as_it_was(tmp_path: Path, capsys:
 def test_options_before_the_sql_parse() -> None:
     parser = build_parser()
     args = parser.parse_args(["query", "RUN", "--engine", "spark", "SELECT 1"])
-    assert (args.run_folder, args.sql, args.engine) == ("RUN", "SELECT 1", "spark")
+    assert (args.run, args.sql, args.engine) == ("RUN", "SELECT 1", "spark")
     args = parser.parse_args(["query", "--csv", "-o", "x.csv", "RUN", "SELECT 1"])
-    assert (args.run_folder, args.sql, args.csv, args.output) == ("RUN", "SELECT 1", True, "x.csv")
+    assert (args.run, args.sql, args.csv, args.output) == ("RUN", "SELECT 1", True, "x.csv")
     args = parser.parse_args(["query", "RUN", "--", "-- a comment\nSELECT 1"])
     assert args.sql == "-- a comment\nSELECT 1"
 

@@ -3,8 +3,12 @@ executed them, keep the first ``topk`` and write them to ``anomaly_analyse.json`
 
 Command line (both forms are the same tool)::
 
+    trainprobe anomaly-analyse RUN [-o OUT] [-k 8] [-s [2,3]]
     trainprobe anomaly-analyse -d MONITOR_OUTPUT_DIR/anomaly_detected [-o OUT] [-k 8] [-s [2,3]]
     python -m trainprobe.core.monitor.anomaly_processor -d ... [-o OUT] [-k TOPK] [-s STEP_LIST]
+
+(``RUN`` and ``-d/--data_path``, the reference's spelling, are the same input; ``-o/--output`` and
+``--out_path`` the same output; options anywhere on the line.)
 
 Input: every ``rank<r>/anomaly.json`` under ``data_path`` (the ``anomaly_detected`` folder; the
 monitor output folder that contains ``anomaly_detected`` is accepted too). Each file maps a key
@@ -100,6 +104,7 @@ from trainprobe.tools.anomalies.output import (
     write_result,
 )
 from trainprobe.tools.anomalies.read import find_anomaly_files, load_anomalies, read_anomaly_file
+from trainprobe.tools.runs.options import add_output_argument, add_run_argument
 
 #: The names this public path has always offered (their homes: the modules above).
 __all__ = [
@@ -175,23 +180,25 @@ def analyse(
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the options ``-d/--data_path``, ``-o/--out_path``, ``-k/--topk``, ``-s/--step_list``
-    (also ``--step``, the reference tool's spelling)."""
+    """Add ``RUN`` or ``-d/--data_path`` (the reference tool's spelling), ``-o/--output``
+    (``--out_path``), ``-k/--topk``, ``-s/--step_list`` (also ``--step``, the reference tool's spelling)."""
+    add_run_argument(
+        parser, "the run folder holding anomaly_detected (or that folder itself); or give it with -d", optional=True
+    )
     parser.add_argument(
         "-d",
         "--data_path",
         "--data-path",
         dest="data_path",
-        required=True,
-        help="the anomaly_detected folder (or the monitor output folder that contains it)",
+        metavar="RUN",
+        help="the run, the reference tool's spelling: the anomaly_detected folder or the folder that contains it",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
+    add_output_argument(
+        parser,
+        f"folder to write {OUTPUT_NAME} to (created; default: the anomaly_detected folder); its path is printed",
         "--out_path",
         "--out-path",
         dest="out_path",
-        help=f"folder to write {OUTPUT_NAME} to (created; default: the anomaly_detected folder)",
     )
     parser.add_argument("-k", "--topk", type=int, default=DEFAULT_TOPK, help=f"events to keep (default {DEFAULT_TOPK})")
     parser.add_argument(
@@ -203,7 +210,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         default="[]",
         help="steps to analyse, [2,3] or 2,3 (default [] = every step)",
     )
-    parser.set_defaults(run=run)
+    parser.set_defaults(handler=run)
     return parser
 
 
@@ -217,6 +224,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return configure_parser(parser)
 
 
+def the_run(args: argparse.Namespace) -> str:
+    """The run of parsed arguments: ``RUN`` or ``-d/--data_path`` (one of them, or both alike).
+
+    Raises:
+        ConfigError: neither given, or two different ones.
+    """
+    if args.run is None and args.data_path is None:
+        raise ConfigError("RUN: give the run folder (or -d/--data_path DIR, the reference's spelling)")
+    if args.run is not None and args.data_path is not None and args.run != args.data_path:
+        raise ConfigError(f"RUN {args.run!r} and -d/--data_path {args.data_path!r}: give the run once")
+    return str(args.run if args.run is not None else args.data_path)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the analysis of parsed arguments and print it; returns 0.
 
@@ -224,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: bad arguments or input.
     """
     steps = parse_step_list(args.step_list)
-    result = analyse(args.data_path, args.out_path, args.topk, steps)
+    result = analyse(the_run(args), args.out_path, args.topk, steps)
     print_result(result, steps)
     return 0
 
@@ -242,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        return int(args.handler(args))
     except (ConfigError, OSError) as exc:
         print(f"trainprobe {COMMAND}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TextIO
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.safe_files import one_line
+from trainprobe.engine.printable import printable
 from trainprobe.engine.sinks.files import write_json_atomically
+from trainprobe.tools import console
 from trainprobe.tools.anomalies.events import AnalyseResult, AnomalyEvent
 from trainprobe.tools.runs.options import make_folder
 
@@ -79,15 +80,16 @@ def table_rows(events: Sequence[AnomalyEvent]) -> list[list[str]]:
                 str(d["pp_stage"]),
                 str(d["rank"]),
                 str(d["call_id"]),
-                one_line(e.rule),
-                one_line(d["tag_name"]),
+                printable(e.rule),
+                printable(d["tag_name"]),
             ]
         )
     return rows
 
 
 def format_table(events: Sequence[AnomalyEvent]) -> str:
-    """A plain aligned text table of ``events``: a header, dashes, one line per event.
+    """A plain aligned text table of ``events``: a header, dashes, one line per event
+    (:func:`trainprobe.tools.console.format_table`).
 
     Example::
 
@@ -95,31 +97,7 @@ def format_table(events: Sequence[AnomalyEvent]) -> str:
         -----  ----  ----------  --------  ---------  --------  ----  -------  ----------  --------
         1      3     0           backward  0          0         0     12       AnomalyNan  0:fc1.weight/rank0/grad_reduced
     """
-    rows = [list(TABLE_COLUMNS), ["-" * len(c) for c in TABLE_COLUMNS], *table_rows(events)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
-
-
-def _rich_table(events: Sequence[AnomalyEvent], title: str, stream: TextIO) -> bool:
-    """Draw the table with ``rich`` on ``stream`` (as wide as the longest tag needs); False when
-    ``rich`` is not installed (nothing drawn)."""
-    try:
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-    except ImportError:
-        return False
-    table = Table(title=Text(title))
-    for column in TABLE_COLUMNS:
-        table.add_column(column, no_wrap=True)
-    for row in table_rows(events):
-        table.add_row(*(Text(cell) for cell in row))  # Text: names such as "op[12]" are not markup
-    console = Console(file=stream)
-    needed = console.measure(table, options=console.options.update(max_width=100_000)).maximum
-    if needed > console.width:  # never cut a tag name: let the terminal wrap the lines instead
-        console = Console(file=stream, width=needed)
-    console.print(table)
-    return True
+    return console.format_table(TABLE_COLUMNS, table_rows(events))
 
 
 def print_result(result: AnalyseResult, step_list: Sequence[int], stream: TextIO | None = None) -> None:
@@ -133,7 +111,7 @@ def print_result(result: AnalyseResult, step_list: Sequence[int], stream: TextIO
     )
     if not result.events:
         print(f"no anomalies in {steps} ({result.found} in {len(result.files)} file(s))", file=out)
-    elif not (getattr(out, "isatty", lambda: False)() and _rich_table(result.events, title, out)):
+    elif not (getattr(out, "isatty", lambda: False)() and console.rich_table(TABLE_COLUMNS, table_rows(result.events), title, out)):
         print(title, file=out)
         print(format_table(result.events), file=out)
     print(f"written to {result.output}", file=out)

@@ -1,8 +1,9 @@
-"""``trainprobe diagnose RUN [--baseline BASELINE] [--rule NAME] [--spike-factor F] [--window W] [--warmup N] [--out DIR] [--engine duckdb|spark] [--rank-local]``.
+"""``trainprobe diagnose RUN [--baseline BASELINE] [--rule NAME] [--spike-factor F] [--window W] [--warmup N] [-o DIR] [--engine duckdb|spark] [--rank-local]``
+(options anywhere on the line).
 
 Prints the first anomaly of the run in execution order on one line, then the next few and which
-ranks saw something first (:mod:`trainprobe.tools.diagnosis.answer`); ``--out DIR`` writes
-``DIR/diagnosis.json``; ``--engine spark`` runs the same queries on Apache Spark (local mode)
+ranks saw something first (:mod:`trainprobe.tools.diagnosis.answer`); ``-o/--output DIR``
+(``--out`` kept) writes ``DIR/diagnosis.json`` and names it on stderr; ``--engine spark`` runs the same queries on Apache Spark (local mode)
 over the run's Parquet files, with the same answer; ``--rule NAME`` picks the spike rule
 (:data:`trainprobe.engine.rules.RULES`, default ``recent_max``) and ``--spike-factor``,
 ``--window``, ``--warmup`` its parameters; a sharded run (FSDP2, tensor parallelism) is
@@ -13,8 +14,12 @@ on stderr, no traceback). Nothing heavy is imported until the command runs.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
+
+from trainprobe.engine.printable import printable
+from trainprobe.tools.runs.options import add_engine_argument, add_output_argument, add_run_argument
 
 FOUND = 1
 """Exit status when an anomaly was found."""
@@ -32,7 +37,7 @@ def add_parser(sub: Any) -> None:
         "something first. Exit 0: nothing found; 1: an anomaly found; 2: bad input. See docs/diagnose.md. "
         "Needs: pip install 'trainprobe[query]'.",
     )
-    parser.add_argument("run_folder", metavar="RUN", help="the run folder (V2 output_dir or V1 MONITOR_OUTPUT_DIR)")
+    add_run_argument(parser)
     parser.add_argument("--baseline", metavar="BASELINE", help="a healthy run to compare with (the baseline of trainprobe diff; this run is the candidate)")
     parser.add_argument(
         "--rule", default=None, metavar="NAME",
@@ -47,10 +52,10 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--window", type=int, default=None, metavar="W", help="the rule's window (recent_max, median, mean_patience)")
     parser.add_argument("--warmup", type=int, default=None, metavar="N", help="the rule's warm-up (median, early_max, ema_z)")
-    parser.add_argument("-o", "--output", "--out", dest="out", metavar="DIR", help="write DIR/diagnosis.json")
-    parser.add_argument(
-        "--engine", choices=("duckdb", "spark"), default="duckdb",
-        help="duckdb (default) or spark: the same queries on Apache Spark over the run's Parquet files "
+    add_output_argument(parser, "write DIR/diagnosis.json (the path is printed)", "--out", metavar="DIR")
+    add_engine_argument(
+        parser,
+        "duckdb (default) or spark: the same queries on Apache Spark over the run's Parquet files "
         "(trainprobe convert RUN --to parquet first; needs pip install 'trainprobe[spark]')",
     )
     parser.add_argument(
@@ -58,7 +63,7 @@ def add_parser(sub: Any) -> None:
         help="read each rank's rows as written; by default a sharded run (FSDP2, TP) is read in full tensors "
         "(shards merged, replicas counted once) and an anomaly names the ranks holding the tensor",
     )
-    parser.set_defaults(run=_diagnose_command)
+    parser.set_defaults(handler=_diagnose_command)
 
 
 def _diagnose_command(args: argparse.Namespace) -> int:
@@ -68,15 +73,18 @@ def _diagnose_command(args: argparse.Namespace) -> int:
     from trainprobe.tools.diagnosis.answer import diagnose
 
     result = diagnose(
-        args.run_folder, rule=args.rule or DEFAULT_RULE, spike_factor=args.spike_factor, window=args.window,
+        args.run, rule=args.rule or DEFAULT_RULE, spike_factor=args.spike_factor, window=args.window,
         warmup=args.warmup, baseline=args.baseline, engine=args.engine, rank_local=args.rank_local,
     )
-    if args.out:
-        out = Path(args.out)
+    written = None
+    if args.output:
+        written = Path(args.output).expanduser() / "diagnosis.json"
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            write_json_atomically(out / "diagnosis.json", result.to_json(), indent=2, field="--output")
+            written.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomically(written, result.to_json(), indent=2, field="--output")
         except OSError as exc:
-            raise ConfigError(f"--output: cannot write {str(out / 'diagnosis.json')!r}: {exc.strerror or exc}") from None
+            raise ConfigError(f"--output: cannot write {str(written)!r}: {exc.strerror or exc}") from None
     print("\n".join(result.lines()), flush=True)
+    if written is not None:
+        print(f"wrote {printable(written)}", file=sys.stderr)
     return FOUND if result.first is not None else 0

@@ -49,6 +49,7 @@ from typing import Any, BinaryIO, TextIO
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.printable import printable
 from trainprobe.tools.query.layer import short_error
+from trainprobe.tools.runs.options import add_engine_argument, add_output_argument, add_run_argument, intermixed
 
 FIRST_COLUMNS = (
     "table", "stage", "step", "micro_step", "rank", "vpp_stage", "name", "scope", "op", "value", "file", "position"
@@ -67,25 +68,6 @@ SUFFIX_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": 
 Batches = Iterator[list[tuple[Any, ...]]]
 
 
-class _IntermixedParser(argparse.ArgumentParser):
-    """An argument parser that takes options and positionals in any order
-    (``trainprobe query RUN --engine spark "SQL"``): argparse's own parser stops filling an
-    optional positional (the SQL) at the first option after the run folder."""
-
-    _parsing = False
-
-    def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        if self._parsing:  # parse_known_intermixed_args calls back in for each of its two passes
-            return super().parse_known_args(args, namespace)
-        self._parsing = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._parsing = False
-
-
 def add_parser(sub: Any) -> None:
     """Add the ``query`` and ``convert`` sub-commands to ``sub``."""
     query = sub.add_parser(
@@ -96,8 +78,8 @@ def add_parser(sub: Any) -> None:
         "file, file_row. The answer is streamed as it is computed. See docs/query.md. "
         "Needs: pip install 'trainprobe[query]'.",
     )
-    query.__class__ = _IntermixedParser  # the sub-parsers object makes plain parsers
-    query.add_argument("run_folder", metavar="RUN", help="the run folder (V2 output_dir, V1 MONITOR_OUTPUT_DIR, or one rank/run folder)")
+    intermixed(query)
+    add_run_argument(query)
     query.add_argument("sql", nargs="?", help="the SQL to run (DuckDB's dialect)")
     what = query.add_mutually_exclusive_group()
     what.add_argument("--schema", action="store_true", help="list the views and their columns")
@@ -108,25 +90,24 @@ def add_parser(sub: Any) -> None:
     form.add_argument("--csv", action="store_true", help="CSV")
     form.add_argument("--json", action="store_true", help="one JSON object per line")
     form.add_argument("--parquet", action="store_true", help="Parquet (with -o only)")
-    query.add_argument(
-        "-o", "--output", metavar="FILE",
-        help="write the answer to FILE (atomically) instead of printing it; the format from --csv/--json/--parquet "
-        "or FILE's suffix (.csv, .json/.jsonl: JSON lines, .parquet)",
+    add_output_argument(
+        query,
+        "write the answer to FILE (atomically) instead of printing it; the format from --csv/--json/--parquet "
+        "or FILE's suffix (.csv, .json/.jsonl: JSON lines, .parquet); prints the file and the rows written",
+        metavar="FILE",
     )
-    query.add_argument(
-        "--engine", choices=("duckdb", "spark"), default="duckdb", help="duckdb (default) or spark (Parquet runs)"
-    )
-    query.set_defaults(run=_query_command)
+    add_engine_argument(query, "duckdb (default) or spark (Parquet runs)")
+    query.set_defaults(handler=_query_command)
     convert = sub.add_parser(
         "convert",
         help="convert a run's CSV files to Parquet (same names, columns and rows)",
         description="Write a .parquet file next to every monitor CSV file of RUN (either tool's layout). "
         "Needs: pip install 'trainprobe[query]'.",
     )
-    convert.add_argument("run_dir", metavar="RUN", help="the run folder")
+    add_run_argument(convert)
     convert.add_argument("--to", choices=("parquet",), default="parquet", help="target format (parquet)")
     convert.add_argument("--remove-csv", action="store_true", help="delete each CSV file once converted")
-    convert.set_defaults(run=_convert_command)
+    convert.set_defaults(handler=_convert_command)
 
 
 def _query_command(args: argparse.Namespace) -> int:
@@ -138,16 +119,16 @@ def _query_command(args: argparse.Namespace) -> int:
     if args.output is None:
         if flag == "parquet":
             raise ConfigError("--parquet: give the file to write with -o FILE (Parquet is not printed)")
-        with open_answer(args.run_folder, args.sql, schema=args.schema, first=args.first_nonfinite,
+        with open_answer(args.run, args.sql, schema=args.schema, first=args.first_nonfinite,
                          engine=args.engine) as answer:
             print_answer(answer, flag or "table", sys.stdout)
         return 0
     if "\0" in args.output:
         raise ConfigError("-o: the file name holds a NUL byte")
     target = Path(args.output).expanduser()
-    _check_target(target, args.run_folder)
+    _check_target(target, args.run)
     form = output_format(target, flag)
-    with open_answer(args.run_folder, args.sql, schema=args.schema, first=args.first_nonfinite,
+    with open_answer(args.run, args.sql, schema=args.schema, first=args.first_nonfinite,
                      engine=args.engine, arrow=form == "parquet") as answer:
         rows = write_answer(answer, form, target)
     print(f"wrote {rows} row{'s' if rows != 1 else ''} ({form}) to {printable(target)}")
@@ -384,45 +365,21 @@ def _is_terminal(out: TextIO) -> bool:
 
 
 def _print_table(answer: Answer, out: TextIO) -> int:
-    names = [printable(n) for n in answer.names]
-    widths: list[int] | None = None
-    line = ""
-    count = 0
+    """The rows as an aligned table (:class:`~trainprobe.tools.console.StreamedTable`), then ``(N rows)``."""
+    from trainprobe.tools.console import StreamedTable
+
+    table = StreamedTable(out, answer.names)
     for batch in _row_batches(answer):
-        cells = [_cells(row) for row in batch]
-        if widths is None:
-            widths = _widths(names, [[printable(c) for c in row] for row in cells])
-            out.write(_header(names, widths))
-            line = "  ".join(f"{{:<{w}}}" for w in widths)
-        printed = []
-        for row in cells:
-            text = line.format(*row)
-            if not text.isprintable():  # rare: escape the cells (the line grows by the escapes)
-                text = line.format(*map(printable, row))
-            printed.append(text.rstrip() + "\n")
-        out.write("".join(printed))
-        out.flush()
-        count += len(batch)
-    if widths is None:
-        out.write(_header(names, _widths(names, [])))
-    out.write(f"({count} row{'s' if count != 1 else ''})\n")
+        table.write([_cells(row) for row in batch])
+    table.close()
+    out.write(f"({table.rows} row{'s' if table.rows != 1 else ''})\n")
     out.flush()
-    return count
+    return table.rows
 
 
 def _cells(row: Sequence[Any]) -> list[str]:
     """A row's values as text: NULL for None, ``repr`` for floats (``nan``, ``inf``, every digit)."""
     return ["NULL" if v is None else repr(v) if isinstance(v, float) else str(v) for v in row]
-
-
-def _widths(names: Sequence[str], cells: Sequence[Sequence[str]]) -> list[int]:
-    return [max([len(n), *(len(r[i]) for r in cells if i < len(r))]) for i, n in enumerate(names)]
-
-
-def _header(names: Sequence[str], widths: Sequence[int]) -> str:
-    return (
-        "  ".join(n.ljust(w) for n, w in zip(names, widths)).rstrip() + "\n" + "  ".join("-" * w for w in widths) + "\n"
-    )
 
 
 _JSON_AS_IS = frozenset({int, str, bool, type(None)})
@@ -532,6 +489,8 @@ def _json_value(value: Any) -> Any:
 def _convert_command(args: argparse.Namespace) -> int:
     from trainprobe.tools.query.convert import convert_run
 
-    done = convert_run(args.run_dir, remove_csv=args.remove_csv)
-    print(f"converted {len(done)} CSV file(s) to Parquet under {args.run_dir}")
+    done = convert_run(args.run, remove_csv=args.remove_csv)
+    for path in done:
+        print(f"wrote {printable(path)}")
+    print(f"converted {len(done)} CSV file(s) to Parquet under {printable(args.run)}")
     return 0

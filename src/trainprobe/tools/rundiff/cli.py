@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from trainprobe.engine.errors import ConfigError
+from trainprobe.engine.printable import printable
+from trainprobe.tools.runs.options import add_engine_argument, add_output_argument, add_tables_argument
 
 
 def add_parser(sub: Any) -> None:
@@ -46,19 +48,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--steps", help="only baseline steps A:B (inclusive; A: or :B open)")
     p.add_argument("--offset", type=int, default=0, help="candidate step s is baseline step s+K (a resumed or shifted run)")
     p.add_argument("--limit", type=int, default=20, help="divergences listed (default 20)")
-    p.add_argument("--tables", help="compare only these tables/monitors, comma-separated")
-    p.add_argument("-o", "--output", "--out", dest="out", metavar="DIR", help="write diff.csv and diff_summary.json there")
+    add_tables_argument(p, "compare only these tables/monitors")
+    add_output_argument(p, "write diff.csv and diff_summary.json there (the paths are printed)", "--out", metavar="DIR")
     p.add_argument("--html", metavar="FILE", help="write a self-contained page with the heatmap of differences")
-    p.add_argument(
-        "--engine", choices=("duckdb", "spark"), default="duckdb",
-        help="duckdb (default) or spark: the same comparison on Apache Spark (Parquet runs; pip install 'trainprobe[spark]')",
+    add_engine_argument(
+        p,
+        "duckdb (default) or spark: the same comparison on Apache Spark (Parquet runs; pip install 'trainprobe[spark]')",
     )
     p.add_argument(
         "--rank-local", action="store_true",
         help="compare each rank's rows as written; by default a sharded run (FSDP2, TP) is compared in full "
         "tensors, its shards merged (docs/parallelism.md)",
     )
-    p.set_defaults(run=_command)
+    p.set_defaults(handler=_command)
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -83,22 +85,22 @@ def _command(args: argparse.Namespace) -> int:
         raise ConfigError("--exact and --noise: give one (--exact demands bit-equal values)")
     if args.limit < 0:
         raise ConfigError("--limit: must be >= 0")
-    if len(args.candidate) > 1 and (args.out or args.html):
-        raise ConfigError("--out and --html: one candidate at a time (they would overwrite each other)")
+    if len(args.candidate) > 1 and (args.output or args.html):
+        raise ConfigError("--output and --html: one candidate at a time (they would overwrite each other)")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
-    tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
+    tables = args.tables or None
     status = 0
     for candidate in args.candidate:
         result = diff(
             args.baseline, candidate, rtol=args.rtol, exact=args.exact, ops=ops, mapping=args.mapping,
-            steps=parse_steps(args.steps), offset=args.offset, limit=args.limit, out=args.out, html=args.html,
+            steps=parse_steps(args.steps), offset=args.offset, limit=args.limit, out=args.output, html=args.html,
             tables=tables, engine=args.engine, rank_local=args.rank_local, dtype=args.dtype, noise=args.noise,
         )
         if len(args.candidate) > 1:
             sys.stdout.write(("" if candidate == args.candidate[0] else "\n") + f"== {candidate}\n")
         print_result(result, sys.stdout)
         for path in result.written:
-            print(f"wrote {path}", file=sys.stderr)
+            print(f"wrote {printable(path)}", file=sys.stderr)
         status = max(status, result.exit_code)
     return status
 
@@ -106,7 +108,6 @@ def _command(args: argparse.Namespace) -> int:
 def print_result(result: Any, out: TextIO) -> None:
     """The report of a :class:`~trainprobe.tools.rundiff.answer.DiffResult` (see the module docstring);
     names with control characters escaped (:func:`~trainprobe.engine.printable.printable`)."""
-    from trainprobe.engine.printable import printable
     from trainprobe.tools.rundiff.answer import fmt
 
     out.write(printable(result.answer()) + "\n")
@@ -132,7 +133,6 @@ def print_result(result: Any, out: TextIO) -> None:
 
 def _noise_line(result: Any) -> str:
     """The rerun's largest noise level per table (``module 3.1e-05, param 2.0e-06``)."""
-    from trainprobe.engine.printable import printable
 
     parts = []
     for table, scopes in result.noise_levels.items():
@@ -145,20 +145,18 @@ def _noise_line(result: Any) -> str:
 
 
 def _table(out: TextIO, rows: Sequence[Any], fmt: Any, exact: bool) -> None:
-    """The rows as a table (``tol``, the tolerance, but with ``--exact``)."""
-    from trainprobe.engine.printable import printable
+    """The rows as an aligned table (:func:`~trainprobe.tools.console.format_table`, names
+    escaped; ``tol``, the tolerance, but with ``--exact``)."""
+    from trainprobe.tools.console import format_table
     from trainprobe.tools.sql.diff import fmt_factor
 
     head: tuple[str, ...] = ("step", "rank", "table", "tensor", "op", "baseline", "candidate", "change", "rel_diff", "tol")
     cells: list[tuple[str, ...]] = [
-        (str(r.step), str(r.rank), r.table if r.scope == r.table else f"{r.table} {printable(r.scope)}", printable(r.name),
-         printable(r.op or ""), fmt(r.baseline), fmt(r.candidate), fmt_factor(r.factor),
+        (str(r.step), str(r.rank), r.table if r.scope == r.table else f"{r.table} {r.scope}", r.name,
+         r.op or "", fmt(r.baseline), fmt(r.candidate), fmt_factor(r.factor),
          f"{r.rel_diff:.2e}" if r.rel_diff is not None else "", f"{r.tolerance:.1e}" if r.tolerance is not None else "")
         for r in rows
     ]
     if exact:
         head, cells = head[:-1], [row[:-1] for row in cells]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(head)]
-    out.write("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip() + "\n")
-    for row in cells:
-        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() + "\n")
+    out.write(format_table(head, cells, rule=False) + "\n")
