@@ -33,7 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainprobe.engine.anomaly.finding import Anomaly, ranks_text, skipped_text, step_spans
 from trainprobe.engine.errors import ConfigError
@@ -42,14 +42,9 @@ from trainprobe.engine.rules import DEFAULT_RULE, RULES, Rule, rule_named
 from trainprobe.engine.skip_log import run_skips
 from trainprobe.tools.diagnosis.online import OnlineEvents, online_events
 from trainprobe.tools.diagnosis.spikes import keep_spikes
-from trainprobe.tools.engines.diagnose import (
-    ENGINES,
-    DiagnoseEngine,
-    DuckEngine,
-    SparkEngine,
-    StagedDuckEngine,
-    on_spark,
-)
+from trainprobe.tools.engines.base import ENGINES, MAIN, Engine
+from trainprobe.tools.engines.duckdb_engine import DuckEngine, Staging
+from trainprobe.tools.engines.spark_engine import on_spark
 from trainprobe.tools.runs.files import RunFile
 from trainprobe.tools.sql.diagnose import (
     SPIKE_OPS,
@@ -60,10 +55,6 @@ from trainprobe.tools.sql.diagnose import (
     step_starts_sql,
 )
 from trainprobe.tools.sql.full import is_sharded
-
-if TYPE_CHECKING:
-
-    from trainprobe.tools.runs.files import RunFile
 
 DEFAULT_LIMIT = 6
 """How many anomalies a diagnosis lists: the first and the next five."""
@@ -367,38 +358,39 @@ class _Read:
 def _scan_on_duckdb(
     root: Path, found: Sequence[RunFile], memory_limit: str, rule: Rule[Any], limit: int, read: _Read
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
-    from trainprobe.tools.engines.lock import lock
     from trainprobe.tools.query.layer import require, short_error
 
     duck = require("duckdb")
-    own = duck.connect(config={"memory_limit": memory_limit})
-    own.execute("SET enable_progress_bar = false")  # DuckDB would draw it on stdout for long queries
+    staging = None
+    if read.full or read.skipped:
+        staging = Staging(full=read.full, exempt=lambda view: exempt_sql(view, read.skipped))
+    engine: DuckEngine | None = None
     try:
-        if not (read.full or read.skipped):
-            engine = DuckEngine(root, found, own)
-            lock(own, (f.path for f in found))
-            return _scan(engine, found, rule, limit, root)
-        staged = StagedDuckEngine(root, found, own, full=read.full, exempt=lambda view: exempt_sql(view, read.skipped))
-        lock(own, (f.path for f in found))
-        nonfinite, spikes, by_rank = _scan(staged, found, rule, limit, root)
-        if read.full:  # the first ``limit`` of each: all the answer can show (a query or two each)
-            nonfinite = _held(staged, sorted(nonfinite, key=Anomaly.order_key)[:limit])
-            spikes = _held(staged, sorted(spikes, key=Anomaly.order_key)[:limit])
+        engine = DuckEngine(root, found, staging=staging, memory_limit=memory_limit)
+        engine.seal()
+        nonfinite, spikes, by_rank = _scan(engine, found, rule, limit, root)
+        if engine.full:  # the first ``limit`` of each: all the answer can show (a query or two each)
+            nonfinite = _held(engine, sorted(nonfinite, key=Anomaly.order_key)[:limit])
+            spikes = _held(engine, sorted(spikes, key=Anomaly.order_key)[:limit])
         return nonfinite, spikes, by_rank
     except duck.Error as exc:
         raise ConfigError(f"run: {str(root)!r}: the data could not be read: {short_error(str(exc))}") from None
+    finally:
+        if engine is not None:
+            engine.release()
 
 
 def _scan_on_spark(
     root: Path, found: Sequence[RunFile], session: Any, rule: Rule[Any], limit: int
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     failure = f"run: {str(root)!r}: Spark could not read the data"
-    with on_spark(session, lambda spark: SparkEngine(spark, root), failure) as engine:
+    with on_spark(session, failure) as engine:
+        engine.attach(MAIN, root)
         return _scan(engine, [f for f in found if f.format == "parquet"], rule, limit, root)
 
 
 def _scan(
-    engine: DiagnoseEngine, files: Sequence[RunFile], rule: Rule[Any], limit: int, root: Path
+    engine: Engine, files: Sequence[RunFile], rule: Rule[Any], limit: int, root: Path
 ) -> tuple[list[Anomaly], list[Anomaly], dict[int, int]]:
     """The non-finite candidates, the spike candidates and each rank's first anomalous step
     (non-finite or spike) of the run, on ``engine`` (see :func:`diagnose`)."""
@@ -407,8 +399,8 @@ def _scan(
     views = engine.views()
     if not views:
         raise ConfigError(f"run: {str(root)!r}: its data files hold no complete row yet")
-    per_rank = engine.fetch_local if isinstance(engine, StagedDuckEngine) else engine.fetch  # which rank, as written
-    by_rank: dict[int, int] = dict(per_rank(nonfinite_by_rank_sql(views, _nonfinite_conditions(views))))
+    by_rank: dict[int, int] = dict(engine.fetch_local(  # which rank, as written
+        nonfinite_by_rank_sql(views, _nonfinite_conditions(views))))
     last = min(by_rank.values()) if by_rank else None
     nonfinite: list[Anomaly] = []
     if last is not None:
@@ -419,7 +411,7 @@ def _scan(
     keep_spikes(engine, _SPIKES, views, rule, last)
     spikes = _first_spikes(engine, limit, rule.name)
     firsts = f"SELECT rank, min(step) FROM {_SPIKES} GROUP BY rank"
-    if isinstance(engine, StagedDuckEngine) and engine.full:
+    if engine.full:
         keep_spikes(engine.local(), _LOCAL_SPIKES, views, rule, last)
         firsts = spiking_pieces_sql(_SPIKES, _LOCAL_SPIKES)
     for rank, step in engine.fetch(firsts):
@@ -489,7 +481,7 @@ def _from_nonfinite(row: dict[str, Any]) -> Anomaly:
     )
 
 
-def _first_spikes(engine: DiagnoseEngine, limit: int, rule: str) -> list[Anomaly]:
+def _first_spikes(engine: Engine, limit: int, rule: str) -> list[Anomaly]:
     """The spike candidates (first of each group in the first ``limit`` spike steps), placed."""
     rows = engine.fetch(first_spikes_sql(_SPIKES, steps=limit, limit=_CANDIDATES))
     if not rows:
@@ -596,7 +588,7 @@ def _merge(found: list[Anomaly], alerts: list[Anomaly]) -> list[Anomaly]:
     return out
 
 
-def _held(engine: StagedDuckEngine, found: list[Anomaly]) -> list[Anomaly]:
+def _held(engine: Engine, found: list[Anomaly]) -> list[Anomaly]:
     """``found`` with each full-tensor row of a sharded tensor marked: the ranks holding its
     pieces, how, and for a NaN/inf whose pieces hold it (:attr:`Anomaly.ranks`)."""
     from trainprobe.tools.sql.questions import bad_rows_sql

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from trainprobe.engine.rules import Rule
 from trainprobe.engine.rules.base import FloatArray, IntArray
 from trainprobe.engine.rules.series import SQUARED_SCOPES
+from trainprobe.tools.engines.base import Rows
 from trainprobe.tools.sql.names import ident, text
 from trainprobe.tools.sql.questions import ops_of
 
@@ -41,20 +42,8 @@ _IN_CHUNK = 1000
 """Series keys fetched per query (an ``IN`` list of this many numbers)."""
 
 
-class SpikeSource(Protocol):
-    """What the spike scan asks of an engine (:mod:`trainprobe.tools.engines.diagnose`)."""
-
-    def fetch(self, sql: str) -> list[tuple[Any, ...]]:
-        """The rows of ``sql``."""
-
-    def arrays(self, sql: str) -> dict[str, Any]:
-        """The columns of ``sql`` as NumPy arrays (NULL as NaN in float columns)."""
-
-    def keep(self, name: str, sql: str) -> None:
-        """The rows of ``sql`` kept as the table ``name``."""
-
-    def keep_rows(self, name: str, columns: Sequence[tuple[str, str]], rows: Sequence[tuple[Any, ...]]) -> None:
-        """``rows`` kept as the table ``name`` with ``columns`` (name, SQL type)."""
+SpikeSource = Rows
+"""What the spike scan asks of an engine: :class:`~trainprobe.tools.engines.base.Rows`."""
 
 
 def signal_columns(ops: Sequence[str]) -> dict[str, str]:

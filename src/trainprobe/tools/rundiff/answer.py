@@ -15,7 +15,7 @@ Both inputs are monitor outputs of the same kind, as the query layer reads them
 CSV or Parquet. Rows are matched as :mod:`trainprobe.tools.rundiff.match` says and compared as
 :mod:`trainprobe.tools.sql.diff` says; everything is joined in DuckDB, or with
 ``engine="spark"`` in Apache Spark over the runs' Parquet files (the same queries:
-:mod:`trainprobe.tools.engines.diff`). See docs/diff.md.
+:class:`~trainprobe.tools.engines.base.Engine`). See docs/diff.md.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.printable import printable
 from trainprobe.engine.sinks.files import write_atomically
-from trainprobe.tools.engines.diagnose import ENGINES, on_spark
-from trainprobe.tools.engines.diff import MEMORY_LIMIT, DiffEngine, DuckDiff, SparkDiff  # noqa: F401 - MEMORY_LIMIT: public here before
+from trainprobe.tools.engines.base import ENGINES, Engine
+from trainprobe.tools.engines.duckdb_engine import DuckEngine
+from trainprobe.tools.engines.spark_engine import on_spark
 from trainprobe.tools.query.layer import require, short_error
 from trainprobe.tools.rundiff.match import Mapping, check_mapping, load_mapping, parse_mapping
 from trainprobe.tools.runs.files import find_run_files, is_precision_dump
@@ -59,6 +60,9 @@ from trainprobe.tools.sql.diff import (
 from trainprobe.tools.sql.names import ident as quote
 from trainprobe.tools.sql.questions import COUNT_OPS, ops_of
 
+MEMORY_LIMIT = "1GB"
+"""DuckDB's memory for the join (it spills to a private temporary folder beyond): the process
+stays under 2 GB with runs of any size."""
 DEFAULT_RTOL = DTYPE_RTOL[DEFAULT_DTYPE]
 """Default tolerance of a float32 run (1e-3; other precisions: :data:`~trainprobe.tools.sql.diff.DTYPE_RTOL`):
 above the noise of rounding-level reruns (thread count, op order, fused kernels, a few steps
@@ -318,8 +322,7 @@ def diff(
         return _diff_on_spark(baseline, candidate, settings, spark)
     if abs(int(offset)) > MAX_OFFSET:
         raise ConfigError(f"--offset: at most {MAX_OFFSET} steps either way, got {offset}")
-    duck = DuckDiff()
-    duck.rank_local = rank_local
+    duck = DuckEngine(memory_limit=MEMORY_LIMIT, spill=True, merge_shards=not rank_local, insertion_order=False)
     try:
         return _compare(duck, baseline, candidate, settings)
     except require("duckdb").Error as exc:
@@ -367,11 +370,11 @@ class _Settings:
 def _diff_on_spark(baseline: str | Path, candidate: str | Path, settings: _Settings, session: Any) -> DiffResult:
     """:func:`_compare` on Spark; a session this call started is stopped at the end."""
     failure = f"Spark could not compare {baseline} with {candidate}"
-    with on_spark(session, SparkDiff, failure) as engine:
+    with on_spark(session, failure) as engine:
         return _compare(engine, baseline, candidate, settings)
 
 
-def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, settings: _Settings) -> DiffResult:
+def _compare(con: Engine, baseline: str | Path, candidate: str | Path, settings: _Settings) -> DiffResult:
     """:func:`diff` on ``con`` (its options checked)."""
     steps, offset = settings.steps, settings.offset
     check_mapping(con, settings.pairs)
@@ -410,7 +413,7 @@ def _compare(con: DiffEngine, baseline: str | Path, candidate: str | Path, setti
     return result
 
 
-def _precision(con: DiffEngine, baseline: dict[str, list[str]], given: str | None) -> tuple[str, str]:
+def _precision(con: Engine, baseline: dict[str, list[str]], given: str | None) -> tuple[str, str]:
     """The baseline's precision and where it comes from (:attr:`DiffResult.dtype`): ``given``,
     else the coarsest dtype of its rows (Monitor V1 files have a ``dtype`` column), else float32."""
     if given is not None:
@@ -448,7 +451,7 @@ def _wanted_ops(baseline: dict[str, list[str]], ops: Sequence[str] | None) -> se
     return set(ops)
 
 
-def _compare_table(con: DiffEngine, result: DiffResult, views: dict[str, dict[str, list[str]]], table: str,
+def _compare_table(con: Engine, result: DiffResult, views: dict[str, dict[str, list[str]]], table: str,
                    wanted: set[str] | None, settings: _Settings, tolerance: Tolerance, index: int) -> str:
     """Join ``table`` of both runs (with the rerun's noise levels when there is a rerun), keep
     its diverged rows and rows in one run only, count its statuses into ``result``; the name of
@@ -473,7 +476,7 @@ def _compare_table(con: DiffEngine, result: DiffResult, views: dict[str, dict[st
     return f"ord_{index}"
 
 
-def _join(con: DiffEngine, table: str, ops: list[str], join: dict[str, Any], other: tuple[str, int]) -> tuple[str, dict[int, int]]:
+def _join(con: Engine, table: str, ops: list[str], join: dict[str, Any], other: tuple[str, int]) -> tuple[str, dict[int, int]]:
     """The :func:`~trainprobe.tools.sql.diff.joined_sql` of ``table`` between the baseline and
     side ``other`` (name, step offset), with occurrences numbered when a key repeats; its counts."""
     joined = joined_sql(table, ops, other=other[0], **join)
@@ -484,7 +487,7 @@ def _join(con: DiffEngine, table: str, ops: list[str], join: dict[str, Any], oth
     return joined, counts
 
 
-def _measure_noise(con: DiffEngine, result: DiffResult, table: str, ops: list[str], tolerance: Tolerance,
+def _measure_noise(con: Engine, result: DiffResult, table: str, ops: list[str], tolerance: Tolerance,
                    steps: tuple[int, int] | None, name: str) -> None:
     """Keep the rerun's noise levels of ``table`` (:func:`~trainprobe.tools.sql.diff.noise_sql`)
     as ``name``; their largest per scope and op into ``result.noise_levels``."""
@@ -501,7 +504,7 @@ def _measure_noise(con: DiffEngine, result: DiffResult, table: str, ops: list[st
     result.noise_levels[table] = levels
 
 
-def _collect_rows(con: DiffEngine, result: DiffResult, limit: int) -> None:
+def _collect_rows(con: Engine, result: DiffResult, limit: int) -> None:
     """The first divergence, the earliest ones, the largest, the rows in one run only."""
     earliest = _rows(con, DIVERGED, max(limit, 1))  # the first divergence even with limit 0
     result.first = earliest[0] if earliest else None
@@ -511,7 +514,7 @@ def _collect_rows(con: DiffEngine, result: DiffResult, limit: int) -> None:
     result.only_candidate = _rows(con, ONLY_CANDIDATE, EXAMPLES)
 
 
-def _write(con: DiffEngine, result: DiffResult, settings: _Settings, common: list[str], any_rows: bool) -> None:
+def _write(con: Engine, result: DiffResult, settings: _Settings, common: list[str], any_rows: bool) -> None:
     """The files asked for (``out``, ``html``) and the sections of another page (``page``)."""
     if settings.out is not None:
         result.written += write_outputs(con, result, Path(settings.out), any_rows)
@@ -525,7 +528,7 @@ def _write(con: DiffEngine, result: DiffResult, settings: _Settings, common: lis
         add_sections(settings.page, con, result, common, settings.pairs)
 
 
-def _union_by_name(con: DiffEngine, sources: Sequence[str]) -> str:
+def _union_by_name(con: Engine, sources: Sequence[str]) -> str:
     """Every row of ``sources`` (whose columns differ: a table without an op lacks its
     columns), NULL where a source lacks a column: DuckDB's ``UNION ALL BY NAME`` in SQL that
     Spark reads too."""
@@ -537,12 +540,12 @@ def _union_by_name(con: DiffEngine, sources: Sequence[str]) -> str:
     )
 
 
-def _counts(con: DiffEngine, joined: str) -> dict[int, int]:
+def _counts(con: Engine, joined: str) -> dict[int, int]:
     """Rows per status of a join."""
     return {int(k): int(v) for k, v in con.fetch(f"SELECT status, count(*) FROM ({joined}) GROUP BY status")}
 
 
-def _repeats(con: DiffEngine, table: str, counts: dict[int, int], other: tuple[str, int],
+def _repeats(con: Engine, table: str, counts: dict[int, int], other: tuple[str, int],
              steps: tuple[int, int] | None) -> bool:
     """Whether a key repeats in the baseline or in side ``other`` (name, step offset): the join
     then counts some of its rows twice."""
@@ -554,7 +557,7 @@ def _repeats(con: DiffEngine, table: str, counts: dict[int, int], other: tuple[s
     return False
 
 
-def _has_micro(con: DiffEngine, side: str, table: str, offset: int, steps: tuple[int, int] | None) -> bool:
+def _has_micro(con: Engine, side: str, table: str, offset: int, steps: tuple[int, int] | None) -> bool:
     """Whether a row of side ``side``'s ``table`` in ``steps`` (baseline numbering) has a
     ``micro_step`` (the scan stops at the first): the rows compared, whatever the files an
     engine's views hold beyond them."""
@@ -587,7 +590,7 @@ def _shift(steps: tuple[int, int] | None, by: int) -> tuple[int, int] | None:
 
 
 def _rows(
-    con: DiffEngine, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows", norm: bool = False
+    con: Engine, status: int, limit: int, order: str = ORDER, source: str = "diverged_rows", norm: bool = False
 ) -> list[Divergence]:
     """The first ``limit`` kept rows of ``status`` in ``order`` (execution order), each shown
     with its worst op (with ``norm``, its ``norm`` where the row has one)."""
@@ -614,7 +617,7 @@ TENSOR_SQL = (
 the step), a parameter's gradient (unreduced or reduced), else its table and scope."""
 
 
-def _largest(con: DiffEngine, limit: int, has_norm: bool) -> list[Divergence]:
+def _largest(con: Engine, limit: int, has_norm: bool) -> list[Divergence]:
     """One diverged row per tensor (:data:`TENSOR_SQL` and name), the tensors that changed most
     first: by the factor of ``norm`` where the table has it (the most robust summary of a
     tensor: a ``mean`` near 0 swings widely), else of the row's worst op; ties in execution
@@ -628,36 +631,30 @@ def _largest(con: DiffEngine, limit: int, has_norm: bool) -> list[Divergence]:
     return _rows(con, DIVERGED, limit, order=f"{key} DESC, {ORDER}", source=per_tensor, norm=has_norm)
 
 
-def write_outputs(con: DiffEngine, result: DiffResult, out: Path, any_rows: bool) -> list[Path]:
+def write_outputs(con: Engine, result: DiffResult, out: Path, any_rows: bool) -> list[Path]:
     """``diff.csv`` (every diverged row, execution order) and ``diff_summary.json`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     csv_path, summary_path = out / "diff.csv", out / "diff_summary.json"
     op_names = list(dict.fromkeys(o for ops in result.ops.values() for o in ops))
-    per_op = ", ".join(f"{quote('b_' + o)} AS {quote(o + '_baseline')}, {quote('c_' + o)} AS {quote(o + '_candidate')}, "
-                       f"{quote('r_' + o)} AS {quote(o + '_rel_diff')}" for o in op_names)
-    select = (
-        "tbl AS \"table\", k_step AS step, CASE WHEN k_micro < 0 THEN NULL ELSE k_micro END AS micro_step, "
-        "k_rank AS rank, k_vpp AS vpp_stage, b_name AS name, c_name AS candidate_name, k_scope AS scope, "
-        f"worst_op, rel AS rel_diff, tol AS tolerance, factor{', ' + per_op if per_op else ''}"
-    )
+    items = _csv_columns(op_names)
     if any_rows:
         # a table without an op lacks its columns: _union_by_name gave NULLs
+        select = ", ".join(f"{expr} AS {quote(alias)}" for expr, alias in items)
         con.write_csv(f"SELECT {select} FROM diverged_rows WHERE status = {DIVERGED} ORDER BY {ORDER}", csv_path)
     else:
-        header = select.replace('"', "")
-        write_atomically(csv_path, ",".join(part.rsplit(" AS ", 1)[-1].strip() for part in _split(header)) + "\n",
-                         field="-o/--output")
+        write_atomically(csv_path, ",".join(alias for _, alias in items) + "\n", field="-o/--output")
     write_atomically(summary_path, json.dumps(result.summary(), indent=2) + "\n", field="-o/--output")
     return [csv_path, summary_path]
 
 
-def _split(select: str) -> list[str]:
-    """The items of a SELECT list without nested commas (CASE ... END kept whole)."""
-    parts, depth, current = [], 0, ""
-    for token in select.split(", "):
-        current = f"{current}, {token}" if current else token
-        depth += token.count("CASE") - token.count("END")
-        if depth == 0:
-            parts.append(current)
-            current = ""
-    return parts
+def _csv_columns(ops: Sequence[str]) -> list[tuple[str, str]]:
+    """``diff.csv``'s columns as ``(SQL over diverged_rows, header name)``: the row's place, its
+    worst op, then per op its two values and relative difference."""
+    items = [
+        ("tbl", "table"), ("k_step", "step"), ("CASE WHEN k_micro < 0 THEN NULL ELSE k_micro END", "micro_step"),
+        ("k_rank", "rank"), ("k_vpp", "vpp_stage"), ("b_name", "name"), ("c_name", "candidate_name"),
+        ("k_scope", "scope"), ("worst_op", "worst_op"), ("rel", "rel_diff"), ("tol", "tolerance"), ("factor", "factor"),
+    ]
+    for o in ops:
+        items += [(quote("b_" + o), f"{o}_baseline"), (quote("c_" + o), f"{o}_candidate"), (quote("r_" + o), f"{o}_rel_diff")]
+    return items

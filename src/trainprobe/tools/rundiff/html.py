@@ -33,7 +33,7 @@ LOG_CEIL = 1.0
 
 def write_html(engine: Any, result: Any, path: Path, tables: Sequence[str], mapping: Sequence[tuple[str, str]]) -> Path:
     """Write the page for ``result`` (a :class:`~trainprobe.tools.rundiff.answer.DiffResult`) to ``path``; ``engine``
-    holds both runs' views (:mod:`trainprobe.tools.engines.diff`)."""
+    holds both runs' views (:class:`~trainprobe.tools.engines.base.Engine`)."""
     page = PageBuilder()
     add_heatmaps(page, engine, result, tables, mapping)
     title = f"trainprobe diff: {Path(result.baseline).name} vs {Path(result.candidate).name}"
@@ -77,7 +77,7 @@ def _cells(engine: Any, table: str, result: Any, mapping: Sequence[tuple[str, st
     sql = f"""WITH j AS ({joined}), first AS (SELECT arg_min(COALESCE(b_file, c_file), k_step) AS file FROM j)
 SELECT k_scope, COALESCE(max(b_name), max(c_name)) AS name, k_step, max(rel) AS rel,
   bool_or(status IN ({ONLY_BASELINE}, {ONLY_CANDIDATE})) AS only,
-  {stage_sql(table).replace("scope", "k_scope")} AS stage,
+  {stage_sql(table, scope="k_scope", name="k_name")} AS stage,
   min(COALESCE(b_row, c_row)) FILTER (WHERE COALESCE(b_file, c_file) = (SELECT file FROM first)) AS pos
 FROM j GROUP BY k_scope, k_name, k_step"""
     return [tuple(r) for r in engine.fetch(sql)]

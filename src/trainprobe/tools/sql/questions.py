@@ -54,27 +54,27 @@ def _place(table: str, target: str = "") -> tuple[int, int, int, bool]:
     return int(once), PHASE_ORDER[phase], table_rank(table, target), phase in (FORWARD, UNKNOWN)
 
 
-def _cases(view: str) -> list[tuple[str, str, str]]:
+def _cases(view: str, scope: str = "scope", name: str = "name") -> list[tuple[str, str, str]]:
     """``(condition, V1 table, target)`` alternatives for the rows of ``view``: a V2 monitor's
     scopes map onto V1 tables; the ``other`` table splits on ``mg_direction`` names. The last
-    alternative has condition ``""`` (ELSE)."""
+    alternative has condition ``""`` (ELSE). ``scope``, ``name``: the columns holding them."""
     if view in V2_DEFAULT_TABLE:
-        scoped = [(f"scope = {_sql_text(scope)}", table) for (m, scope), table in V2_TABLE_OF.items() if m == view]
+        scoped = [(f"{scope} = {_sql_text(s)}", table) for (m, s), table in V2_TABLE_OF.items() if m == view]
         tables = [*scoped, ("", V2_DEFAULT_TABLE[view])]
     else:
         tables = [("", view)]
     out: list[tuple[str, str, str]] = []
     for condition, table in tables:
         if table == OTHER_TABLE:
-            mg = f"name LIKE {_sql_text(MG_DIRECTION)}"
+            mg = f"{name} LIKE {_sql_text(MG_DIRECTION)}"
             out.append((f"{condition} AND {mg}" if condition else mg, table, "x.mg_direction"))
         out.append((condition, table, ""))
     return out
 
 
-def _case(view: str, value: Callable[[str, str], object]) -> str:
-    """A SQL expression over ``scope``/``name`` giving ``value(table, target)`` for a row of ``view``."""
-    alternatives = [(c, value(t, target)) for c, t, target in _cases(view)]
+def _case(view: str, value: Callable[[str, str], object], scope: str = "scope", name: str = "name") -> str:
+    """A SQL expression over the columns ``scope``/``name`` giving ``value(table, target)`` for a row of ``view``."""
+    alternatives = [(c, value(t, target)) for c, t, target in _cases(view, scope, name)]
     default = alternatives[-1][1]
     branches = [(c, v) for c, v in alternatives[:-1] if v != default]
     if not branches:
@@ -99,11 +99,12 @@ def order_columns_sql(table: str) -> list[str]:
     ]
 
 
-def stage_sql(table: str) -> str:
+def stage_sql(table: str, scope: str = "scope", name: str = "name") -> str:
     """The place of a row of ``table`` within its step, for a given micro-step and pipeline stage,
-    as one integer SQL expression over its ``scope`` (and ``name``): ``once * 10000 +
-    (phase + 1) * 100 + table rank + 1``, from :mod:`trainprobe.engine.execution_order`."""
-    return _case(table, lambda t, g: _stage_number(*_place(t, g)[:3]))
+    as one integer SQL expression over its columns ``scope`` (and ``name``; ``diff``'s joined rows
+    name them ``k_scope``, ``k_name``): ``once * 10000 + (phase + 1) * 100 + table rank + 1``,
+    from :mod:`trainprobe.engine.execution_order`."""
+    return _case(table, lambda t, g: _stage_number(*_place(t, g)[:3]), scope, name)
 
 
 ONCE_STAGE = 10000
@@ -191,11 +192,12 @@ def ordered_rows_sql(views: Mapping[str, Sequence[str]], step: int | None = None
     return f"SELECT * FROM ({rows})\nORDER BY {_order_by()}"
 
 
-def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int, limit: int = 1) -> str:
-    """The first ``limit`` non-finite rows of ``step`` (from :func:`first_bad_step_sql`) in
-    execution order (module docstring), as ``table, stage, step, micro_step, rank, vpp_stage,
-    name, scope, op, value, file, position`` (``op``: the first non-finite op, ``value`` its
-    value; ``position``: the row's place among its file's rows of that step, 0 first).
+def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int | None, limit: int = 1) -> str:
+    """The first ``limit`` non-finite rows of ``step`` (from :func:`first_bad_step_sql`; None: that
+    query nested, one query in all) in execution order (module docstring), as ``table, stage,
+    step, micro_step, rank, vpp_stage, name, scope, op, value, file, position`` (``op``: the first
+    non-finite op, ``value`` its value; ``position``: the row's place among its file's rows of
+    that step, 0 first).
 
     ``views`` maps each view to its columns. Rows the reference V1 writer fills with ``nan``
     because there was no tensor (``dtype = 'nan'``) are not counted. Only rows of ``step`` are
@@ -203,6 +205,7 @@ def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int, limit: in
     give views over the files of that step's window only, see
     :func:`trainprobe.tools.query.layer.first_nonfinite`).
     """
+    at = f"step = {int(step)}" if step is not None else f"step = ({first_bad_step_sql(views)})"
     selects = []
     for table, columns in views.items():
         ops = ops_of(columns)
@@ -214,7 +217,7 @@ def first_nonfinite_sql(views: Mapping[str, Sequence[str]], step: int, limit: in
             f"CASE {op_case} ELSE NULL END AS op",
             f"CAST(CASE {val_case} ELSE NULL END AS DOUBLE) AS val",
         ]
-        selects.append(_keyed(table, extra, f"step = {int(step)}"))
+        selects.append(_keyed(table, extra, at))
     rows = "\nUNION ALL\n".join(selects)
     return f"""WITH all_rows AS ({rows})
 SELECT tbl AS "table", stage, step, micro_step, rank, vpp_stage, name, scope, op, val AS value, file, position
