@@ -99,8 +99,13 @@ def test_a_parquet_run_is_answered_by_one_query(monitor_runs: Any, tmp_path: Pat
     con, views, files = query_module._connect(parquet)
     assert views == {v: [c for c, _ in cols] for v, cols in describe(con).items()}
     assert {f.format for f in files} == {"parquet"}
-    nested = query_module._nested_first_nonfinite_sql(views, 5)
-    assert nested is not None and nested.count("min(step)") >= 2
+    from trainprobe.tools.sql.questions import first_bad_step_sql, first_nonfinite_sql
+
+    nested = first_nonfinite_sql(views, None, 5)
+    assert nested.count(first_bad_step_sql(views)) == len(views)  # built from its parts, one query
+    [(step,)] = con.execute(first_bad_step_sql(views)).fetchall()
+    two = con.execute(first_nonfinite_sql(views, step, 5)).fetchall()
+    assert con.execute(nested).fetchall() == two and len(two) >= 3
 
     def strip(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in row.items() if k not in ("file", "value")} for row in rows]

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.tools.query.layer import FILE_KEYS, _projection, _rank_from
 from trainprobe.tools.runs.files import RunFile, find_run_files
 from trainprobe.tools.sql.names import check_columns, hadoop_glob_literal
 from trainprobe.tools.sql.names import ident as quote
 from trainprobe.tools.sql.questions import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
+from trainprobe.tools.sql.views import FILE_KEYS, projection_sql, rank_from_sql
 
 SPARK_HINT = "pip install 'trainprobe[spark]'"
 
@@ -180,7 +180,7 @@ def _frame(session: Any, table: str, layout: str, group: Sequence[RunFile], pref
     raw.createOrReplaceTempView(source)
     # Spark names a file by its URI: ``file:`` dropped, percent escapes (``run%5B1%5D``) decoded ('+' kept)
     file = "url_decode(replace(regexp_replace(__file, '^file:(//)?', ''), '+', '%2B'))"
-    select = _projection(header, layout, table, _rank_from("__file", layout), file, "__row", nan_guard=True)
+    select = projection_sql(header, layout, table, rank_from_sql("__file", layout), file, "__row", nan_guard=True)
     return session.sql(to_spark(f"SELECT {select} FROM {quote(source)}"))
 
 

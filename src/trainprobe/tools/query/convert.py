@@ -53,9 +53,12 @@ from trainprobe.engine.log import logger
 from trainprobe.engine.safe_files import is_regular_file
 from trainprobe.engine.sinks.parquet_sink import merged_step_files
 from trainprobe.engine.sinks.parquet_summary import NON_OPS, SUMMARY_KEY, Summary, encode, read_summary
-from trainprobe.tools.query.layer import _read_csv, literal, quote, require, short_error
+from trainprobe.tools.query.layer import require, short_error
 from trainprobe.tools.runs.files import RunFile, clean_length, csv_header, find_run_files
+from trainprobe.tools.sql.names import ident as quote
+from trainprobe.tools.sql.names import text as literal
 from trainprobe.tools.sql.questions import TEXT_COLUMNS, bad_rows_sql
+from trainprobe.tools.sql.views import read_csv_sql
 
 try:
     import fcntl
@@ -249,7 +252,7 @@ def convert_file(con: object, path: Path, header: tuple[str, ...], target: Path)
         records = _count_records(Path(source))
         columns = ", ".join(quote(h) for h in header)
         con.execute(  # type: ignore[attr-defined]
-            f"CREATE OR REPLACE TEMP TABLE __convert AS SELECT {columns} FROM {_read_csv([source], header)} "
+            f"CREATE OR REPLACE TEMP TABLE __convert AS SELECT {columns} FROM {read_csv_sql([source], header)} "
             "ORDER BY ordinality"
         )
         write_parquet(con, "__convert", header, target)

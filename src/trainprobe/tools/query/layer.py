@@ -64,17 +64,19 @@ from trainprobe.tools.sql.questions import (
     first_bad_step_sql,
     first_nonfinite_sql,
 )
+from trainprobe.tools.sql.views import (
+    FILE_KEYS,
+    csv_type,
+    projection_sql,
+    rank_from_sql,
+    read_csv_sql,
+    view_columns,
+)
 
 if TYPE_CHECKING:
     import duckdb
 
 INSTALL_HINT = "pip install 'trainprobe[query]'"
-FILE_KEYS: dict[str, tuple[str, ...]] = {"v1": ("vpp_stage", "name", "step"), "v2": ("vpp_stage", "step", "module_name", "scope")}
-_INT_COLUMNS = ("vpp_stage", "step", "micro_step")
-_RANK_PATTERN = {
-    "v1": r"-rank([0-9]+)-[^/\\]*[/\\][^/\\]+$",
-    "v2": r"[/\\]rank_([0-9]+)[/\\][^/\\]+$",
-}
 
 
 def require(module: str = "duckdb") -> Any:
@@ -190,11 +192,11 @@ def table_sql(
             csv_groups.setdefault((f.layout, header), []).append(f)
         elif cut > len(",".join(header)) + 1:
             parts.append(_torn_part(con, f, header, cut))
-            _merge(columns, _csv_columns(header, f.layout))
+            _merge(columns, view_columns(header, f.layout))
     pieces = CSV_PIECES_PER_THREAD * _threads(con) if csv_groups else 1
     for (layout, header), group in csv_groups.items():
         parts.append(_csv_part(group, header, layout, table, pieces))
-        _merge(columns, _csv_columns(header, layout))
+        _merge(columns, view_columns(header, layout))
     by_layout: dict[tuple[str, tuple[str, ...] | None], list[RunFile]] = {}
     for f in files:
         if f.format == "parquet":
@@ -230,78 +232,12 @@ def _check_header(header: tuple[str, ...], f: RunFile) -> None:
         raise ConfigError(f"{f.path}: header {list(header)[:12]} lacks {missing}; is this a monitor file?")
 
 
-def _csv_columns(header: tuple[str, ...], layout: str) -> list[str]:
-    """The view's column names a file with ``header`` provides."""
-    file_keys = {*FILE_KEYS[layout], "micro_step"}
-    return [*KEY_COLUMNS, *(h for h in header if h not in file_keys), *META_COLUMNS]
-
-
-def _csv_type(column: str) -> str:
-    if column in _INT_COLUMNS:
-        return "BIGINT"
-    if column in ("name", "module_name", "scope", *TEXT_COLUMNS):
-        return "VARCHAR"
-    return "DOUBLE"
-
-
 #: CSV scans per DuckDB thread over the files of one view (see :func:`_csv_part`): 4 took the
 #: spike scan of ``trainprobe diagnose`` (2 M rows, 128 files) from 3.0 s to 2.2 s on 2 cores,
 #: its row-numbered scan from 0.78 s to 0.29 s.
 CSV_PIECES_PER_THREAD = 4
 #: ``file_row`` offset between two scans of one view: room for 2**40 rows a scan.
 _PIECE_ROWS = 1 << 40
-
-
-def _read_csv(paths: Sequence[str], header: tuple[str, ...], ordinality: bool = True) -> str:
-    """The typed ``read_csv`` of ``paths``; ``ordinality``: with a row number column (``ordinality``)."""
-    types = ", ".join(f"{literal(h)}: {literal(_csv_type(h))}" for h in header)
-    listed = file_list(paths)
-    return (
-        f"read_csv({listed}, header=true, filename=true, auto_detect=false, delim=',', quote='\"', "
-        f"escape='\"', columns={{{types}}})" + (" WITH ORDINALITY" if ordinality else "")
-    )
-
-
-def _op(column: str, nan_guard: bool) -> str:
-    """An op column as DOUBLE; with ``nan_guard`` (Parquet) through a CASE that hides the column's
-    statistics: pyarrow (per the Parquet spec) leaves NaN out of a column's min/max, and DuckDB
-    2.0 then prunes ``isnan(...)`` filters on them, so a NaN written by pyarrow was never found."""
-    if not nan_guard:
-        return f"CAST({column} AS DOUBLE)"
-    return f"CASE WHEN isnan({column}) THEN CAST('nan' AS DOUBLE) ELSE CAST({column} AS DOUBLE) END"
-
-
-def _projection(
-    header: Iterable[str], layout: str, table: str, rank: str, file: str, row: str, nan_guard: bool = False
-) -> str:
-    """The SELECT list mapping a file's columns onto the view's."""
-    present = set(header)
-    if layout == "v2":
-        name, scope = quote("module_name"), quote("scope")
-    else:
-        vpp = "CAST(vpp_stage AS VARCHAR) || ':'"
-        name = f"CASE WHEN starts_with(name, {vpp}) THEN substr(name, length({vpp}) + 1) ELSE name END"
-        scope = literal(table)
-    micro = "CAST(micro_step AS BIGINT)" if "micro_step" in present else "CAST(NULL AS BIGINT)"
-    file_keys = {*FILE_KEYS[layout], "micro_step"}
-    values = [
-        f"{quote(h)}::VARCHAR AS {quote(h)}" if h in TEXT_COLUMNS else f"{_op(quote(h), nan_guard)} AS {quote(h)}"
-        for h in header
-        if h not in file_keys
-    ]
-    keys = [
-        f"{rank} AS rank",
-        "CAST(step AS BIGINT) AS step",
-        f"{micro} AS micro_step",
-        "CAST(vpp_stage AS BIGINT) AS vpp_stage",
-        f"{name} AS name",
-        f"{scope} AS scope",
-    ]
-    return ", ".join([*keys, *values, f"{file} AS file", f"{row} AS file_row"])
-
-
-def _rank_from(column: str, layout: str) -> str:
-    return f"CAST(regexp_extract({column}, {literal(_RANK_PATTERN[layout])}, 1) AS BIGINT)"
 
 
 def _csv_part(group: Sequence[RunFile], header: tuple[str, ...], layout: str, table: str, pieces: int = 1) -> str:
@@ -312,9 +248,9 @@ def _csv_part(group: Sequence[RunFile], header: tuple[str, ...], layout: str, ta
     size = -(-len(group) // max(1, pieces))
     scans = []
     for index, first in enumerate(range(0, len(group), size)):
-        source = _read_csv([str(f.path) for f in group[first : first + size]], header)
+        source = read_csv_sql([str(f.path) for f in group[first : first + size]], header)
         row = f"ordinality - 1 + {index * _PIECE_ROWS}" if index else "ordinality - 1"
-        select = _projection(header, layout, table, _rank_from("filename", layout), "filename", row)
+        select = projection_sql(header, layout, table, rank_from_sql("filename", layout), "filename", row)
         scans.append(f"SELECT {select} FROM {source}")
     return scans[0] if len(scans) == 1 else "\nUNION ALL\n".join(f"({scan})" for scan in scans)
 
@@ -331,7 +267,7 @@ def _threads(con: duckdb.DuckDBPyConnection) -> int:
 
 def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ...], cut: int) -> str:
     """A temporary table holding the complete records (the first ``cut`` bytes) of a CSV file
-    whose last one is torn. They are parsed in memory (pyarrow, the types of :func:`_csv_type`),
+    whose last one is torn. They are parsed in memory (pyarrow, the types of :func:`~trainprobe.tools.sql.views.csv_type`),
     so nothing is written to disk and the connection needs no file beyond the run's."""
     import io
 
@@ -350,7 +286,7 @@ def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ..
             io.BytesIO(data),
             parse_options=csv.ParseOptions(newlines_in_values=True),
             convert_options=csv.ConvertOptions(
-                column_types={h: kinds[_csv_type(h)] for h in header}, null_values=[""], strings_can_be_null=True
+                column_types={h: kinds[csv_type(h)] for h in header}, null_values=[""], strings_can_be_null=True
             ),
         )
     except pa.ArrowInvalid as exc:
@@ -360,7 +296,7 @@ def _torn_part(con: duckdb.DuckDBPyConnection, f: RunFile, header: tuple[str, ..
     source = f"{name}_rows"
     con.register(source, rows)
     try:
-        select = _projection(header, layout=f.layout, table=f.table, rank=str(f.rank), file=literal(str(f.path)),
+        select = projection_sql(header, layout=f.layout, table=f.table, rank=str(f.rank), file=literal(str(f.path)),
                              row="ordinality - 1")
         con.execute(f"CREATE OR REPLACE TEMP TABLE {quote(name)} AS SELECT {select} FROM {quote(source)}")
     finally:
@@ -385,10 +321,10 @@ def _parquet_part(
     else:
         source = f"read_parquet({listed}, filename=true, file_row_number=true)"
     _check_header(header, group[0])
-    select = _projection(
-        header, layout, table, _rank_from("filename", layout), "filename", "file_row_number", nan_guard=True
+    select = projection_sql(
+        header, layout, table, rank_from_sql("filename", layout), "filename", "file_row_number", nan_guard=True
     )
-    return f"SELECT {select} FROM {source}", _csv_columns(header, layout)
+    return f"SELECT {select} FROM {source}", view_columns(header, layout)
 
 
 def describe(con: duckdb.DuckDBPyConnection, full: bool = False) -> dict[str, list[tuple[str, str]]]:
@@ -437,9 +373,7 @@ def first_nonfinite(
     if not views:
         return []
     if files is not None and all(f.format == "parquet" for f in files):
-        nested = _nested_first_nonfinite_sql(views, limit)
-        if nested is not None:
-            return _dicts(con.execute(nested))
+        return _dicts(con.execute(first_nonfinite_sql(views, None, limit)))  # the first bad step nested
     [(step,)] = con.execute(first_bad_step_sql(views)).fetchall()
     if step is None:
         return []
@@ -481,19 +415,6 @@ def _first_nonfinite_from_summaries(
     except (duck.Error, ConfigError):  # columns other than the summary's: the row path says what is wrong
         return None
     return answer or None  # None: a summary the rows do not bear out (a file changed since)
-
-
-_SENTINEL_STEP = -7_319_024_681_357
-
-
-def _nested_first_nonfinite_sql(views: dict[str, list[str]], limit: int) -> str | None:
-    """:func:`first_nonfinite_sql` with its step given by :func:`first_bad_step_sql` nested in it
-    (one query), or None when its text does not compare ``step`` to the step as expected."""
-    text = first_nonfinite_sql(views, _SENTINEL_STEP, limit)
-    marker = f"step = {_SENTINEL_STEP}"
-    if text.count(marker) != len(views) or str(_SENTINEL_STEP) in text.replace(marker, ""):
-        return None
-    return text.replace(marker, f"step = ({first_bad_step_sql(views)})")
 
 
 def _dicts(result: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

@@ -30,13 +30,14 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import MICRO_COLUMN
 from trainprobe.tools.engines.lock import lock
 from trainprobe.tools.exports.sqlite_rows import NAN_BITS, BaseKey, ParsedFile, number_targets, parse_file
-from trainprobe.tools.query.layer import _read_csv, require
+from trainprobe.tools.query.layer import require
 from trainprobe.tools.runs.files import RunFile, clean_length, csv_header
 from trainprobe.tools.runs.layout import column_roles
 from trainprobe.tools.runs.rows import MAX_CSV_BYTES
 from trainprobe.tools.sql.names import file_list
 from trainprobe.tools.sql.names import ident as quote
 from trainprobe.tools.sql.names import text as literal
+from trainprobe.tools.sql.views import read_csv_sql
 
 if TYPE_CHECKING:
     import duckdb
@@ -181,7 +182,7 @@ def _query_batch(con: duckdb.DuckDBPyConnection, group: _Group, files: list[RunF
     stats = {str(f.path): f.path.stat() for f in files}
     listed = [str(f.path) for f in files]
     if fmt == "csv":  # in file order (preserve_insertion_order): no row number needed (it costs 20% of the scan)
-        source, order = _read_csv(listed, header, ordinality=False), ""
+        source, order = read_csv_sql(listed, header, ordinality=False), ""
     else:
         source = f"read_parquet({file_list(listed)}, filename=true, file_row_number=true)"
         order = ", file_row_number AS row_order"
