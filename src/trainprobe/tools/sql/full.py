@@ -58,7 +58,9 @@ from trainprobe.tools.sql.questions import nonfinite_sql, ops_of
 
 LAYOUT_TABLE = "tensor_layout"
 """The table of every rank's layout entries (``rank, monitor, name, scope, kind, numel, piece,
-global_numel, padding``) on a connection with full views."""
+global_numel``) on a connection with full views."""
+PADDING_TABLE = "tensor_layout_padding"
+"""The entries with FSDP padding (``rank, monitor, name, scope, padding``), beside :data:`LAYOUT_TABLE`."""
 FULL_SUFFIX = "_full"
 FULL_COMMENT = "trainprobe full-tensor view"
 """The comment on each full view: :func:`~trainprobe.tools.query.layer.describe` leaves them out unless asked."""
@@ -136,8 +138,15 @@ def add_full_views(con: Any, root: Path, views: Mapping[str, Sequence[str]]) -> 
     table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)})
     [(schema,)] = con.execute("SELECT current_schema()").fetchall()
     con.register("__layout_rows", table)
-    try:  # a table of the current schema: ``trainprobe diff`` holds two runs, in schemas b and c
-        con.execute(f"CREATE OR REPLACE TABLE {ident(schema)}.{ident(LAYOUT_TABLE)} AS SELECT * FROM __layout_rows")
+    try:  # tables of the current schema: ``trainprobe diff`` holds two runs, in schemas b and c
+        con.execute(
+            f"CREATE OR REPLACE TABLE {ident(schema)}.{ident(LAYOUT_TABLE)} AS "
+            f"SELECT * EXCLUDE (padding) FROM __layout_rows"
+        )
+        con.execute(
+            f"CREATE OR REPLACE TABLE {ident(schema)}.{ident(PADDING_TABLE)} AS "
+            "SELECT rank, monitor, name, scope, padding FROM __layout_rows WHERE padding > 0"
+        )
     finally:
         con.unregister("__layout_rows")
     monitors = {r[1] for r in rows}
@@ -191,15 +200,17 @@ def full_view_sql(
     keys = "step, micro_step, vpp_stage, name, scope"
     merged_ops = ", ".join(f"{_merge(o)} AS {ident(o)}" for o in ops)
     kept_ops = ", ".join(ident(o) for o in ops)
+    pad = f"{ident(schema)}.{ident(PADDING_TABLE)}"
     layout = (
-        f"SELECT rank, name, scope, kind, numel, piece, global_numel, padding FROM {ident(schema)}.{ident(LAYOUT_TABLE)} "
-        f"WHERE monitor = {text(view)}"
+        f"SELECT l.rank, l.name, l.scope, l.kind, l.numel, l.piece, l.global_numel, coalesce(p.padding, 0) AS padding "
+        f"FROM {ident(schema)}.{ident(LAYOUT_TABLE)} l LEFT JOIN {pad} p ON p.rank = l.rank AND p.monitor = l.monitor "
+        f"AND p.name = l.name AND p.scope IS NOT DISTINCT FROM l.scope WHERE l.monitor = {text(view)}"
     )
     joined = (
         f"SELECT v.*, coalesce(s.kind, a.kind) AS l_kind, coalesce(s.numel, a.numel) AS numel, "
         f"coalesce(s.piece, a.piece, 'rank:' || CAST(v.rank AS VARCHAR)) AS piece, "
         f"coalesce(s.global_numel, a.global_numel) AS global_numel, "
-        f"coalesce(CASE WHEN s.kind IS NOT NULL THEN s.padding ELSE a.padding END, 0) AS padding "
+        f"CASE WHEN s.kind IS NOT NULL THEN s.padding ELSE coalesce(a.padding, 0) END AS padding "
         f"FROM {source or ident(schema) + '.' + ident(view)} v "
         f"LEFT JOIN ({layout}) s ON s.rank = v.rank AND s.name = v.name AND s.scope = v.scope "
         f"LEFT JOIN ({layout}) a ON a.rank = v.rank AND a.name = v.name AND a.scope IS NULL"
