@@ -18,8 +18,10 @@ on every rank, so that no twin is favoured by a drift of the machine):
 A step (forward, backward, ``optimizer.step()``, ``zero_grad``) is timed by the wall clock on
 every rank; the figure of a twin is the median over the steps of its step time over the control's
 in the same step (rank 0's; the ranks wait for each other in the collectives). Reported: the
-ratios, the layout metadata's overhead in points (``wg+layout`` − ``wg``, target ≤ 0.5), and the
-live statistics' added points (``wg+layout+global`` − ``wg+layout``).
+ratios, the layout metadata's overhead in points (``wg+layout`` − ``wg``, target ≤ 0.5), the calls
+into the layout code per timed step (``LayoutCalls``: expected 0, the layouts are read at start,
+so no host sync or file write per step can come from them), and the live statistics' added
+points (``wg+layout+global`` − ``wg+layout``).
 
 Collectives: the live statistics issue theirs on the process group itself
 (``ProcessGroup.allgather``, out of ``cc``'s sight), counted by the probe
@@ -96,6 +98,30 @@ class CollectiveCounter:
         return counted
 
 
+class LayoutCalls:
+    """Counts, per twin, the calls into the layout code (``placement``'s functions that read a
+    tensor's placement, ``LayoutFile.add`` / ``write``) while it steps: layout metadata is read
+    once, at start (and, for module rows, at the first step a module runs), so none is expected
+    in a timed step; a call there would be where a host sync or a file write per step could hide."""
+
+    def __init__(self) -> None:
+        from trainprobe.backends.torch import placement
+        from trainprobe.engine.tensor_layout import LayoutFile
+
+        self.twin = "start"
+        self.counts: Counter[str] = Counter()
+        for owner, name in ((placement, "layout_of"), (placement, "param_layouts"), (placement, "fsdp1_layouts"),
+                            (LayoutFile, "add"), (LayoutFile, "write")):
+            setattr(owner, name, self._wrap(getattr(owner, name)))
+
+    def _wrap(self, fn: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[self.twin] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
 def _parallelize(model: Mlp, world: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -140,7 +166,7 @@ def _worker(rank: int, port: int, world: int, args: dict[str, Any], out: str) ->
 
 
 def _train(rank: int, world: int, args: dict[str, Any], out: Path) -> None:
-    counter = CollectiveCounter()
+    counter, layout_calls = CollectiveCounter(), LayoutCalls()
     torch.manual_seed(0)
     base = Mlp(args["hidden"], args["layers"])
     twins: dict[str, tuple[nn.Module, torch.optim.Optimizer, Any]] = {}
@@ -161,7 +187,7 @@ def _train(rank: int, world: int, args: dict[str, Any], out: Path) -> None:
         order = TWINS[step % 4:] + TWINS[:step % 4]
         for twin in order:
             model, opt, _ = twins[twin]
-            counter.twin = twin if step >= args["warmup"] else "warmup"
+            counter.twin = layout_calls.twin = twin if step >= args["warmup"] else "warmup"
             dist.barrier()
             started = time.perf_counter()
             model(x).square().mean().backward()
@@ -177,7 +203,8 @@ def _train(rank: int, world: int, args: dict[str, Any], out: Path) -> None:
     if rank == 0:
         counts = [[t, n, by_us, c] for (t, n, by_us), c in counter.counts.items()]
         (out / f"result_w{world}.json").write_text(json.dumps(
-            {"times": times, "counts": counts, "live_keys": checked, "live_collectives": issued}
+            {"times": times, "counts": counts, "live_keys": checked, "live_collectives": issued,
+             "layout_calls": dict(layout_calls.counts)}
         ))
 
 
@@ -202,6 +229,9 @@ def _report(world: int, args: dict[str, Any], result: dict[str, Any]) -> None:
     for twin in TWINS[1:]:
         print(f"{twin:18s} monitored/unmonitored {ratio[twin]:.4f}   trainprobe collectives/step {per_step[twin] or 0}")
     print(f"layout metadata: {(ratio['wg+layout'] - ratio['wg']) * 100:+.2f} points on the weight_grad row (target <= 0.5)")
+    calls = result["layout_calls"]
+    print(f"layout code calls at start: {calls.get('start', 0)}; per timed step: "
+          + ", ".join(f"{t} {calls.get(t, 0) / steps:g}" for t in TWINS) + " (expected 0: no per-step host sync or write)")
     print(f"live global statistics: {(ratio['wg+layout+global'] - ratio['wg+layout']) * 100:+.2f} points; "
           f"collectives/step {result['live_collectives'] / steps:g} (ProcessGroup.allgather, target <= 1); "
           f"through torch.distributed: per step {per_step['wg+layout+global'] or 0}, at start {at_start or 0}; "

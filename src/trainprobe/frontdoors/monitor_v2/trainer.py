@@ -434,7 +434,7 @@ class TrainerMonitorV2:
         clock = self._clock
         clock.micro_batches = self._micro_batches(context)
         probes = self._probes(enabled, view, opt, rank, rank_dir)
-        self._describe_layouts(enabled, view, opt, rank, rank_dir)
+        layout_file = self._describe_layouts(enabled, view, opt, rank, rank_dir)
         pre_step_hook = context.get("optimizer_pre_step_hook", True)
         if not isinstance(pre_step_hook, bool):
             raise ConfigError(f"start(optimizer_pre_step_hook=...): must be True or False, got {pre_step_hook!r}")
@@ -447,6 +447,7 @@ class TrainerMonitorV2:
         # the column order is the spec's (the config's ops), as in V1; each kernel computes in that order
         layouts = {p.name: TableLayout(_with_micro_step(p, clock.micro_batches), p.spec.ops) for p in probes}
         live = self._live_stats(probes, view, opt)  # no table: out of the layouts
+        described = self._module_layouts(probes, layout_file)  # no table either
         micro_tables = frozenset(name for name, layout in layouts.items() if layout.with_micro_step)
         watch = self._anomaly_watch(model, rank, rank_dir, context, micro_tables)
         sink: CsvSink | ParquetSink
@@ -455,7 +456,7 @@ class TrainerMonitorV2:
         else:
             sink = CsvSink(rank_dir, cfg.schedule, layouts, first_step=clock.step)
         session = Session(
-            probes=[*probes, *live],
+            probes=[*probes, *described, *live],
             schedule=cfg.schedule,
             sink=sink,
             background=cfg.async_write is not False,
@@ -476,14 +477,15 @@ class TrainerMonitorV2:
 
     def _describe_layouts(
         self, enabled: list[str], view: ModelView, opt: OptimizerView | None, rank: int, rank_dir: Path
-    ) -> None:
+    ) -> LayoutFile | None:
         """Write ``tensor_layout.json`` (:mod:`trainprobe.engine.tensor_layout`) when a row may be
-        a piece of a tensor: several ranks, or a parameter that is not whole. Parameters'
-        layouts are read once, here: a parameter resharded later in the run is not followed."""
+        a piece of a tensor: several ranks, or a parameter that is not whole; returns it (None
+        when not written). Parameters' layouts are read once, here: a parameter resharded later
+        in the run is not followed (module rows: :meth:`_module_layouts`)."""
         params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
         world, layouts = self._backend.param_layouts(params, [*view.chunks, *([opt] if opt is not None else [])])
         if not layouts or (world == 1 and all(lay[0]["kind"] == "whole" for lay in layouts.values())):
-            return
+            return None
         tensor_parallel = any(
             "placements" in rows and (unreduced["kind"] != "rank_local" or len(rows["mesh"]["shape"]) > 1)
             for rows, unreduced in layouts.values()
@@ -502,6 +504,18 @@ class TrainerMonitorV2:
             file.write(self._clock.step)
         except OSError as exc:
             warn_once("v2-layout-write", f"trainprobe: {file.path}: could not be written ({exc}); rows are still written")
+        return file
+
+    def _module_layouts(self, probes: list[Probe], file: LayoutFile | None) -> list[Probe]:
+        """The probe that adds the ``module`` rows to ``file`` at the first call of each module
+        (:mod:`trainprobe.backends.torch.module_layouts`), or none (no layout file, no module
+        monitor, or a framework whose placements are not read)."""
+        module = next((p for p in probes if isinstance(p, ModuleProbe)), None)
+        if file is None or module is None or self._backend.name != "pytorch":
+            return []
+        from trainprobe.backends.torch.module_layouts import ModuleLayoutProbe
+
+        return [ModuleLayoutProbe(self._clock, module, file, backend=self._backend)]
 
     def _micro_batches(self, context: dict[str, Any]) -> int:
         wg = self.config.weight_grad
