@@ -23,6 +23,14 @@ number of tensors:
   ``zeros`` element-weighted, ``nans`` summed, ``min``/``max`` exact (NaN when a piece has a
   NaN, as ``torch.max`` of the full tensor gives).
 
+Before the update (:meth:`GlobalStatsProbe.judge_before_update`, Monitor V2's
+``anomaly.before_update`` with ``global_stats``): the rows known before ``optimizer.step()``
+(``weight_grad`` ``reduced``, ``param`` ``param_origin``, :data:`BEFORE_UPDATE`) are gathered in
+the optimizer's pre-step hook instead, so the pre-step rules judge full tensors; the other rows
+(``param_updated``, the Adam moments) after the step as before. With only ``weight_grad`` on (what
+``before_update`` needs) that is still one collective per collected step, issued at the same point
+on every rank; with ``param`` or ``optimizer`` on too, one before the update and one after.
+
 Tensors whose local rows already are the full tensor's (a whole tensor, a ``Replicate``-only
 DTensor) are given from the local rows, with no collective. Left out: ``partial`` tensors (a
 summand), Megatron-attribute shards (no mesh says which ranks hold the other pieces),
@@ -64,6 +72,9 @@ TABLE_SCOPES: dict[str, tuple[str, ...]] = {
     "optimizer": ("exp_avg", "exp_avg_sq"),
 }
 """The rows given full-tensor values: table → scopes."""
+BEFORE_UPDATE: frozenset[tuple[str, str]] = frozenset({("weight_grad", "reduced"), ("param", "param_origin")})
+"""The rows (table, scope) known before ``optimizer.step()``: gathered before it with
+:meth:`GlobalStatsProbe.judge_before_update`."""
 KEPT_STEPS = 8
 """How many of the latest collected steps :meth:`GlobalStatsProbe.global_stats` can answer."""
 _SUM_FIELDS = 6  # norm², Σ mean·numel, nans, Σ zeros·numel, numel, NaN flags of min/max
@@ -189,6 +200,7 @@ class GlobalStatsProbe(Probe):
         self._steps: OrderedDict[int, _Step] = OrderedDict()
         self._packing_failed = False
         self._broken = False
+        self.early = False  # judge_before_update: the rows known before the update gathered then
 
     # -- start -----------------------------------------------------------------------------
     def attach(self) -> None:
@@ -202,18 +214,37 @@ class GlobalStatsProbe(Probe):
         self.slots = {slot: i for i, slot in enumerate(union)}
         self._slot_of = {k: self.slots[_slot(k, p)] for k, p in self.pieces.items() if p.sharded}
 
+    def judge_before_update(self) -> None:
+        """Gather the rows known before the update (:data:`BEFORE_UPDATE`) in the pre-step hook,
+        so that :meth:`global_stats` of the step in progress gives their full-tensor values to a
+        check made before ``optimizer.step()`` (call before the session starts, on every rank)."""
+        self.early = True
+
     # -- each step -------------------------------------------------------------------------
+    def before_optimizer_step(self) -> None:
+        """With :meth:`judge_before_update`: gather the rows known now (one collective)."""
+        if self.early and not self._broken:
+            self._gather_part(True)
+
     def after_optimizer_step(self) -> None:
         """Pack this rank's pieces, gather them from every rank (one collective), keep the
-        step's buffer."""
-        if self._broken:
-            return
+        step's buffer (with :meth:`judge_before_update`: the rows the pre-step hook did not
+        gather; no collective when there are none)."""
+        if not self._broken:
+            self._gather_part(False if self.early else None)
+
+    def _gather_part(self, before: bool | None) -> None:
+        """Gather this step's slots of one part: the rows known ``before`` the update (True),
+        the others (False), or all of them (None); the step's buffer keeps the other part's."""
         step = self.clock.step
-        local, sums, maxes = self._contribution()
-        gathered = torch.cat([sums, maxes], dim=1).unsqueeze(0)
-        if self.slots:
+        slots = self._part_slots(before)
+        local, sums, maxes = self._contribution(before)
+        mine = torch.cat([sums, maxes], dim=1)
+        part = mine[slots] if before is not None else mine
+        gathered = part.unsqueeze(0)
+        if part.shape[0]:
             try:
-                gathered = _gather(gathered[0])
+                gathered = _gather(part)
                 self.collectives += 1
             except Exception as exc:  # noqa: BLE001 - a monitor must never break training
                 self._broken = True
@@ -223,15 +254,35 @@ class GlobalStatsProbe(Probe):
                     "full-tensor statistics are off on this rank for the rest of the run",
                 )
                 return
-        self._steps[step] = _Step(gathered, local)
+        self._keep(step, local, gathered, slots if before is not None else None)
+
+    def _part_slots(self, before: bool | None) -> torch.Tensor:
+        """The slot indices of a part (see :meth:`_gather_part`), the same on every rank."""
+        chosen = [i for slot, i in self.slots.items() if before is None or ((slot[0], slot[2]) in BEFORE_UPDATE) == before]
+        return torch.tensor(sorted(chosen), dtype=torch.long, device=self._device)
+
+    def _keep(self, step: int, local: dict[StatKey, Any], gathered: torch.Tensor, slots: torch.Tensor | None) -> None:
+        """Keep ``step``'s gathered part (``slots``: its slot indices; None: every slot)."""
+        held = self._steps.get(step)
+        if slots is None or held is None:
+            if slots is not None:  # the first part of the step: the other part's slots neutral for now
+                full = torch.cat(self._neutral(), dim=1).unsqueeze(0).repeat(world_size(), 1, 1)
+                full[:, slots] = gathered
+                gathered = full
+            self._steps[step] = _Step(gathered, local)
+        else:
+            held.gathered[:, slots] = gathered
+            held.local.update(local)
+            held.values = None
         while len(self._steps) > KEPT_STEPS:
             self._steps.popitem(last=False)
 
-    def _contribution(self) -> tuple[dict[StatKey, Any], torch.Tensor, torch.Tensor]:
-        """This rank's local full rows and its SUM/MAX buffers (neutral once packing failed)."""
+    def _contribution(self, before: bool | None = None) -> tuple[dict[StatKey, Any], torch.Tensor, torch.Tensor]:
+        """This rank's local full rows and its SUM/MAX buffers of one part (see
+        :meth:`_gather_part`; neutral once packing failed)."""
         if not self._packing_failed:
             try:
-                return self._pack()
+                return self._pack(before)
             except Exception as exc:  # noqa: BLE001 - the collectives must still run
                 self._packing_failed = True
                 error_once(
@@ -247,7 +298,7 @@ class GlobalStatsProbe(Probe):
         maxes = torch.full((n, _MAX_FIELDS), -math.inf, dtype=torch.float64, device=self._device)
         return sums, maxes
 
-    def _pack(self) -> tuple[dict[StatKey, Any], torch.Tensor, torch.Tensor]:
+    def _pack(self, before: bool | None = None) -> tuple[dict[StatKey, Any], torch.Tensor, torch.Tensor]:
         local: dict[StatKey, Any] = {}
         sums, maxes = self._neutral()
         for table, probe in self.sources.items():
@@ -257,7 +308,7 @@ class GlobalStatsProbe(Probe):
             for key, row in zip(keys, values):
                 stat = StatKey(table, key.name, key.scope)
                 piece = self.pieces.get(stat)
-                if piece is None:
+                if piece is None or (before is not None and ((table, key.scope) in BEFORE_UPDATE) != before):
                     continue
                 if not piece.sharded:
                     local[stat] = row

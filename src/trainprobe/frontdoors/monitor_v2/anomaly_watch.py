@@ -31,8 +31,12 @@ values (the same ops, the row's key; the live statistics of step ``s`` are compu
 anomaly, and its event is worded as ``trainprobe diagnose`` words the full-tensor row
 (``step 7, full tensor, weight_grad/reduced fc1.weight: norm = nan (NaN/inf), held by ranks 0,1
 (shards), NaN/inf in rank 1's shard``; its ``rank`` is the least rank whose piece holds the
-NaN/inf). Rows judged before the update (``before_update``) are judged on this rank's pieces:
-the full values exist only after ``optimizer.step()``. A full-tensor spike names no piece.
+NaN/inf). With ``before_update`` too, the live statistics gather the rows known before the update
+(``weight_grad`` ``reduced``, ``param`` ``param_origin``) in the optimizer's pre-step hook
+(:meth:`~trainprobe.backends.torch.live_stats.GlobalStatsProbe.judge_before_update`: the same
+single collective, moved before ``optimizer.step()``), so the pre-step check judges full tensors
+as well and every rank stops at the same step on the same full-tensor event. A full-tensor spike
+names no piece.
 
 A fault inside the watch itself (not an anomaly: a bug, a full disk for the event file) is logged
 once and turns the watch off; training goes on.
@@ -117,6 +121,10 @@ class FullTensors(Protocol):
 
     def holders(self, step: int, key: Any) -> Any:
         """Who holds ``key``'s pieces (``ranks``, ``held``, ``bad_ranks``), or None."""
+        ...
+
+    def judge_before_update(self) -> None:
+        """Gather the rows known before the update in the pre-step hook."""
         ...
 
 
@@ -218,8 +226,11 @@ class AnomalyWatch:
 
     def see_full_tensors(self, live: FullTensors) -> None:
         """Judge the sharded rows on the full tensors' values of ``live`` (see the module doc;
-        its rows are known once the session attached it: read at the first batch)."""
+        its rows are known once the session attached it: read at the first batch); with
+        ``before_update``, ``live`` gathers the rows known before the update in the pre-step hook."""
         self.full, self._full_keys = live, None
+        if self.config.before_update:
+            live.judge_before_update()
 
     def _sharded(self) -> frozenset[FullKey]:
         if self.full is None:
@@ -272,7 +283,7 @@ class AnomalyWatch:
                         done = self._judged.get(probe.name, 0)  # several optimizers: each pre-step sees more rows
                         self._judge(probe, step, rows[done:], done)
                         self._judged[probe.name] = len(rows)
-                fresh = self._fresh(step, self.rules.current(step))
+                fresh = [self._marked(e) for e in self._fresh(step, self.rules.current(step))]
             except Exception as exc:  # noqa: BLE001 - the watch never breaks training
                 self._fail(exc)
                 fresh = []
