@@ -5,7 +5,7 @@ What is trained, on ``--world`` gloo ranks of this machine (CPU): an MLP of ``--
 parallelism over every rank (2 ranks), or FSDP2 over ``dp`` and tensor parallelism over ``tp`` on
 a 2×2 mesh (4 ranks); Adam, batches from a fixed seed.
 
-Method: four twins of the model with the same weights, each with its own optimizer, trained
+Method: five twins of the model with the same weights, each with its own optimizer, trained
 side by side in every process, one step of each in turn (the order rotates every step, the same
 on every rank, so that no twin is favoured by a drift of the machine):
 
@@ -13,7 +13,9 @@ on every rank, so that no twin is favoured by a drift of the machine):
 * ``wg``: Monitor V2 ``weight_grad`` without layout metadata (``tensor_layout.json`` not written:
   the trainer's ``_describe_layouts`` replaced by a no-op in this bench only);
 * ``wg+layout``: ``weight_grad`` as shipped (layouts written at start);
-* ``wg+layout+global``: the same with ``"global_stats": true``.
+* ``wg+layout+global``: the same with ``"global_stats": true``;
+* ``wg-again``: ``wg`` once more, the A/A pair that shows the machine's noise floor (a layout
+  figure within it is no measurable cost).
 
 A step (forward, backward, ``optimizer.step()``, ``zero_grad``) is timed by the wall clock on
 every rank; the figure of a twin is the median over the steps of its step time over the control's
@@ -59,7 +61,7 @@ from torch import nn
 
 os.environ.setdefault("TRAINPROBE_FUSED_STATS", "off")  # the same kernels from the first step on
 
-TWINS = ("control", "wg", "wg+layout", "wg+layout+global")
+TWINS = ("control", "wg", "wg+layout", "wg+layout+global", "wg-again")
 COUNTED = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
            "all_gather_object", "all_to_all", "reduce_scatter", "barrier")
 
@@ -148,7 +150,7 @@ def _monitor(twin: str, out: Path, model: nn.Module, opt: torch.optim.Optimizer)
     if twin.endswith("global"):
         cfg["global_stats"] = True
     mon = TrainerMonitorV2(cfg)
-    if twin == "wg":
+    if twin in ("wg", "wg-again"):
         mon._describe_layouts = lambda *args, **kwargs: None  # type: ignore[method-assign]  # no layout metadata
     mon.start(model=model, optimizer=opt, overwrite=True)
     return mon
@@ -184,7 +186,7 @@ def _train(rank: int, world: int, args: dict[str, Any], out: Path) -> None:
         x = torch.randn(args["batch"], args["hidden"], generator=torch.Generator().manual_seed(1000 * step + dp_rank))
         if step == args["warmup"]:
             issued_before = live._live.collectives
-        order = TWINS[step % 4:] + TWINS[:step % 4]
+        order = TWINS[step % len(TWINS):] + TWINS[:step % len(TWINS)]
         for twin in order:
             model, opt, _ = twins[twin]
             counter.twin = layout_calls.twin = twin if step >= args["warmup"] else "warmup"
@@ -228,7 +230,8 @@ def _report(world: int, args: dict[str, Any], result: dict[str, Any]) -> None:
     print(f"control step (median): {statistics.median(control) * 1e3:.2f} ms")
     for twin in TWINS[1:]:
         print(f"{twin:18s} monitored/unmonitored {ratio[twin]:.4f}   trainprobe collectives/step {per_step[twin] or 0}")
-    print(f"layout metadata: {(ratio['wg+layout'] - ratio['wg']) * 100:+.2f} points on the weight_grad row (target <= 0.5)")
+    print(f"layout metadata: {(ratio['wg+layout'] - ratio['wg']) * 100:+.2f} points on the weight_grad row (target <= 0.5); "
+          f"noise floor (wg-again - wg, the same monitor twice): {(ratio['wg-again'] - ratio['wg']) * 100:+.2f} points")
     calls = result["layout_calls"]
     print(f"layout code calls at start: {calls.get('start', 0)}; per timed step: "
           + ", ".join(f"{t} {calls.get(t, 0) / steps:g}" for t in TWINS) + " (expected 0: no per-step host sync or write)")
