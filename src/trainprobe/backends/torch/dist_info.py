@@ -44,16 +44,19 @@ def group_ranks(group: object) -> tuple[int, ...] | None:
 
 def ranks_flagging(flag: bool, group: object = None) -> tuple[int, ...]:
     """The global ranks of ``group`` (default: the world) whose ``flag`` is true: one all-gather
-    of one integer per rank, which every rank of the group must call together. Without
-    torch.distributed: ``(0,)`` when ``flag`` else ``()``."""
+    of one integer per rank, which every rank of the group must call together. Issued on the
+    process group itself, not through ``torch.distributed.all_gather``, so that the ``cc``
+    monitors never record trainprobe's own traffic. Without torch.distributed: ``(0,)`` when
+    ``flag`` else ``()``."""
     if not distributed_ready():
         return (0,) if flag else ()
     import torch
 
-    backend = dist.get_backend(group)  # type: ignore[arg-type]
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = dist.get_backend(pg)  # type: ignore[arg-type]
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     mine = torch.tensor([1 if flag else 0], dtype=torch.int64, device=device)
-    flags = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]  # type: ignore[arg-type]
-    dist.all_gather(flags, mine, group=group)  # type: ignore[arg-type]
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(flags)))  # type: ignore[arg-type]
+    flags = [torch.zeros_like(mine) for _ in range(dist.get_world_size(pg))]  # type: ignore[arg-type]
+    pg.allgather([flags], [mine]).wait()  # type: ignore[attr-defined]
+    ranks = dist.get_process_group_ranks(pg) if group is not None else list(range(len(flags)))  # type: ignore[arg-type]
     return tuple(r for r, f in zip(ranks, torch.cat(flags).tolist()) if f)
