@@ -21,6 +21,7 @@ from trainprobe.tools.reporting.figures import (
     line_bucket,
 )
 from trainprobe.tools.reporting.read import connection, find_report_files, read_file, read_files
+from trainprobe.tools.runs import read as runs_read
 
 HEADER = "vpp_stage,step,module_name,scope,micro_step,min,max,mean,norm,nans"
 PARAMS = ("embed.weight", "layers.0.q.weight", "layers.0.k.weight", "head.weight")
@@ -65,7 +66,7 @@ def test_one_scan_reads_the_rows_a_file_by_file_read_reads(tmp_path, monkeypatch
         yield from bulk(con_, batch)
 
     monkeypatch.setattr(report_read, "_read_bulk", counted)
-    monkeypatch.setattr(report_read, "BATCH_ROWS", 7)  # batches cut files: a file spans batches
+    monkeypatch.setattr(runs_read, "STREAM_ROWS", 7)  # batches cut files: a file spans batches
     got = list(read_files(con, files))
     assert scans == [6]  # one scan: every file of the table (same header), by rank and step
     assert [f for f, _ in got] == files

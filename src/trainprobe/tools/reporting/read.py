@@ -1,5 +1,6 @@
 """The report's reader: a run's data files found and read through the query layer
-(:mod:`trainprobe.tools.query.layer`), one file at a time, as numpy columns.
+(:mod:`trainprobe.tools.query.layer`) by the one batched reader (:mod:`trainprobe.tools.runs.read`:
+consecutive files of one header in one streamed scan), as numpy columns, one file at a time.
 
 * Files: :func:`~trainprobe.tools.runs.files.find_run_files` (Monitor V1 and V2, both tools'
   layouts, CSV or Parquet in any mix; a link to a file outside the folder given is skipped unread
@@ -16,7 +17,7 @@ Needs the ``[query]`` extra (DuckDB); without it, one line says how to install i
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ import numpy as np
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.query.layer import quote, require, table_sql
 from trainprobe.tools.runs.files import RunFile, clean_length, csv_header, find_run_files, rank_order, run_order
+from trainprobe.tools.runs.read import StreamError, consecutive, stream_by_file
 from trainprobe.tools.sql.questions import KEY_COLUMNS, META_COLUMNS, TEXT_COLUMNS
 
 if TYPE_CHECKING:
@@ -118,69 +120,51 @@ def read_file(con: duckdb.DuckDBPyConnection, file: RunFile) -> FileRows:
 def read_files(con: duckdb.DuckDBPyConnection, files: Sequence[RunFile]) -> Iterator[tuple[RunFile, FileRows]]:
     """``(file, its rows)`` for each of ``files``, in their order, as :func:`read_file` reads
     them, but each run of consecutive CSV files of one table, layout and header (none of them
-    torn) in one DuckDB scan, streamed in batches of :data:`BATCH_ROWS` rows: the scan runs in
-    parallel, a thread reads the next batch while the caller works on this file's rows, and
-    memory holds two batches and the file being assembled, not the run. The connection is free
-    again once the iteration ends or is closed.
+    torn) in one DuckDB scan, streamed by the one batched reader
+    (:func:`~trainprobe.tools.runs.read.consecutive` and
+    :func:`~trainprobe.tools.runs.read.stream_by_file`: batches of
+    :data:`~trainprobe.tools.runs.read.STREAM_ROWS` rows, the next one scanned in a thread while
+    the caller works on this file's rows; memory holds two batches and the file being assembled,
+    not the run). The connection is free again once the iteration ends or is closed.
 
     Raises:
         ConfigError: as :func:`read_file` (a scan that fails is read again file by file, so
             that the message names the file).
     """
-    for batch in _bulk_runs(files):
-        if len(batch) == 1:
-            yield batch[0], read_file(con, batch[0])
+    for key, batch in consecutive(files, _bulk_key):
+        if key is None or len(batch) == 1:
+            for file in batch:
+                yield file, read_file(con, file)
             continue
         done = 0
         try:
             for file, rows in _read_bulk(con, batch):
                 done += 1
                 yield file, rows
-        except (_Unordered, _BulkError):
+        except StreamError:
             pass  # read the rest file by file
         for file in batch[done:]:
             yield file, read_file(con, file)
 
 
-#: Rows per Arrow batch of a many-file scan (:func:`read_files`).
-BATCH_ROWS = 262144
-
-
-class _BulkError(Exception):
-    """A many-file scan failed: its files are read again one at a time (the error names the file)."""
-
-
-class _Unordered(Exception):
-    """A many-file scan did not return its files one after the other, in order."""
-
-
-def _bulk_runs(files: Sequence[RunFile]) -> list[list[RunFile]]:
-    """``files`` cut into runs of consecutive CSV files that one scan can read: same table,
-    layout and header, none torn; every other file alone."""
-    runs: list[list[RunFile]] = []
-    last: tuple[object, ...] | None = None
-    for file in files:
-        key: tuple[object, ...] | None = None
-        if file.format == "csv" and not _torn(file):
-            header = csv_header(file.path)
-            key = None if header is None else (file.data_type, file.layout, header)
-        if key is not None and key == last:
-            runs[-1].append(file)
-        else:
-            runs.append([file])
-        last = key
-    return runs
+def _bulk_key(file: RunFile) -> tuple[object, ...] | None:
+    """What CSV files one scan reads together share (table, layout, header; none torn); None for
+    a file read alone (Parquet, torn, no complete header)."""
+    if file.format != "csv" or _torn(file):
+        return None
+    header = csv_header(file.path)
+    return None if header is None else (file.data_type, file.layout, header)
 
 
 def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[RunFile]) -> Iterator[tuple[RunFile, FileRows]]:
-    """The files of one run of :func:`_bulk_runs` through one streamed scan (see :func:`read_files`).
+    """The files of one run of :func:`_bulk_key` through one streamed scan (see :func:`read_files`).
 
     Raises:
-        _BulkError: DuckDB failed; _Unordered: the scan's rows are not file after file in order.
+        StreamError: DuckDB failed, or the scan's rows are not file after file in order.
     """
     made = table_sql(con, batch[0].data_type, list(batch))
     if made is None:
-        raise _Unordered
+        raise StreamError("no view")
     view, names = made
     ops = op_columns(names)
     yield from stream_file_rows(con, f"SELECT {_items(ops, names)}, file FROM ({view})", batch, ops)
@@ -189,66 +173,17 @@ def _read_bulk(con: duckdb.DuckDBPyConnection, batch: list[RunFile]) -> Iterator
 def stream_file_rows(
     con: duckdb.DuckDBPyConnection, sql: str, batch: Sequence[RunFile], ops: tuple[str, ...]
 ) -> Iterator[tuple[RunFile, FileRows]]:
-    """``(file, its rows)`` for each of ``batch`` (one table and layout) from ``sql``: a SELECT of
-    :func:`select_items` and ``file`` whose rows come file after file in ``batch``'s order, each
-    file's in file order; streamed in batches of :data:`BATCH_ROWS` rows (a file without a row:
-    empty rows). Used for the rank-local rows and for the full tensors of a sharded run
+    """``(file, its rows)`` for each of ``batch`` (one table and layout) from ``sql``, a SELECT of
+    :func:`select_items` and ``file`` whose rows come file after file in ``batch``'s order
+    (:func:`~trainprobe.tools.runs.read.stream_by_file`; a file without a row: empty rows). Used
+    for the rank-local rows and for the full tensors of a sharded run
     (:mod:`~trainprobe.tools.reporting.full`).
 
     Raises:
-        _BulkError: DuckDB failed; _Unordered: the rows are not file after file in order.
+        StreamError: DuckDB failed, or the rows are not file after file in order.
     """
-    import duckdb
-    import pyarrow as pa
-
-    from trainprobe.tools.runs.read import read_ahead
-
-    index = {str(f.path): n for n, f in enumerate(batch)}
     v2 = batch[0].layout == "v2"
-    pending: list[pa.Table] = []
-    current = 0
-    ahead: Generator[pa.RecordBatch, None, None] | None = None
-    try:
-        reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
-        ahead = read_ahead(iter(reader), depth=1)  # the scan of the next batch overlaps this one's numpy work
-        for record in ahead:
-            for start, end, name in _file_runs(record.column("file")):
-                at = index.get(name, -1)
-                if at < current:
-                    raise _Unordered
-                if at > current:
-                    if pending:
-                        yield batch[current], file_rows(pa.Table.from_batches(pending), ops, v2, 0)
-                        current += 1
-                    while current < at:  # files without a row
-                        yield batch[current], _empty(0)
-                        current += 1
-                    pending = []
-                pending.append(record.slice(start, end - start))
-    except (duckdb.Error, pa.ArrowException, OSError):  # a failure in the stream comes as an Arrow OSError
-        raise _BulkError from None
-    finally:
-        if ahead is not None:
-            ahead.close()  # its thread has stopped: the connection is free for a file-by-file read
-    if pending:
-        yield batch[current], file_rows(pa.Table.from_batches(pending), ops, v2, 0)
-        current += 1
-    for file in batch[current:]:
-        yield file, _empty(0)
-
-
-def _file_runs(column: object) -> list[tuple[int, int, str]]:
-    """A batch's ``file`` column (Arrow strings) as runs of one file: ``(start, end, file)``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    files: pa.Array = column  # type: ignore[assignment]
-    n = len(files)
-    if n < 2:
-        return [(0, n, str(files[0].as_py()))] if n else []
-    change = pc.not_equal(files.slice(1), files.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-    cuts = np.r_[0, np.flatnonzero(change) + 1, n].tolist()
-    return [(a, b, str(files[a].as_py())) for a, b in zip(cuts[:-1], cuts[1:])]
+    return stream_by_file(con, sql, batch, lambda table: _empty(0) if table is None else file_rows(table, ops, v2, 0))
 
 
 def torn_rows(file: RunFile) -> int:
@@ -344,4 +279,4 @@ def _reason(message: str) -> str:
 
 
 #: What :func:`stream_file_rows` raises when its stream fails or is out of order.
-STREAM_ERRORS = (_BulkError, _Unordered)
+STREAM_ERRORS = (StreamError,)

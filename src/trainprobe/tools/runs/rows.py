@@ -1,7 +1,19 @@
-"""The Python row reader of monitor CSV files, kept for csv2db's files that DuckDB does not take
-(:mod:`trainprobe.tools.exports.sqlite_rows`); every other tool reads monitor output through the query
-layer (:mod:`trainprobe.tools.query.layer`). The layouts, data types, file selection and header roles
-are :mod:`trainprobe.tools.runs.layout`'s (their names are importable from here as before).
+"""The Python row reader of monitor CSV files, kept only for what the one batched reader
+(:mod:`trainprobe.tools.runs.read`, DuckDB) cannot read as csv2db and csv2tb need it
+(:func:`trainprobe.tools.exports.sqlite_rows.parse_file`):
+
+* a CSV file whose last record is torn (a run killed or still writing): DuckDB would refuse the
+  file or read the torn record; this reader leaves it out, counts it and warns once;
+* an empty CSV file, or one torn inside its header (a run that is starting);
+* a file that is a link (checked to stay inside the run when opened: DuckDB would follow it), or
+  one above :data:`MAX_CSV_BYTES`;
+* every batch DuckDB refuses (a cell that is not a number, a row with the wrong number of cells,
+  text that is not UTF-8): read again here, file by file, for the precise one-line error naming
+  the file, the row and the column.
+
+Every other file, and every tool other than csv2db and csv2tb, reads through DuckDB. The
+layouts, data types, file selection and header roles are :mod:`trainprobe.tools.runs.layout`'s
+and :mod:`trainprobe.tools.runs.selection`'s (their names are importable from here as before).
 
 Reading (:func:`read_table`):
 * files are read through :func:`trainprobe.engine.safe_files.read_text`: regular files only (a folder,
