@@ -295,3 +295,89 @@ def test_an_unbalanced_quote_mid_file_is_said_as_such(monitor_runs: Any, tmp_pat
         [(rows,)] = connect(run).execute(f"SELECT count(*) FROM weight_grad WHERE file = '{path}'").fetchall()
     assert rows == 2  # lines 2 and 3
     assert f"an unbalanced quote on or after line 4 cut the file: {len(lines) - 3} line(s)" in caplog.text
+
+
+# --- files re-checked when opened (docs/security.md) -----------------------------------------
+
+def _swap_for_outside_link(run: Path, outside: Path) -> Path:
+    """Make ``outside`` (beside the run) a copy of rank 0's first weight_grad file whose first row
+    has a NaN norm at its first step (rows the run does not have), then replace the run's file by
+    a link to it: what an attacker with write access does between discovery and the read."""
+    import csv
+
+    victim = _first_csv(run)
+    with victim.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    rows[1][rows[0].index("norm")] = "nan"
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    with outside.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    victim.unlink()
+    victim.symlink_to(outside)
+    return victim
+
+
+def test_a_file_swapped_for_an_outside_link_after_discovery_is_not_read(monitor_runs: Any, tmp_path: Path) -> None:
+    from monitor_runs import NAN_STEP
+    from trainprobe.tools.diagnosis.answer import diagnose
+    from trainprobe.tools.engines.duckdb_engine import DuckEngine
+    from trainprobe.tools.runs.files import find_run_files
+
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    files = find_run_files(run)
+    engine = DuckEngine(run, files)  # views made before the swap: seal() checks again before any query
+    victim = _swap_for_outside_link(run, tmp_path / "outside" / "planted.csv")
+    outside = str(tmp_path / "outside")
+    with pytest.raises(ConfigError, match=r"now a link to a file outside .*; not read") as caught:
+        connect(run, files=files)
+    assert str(victim) in str(caught.value) and "\n" not in str(caught.value)
+    for call in (lambda: first_nonfinite(run, files=files), lambda: diagnose(run, files=files), engine.seal):
+        with pytest.raises(ConfigError, match="now a link to a file outside"):
+            call()
+    engine.release()
+    # found afresh, the link is skipped at discovery: the answer holds none of the outside file's rows
+    [first] = first_nonfinite(run)
+    assert first["step"] == NAN_STEP and outside not in str(first["file"])
+    assert outside not in str(connect(run).execute("SELECT DISTINCT file FROM weight_grad").fetchall())
+
+
+def test_a_file_replaced_after_discovery_is_refused_by_name(monitor_runs: Any, tmp_path: Path) -> None:
+    from trainprobe.tools.runs.files import find_run_files
+
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    files = find_run_files(run)
+    victim = _first_csv(run)
+    twin = victim.with_name("twin.tmp")
+    twin.write_bytes(victim.read_bytes())  # made while the victim exists: another inode
+    os.replace(twin, victim)  # same content, another file
+    with pytest.raises(ConfigError, match=f"{victim.name}: replaced by another file since the run's files were listed"):
+        connect(run, files=files)
+    victim.unlink()
+    with pytest.raises(ConfigError, match=f"{victim.name}: gone since the run's files were listed"):
+        connect(run, files=files)
+
+
+def test_the_cli_refuses_a_link_swapped_in_after_discovery(
+    monitor_runs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``trainprobe diagnose`` (in this process, so that the swap can happen right after it lists
+    the run): exit 2, one line naming the file, no traceback, nothing of the outside file printed."""
+    import trainprobe.tools.runs.files as run_files
+    from trainprobe.cli import main
+
+    run = _copy(monitor_runs.v2, tmp_path / "run")
+    listed = run_files.find_run_files
+    swapped: list[Path] = []
+
+    def list_then_swap(*args: Any, **kwargs: Any) -> Any:
+        found = listed(*args, **kwargs)
+        if not swapped:
+            swapped.append(_swap_for_outside_link(run, tmp_path / "outside" / "planted.csv"))
+        return found
+
+    monkeypatch.setattr(run_files, "find_run_files", list_then_swap)
+    assert main(["diagnose", str(run)]) == 2
+    out, err = capsys.readouterr()
+    assert swapped and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert str(swapped[0]) in err and "now a link to a file outside" in err
+    assert "first anomaly" not in out

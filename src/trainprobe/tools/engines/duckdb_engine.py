@@ -184,17 +184,21 @@ class DuckEngine:
         return sorted(t for s, t in self._merged if s == side)
 
     def seal(self) -> None:
-        """Lock the connection to the attached runs' files (and the spill folder,
+        """Check the attached runs' files again (:func:`~trainprobe.tools.runs.files.check_unchanged`)
+        and lock the connection to them (and the spill folder,
         :func:`~trainprobe.tools.engines.lock.lock`); with ``merge_shards``, keep the merged
         views only where the sides' layouts differ (runs of one layout compare rank by rank, as
         written, so that a fault on one replica is not hidden by the merge, which counts a
         replicated tensor once)."""
         from trainprobe.tools.engines.lock import lock
+        from trainprobe.tools.runs.files import check_unchanged
 
         sides = [s for s in self._runs if s != MAIN]
         if self._merged and sides and all(self.layout(s) == self.layout(sides[0]) for s in sides):
             self._merged.clear()
-        lock(self.con, [f.path for r in self._runs.values() for f in r.files], spill=self.spill)
+        files = [f for r in self._runs.values() for f in r.files]
+        check_unchanged(files)  # again just before the first query: views open their paths when read
+        lock(self.con, [f.path for f in files], spill=self.spill)
 
     def layout(self, side: str = MAIN) -> list[tuple[Any, ...]]:
         """Side ``side``'s layout entries (every rank's, sorted), [] for a run without layout files."""

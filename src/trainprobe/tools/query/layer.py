@@ -53,7 +53,7 @@ from trainprobe.engine.log import warn_once
 from trainprobe.engine.printable import printable
 from trainprobe.engine.sinks.parquet_summary import Summary, read_summary
 from trainprobe.tools.engines.lock import is_locked, lock
-from trainprobe.tools.runs.files import RunFile, clean_length, csv_header, find_run_files, torn_tail
+from trainprobe.tools.runs.files import RunFile, check_unchanged, clean_length, csv_header, find_run_files, torn_tail
 from trainprobe.tools.sql.names import check_columns, file_list
 from trainprobe.tools.sql.names import ident as quote
 from trainprobe.tools.sql.names import text as literal
@@ -135,6 +135,7 @@ def _connect(
     chosen = found
     if steps is not None:
         chosen = [f for f in found if f.first_step <= steps[1] and steps[0] <= f.last_step]
+    check_unchanged(chosen)  # DuckDB opens the paths as given: each must still be the file found, inside the run
     by_table: dict[str, list[RunFile]] = {}
     for f in chosen:
         by_table.setdefault(f.table, []).append(f)

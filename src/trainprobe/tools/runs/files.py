@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
 from trainprobe.engine.log import warn_once
+from trainprobe.engine.printable import printable
 from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
 from trainprobe.engine.sinks.parquet_sink import merged_step_files
 from trainprobe.tools.runs.layout import V1_DATA_TYPES, V2_DATA_TYPES, Layout
@@ -72,6 +73,8 @@ class RunFile:
         first_step, last_step: the window named in the file name.
         root: the run folder it was found in (a reader opens the file only if it still lies
             inside); None: no such check.
+        identity: ``(st_dev, st_ino)`` of the file when it was found (its link followed), or
+            None; :func:`check_unchanged` compares it with the file's at use.
     """
 
     path: Path
@@ -82,6 +85,7 @@ class RunFile:
     first_step: int
     last_step: int
     root: Path | None = None
+    identity: tuple[int, int] | None = field(default=None, compare=False)
 
     @property
     def window(self) -> tuple[int, int]:
@@ -248,7 +252,41 @@ def _files_of(
         first = bounded_int(match["first"], "first step", str(path))
         last = bounded_int(match["last"], "last step", str(path))
         fmt: Format = "parquet" if match["ext"] == "parquet" else "csv"
-        yield RunFile(path, layout, fmt, rank, match["type"], first, last, root)
+        yield RunFile(path, layout, fmt, rank, match["type"], first, last, root, _identity(path))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (its link followed), None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_unchanged(files: Iterable[RunFile]) -> None:
+    """Check each of ``files`` again right before a reader that cannot check it itself (DuckDB's
+    views, which open the paths they are given) is built over it: it must still be the file
+    found (the same ``(st_dev, st_ino)`` as :attr:`RunFile.identity`) and still lie inside its
+    run (:attr:`RunFile.root`), so that a file swapped for a link to a file outside the run (or
+    for another file) after the run was listed is not read. Files without a root or an identity
+    are not checked. (A swap between this check and the reader's open is not seen: the check
+    is repeated when a connection is sealed, just before its first query.)
+
+    Raises:
+        ConfigError: one line naming the file and what changed.
+    """
+    for f in files:
+        if f.root is None or f.identity is None:
+            continue
+        shown = printable(str(f.path))
+        now = _identity(f.path)
+        if now is None:
+            raise ConfigError(f"{shown}: gone since the run's files were listed (a run still writing or converting?)")
+        if not is_inside(f.path, f.root):
+            raise ConfigError(f"{shown}: now a link to a file outside {printable(str(f.root))!r}; not read")
+        if now != f.identity:
+            raise ConfigError(f"{shown}: replaced by another file since the run's files were listed; not read")
 
 
 def csv_header(path: Path, limit: int = 1 << 16) -> tuple[str, ...] | None:
