@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trainprobe.engine.errors import ConfigError
@@ -34,7 +34,7 @@ from trainprobe.tools.query.layer import require
 from trainprobe.tools.runs.files import RunFile, check_unchanged, clean_length, csv_header
 from trainprobe.tools.runs.layout import column_roles
 from trainprobe.tools.runs.rows import MAX_CSV_BYTES
-from trainprobe.tools.sql.names import file_list
+from trainprobe.tools.sql.names import file_list, hadoop_glob_literal
 from trainprobe.tools.sql.names import ident as quote
 from trainprobe.tools.sql.names import text as literal
 from trainprobe.tools.sql.views import read_csv_sql
@@ -89,6 +89,50 @@ def read_files(files: Sequence[RunFile], threads: int | None = None) -> Iterator
         con.close()
 
 
+def parquet_only(files: Sequence[RunFile]) -> None:
+    """Check, before a Spark session is started, that Spark can read ``files``.
+
+    Raises:
+        ConfigError: a file is CSV (Spark reads Parquet files only; the message says how to convert).
+    """
+    csv = [f for f in files if f.format != "parquet"]
+    if csv:
+        raise ConfigError(
+            f"--engine spark reads Parquet files and {len(csv)} selected file(s) are CSV (e.g. {csv[0].path}); "
+            f"convert the run first: trainprobe convert RUN --to parquet"
+        )
+
+
+def spark_read_files(session: Any, files: Sequence[RunFile]) -> Iterator[ParsedFile]:
+    """Each of ``files`` read through the Spark session ``session`` (``--engine spark``), in the
+    order given, into the same :class:`ParsedFile` as :func:`read_files`: the same SELECT list
+    (:func:`_select`, transpiled to Spark SQL), one Spark query per file, its rows in file order
+    (Spark's ``_metadata.row_index``); memory bounded by one file.
+
+    Raises:
+        ConfigError: a file is CSV (Spark reads Parquet files only: the message says how to
+            convert the run), has a foreign header, or Spark could not read it (one line naming it).
+    """
+    from trainprobe.tools.engines.spark import to_spark
+
+    parquet_only(files)
+    for file in files:
+        group = _group_of(file)
+        assert group is not None  # a Parquet file always has a group
+        layout, _, header = group
+        ops = [header[i] for i in column_roles(header, file.layout, str(file.path)).op_cols]
+        try:
+            frame = session.read.parquet(hadoop_glob_literal(str(file.path)))
+            frame.selectExpr("*", "_metadata.row_index AS __row").createOrReplaceTempView("__trainprobe_file")
+            sql = f"SELECT {_select(layout, header, ops, '0')} FROM __trainprobe_file ORDER BY __row"
+            table = session.sql(to_spark(sql)).toArrow()
+        except Exception as exc:  # noqa: BLE001 (Py4J and Spark errors have no common base: one line)
+            raise ConfigError(f"{file.path}: Spark could not read it: {str(exc).strip().splitlines()[0][:300]}") from None
+        stat = file.path.stat()
+        rows = _split_by_file(table).get(0)
+        yield _parsed(file, stat.st_size, stat.st_mtime_ns, tuple(ops), *(rows or (None, None)))
+
+
 _Found = tuple[dict[str, Any], "dict[int, tuple[pa.Table, np.ndarray[Any, Any]]]"]
 
 
@@ -104,26 +148,9 @@ def _queried(
 
 def _batches(files: Sequence[RunFile]) -> Iterator[tuple[_Group | None, list[RunFile]]]:
     """Runs of consecutive files DuckDB reads together (same layout, format, header; at most
-    :data:`BATCH_BYTES`, the first ones less), and files for the Python reader alone (group None)."""
-    current: list[RunFile] = []
-    group: _Group | None = None
-    held = 0
-    limit = FIRST_BATCH_BYTES
-    for file in files:
-        found = _group_of(file)
-        if current and (found != group or held >= limit):
-            yield group, current
-            current, held = [], 0
-            limit = min(2 * limit, BATCH_BYTES)
-        if found is None:
-            yield None, [file]
-            group = None
-            continue
-        group = found
-        current.append(file)
-        held += file.path.stat().st_size
-    if current:
-        yield group, current
+    :data:`BATCH_BYTES`, the first ones less: :func:`consecutive`), and files for the Python
+    reader alone (group None)."""
+    yield from consecutive(files, _group_of, BATCH_BYTES, FIRST_BATCH_BYTES)  # type: ignore[misc]
 
 
 def _group_of(file: RunFile) -> _Group | None:
@@ -407,3 +434,112 @@ def read_ahead(items: Iterator[_T], depth: int = 2) -> Generator[_T, None, None]
             except queue.Empty:
                 pass
         worker.join()
+
+
+# -- the batching and the streamed scan every batched reader shares (csv2db, csv2tb, the report) --
+
+#: Rows per Arrow batch of a streamed scan (:func:`stream_by_file`).
+STREAM_ROWS = 262144
+
+
+class StreamError(Exception):
+    """A streamed many-file scan failed, or did not give its files one after the other in order:
+    the caller reads its files again one at a time (so that an error names the file)."""
+
+
+def consecutive(
+    files: Sequence[RunFile],
+    key: Callable[[RunFile], object | None],
+    limit: int | None = None,
+    first_limit: int | None = None,
+) -> Iterator[tuple[object | None, list[RunFile]]]:
+    """``files`` cut into runs of consecutive files that one query reads together: the same
+    ``key`` (not None), at most ``limit`` bytes of files (None: no limit; the first run at most
+    ``first_limit``, each next one twice the last, up to ``limit``: storing starts early); a
+    file whose key is None comes alone (its reader reads it by itself). Yields ``(key, files)``."""
+    current: list[RunFile] = []
+    group: object | None = None
+    held = 0
+    cap = first_limit if first_limit is not None else limit
+    for file in files:
+        found = key(file)
+        if current and (found != group or (cap is not None and held >= cap)):
+            yield group, current
+            current, held = [], 0
+            if cap is not None and limit is not None:
+                cap = min(2 * cap, limit)
+        if found is None:
+            yield None, [file]
+            group = None
+            continue
+        group = found
+        current.append(file)
+        if cap is not None:
+            held += file.path.stat().st_size
+    if current:
+        yield group, current
+
+
+def stream_by_file(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    batch: Sequence[RunFile],
+    rows_of: Callable[[pa.Table | None], _T],
+) -> Iterator[tuple[RunFile, _T]]:
+    """``(file, rows_of(its rows))`` for each of ``batch`` from ``sql``: a SELECT with a ``file``
+    column (the path) whose rows come file after file in ``batch``'s order, each file's in file
+    order; streamed in Arrow batches of :data:`STREAM_ROWS` rows, the next batch scanned in a
+    thread (:func:`read_ahead`) while the caller works on this one; a file without a row gives
+    ``rows_of(None)``. Memory: two batches and the file being assembled, not the run.
+
+    Raises:
+        StreamError: DuckDB failed, or the rows are not file after file in order (nothing of
+            the file in progress has been handed out).
+    """
+    import duckdb
+    import pyarrow as pa
+
+    index = {str(f.path): n for n, f in enumerate(batch)}
+    pending: list[pa.RecordBatch] = []
+    current = 0
+    ahead: Generator[pa.RecordBatch, None, None] | None = None
+    try:
+        ahead = read_ahead(iter(con.sql(sql).to_arrow_reader(STREAM_ROWS)), depth=1)
+        for record in ahead:
+            for start, end, name in _file_runs(record.column("file")):
+                at = index.get(name, -1)
+                if at < current:
+                    raise StreamError(name)
+                if at > current:
+                    if pending:
+                        yield batch[current], rows_of(pa.Table.from_batches(pending))
+                        current += 1
+                    while current < at:  # files without a row
+                        yield batch[current], rows_of(None)
+                        current += 1
+                    pending = []
+                pending.append(record.slice(start, end - start))
+    except (duckdb.Error, pa.ArrowException, OSError) as exc:  # a failure in the stream comes as an Arrow OSError
+        raise StreamError(str(exc)) from None
+    finally:
+        if ahead is not None:
+            ahead.close()  # its thread has stopped: the connection is free for a file-by-file read
+    if pending:
+        yield batch[current], rows_of(pa.Table.from_batches(pending))
+        current += 1
+    for file in batch[current:]:
+        yield file, rows_of(None)
+
+
+def _file_runs(column: object) -> list[tuple[int, int, str]]:
+    """A batch's ``file`` column (Arrow strings) as runs of one file: ``(start, end, file)``."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    files: pa.Array = column  # type: ignore[assignment]
+    n = len(files)
+    if n < 2:
+        return [(0, n, str(files[0].as_py()))] if n else []
+    change = pc.not_equal(files.slice(1), files.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    cuts = np.r_[0, np.flatnonzero(change) + 1, n].tolist()
+    return [(a, b, str(files[a].as_py())) for a, b in zip(cuts[:-1], cuts[1:])]
