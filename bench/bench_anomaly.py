@@ -1,18 +1,21 @@
-"""Overhead of Monitor V2's online anomaly rules (the ``anomaly`` block) on the weight_grad row.
+"""Overhead of the online anomaly rules (the ``anomaly`` block) of Monitor V2 and Monitor V1 on
+the weight_grad row.
 
-Four twins of ``bench_paired.py``'s ``TinyGPT`` (same weights, same batches, each its own AdamW)
+Seven twins of ``bench_paired.py``'s ``TinyGPT`` (same weights, same batches, each its own AdamW)
 are stepped in turn, the order rotating every round so that a drift of the machine favours none:
 
 * ``plain``: never monitored;
 * ``weight_grad``: V2 ``weight_grad`` (the bench's weight_grad row);
 * ``+ rules``: the same with ``"anomaly": {"actions": ["log"]}`` (non-finite and spike rules);
 * ``+ before_update``: ``"anomaly": {"actions": ["log", "stop"], "before_update": true}`` (the
-  pre-step check: one host read of the step's rows before ``optimizer.step()``).
+  pre-step check: one host read of the step's rows before ``optimizer.step()``);
+* ``v1 wg``, ``v1 + rules``, ``v1 + before_update``: the same three with Monitor V1
+  (``TrainerMon``, ``wg_distribution``, CSV output) and the same ``anomaly`` blocks.
 
 Printed per twin: its step time over ``plain``'s (median over the rounds, measured in one run),
-and the points it adds over the ``weight_grad`` twin: the median over rounds of
-``(t_twin - t_weight_grad) / t_plain``. Targets (issue #36): ≤ 0.5 points for the rules, ≤ 1 point
-with ``before_update``.
+and the points it adds over its front door's weight_grad twin (``weight_grad`` or ``v1 wg``): the
+median over rounds of ``(t_twin - t_base) / t_plain``. Targets (issue #36): ≤ 0.5 points for the
+rules, ≤ 1 point with ``before_update``.
 
 Usage::
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -37,20 +41,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_paired import Twin  # noqa: E402
-from trainprobe import TrainerMonitorV2  # noqa: E402
+from trainprobe import TrainerMon, TrainerMonitorV2  # noqa: E402
 
+RULES: dict[str, Any] = {"actions": ["log"]}
+BEFORE_UPDATE: dict[str, Any] = {"actions": ["log", "stop"], "before_update": True}
 TWINS: dict[str, dict[str, Any] | None] = {
     "plain": None,
     "weight_grad": {},
-    "+ rules": {"actions": ["log"]},
-    "+ before_update": {"actions": ["log", "stop"], "before_update": True},
+    "+ rules": RULES,
+    "+ before_update": BEFORE_UPDATE,
+    "v1 wg": {},
+    "v1 + rules": RULES,
+    "v1 + before_update": BEFORE_UPDATE,
 }
-TARGETS = {"+ rules": 0.5, "+ before_update": 1.0}
+TARGETS = {"+ rules": 0.5, "+ before_update": 1.0, "v1 + rules": 0.5, "v1 + before_update": 1.0}
+BASE = {"+ rules": "weight_grad", "+ before_update": "weight_grad", "v1 + rules": "v1 wg", "v1 + before_update": "v1 wg"}
+"""The twin each anomaly twin's points are measured over."""
 
 
-def _monitor(name: str, anomaly: dict[str, Any] | None, twin: Twin, folder: Path) -> TrainerMonitorV2 | None:
+def _monitor(name: str, anomaly: dict[str, Any] | None, twin: Twin, folder: Path) -> TrainerMonitorV2 | TrainerMon | None:
     if anomaly is None:
         return None
+    if name.startswith("v1"):
+        return _v1_monitor(name, anomaly, twin, folder)
     config: dict[str, Any] = {"output_dir": str(folder / name.strip("+ ")), "monitors": {"weight_grad": {"enabled": True}}}
     if name != "weight_grad":
         config["anomaly"] = anomaly
@@ -58,6 +71,20 @@ def _monitor(name: str, anomaly: dict[str, Any] | None, twin: Twin, folder: Path
     path.write_text(json.dumps(config), encoding="utf-8")
     monitor = TrainerMonitorV2(path)
     monitor.start(model=twin.model, optimizer=twin.optimizer)
+    return monitor
+
+
+def _v1_monitor(name: str, anomaly: dict[str, Any], twin: Twin, folder: Path) -> TrainerMon:
+    """Monitor V1 with ``wg_distribution`` (and ``anomaly`` unless it is the base twin), its run
+    folder under ``folder/v1``."""
+    os.environ["MONITOR_OUTPUT_DIR"] = str(folder / "v1")
+    config: dict[str, Any] = {"targets": {}, "wg_distribution": True}
+    if name != "v1 wg":
+        config["anomaly"] = anomaly
+    path = folder / f"{name.replace(' ', '_').replace('+', 'and')}.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    monitor = TrainerMon(str(path), params_have_main_grad=False)
+    monitor.set_monitor(twin.model, grad_acc_steps=1, optimizer=twin.optimizer)
     return monitor
 
 
@@ -87,15 +114,15 @@ def run(rounds: int, warmup: int, seed: int) -> dict[str, list[float]]:
 
 def report(times: dict[str, list[float]], clock: str) -> None:
     plain = times["plain"]
-    base = times["weight_grad"]
     print(f"\n{len(plain)} rounds, {clock} clock, {torch.get_num_threads()} threads\n")
-    print("| twin | ratio to plain (median) | points over weight_grad (median) | target | met? |")
+    print("| twin | ratio to plain (median) | points over its weight_grad twin (median) | target | met? |")
     print("|---|---|---|---|---|")
     for name, series in times.items():
         ratio = statistics.median(t / p for t, p in zip(series, plain))
-        if name in ("plain", "weight_grad"):
+        if name not in BASE:
             print(f"| {name} | {ratio:.3f}x | — | — | — |")
             continue
+        base = times[BASE[name]]
         points = statistics.median(100 * (t - b) / p for t, b, p in zip(series, base, plain))
         target = TARGETS[name]
         print(f"| {name} | {ratio:.3f}x | {points:+.2f} | ≤ {target:.1f} | {'yes' if points <= target else '**no**'} |")
