@@ -93,8 +93,14 @@ from trainprobe.tools.exports.sqlite_rows import ParsedFile, call_indices, parse
 from trainprobe.tools.exports.sqlite_schema import DB_NAME, PARTIAL_NAME, MetricsDatabase, RowsLostError, fsync
 from trainprobe.tools.runs.files import RunFile
 from trainprobe.tools.runs.layout import check_data_types, parse_time
-from trainprobe.tools.runs.options import add_selection_arguments, check_process_num, output_folder
-from trainprobe.tools.runs.read import read_ahead, read_files
+from trainprobe.tools.runs.options import (
+    add_engine_argument,
+    add_selection_arguments,
+    check_engine,
+    check_process_num,
+    output_folder,
+)
+from trainprobe.tools.runs.read import parquet_only, read_ahead, read_files, spark_read_files
 from trainprobe.tools.runs.selection import find_monitor_files
 
 __all__ = [
@@ -180,10 +186,12 @@ class CSV2DBResult:
 
 
 
-def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
+def csv2db(config: CSV2DBConfig, *, progress: bool = False, engine: str = "duckdb") -> CSV2DBResult:
     """Convert the monitor CSVs that ``config`` selects into ``monitor_metrics.db``.
 
-    ``progress`` shows a progress bar (tqdm) on stderr.
+    ``progress`` shows a progress bar (tqdm) on stderr. ``engine="spark"``: the files (Parquet
+    only) are read through Apache Spark (the process's active session, else one in local mode:
+    :func:`~trainprobe.tools.runs.read.spark_read_files`), the same rows stored.
 
     Raises:
         ConfigError: no monitor output selected, or none of the selected files (all read this
@@ -195,6 +203,7 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
         RowsLostError: the database did not gain every row read (see :meth:`MetricsDatabase.finish`).
     """
     started = time.perf_counter()
+    check_engine(engine)
     files = find_monitor_files(
         Path(config.monitor_path).expanduser(), config.time_start, config.time_end, config.data_type_list or None
     )
@@ -210,7 +219,7 @@ def csv2db(config: CSV2DBConfig, *, progress: bool = False) -> CSV2DBResult:
             rows = torn = 0
             with _progress_bar(todo, progress) as advance:
                 threads = config.process_num if config.process_num > 1 else None
-                for parsed in read_ahead(read_files(todo, threads)):
+                for parsed in _read(todo, threads, engine):
                     for message in parsed.warnings:
                         warn_once(message, message)
                     rows += db.add(parsed)
@@ -253,6 +262,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help=f"steps per value table (default {DEFAULT_STEP_PARTITION})",
     )
+    add_engine_argument(parser, "duckdb (default) or spark: read the files through Apache Spark (Parquet runs)")
     parser.set_defaults(handler=run)
     return parser
 
@@ -272,9 +282,21 @@ def run(args: argparse.Namespace) -> int:
         step_partition=args.step_partition,
         output_dirpath=args.output_dirpath,
     )
-    result = csv2db(config, progress=sys.stderr.isatty())
+    result = csv2db(config, progress=sys.stderr.isatty(), engine=args.engine)
     print(summary(result))
     return 0
+
+
+def _read(files: Sequence[RunFile], threads: int | None, engine: str) -> Iterator[ParsedFile]:
+    """The rows of ``files``, read ahead in a thread (DuckDB), or through Spark."""
+    if engine == "duckdb":
+        yield from read_ahead(read_files(files, threads))
+        return
+    from trainprobe.tools.engines.spark import local_session
+
+    parquet_only(files)  # before Spark starts
+    with local_session() as session:
+        yield from spark_read_files(session, files)
 
 
 def summary(result: CSV2DBResult) -> str:

@@ -51,6 +51,9 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import shutil
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -61,11 +64,19 @@ from typing import Any
 
 from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.log import warn_once
+from trainprobe.engine.printable import printable
 from trainprobe.engine.sinks.events import EventWriter, require_tensorboard
 from trainprobe.tools.exports.sqlite_rows import ParsedFile
 from trainprobe.tools.runs.files import RunFile
-from trainprobe.tools.runs.options import add_selection_arguments, check_process_num, output_folder, worker_warnings
-from trainprobe.tools.runs.read import read_files
+from trainprobe.tools.runs.options import (
+    add_engine_argument,
+    add_selection_arguments,
+    check_engine,
+    check_process_num,
+    output_folder,
+    worker_warnings,
+)
+from trainprobe.tools.runs.read import parquet_only, read_files, spark_read_files
 from trainprobe.tools.runs.selection import find_monitor_files
 
 COMMAND = "csv2tb"
@@ -143,8 +154,11 @@ def convert(
     process_num: int = 1,
     data_type_list: Sequence[str] | None = None,
     output_dirpath: str | Path | None = None,
+    engine: str = "duckdb",
 ) -> Conversion:
-    """:func:`csv2tensorboard_by_step` returning what was written, per rank and data type.
+    """:func:`csv2tensorboard_by_step` returning what was written, per rank and data type;
+    ``engine="spark"``: the files (Parquet only) read through Apache Spark in this process (the
+    active session, else one in local mode; ``process_num`` is not used then).
 
     Raises:
         ConfigError: any bad input: the paths and options are checked before the output folder
@@ -153,11 +167,20 @@ def convert(
             complete row.
     """
     workers = check_process_num(process_num)
+    check_engine(engine)
     files = find_monitor_files(monitor_path, time_start, time_end, data_type_list)
     require_tensorboard(_missing_tensorboard)  # fail early when tensorboard is missing
+    if engine == "spark":
+        parquet_only(files)  # before Spark starts
     out = output_folder(output_dirpath, OUTPUT_SUFFIX)
     groups = group_files(files)
-    results = tuple(_convert_groups(groups, out, workers))
+    if engine == "spark":
+        from trainprobe.tools.engines.spark import local_session
+
+        with local_session() as session:
+            results = tuple(convert_group(group, out, session) for group in groups)
+    else:
+        results = tuple(_convert_groups(groups, out, workers))
     if not any(result.rows for result in results):
         raise ConfigError(
             f"monitor_path: the {len(files)} selected CSV file(s) under {str(monitor_path)!r} hold no complete "
@@ -196,23 +219,32 @@ def scalars_by_step(parsed: ParsedFile) -> dict[int, list[tuple[str, float]]]:
     return dict(sorted(by_step.items()))
 
 
-def convert_group(group: Group, out: Path) -> GroupResult:
-    """Write the event file of one group (replacing earlier ones in its folder): one event per
-    step, written by trainprobe's one event writer (:class:`~trainprobe.engine.sinks.events.EventWriter`)."""
+def convert_group(group: Group, out: Path, spark: Any = None) -> GroupResult:
+    """Write the event file of one group, replacing earlier ones in its folder: one event per
+    step, written by trainprobe's one event writer (:class:`~trainprobe.engine.sinks.events.EventWriter`)
+    into a staging folder beside it, then moved in (a rename) once complete; only then are the
+    earlier event files removed. A failure leaves the folder as it was (no partial event file).
+    ``spark``: a Spark session to read the group's (Parquet) files through."""
     folder = group.folder(out)
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob(f"{EVENT_FILE_PREFIX}*"):
-        old.unlink()
-    writer = EventWriter(folder, max_queue=1024, missing=_missing_tensorboard)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     rows = scalars = torn = 0
     try:
-        for parsed in read_files(group.files):
-            rows, torn = rows + len(parsed.steps), torn + parsed.torn
-            for step, pairs in scalars_by_step(parsed).items():
-                scalars += writer.write(step, [writer.scalar(tag, value) for tag, value in pairs])
+        writer = EventWriter(staging, max_queue=1024, missing=_missing_tensorboard)
+        try:
+            for parsed in read_files(group.files) if spark is None else spark_read_files(spark, group.files):
+                rows, torn = rows + len(parsed.steps), torn + parsed.torn
+                for step, pairs in scalars_by_step(parsed).items():
+                    scalars += writer.write(step, [writer.scalar(tag, value) for tag, value in pairs])
+        finally:
+            writer.close()
+        (written,) = staging.glob(f"{EVENT_FILE_PREFIX}*")
+        for old in folder.glob(f"{EVENT_FILE_PREFIX}*"):
+            old.unlink()
+        event_file = folder / written.name
+        os.replace(written, event_file)
     finally:
-        writer.close()
-    (event_file,) = folder.glob(f"{EVENT_FILE_PREFIX}*")
+        shutil.rmtree(staging, ignore_errors=True)
     return GroupResult(group.rank, group.data_type, event_file, rows, scalars, torn)
 
 
@@ -257,6 +289,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "tags vp<vpp>:<name>[:micro<m>]/<op>, x axis = step.",
     )
     add_selection_arguments(parser)
+    add_engine_argument(parser, "duckdb (default) or spark: read the files through Apache Spark (Parquet runs)")
     parser.set_defaults(handler=run)
     return parser
 
@@ -268,11 +301,12 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: bad arguments or input.
     """
     result = convert(
-        args.run, args.time_start, args.time_end, args.process_num, args.data_type_list, args.output_dirpath
+        args.run, args.time_start, args.time_end, args.process_num, args.data_type_list, args.output_dirpath,
+        engine=args.engine,
     )
     for group in result.groups:
         torn = f", {group.torn} torn row(s) skipped" if group.torn else ""
-        print(f"rank{group.rank}/{group.data_type}: {group.rows} rows, {group.scalars} scalars{torn}")
+        print(f"rank{group.rank}/{group.data_type}: {group.rows} rows, {group.scalars} scalars{torn} -> {printable(group.event_file)}")
     ranks = len({g.rank for g in result.groups})
     print(f"wrote {len(result.groups)} event file(s) for {ranks} rank(s) to {result.output}")
     print(f"view with: tensorboard --logdir {result.output}")

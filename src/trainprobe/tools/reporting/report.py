@@ -111,7 +111,10 @@ def write_report(
     _import_plotly()
     if check_engine(engine) == "spark":
         from trainprobe.tools.engines.spark import local_session
+        from trainprobe.tools.reporting.read import find_report_files
+        from trainprobe.tools.runs.read import parquet_only
 
+        parquet_only(find_report_files(Path(run).expanduser()))  # before Spark starts
         with local_session() as session:
             return _write(run, output, training_state, tensorboard, baseline, rank_local, session)
     return _write(run, output, training_state, tensorboard, baseline, rank_local, None)

@@ -22,6 +22,7 @@ from typing import Any
 from trainprobe.engine.errors import ConfigError
 from trainprobe.tools.reporting.read import FileRows, file_rows, op_columns, select_items
 from trainprobe.tools.runs.files import RunFile
+from trainprobe.tools.runs.read import parquet_only
 
 
 @dataclass
@@ -69,12 +70,7 @@ def spark_row_reader(session: Any, root: Path, files: Sequence[RunFile], full: b
     """
     from trainprobe.tools.engines.spark import register_views
 
-    csv = [f for f in files if f.format == "csv"]
-    if csv:
-        raise ConfigError(
-            f"report --engine spark reads Parquet files and {str(root)!r} has {len(csv)} CSV file(s) "
-            f"(e.g. {csv[0].path}); convert them first: trainprobe convert {root} --to parquet"
-        )
+    parquet_only(files)
     if full:
         raise ConfigError(
             "report --engine spark: a sharded run's full tensors are merged on DuckDB only; "
