@@ -136,3 +136,46 @@ def test_destroyed_at_a_normal_exit_only(tmp_path: Path, ending: str, initialise
     run = subprocess.run([sys.executable, str(script), ending], capture_output=True, text=True, timeout=60, check=False)
     assert f"initialised at exit: {initialised}" in run.stdout, run.stdout + run.stderr
     assert run.returncode == (1 if ending == "raise" else 0)
+
+
+V1_TRAINING = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch, torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from trainprobe import TrainerMon
+
+    out = sys.argv[1]
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    os.environ["MONITOR_OUTPUT_DIR"] = out
+    os.makedirs(out, exist_ok=True)
+    config = os.path.join(out, f"config{dist.get_rank()}.json")
+    with open(config, "w") as fh:
+        json.dump({"targets": {}, "wg_distribution": True, "xy_distribution": True,
+                   "ops": ["min", "max", "norm"], "format": "csv"}, fh)
+    mon = TrainerMon(config, process_group=None, params_have_main_grad=False)
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=opt)
+    for step in range(STEPS):
+        model(torch.randn(8, 16)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    for _ in range(200):                      # the last collectives right before exit
+        dist.all_reduce(torch.ones(1000))
+    print("trained", dist.get_rank(), flush=True)
+    """
+).replace("STEPS", str(STEPS))
+
+
+def test_monitor_v1_runs_exit_zero(tmp_path: Path) -> None:
+    """TrainerMon registers the same exit guard as Monitor V2 (bench/bench_exit_aborts.py: 0 aborts
+    in 20 launches of each monitor)."""
+    script = tmp_path / "train_v1.py"
+    script.write_text(V1_TRAINING)
+    for i in range(2):
+        out = tmp_path / f"v1run{i}"
+        _assert_clean(_torchrun(script, str(out)))
+        assert list(out.rglob("grad_reduced_*.csv")), sorted(p.name for p in out.rglob("*"))

@@ -85,6 +85,7 @@ class SessionFactory:
             return self.idle
         sinks = self._sinks(cfg, schedule, shapes)
         watch = self._watch(cfg)
+        self._guard_exit()  # before the session's own atexit close, so that it runs after it
         # trailing: TrainerMon ends each step from the optimizer's post-step hook, so a collective
         # issued after optimizer.step() belongs to the step that trained, as in Monitor V2
         session = Session(
@@ -100,6 +101,14 @@ class SessionFactory:
             watch.bind(session.end_step, session.close)
         session.attach()
         return session
+
+    def _guard_exit(self) -> None:
+        """A gloo run that never destroys its process group exits cleanly, as under Monitor V2
+        (:mod:`trainprobe.backends.torch.exit_guard`, issue #34's exit aborts)."""
+        if self.attachment.backend.name == "pytorch":
+            from trainprobe.backends.torch.exit_guard import destroy_at_exit
+
+            destroy_at_exit()
 
     def _watch(self, cfg: MonitorV1Config) -> AnomalyWatch | None:
         """The online rules of ``cfg``'s ``anomaly`` block (the previous session's watch when the
