@@ -1,4 +1,5 @@
-"""``amp_skips.jsonl``: the steps a loss scaler skipped, one file per rank beside its data files.
+"""``amp_skips.jsonl``: the steps a loss scaler skipped, one file per rank beside its data files
+(Monitor V2: ``rank_<r>/amp_skips.jsonl``; Monitor V1: in the rank's run folder).
 
 With fp16 and ``torch.amp.GradScaler`` the scaler calibrates its scale by overflowing: a step
 whose scaled gradients hold inf/NaN is *skipped* (``optimizer.step()`` is not called, the scale
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprobe.engine.jsonl import append_line, is_step, keep_before, read_lines
-from trainprobe.engine.layout import V2_RANK
+from trainprobe.engine.layout import V1_RUN, V2_RANK
 from trainprobe.engine.log import warn_once
 
 SKIP_FILE = "amp_skips.jsonl"
@@ -100,15 +101,17 @@ def logged_watcher(
 
 
 def run_skips(root: Path) -> dict[int, list[int]]:
-    """Rank → the steps GradScaler skipped there, from each ``rank_<r>/amp_skips.jsonl`` of
-    ``root`` (or of the rank folder ``root``); ranks without skips left out."""
-    out: dict[int, list[int]] = {}
+    """Rank → the steps GradScaler skipped there, from the ``amp_skips.jsonl`` of each rank folder
+    of ``root`` — Monitor V2's ``rank_<r>`` or Monitor V1's ``<stamp>-rank<r>-<id>`` (several V1
+    folders of one rank: their steps together) — or of the rank folder ``root`` itself; ranks
+    without skips left out."""
+    found: dict[int, set[int]] = {}
     folders = [root] + (sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
     for folder in folders:
-        match = V2_RANK.fullmatch(folder.name)
+        match = V2_RANK.fullmatch(folder.name) or V1_RUN.fullmatch(folder.name)
         path = folder / SKIP_FILE
         if match and path.is_file() and not path.is_symlink():
-            steps = sorted({step for step, _ in read_skips(path)})
+            steps = {step for step, _ in read_skips(path)}
             if steps:
-                out[int(match["rank"])] = steps
-    return out
+                found.setdefault(int(match["rank"]), set()).update(steps)
+    return {rank: sorted(steps) for rank, steps in found.items()}

@@ -43,6 +43,7 @@ from trainprobe.engine.errors import ConfigError
 from trainprobe.engine.fields import config_file
 from trainprobe.engine.log import logger, warn_once
 from trainprobe.engine.optimizer_view import SeveralOptimizers
+from trainprobe.engine.skip_log import SKIP_FILE, SkipLog
 from trainprobe.engine.stats.ops import ALL_OPS, parse_ops
 from trainprobe.frontdoors.monitor_v1 import output
 from trainprobe.frontdoors.monitor_v1.assembly import SessionFactory
@@ -113,6 +114,7 @@ class TrainerMon:
         self._factory: SessionFactory | None = None
         self._wrapped_optimizer: Any = None
         self._hooks: list[Any] = []
+        self._skip_log: SkipLog | None = None
         self._struct: StructProbe | None = None
 
     # -- state ---------------------------------------------------------------------------
@@ -337,11 +339,25 @@ class TrainerMon:
             raise
 
     def _skipped_step(self, optimizer: Any) -> None:
-        """GradScaler skipped the step: its backward rows are not anomalies; the step ends."""
+        """GradScaler skipped the step: its backward rows are not anomalies (written to the run
+        folder's ``amp_skips.jsonl`` for diagnose and report, as Monitor V2 does); the step ends."""
         watch = self._factory.watch if self._factory is not None else None
         if watch is not None:
             watch.skipped(self.current_step)
+        self._record_skip()
         self._post_step(optimizer, (), {})
+
+    def _record_skip(self) -> None:
+        """Append the skipped step and the scale that overflowed to ``<run folder>/amp_skips.jsonl``
+        (:mod:`trainprobe.engine.skip_log`); nothing before the run folder exists (``format: api``)."""
+        folder = self._attachment.folder if self._attachment is not None else None
+        if folder is None:
+            return
+        path = Path(folder) / SKIP_FILE
+        if self._skip_log is None or self._skip_log.path != path:
+            self._skip_log = SkipLog(path, self.current_step)
+        scale = getattr(self._hooks[0], "last_scale", None) if self._hooks else None
+        self._skip_log.record(self.current_step, scale)
 
     def _member_post_step(self, stepping: frozenset[int]) -> None:
         """One of several optimizers stepped ``stepping``: their post-step rows."""
