@@ -321,7 +321,7 @@ def test_cli_os_errors_and_control_characters_are_one_line(tmp_path, capsys, mon
 
     assert one_line("a\nb\r\x1b[31m\u2028 c") == "a\\nb\\r\\x1b[31m\\u2028 c"
 
-    def vanished(config: object, progress: bool = False) -> None:
+    def vanished(config: object, progress: bool = False, engine: str = "duckdb") -> None:
         raise PermissionError(13, "Permission denied", "/data/run/grad_reduced_0-0.csv")
 
     monkeypatch.setattr(csv2db_module, "csv2db", vanished)
