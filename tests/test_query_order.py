@@ -53,7 +53,7 @@ def _check_same_order(run: Path) -> int:
     rows = [dict(zip(names, r)) for r in result.fetchall()]
     keys = _python_keys(rows)
     sql_keys = [
-        (r["step"], r["x_once"], r["x_micro"], r["x_phase"], r["x_stage"], 0, r["x_table"], r["position"], r["rank"])
+        (r["step"], r["x_once"], r["x_micro"], r["x_phase"], r["x_stage"], 0, r["x_table"], r["x_position"], r["rank"])
         for r in rows
     ]
     assert sql_keys == keys  # execution_key carries pp_stage (0 here) after vpp_stage

@@ -27,7 +27,11 @@ The order, smallest key first, is the order training computed the rows:
    monitor wrote them (:func:`row_positions` for CSV rows), or the ``call_id`` of an
    ``anomaly.json`` event (Monitor V1 numbers the rows it checks in the same order). The two
    numberings are comparable only within one source: a tool mixing CSV rows and events
-   (``report``) gives each event the position of its CSV row;
+   (``report``) gives each event the position of its CSV row. The weight gradients
+   (:data:`BACKWARD_ORDERED`: unreduced and reduced) are written in parameter (model) order but
+   computed by backward from the last layer's to the first's (and reduced in that order, DDP's
+   buckets too): their position counts from the last row written (:func:`place`), so that the
+   last layer's gradient comes first;
 6. ``rank``.
 
 ``table`` may be a V1 table (``actv``, ``grad_reduced``, ``other`` ...), the last ``/`` part of
@@ -80,6 +84,10 @@ TABLE_ORDER: tuple[tuple[str, ...], ...] = (
     ("param_updated",),
 )
 TABLE_RANK: dict[str, int] = {name: rank for rank, names in enumerate(TABLE_ORDER) for name in names}
+
+#: Tables (and alert tag suffixes) whose rows the monitors write in parameter order while
+#: backward computes them in the reverse order: the weight gradients, unreduced and reduced.
+BACKWARD_ORDERED: frozenset[str] = frozenset({"grad_unreduced", "acc_grad", "pre_grad", "grad_reduced", "post_grad"})
 
 #: Table or tag suffix → phase.
 PHASE_OF_SUFFIX: dict[str, str] = {
@@ -161,6 +169,19 @@ def table_rank(table: str, target: str = "") -> int:
     return TABLE_RANK.get(table, -1)
 
 
+def in_backward_order(table: str) -> bool:
+    """Whether rows of ``table`` (see :func:`table_of` for the names accepted) ran in the reverse
+    of the order they were written (:data:`BACKWARD_ORDERED`)."""
+    return table_of(table) in BACKWARD_ORDERED
+
+
+def place(table: str, position: int) -> int:
+    """The key's place of the row at ``position`` (its place in its step as written, 0 first)
+    of ``table``: ``-position`` for a table in :data:`BACKWARD_ORDERED` (the last row written ran
+    first), else ``position``."""
+    return -position if in_backward_order(table) else position
+
+
 def execution_key(
     step: int,
     table: str,
@@ -175,11 +196,12 @@ def execution_key(
     """Sort key of execution order (see the module docstring), a tuple of ints: smaller keys ran
     earlier. ``target`` matters only for the ``other`` table (``mg_direction`` rows);
     ``micro_step`` None counts as 0; ``position`` is the row's place in its step and table
-    (:func:`row_positions`) or an event's ``call_id``."""
+    (:func:`row_positions`) or an event's ``call_id``, as written: the key holds its
+    :func:`place` (weight gradients counted from the last row, backward's order)."""
     phase, once = phase_of_table(table, target)
     micro = (1, 0) if once else (0, micro_step or 0)
     stages = (vpp_stage, pp_stage) if phase in (FORWARD, UNKNOWN) else (-vpp_stage, -pp_stage)
-    return (step, *micro, PHASE_ORDER[phase], *stages, table_rank(table, target), position, rank)
+    return (step, *micro, PHASE_ORDER[phase], *stages, table_rank(table, target), place(table, position), rank)
 
 
 @overload

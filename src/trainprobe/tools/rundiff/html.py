@@ -19,7 +19,7 @@ from typing import Any
 
 from trainprobe.engine.sinks.files import write_atomically
 from trainprobe.tools.reporting.html import SCRIPT, STYLE, PageBuilder
-from trainprobe.tools.sql.diff import BACKWARD_FIRST_LAST, ONLY_BASELINE, ONLY_CANDIDATE, fmt, joined_sql
+from trainprobe.tools.sql.diff import ONLY_BASELINE, ONLY_CANDIDATE, fmt, joined_sql
 
 MAX_COLUMNS = 400
 """Steps shown per heatmap: more are grouped into bins (the largest difference of each bin)."""
@@ -72,13 +72,15 @@ def _cells(engine: Any, table: str, result: Any, mapping: Sequence[tuple[str, st
     """``(scope, name, step, rel, only, order)`` per tensor and step: the largest relative
     difference, whether a row is in one run only, the tensor's place in execution order."""
     joined = joined_sql(table, result.ops.get(table, []), **result.joins[table])
-    from trainprobe.tools.sql.questions import stage_sql
+    from trainprobe.tools.sql.questions import place_sql, stage_sql
+
+    first_row = "min(COALESCE(b_row, c_row)) FILTER (WHERE COALESCE(b_file, c_file) = (SELECT file FROM first))"
 
     sql = f"""WITH j AS ({joined}), first AS (SELECT arg_min(COALESCE(b_file, c_file), k_step) AS file FROM j)
 SELECT k_scope, COALESCE(max(b_name), max(c_name)) AS name, k_step, max(rel) AS rel,
   bool_or(status IN ({ONLY_BASELINE}, {ONLY_CANDIDATE})) AS only,
   {stage_sql(table, scope="k_scope", name="k_name")} AS stage,
-  min(COALESCE(b_row, c_row)) FILTER (WHERE COALESCE(b_file, c_file) = (SELECT file FROM first)) AS pos
+  {place_sql(table, first_row, "k_scope", "k_name")} AS pos
 FROM j GROUP BY k_scope, k_name, k_step"""
     return [tuple(r) for r in engine.fetch(sql)]
 
@@ -89,7 +91,7 @@ def heatmap(table: str, cells: Sequence[tuple[Any, ...]], result: Any) -> dict[s
     for scope, name, _, _, _, stage, pos in cells:
         key = (scope, name)
         place = float(pos) if pos is not None else math.inf
-        mark = (float(stage), -place if stage == BACKWARD_FIRST_LAST else place)  # backward: the last parameter first
+        mark = (float(stage), place)  # place_sql: weight gradients from the last parameter, as backward runs
         order[key] = min(order.get(key, mark), mark)
     tensors = sorted(order, key=lambda k: (*order[k], k))[:MAX_TENSORS]
     row_of = {k: i for i, k in enumerate(tensors)}

@@ -24,8 +24,8 @@ Row statuses: :data:`EQUAL`, :data:`WITHIN`, :data:`DIVERGED`, :data:`ONLY_BASEL
 :mod:`trainprobe.engine.execution_order` (its stages through ``stage_sql`` of
 :mod:`trainprobe.tools.sql.questions`, see :data:`ORDER`): step; per micro-batch its forward,
 backward and unreduced gradients, then the once-per-step tables; the row's position among its
-file's rows of that step (unreduced gradients from the last: backward computes the last
-parameters' gradients first); rank.
+file's rows of that step (weight gradients from the last: backward computes the last
+parameters' gradients first, the one rule of :mod:`trainprobe.engine.execution_order`); rank.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from trainprobe.tools.rundiff.match import KEY, key_sql
 from trainprobe.tools.sql.names import ident as quote
 from trainprobe.tools.sql.names import text as literal
-from trainprobe.tools.sql.questions import COUNT_OPS, ONCE_STAGE, STAGES, stage_sql
+from trainprobe.tools.sql.questions import COUNT_OPS, ONCE_STAGE, place_sql, stage_sql
 
 EQUAL, WITHIN, DIVERGED, ONLY_BASELINE, ONLY_CANDIDATE = 0, 1, 2, 3, 4
 STATUS_NAMES = {
@@ -296,29 +296,24 @@ def rows_sql(
     return f"SELECT count(*) FROM {ref(schema, table)} {where}"
 
 
-BACKWARD_FIRST_LAST = STAGES[("grad_unreduced", None)]
-"""The stage whose rows are ordered from the last of their file's step: the monitors write
-unreduced gradients in parameter order (``named_parameters``), backward computes them from the
-last layer's to the first's."""
-
-
 def ordered_sql(table: str, source: str, ref: Ref = schema_ref) -> str:
     """``source`` (rows of :func:`joined_sql`, kept in a table) with ``stage`` and ``position``
-    added (the row's place among its file's rows of its step: the baseline's file, the
-    candidate's for a row only it has; counted from the last row for unreduced gradients,
-    :data:`BACKWARD_FIRST_LAST`)."""
+    added: the row's place within its step in execution order
+    (:func:`~trainprobe.tools.sql.questions.place_sql` of its place among its file's rows of its
+    step: the baseline's file, the candidate's for a row only it has; weight gradients from the
+    last row, as backward computes them)."""
     firsts = (
         f"SELECT 'b' AS side, hash(file) AS file, step, min(file_row) AS first FROM {ref('b', table)} "
         f"WHERE step IN (SELECT DISTINCT b_step FROM {source}) GROUP BY ALL UNION ALL "
         f"SELECT 'c', hash(file), step, min(file_row) FROM {ref('c', table)} "
         f"WHERE step IN (SELECT DISTINCT c_step FROM {source} WHERE b_file IS NULL) GROUP BY ALL"
     )
-    return f"""SELECT * EXCLUDE (in_file), CASE WHEN stage = {BACKWARD_FIRST_LAST} THEN -in_file ELSE in_file END AS position
-FROM (SELECT * EXCLUDE (scope, name), {stage_sql(table)} AS stage FROM (
-SELECT d.*, d.k_scope AS scope, d.k_name AS name, COALESCE(d.b_row - fb.first, d.c_row - fc.first) AS in_file
+    return f"""SELECT * EXCLUDE (in_file), {stage_sql(table, "k_scope", "k_name")} AS stage,
+  {place_sql(table, "in_file", "k_scope", "k_name")} AS position
+FROM (SELECT d.*, COALESCE(d.b_row - fb.first, d.c_row - fc.first) AS in_file
 FROM {source} d
 LEFT JOIN ({firsts}) fb ON fb.side = 'b' AND fb.file = d.b_file AND fb.step = d.b_step
-LEFT JOIN ({firsts}) fc ON fc.side = 'c' AND fc.file = d.c_file AND fc.step = d.c_step))"""
+LEFT JOIN ({firsts}) fc ON fc.side = 'c' AND fc.file = d.c_file AND fc.step = d.c_step)"""
 
 
 _MICRO = "greatest(coalesce(k_micro, 0), 0)"  # a table without micro_step (V1 grad_unreduced: -1) counts as 0

@@ -40,7 +40,7 @@ RESERVED: frozenset[str] = frozenset(
         # the views' own columns (query.py) and the columns the readers add to a scan
         "rank", "name", "file", "file_row", "filename", "ordinality", "file_row_number",
         # the execution key and the answers' columns (query_sql.py, diagnose_sql.py, diff_sql.py)
-        "x_once", "x_micro", "x_phase", "x_stage", "x_table", "position", "stage", "tbl", "table", "op",
+        "x_once", "x_micro", "x_phase", "x_stage", "x_table", "x_position", "position", "stage", "tbl", "table", "op",
         "value", "median",
     }
 )

@@ -10,8 +10,10 @@ exactly as :func:`~trainprobe.engine.execution_order.execution_key` does. Per ro
 ``step``, ``x_once`` (1 for a table written once per step, after every micro-step),
 ``x_micro`` (the micro-step; 0 for once-per-step tables and an empty cell), ``x_phase``
 (:data:`~trainprobe.engine.execution_order.PHASE_ORDER`), ``x_stage`` (``vpp_stage``; negated
-outside the forward phase), ``x_table`` (the table's place in ``TABLE_ORDER``), ``position``
-(the row's place among the rows of its step in its file, 0 first: ``row_positions``), ``rank``.
+outside the forward phase), ``x_table`` (the table's place in ``TABLE_ORDER``), ``x_position``
+(:func:`~trainprobe.engine.execution_order.place` of ``position``, the row's place among the rows
+of its step in its file, 0 first: ``row_positions``; negated for the weight gradients, which
+backward computes from the last row written), ``rank``.
 
 Standard library only.
 """
@@ -27,6 +29,7 @@ from trainprobe.engine.execution_order import (
     UNKNOWN,
     V2_DEFAULT_TABLE,
     V2_TABLE_OF,
+    in_backward_order,
     phase_of_table,
     table_rank,
 )
@@ -39,7 +42,7 @@ TEXT_COLUMNS: tuple[str, ...] = ("shape", "dtype")
 """Text columns describing the tensor (V1, where the files have them), after the ops."""
 META_COLUMNS: tuple[str, ...] = ("file", "file_row")
 """Provenance columns every view ends with."""
-ORDER_COLUMNS: tuple[str, ...] = ("step", "x_once", "x_micro", "x_phase", "x_stage", "x_table", "position", "rank")
+ORDER_COLUMNS: tuple[str, ...] = ("step", "x_once", "x_micro", "x_phase", "x_stage", "x_table", "x_position", "rank")
 """The columns of the execution key (:func:`order_columns_sql`), in sort order."""
 MG_DIRECTION = "%.mg_direction"
 """``name LIKE`` pattern of the ``mg_direction`` rows of the V1 ``other`` table (optimizer phase)."""
@@ -89,14 +92,30 @@ def order_columns_sql(table: str) -> list[str]:
     rows the SELECT reads: give it every row of a step)."""
     once = _case(table, lambda t, g: _place(t, g)[0])
     forward = _case(table, lambda t, g: "TRUE" if _place(t, g)[3] else "FALSE")
+    position = "(row_number() OVER (PARTITION BY file, step ORDER BY file_row) - 1)"
     return [
         f"{once} AS x_once",
         f"CASE WHEN {once} = 1 THEN 0 ELSE coalesce(micro_step, 0) END AS x_micro",
         f"{_case(table, lambda t, g: _place(t, g)[1])} AS x_phase",
         f"CASE WHEN {forward} THEN vpp_stage ELSE -vpp_stage END AS x_stage",
         f"{_case(table, lambda t, g: _place(t, g)[2])} AS x_table",
-        "row_number() OVER (PARTITION BY file, step ORDER BY file_row) - 1 AS position",
+        f"{position} AS position",
+        f"{place_sql(table, position)} AS x_position",
     ]
+
+
+def place_sql(table: str, position: str, scope: str = "scope", name: str = "name") -> str:
+    """The SQL of :func:`~trainprobe.engine.execution_order.place` for a row of view ``table``:
+    ``position`` (SQL of the row's place in its step as written) negated where the row is a
+    weight gradient (:data:`~trainprobe.engine.execution_order.BACKWARD_ORDERED`, by its
+    ``scope`` column for a V2 view), as is otherwise. The one backward-order rule of every
+    query (``diagnose``, ``diff``, the query layer's first NaN/inf)."""
+    backward = _case(table, lambda t, g: "TRUE" if in_backward_order(t) else "FALSE", scope, name)
+    if backward == "FALSE":
+        return position
+    if backward == "TRUE":
+        return f"-{position}"
+    return f"CASE WHEN {backward} THEN -{position} ELSE {position} END"
 
 
 def stage_sql(table: str, scope: str = "scope", name: str = "name") -> str:
