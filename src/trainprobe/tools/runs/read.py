@@ -121,6 +121,7 @@ def spark_read_files(session: Any, files: Sequence[RunFile]) -> Iterator[ParsedF
         assert group is not None  # a Parquet file always has a group
         layout, _, header = group
         ops = [header[i] for i in column_roles(header, file.layout, str(file.path)).op_cols]
+        check_unchanged([file])  # Spark opens the path as given: a file swapped since it was found is refused
         try:
             frame = session.read.parquet(hadoop_glob_literal(str(file.path)))
             frame.selectExpr("*", "_metadata.row_index AS __row").createOrReplaceTempView("__trainprobe_file")
