@@ -141,6 +141,12 @@ def test_the_dump_action_writes_the_next_steps_and_compare_reads_them(tmp_path: 
 
     results = compare_dumps(dump / "step15", dump / "step15", tmp_path / "cmp")
     assert results and list((tmp_path / "cmp").iterdir())
+    from trainprobe.tools import diagnose
+
+    first = diagnose(tmp_path / "run").first  # the dumps inside the run do not make it a dump
+    assert first is not None and (first.step, first.kind) == (14, "nonfinite")
+    with pytest.raises(ConfigError, match="is a precision dump"):
+        diagnose(dump)  # the dump folder itself is one
 
 
 def test_a_healthy_run_gets_no_event(tmp_path: Path) -> None:

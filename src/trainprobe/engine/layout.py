@@ -47,6 +47,9 @@ V2_MONITORS: tuple[str, ...] = ("module", "weight_grad", "optimizer", "param", "
 """The Monitor V2 monitors, in config order; each writes its own files."""
 V2_KEY_COLUMNS: tuple[str, ...] = ("vpp_stage", "step", "module_name", "scope")
 MICRO_COLUMN = "micro_step"
+ANOMALY_DUMP_FOLDER = "anomaly_dump"
+"""The folder inside a run (V2 ``output_dir``, V1 ``MONITOR_OUTPUT_DIR``) where the online rules'
+``dump`` action writes its precision dumps: the tools read the run beside it, not it."""
 
 V1_RUN = re.compile(r"(?P<stamp>[A-Z][a-z]{2}[0-9]{2}_[0-9]{2}-[0-9]{2}-[0-9]{2})-rank(?P<rank>[0-9]+)-(?P<id>.+)")
 """A V1 run folder's name (:func:`v1_run_folder`)."""

@@ -53,12 +53,12 @@ from trainprobe.engine.anomaly.config import AnomalyConfig
 from trainprobe.engine.anomaly.events import AnomalyEvent, AnomalyStop, EventLog
 from trainprobe.engine.anomaly.finding import Anomaly
 from trainprobe.engine.anomaly.online import OnlineRules
-from trainprobe.engine.layout import V2_MONITORS
+from trainprobe.engine.layout import ANOMALY_DUMP_FOLDER, V2_MONITORS
 from trainprobe.engine.log import error_once, logger
 from trainprobe.engine.probes.base import Probe, StepClock
 from trainprobe.engine.records import RowKey, StepBatch
 
-DUMP_FOLDER = "anomaly_dump"
+DUMP_FOLDER = ANOMALY_DUMP_FOLDER
 """The folder of ``output_dir`` the ``dump`` action writes its precision dumps into."""
 
 Agree = Callable[[bool], tuple[int, ...]]

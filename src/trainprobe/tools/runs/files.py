@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Literal
 
 from trainprobe.engine.errors import ConfigError
-from trainprobe.engine.layout import V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
+from trainprobe.engine.layout import ANOMALY_DUMP_FOLDER, V1_DATA_FILE, V1_RUN, V2_DATA_FILE, V2_RANK
 from trainprobe.engine.log import warn_once
 from trainprobe.engine.printable import printable
 from trainprobe.engine.safe_files import bounded_int, is_inside, is_regular_file
@@ -397,8 +397,27 @@ def _last_break_outside_quotes(data: mmap.mmap, end: int, inside: bool) -> int:
 def is_precision_dump(path: Path, depth: int = 3) -> bool:
     """Whether ``path`` holds a precision dump rather than monitor output: a ``dump.json`` or
     ``debug.json`` in it or at most ``depth`` folder levels below (``dump_path/step<N>/rank<R>/``).
-    The tools that read runs use it to point at ``trainprobe compare`` instead."""
+    The dumps an online rule's ``dump`` action wrote inside a run (its ``anomaly_dump/`` folder,
+    :data:`~trainprobe.engine.layout.ANOMALY_DUMP_FOLDER`) do not make the run a dump; the folder
+    given itself may be one. The tools that read runs use it to point at ``trainprobe compare``."""
     if not path.is_dir():
         return False
-    patterns = ("*/" * level + name for level in range(depth + 1) for name in ("dump.json", "debug.json"))
-    return any(next(path.glob(pattern), None) is not None for pattern in patterns)
+    level = [path]
+    for _ in range(depth + 1):
+        if any((folder / name).is_file() for folder in level for name in ("dump.json", "debug.json")):
+            return True
+        level = [
+            child
+            for folder in level
+            for child in _subfolders(folder)
+            if child.name != ANOMALY_DUMP_FOLDER and not child.is_symlink()
+        ]
+    return False
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """The folders inside ``folder`` (none where it cannot be listed)."""
+    try:
+        return sorted(child for child in folder.iterdir() if child.is_dir())
+    except OSError:
+        return []
