@@ -13,6 +13,13 @@ the torch optimizers inside what users pass.
   (Megatron's ``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``): the view
   lists the model parameters and reads their state through the copies (:func:`master_pairs`).
 
+An optimizer that steps an inner torch optimizer of its own inside its ``step()`` (torch's
+``ZeroRedundancyOptimizer``, whose ``.optim`` steps this rank's partition of the parameters, then
+broadcasts the updated values) is the one the view follows: its step hooks end the monitored
+steps (a post-step hook runs after the broadcast), the inner optimizer's steps are neither
+monitored steps of their own nor a replacement, and the inner optimizer's state (the moments
+of the parameters this rank steps) is the one read (:func:`nested_optimizers`).
+
 A replaced optimizer is followed. Step hooks registered through a view (the sessions' and Monitor
 V1's: they end the monitored steps) sit on its first (pre-step) and last (post-step) optimizer;
 while any is registered, a process-wide optimizer step pre-hook watches the other optimizers.
@@ -145,6 +152,21 @@ def master_pairs(optimizer: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return pairs
 
 
+def nested_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers ``optimizer`` steps inside its own ``step()`` and keeps the state in:
+    ``ZeroRedundancyOptimizer``'s ``.optim`` (this rank's partition of the parameters), through
+    any depth; empty for an ordinary optimizer."""
+    out: list[torch.optim.Optimizer] = []
+    current: object = optimizer
+    for _ in range(_DEPTH):
+        inner = getattr(current, "optim", None)
+        if not isinstance(inner, torch.optim.Optimizer) or inner is current or inner is optimizer:
+            break
+        out.append(inner)
+        current = inner
+    return out
+
+
 def torch_optimizer_view(optimizer: object, where: str = "start(optimizer=...)") -> TorchOptimizerView:
     """The view of what the user steps (see the module docstring); a view is returned as is.
 
@@ -197,9 +219,10 @@ class TorchOptimizerView:
     def state_of(self, param: Any) -> Mapping[str, Any] | None:
         copy = self._copy_of.get(id(param), param)
         for o in self.optimizers:
-            if copy in o.state:  # never insert into the state's defaultdict
-                entry: Mapping[str, Any] = o.state[copy]
-                return entry
+            for holder in (o, *nested_optimizers(o)):
+                if copy in holder.state:  # never insert into the state's defaultdict
+                    entry: Mapping[str, Any] = holder.state[copy]
+                    return entry
         return None
 
     def moments_of(self, param: Any) -> dict[str, Any]:
@@ -215,8 +238,11 @@ class TorchOptimizerView:
         ``momentum_buffer``). With no state yet: the keys its ``torch.optim`` class (or base
         class) keeps; for other classes False once it has ``stepped`` while one of its
         parameters had a gradient (it keeps no per-parameter state at all), else None. A chain
-        keeps the state when one of its optimizers does."""
-        return chain_verdict(_keeps_state(o, needs, every=every, stepped=stepped) for o in self.optimizers)
+        keeps the state when one of its optimizers does; an optimizer with an inner one
+        (:func:`nested_optimizers`) when its inner one does."""
+        return chain_verdict(
+            _keeps_state(_state_keeper(o), needs, every=every, stepped=stepped) for o in self.optimizers
+        )
 
     def copy_of(self, param: Any) -> Any:
         return self._copy_of.get(id(param), param)
@@ -270,7 +296,7 @@ class TorchOptimizerView:
         """The process-wide step pre-hook: follow ``optimizer`` when it replaced ours. Runs
         before the optimizer's own pre-hooks, so hooks moved to it run in this step. Never
         raises into training."""
-        if any(o is optimizer for o in self.optimizers) or not self._steps_ours(optimizer):
+        if any(o is optimizer for o in self.optimizers) or self._nested(optimizer) or not self._steps_ours(optimizer):
             return
         try:
             if optimizer in self._left:
@@ -285,6 +311,11 @@ class TorchOptimizerView:
             self.follow(optimizer)
         except Exception as exc:  # noqa: BLE001 - a monitor must never break training
             error_once(f"optimizer-follow-{id(self)}", f"trainprobe: following a new optimizer failed: {exc!r}")
+
+    def _nested(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` is stepped by one of the view's optimizers inside its own step
+        (:func:`nested_optimizers`): part of that step, not a replacement."""
+        return any(inner is optimizer for o in self.optimizers for inner in nested_optimizers(o))
 
     def _steps_ours(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``optimizer`` steps a tensor one of the view's optimizers steps (judged again
@@ -437,6 +468,13 @@ class _MemberHooks:
 def _param_ids(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:
     """Ids of the tensors ``optimizers`` step."""
     return {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
+
+
+def _state_keeper(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose ``state`` holds what ``optimizer`` keeps: its innermost nested one
+    (:func:`nested_optimizers`), or itself."""
+    nested = nested_optimizers(optimizer)
+    return nested[-1] if nested else optimizer
 
 
 def _keeps_state(
