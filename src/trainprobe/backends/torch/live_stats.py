@@ -31,8 +31,26 @@ the optimizer's pre-step hook instead, so the pre-step rules judge full tensors;
 ``before_update`` needs) that is still one collective per collected step, issued at the same point
 on every rank; with ``param`` or ``optimizer`` on too, one before the update and one after.
 
+Besides DTensors, two layouts of :mod:`~trainprobe.backends.torch.placement` are merged:
+
+* FSDP1 (``FullyShardedDataParallel``, :func:`~trainprobe.backends.torch.placement.fsdp1_layouts`):
+  with ``use_orig_params=True`` each rank's row of a parameter is its 1-D part of the flat shard
+  (an empty part contributes nothing); with ``use_orig_params=False`` the row is of the rank's
+  piece of the ``FlatParameter``, whose padding zeros are left out of the element count, the mean
+  and ``zeros``; a min or max that a padding zero may be (the padded rank's min is 0 and no other
+  piece is at or below 0, the same for the max) is not known and left out of the merged values
+  (never the padding's 0); the pieces merge over the unit's shard group;
+* ``ZeroRedundancyOptimizer`` (:func:`~trainprobe.backends.torch.placement.zero_state_holders`):
+  a parameter's ``optimizer`` rows (its moments) exist on the rank keeping its state only; every
+  rank gets them through the collective.
+
+The FSDP1 units and the ``ZeroRedundancyOptimizer`` are read from the ``chunks`` and
+``optimizers`` given to :class:`GlobalStatsProbe`, or, when not given, from its sources (the
+``weight_grad`` probe's modules, the ``optimizer`` probe's optimizer view).
+
 Tensors whose local rows already are the full tensor's (a whole tensor, a ``Replicate``-only
-DTensor) are given from the local rows, with no collective. Left out: ``partial`` tensors (a
+DTensor, the moments on the one rank keeping them) are given from the local rows, with no
+collective. Left out: ``partial`` tensors (a
 summand), Megatron-attribute shards (no mesh says which ranks hold the other pieces),
 ``unreduced`` gradients (each rank's own before the reduction), and a slot whose pieces do not
 add up to the tensor's elements this step (a rank's rows are missing: its monitor failed).
@@ -77,7 +95,7 @@ BEFORE_UPDATE: frozenset[tuple[str, str]] = frozenset({("weight_grad", "reduced"
 :meth:`GlobalStatsProbe.judge_before_update`."""
 KEPT_STEPS = 8
 """How many of the latest collected steps :meth:`GlobalStatsProbe.global_stats` can answer."""
-_SUM_FIELDS = 6  # norm², Σ mean·numel, nans, Σ zeros·numel, numel, NaN flags of min/max
+_SUM_FIELDS = 8  # norm², Σ mean·numel, nans, Σ zeros·numel, numel, NaN flags, unknown max, unknown min
 _MAX_FIELDS = 2  # max, −min
 _FIELDS = _SUM_FIELDS + _MAX_FIELDS
 
@@ -100,14 +118,20 @@ class Piece:
             local tensor is the full one (whole, or replicated on every mesh rank).
         contributes: whether this rank's piece counts (False on every copy but the first along
             ``Replicate`` mesh dimensions, and for an empty piece).
-        numel: elements of the local piece.
+        numel: elements of the local piece (its row's statistics are of that many).
         global_numel: elements of the full tensor.
+        padding: how many of the ``numel`` elements are padding zeros of no tensor (the end of
+            an FSDP1 flat shard).
+        replicated: whether copies of the pieces repeat over ``group`` (a ``Replicate``
+            placement on a mesh dimension of more than one rank).
     """
 
     group: tuple[int, ...]
     contributes: bool
     numel: int
     global_numel: int
+    padding: int = 0
+    replicated: bool = False
 
     @property
     def sharded(self) -> bool:
@@ -133,21 +157,87 @@ def piece_of(t: Any) -> Piece | None:
     coordinate = mesh.get_coordinate()
     first_copy = coordinate is not None and all(c == 0 for c, split in zip(coordinate, cut) if not split)
     group = tuple(int(r) for r in mesh.mesh.flatten().tolist())
-    return Piece(group, first_copy and numel > 0, numel, global_numel)
+    replicated = any(not split and size > 1 for split, size in zip(cut, mesh.shape))
+    return Piece(group, first_copy and numel > 0, numel, global_numel, replicated=replicated)
 
 
-def _pieces(params: Sequence[NamedParam], tables: Sequence[str]) -> dict[StatKey, Piece]:
+def layout_piece(layout: dict[str, Any], group: tuple[int, ...]) -> Piece:
+    """The piece an FSDP1 row layout (:func:`~trainprobe.backends.torch.placement.fsdp1_layouts`)
+    describes, merged over ``group``: its ``numel`` elements, the last ``padding`` of them FSDP's
+    zeros; it counts when it holds an element of the tensor."""
+    numel, padding = int(layout["numel"]), int(layout.get("padding") or 0)
+    return Piece(group, numel - padding > 0, numel, math.prod(int(s) for s in layout["global_shape"]), padding)
+
+
+@dataclass(frozen=True, slots=True)
+class Layouts:
+    """What :func:`_pieces` reads besides the parameters: FSDP1's row layouts and shard groups
+    (by parameter ``id``), the global rank keeping each ``ZeroRedundancyOptimizer`` parameter's
+    state, and this rank."""
+
+    flat: dict[int, dict[str, Any]]
+    groups: dict[int, tuple[int, ...]]
+    state_holders: dict[int, int]
+    rank: int
+
+    @classmethod
+    def read(cls, chunks: Sequence[Any], optimizers: Sequence[Any]) -> Layouts:
+        """The layouts of ``chunks`` (modules) and ``optimizers`` (torch optimizers)."""
+        from trainprobe.backends.torch.placement import fsdp1_layouts, fsdp1_shard_groups, zero_state_holders
+
+        flat = {key: rows for key, (rows, _) in fsdp1_layouts(chunks).items()}
+        rank = dist.get_rank() if world_size() > 1 else 0
+        return cls(flat, fsdp1_shard_groups(chunks), zero_state_holders(optimizers), rank)
+
+
+def _pieces(params: Sequence[NamedParam], tables: Sequence[str], layouts: Layouts | None = None) -> dict[StatKey, Piece]:
     """Every row of ``tables`` given full-tensor values, with its piece."""
     out: dict[StatKey, Piece] = {}
     for named in params:
-        piece = piece_of(named.param)
+        t = named.param
+        if layouts is not None and id(t) in layouts.flat and id(t) in layouts.groups:
+            piece: Piece | None = layout_piece(layouts.flat[id(t)], layouts.groups[id(t)])
+        else:
+            piece = piece_of(t)
         if piece is None:
             continue
         for table in tables:
             for scope in TABLE_SCOPES[table]:
                 name = f"{named.name}.{scope}" if table == "optimizer" else named.name
-                out[StatKey(table, name, scope)] = piece
+                out[StatKey(table, name, scope)] = _state_piece(t, piece, layouts) if table == "optimizer" else piece
     return out
+
+
+def _state_piece(t: Any, piece: Piece, layouts: Layouts | None) -> Piece:
+    """``piece`` for ``t``'s optimizer state: under ``ZeroRedundancyOptimizer`` the whole tensor on
+    the one rank keeping it (every rank then gets it through the collective)."""
+    if layouts is None or id(t) not in layouts.state_holders or piece.sharded:
+        return piece
+    holder = layouts.state_holders[id(t)]
+    return Piece((holder,), holder == layouts.rank, piece.numel, piece.global_numel)
+
+
+def _sources_context(sources: Sequence[Probe]) -> tuple[list[Any], list[Any]]:
+    """``(FSDP1 modules, torch optimizers)`` the sources were built over, where they show them:
+    the ``FullyShardedDataParallel`` units among the ``weight_grad`` probe's ``modules``
+    (``(name, module)`` pairs), the ``optimizer`` probe's optimizer view's ``optimizers``."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # torch without FSDP
+        FullyShardedDataParallel = ()  # type: ignore[assignment,misc]  # noqa: N806 - isinstance of nothing
+    modules: list[Any] = []
+    optimizers: list[Any] = []
+    for probe in sources:
+        entries = getattr(probe, "modules", None)
+        for entry in entries if isinstance(entries, (list, tuple)) else ():
+            module = entry[1] if isinstance(entry, tuple) and len(entry) == 2 else entry
+            if isinstance(module, FullyShardedDataParallel):
+                modules.append(module)
+        view = getattr(probe, "optimizer", None)
+        for o in getattr(view, "optimizers", None) or ():
+            if isinstance(o, torch.optim.Optimizer) and not any(o is seen for seen in optimizers):
+                optimizers.append(o)
+    return modules, optimizers
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,16 +273,30 @@ class GlobalStatsProbe(Probe):
 
     Must be the session's last probe (its :meth:`after_optimizer_step` reads the rows the
     others took for the step). :meth:`attach` agrees on the slots with every other rank (a
-    collective: every rank starts its monitor)."""
+    collective: every rank starts its monitor). ``chunks`` (the model's modules) and
+    ``optimizers`` (the torch optimizers stepped) say where FSDP1 units and a
+    ``ZeroRedundancyOptimizer`` are; None: read from the sources (see the module docstring)."""
 
     name = "global_stats"
 
     def __init__(
-        self, clock: StepClock, sources: Sequence[Probe], params: Sequence[NamedParam], *, backend: Backend
+        self,
+        clock: StepClock,
+        sources: Sequence[Probe],
+        params: Sequence[NamedParam],
+        *,
+        backend: Backend,
+        chunks: Sequence[Any] | None = None,
+        optimizers: Sequence[Any] | None = None,
     ) -> None:
         super().__init__(clock, ProbeSpec(("norm",), 1e-8), backend=backend)
         self.sources = {p.name: p for p in sources if p.name in TABLE_SCOPES}
-        self.pieces = _pieces(params, list(self.sources))
+        found_modules, found_optimizers = _sources_context(sources)
+        layouts = Layouts.read(
+            found_modules if chunks is None else chunks, found_optimizers if optimizers is None else optimizers
+        )
+        self._rank = layouts.rank
+        self.pieces = _pieces(params, list(self.sources), layouts)
         self.slots: dict[tuple[str, str, str, tuple[int, ...]], int] = {}  # agreed by every rank
         self._slot_of: dict[StatKey, int] = {}  # this rank's sharded rows → their slot
         self.collectives = 0  # issued by this probe so far
@@ -304,7 +408,7 @@ class GlobalStatsProbe(Probe):
         for table, probe in self.sources.items():
             keys, values = probe.rows.pending()
             picked_rows: list[Any] = []
-            picked: list[tuple[int, int]] = []  # (slot, numel)
+            picked: list[tuple[int, int, int]] = []  # (slot, numel, padding)
             for key, row in zip(keys, values):
                 stat = StatKey(table, key.name, key.scope)
                 piece = self.pieces.get(stat)
@@ -314,19 +418,28 @@ class GlobalStatsProbe(Probe):
                     local[stat] = row
                 elif piece.contributes:
                     picked_rows.append(row)
-                    picked.append((self._slot_of[stat], piece.numel))
+                    picked.append((self._slot_of[stat], piece.numel, piece.padding))
             if picked_rows:
                 self._scatter(sums, maxes, probe.spec.ops, picked_rows, picked)
         return local, sums, maxes
 
     def _scatter(
-        self, sums: torch.Tensor, maxes: torch.Tensor, ops: Sequence[str], rows: list[Any], picked: list[tuple[int, int]]
+        self,
+        sums: torch.Tensor,
+        maxes: torch.Tensor,
+        ops: Sequence[str],
+        rows: list[Any],
+        picked: list[tuple[int, int, int]],
     ) -> None:
         """Write the SUM/MAX contributions of ``rows`` (one table's, in ``ops`` order; ``picked``:
-        their slots and element counts) into the buffers: a few tensor operations per table."""
+        their slots, element counts and padding zeros) into the buffers: a few tensor operations
+        per table. A padded piece's min (max) is not known when it is not below (above) 0: a
+        padding zero may be it; it is then flagged instead of maximised."""
         values = _stack(rows, self._device)
-        index = torch.tensor([slot for slot, _ in picked], dtype=torch.long, device=self._device)
-        numel = torch.tensor([n for _, n in picked], dtype=torch.float64, device=self._device)
+        index = torch.tensor([slot for slot, _, _ in picked], dtype=torch.long, device=self._device)
+        numel = torch.tensor([n for _, n, _ in picked], dtype=torch.float64, device=self._device)
+        padding = torch.tensor([p for _, _, p in picked], dtype=torch.float64, device=self._device)
+        padded = padding > 0
         zero = torch.zeros_like(numel)
 
         def column(op: str) -> torch.Tensor | None:
@@ -338,28 +451,33 @@ class GlobalStatsProbe(Probe):
         for extreme in (hi, lo):
             if extreme is not None:
                 nan_flags = nan_flags + extreme.isnan().to(torch.float64)
+        hi_unknown = padded & (hi <= 0) if hi is not None else torch.zeros_like(padded)
+        lo_unknown = padded & (lo >= 0) if lo is not None else torch.zeros_like(padded)
         part = torch.stack(
             [
                 norm * norm if norm is not None else zero,
                 mean * numel if mean is not None else zero,
                 nans if nans is not None else zero,
-                zeros * numel if zeros is not None else zero,
-                numel,
+                zeros * numel - padding if zeros is not None else zero,
+                numel - padding,
                 nan_flags,
+                hi_unknown.to(torch.float64),
+                lo_unknown.to(torch.float64),
             ],
             dim=1,
         )
         sums.index_copy_(0, index, part)
         neg_inf = torch.full_like(numel, -math.inf)
-        top = hi.nan_to_num(nan=-math.inf) if hi is not None else neg_inf
-        bottom = (-lo).nan_to_num(nan=-math.inf) if lo is not None else neg_inf
+        top = hi.nan_to_num(nan=-math.inf).masked_fill(hi_unknown, -math.inf) if hi is not None else neg_inf
+        bottom = (-lo).nan_to_num(nan=-math.inf).masked_fill(lo_unknown, -math.inf) if lo is not None else neg_inf
         maxes.index_copy_(0, index, torch.stack([top, bottom], dim=1))
 
     # -- reading ---------------------------------------------------------------------------
     def sharded(self) -> frozenset[StatKey]:
         """The rows of this rank whose full-tensor values come from the collective (the others
-        given are this rank's own rows: whole or replicated tensors)."""
-        return frozenset(self._slot_of)
+        given are this rank's own rows: whole or replicated tensors, and the optimizer state a
+        ``ZeroRedundancyOptimizer`` keeps on this rank alone)."""
+        return frozenset(key for key in self._slot_of if self.pieces[key].group != (self._rank,))
 
     def holders(self, step: int, key: StatKey) -> Holders | None:
         """Who holds ``key``'s pieces at ``step`` (None: not a sharded row, or the step is not
@@ -367,13 +485,13 @@ class GlobalStatsProbe(Probe):
         held, slot = self._steps.get(step), self._slot_of.get(key)
         if held is None or slot is None:
             return None
-        group = self.pieces[key].group
+        piece = self.pieces[key]
         rows = held.gathered[:, slot, :].cpu()
         sums, maxes = rows[:, :_SUM_FIELDS], rows[:, _SUM_FIELDS:]
         bad = (~sums.isfinite()).any(dim=1) | (sums[:, 2] > 0) | (sums[:, 5] > 0) | (maxes == math.inf).any(dim=1)
         pieces = int((sums[:, 4] > 0).sum())
-        text = "shards" if pieces == len(group) else f"{pieces} shards, replicated"
-        return Holders(tuple(sorted(group)), text, tuple(int(r) for r in bad.nonzero().flatten().tolist()))
+        text = "whole" if len(piece.group) == 1 else f"{pieces} shards, replicated" if piece.replicated else "shards"
+        return Holders(tuple(sorted(piece.group)), text, tuple(int(r) for r in bad.nonzero().flatten().tolist()))
 
     def global_stats(self, step: int | None = None) -> dict[StatKey, dict[str, float]]:
         """The full-tensor statistics of ``step`` (default: the latest collected step), as
@@ -409,8 +527,9 @@ def _slot(key: StatKey, piece: Piece) -> tuple[str, str, str, tuple[int, ...]]:
 
 def _merge(ops: Sequence[str], sums: list[float], maxes: list[float], global_numel: int) -> dict[str, float] | None:
     """The full tensor's ``ops`` from one slot's reduced sums and maxima; None when the pieces
-    do not add up to the tensor (a rank's rows are missing)."""
-    norm2, mean_w, nans, zeros_w, numel, nan_flags = sums
+    do not add up to the tensor (a rank's rows are missing). A min (max) a padding zero may be
+    is left out: a padded piece's was not known and no known piece is at or below (above) 0."""
+    norm2, mean_w, nans, zeros_w, numel, nan_flags, hi_unknown, lo_unknown = sums
     if numel != global_numel:
         return None
     hi, neg_lo = maxes
@@ -423,6 +542,10 @@ def _merge(ops: Sequence[str], sums: list[float], maxes: list[float], global_num
         "max": math.nan if nan_flags or empty else hi,
         "min": math.nan if nan_flags or empty else -neg_lo,
     }
+    if hi_unknown and not nan_flags and not hi >= 0:
+        del merged["max"]
+    if lo_unknown and not nan_flags and not -neg_lo <= 0:
+        del merged["min"]
     return {op: merged[op] for op in ops if op in merged}
 
 

@@ -345,3 +345,48 @@ def zero_state_ranks(optimizers: Sequence[Any]) -> dict[int, int]:
             except (AttributeError, TypeError):
                 continue
     return owners
+
+
+def fsdp1_shard_groups(chunks: Sequence[Any]) -> dict[int, tuple[int, ...]]:
+    """``id`` of every parameter :func:`fsdp1_layouts` describes → the global ranks of the process
+    group its FSDP1 unit shards over, in group order (under ``HYBRID_SHARD`` each replica's
+    group: a group's pieces make the whole tensor). Empty where this torch keeps them otherwise."""
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # torch without FSDP
+        return {}
+    described = fsdp1_layouts(chunks)
+    out: dict[int, tuple[int, ...]] = {}
+    for chunk in chunks:
+        for module in chunk.modules() if hasattr(chunk, "modules") else ():
+            handle = getattr(module, "_handle", None) if isinstance(module, FullyShardedDataParallel) else None
+            group = getattr(handle, "process_group", None)
+            if handle is None or group is None:
+                continue
+            try:
+                ranks = tuple(int(r) for r in dist.get_process_group_ranks(group))
+                flat = handle.flat_param
+                tensors = [flat] if flat._params is None else list(flat._params)
+            except (AttributeError, TypeError, RuntimeError, ValueError):
+                continue
+            out.update({id(t): ranks for t in tensors if id(t) in described})
+    return out
+
+
+def zero_state_holders(optimizers: Sequence[Any]) -> dict[int, int]:
+    """:func:`zero_state_ranks` as global ranks (a ``ZeroRedundancyOptimizer`` numbers the ranks
+    of its own process group)."""
+    import torch.distributed as dist
+
+    out: dict[int, int] = {}
+    for optimizer in optimizers:
+        owners = zero_state_ranks([optimizer])
+        group = getattr(optimizer, "process_group", None)
+        for key, rank in owners.items():
+            try:
+                out[key] = int(dist.get_global_rank(group, rank)) if group is not None else rank
+            except (RuntimeError, ValueError, AttributeError):
+                out[key] = rank
+    return out
