@@ -4,7 +4,13 @@
 
 Both scopes are computed from the parameters as they are at that moment: ``param_origin`` is
 never taken from the previous step's ``param_updated``, because writes through ``.data`` (weight
-clipping, loading weights) change a parameter without bumping autograd's version counter."""
+clipping, loading weights) change a parameter without bumping autograd's version counter.
+
+A parameter with no element on this rank when the first rows are taken (an FSDP1 parameter, with
+``use_orig_params=True``, outside the rank's flat shard: ``numel`` 0 in ``tensor_layout.json``)
+has no rows, as it has no gradient and no optimizer state to give ``weight_grad`` and
+``optimizer`` rows: an empty tensor's min/max/mean are NaN, which would read as a NaN of the
+parameter."""
 
 from __future__ import annotations
 
@@ -32,11 +38,15 @@ class ParamProbe(Probe):
         self.disabled = not enabled
         self._keys: dict[str, list[RowKey]] = {}
         self._tensors = [p.param for p in params]
+        self._held: list[int] | None = None  # indices of the parameters with elements (first record)
 
     def _record(self, scope: str) -> None:
+        if self._held is None:
+            self._held = [i for i, t in enumerate(self._tensors) if _has_elements(t)]
+            self._tensors = [self._tensors[i] for i in self._held]
         keys = self._keys.get(scope)
         if keys is None:
-            keys = self._keys[scope] = [RowKey(p.vpp_stage, p.name, scope) for p in self.params]
+            keys = self._keys[scope] = [RowKey(self.params[i].vpp_stage, self.params[i].name, scope) for i in self._held]
         tensors, stepping = self._tensors, self.clock.stepping
         if stepping is not None:  # one of several optimizers steps: its parameters only
             kept = [i for i, t in enumerate(tensors) if id(t) in stepping]
@@ -48,3 +58,9 @@ class ParamProbe(Probe):
 
     def after_optimizer_step(self) -> None:
         self._record("param_updated")
+
+
+def _has_elements(t: object) -> bool:
+    """Whether ``t`` holds an element (a tensor without ``numel()`` is taken to)."""
+    numel = getattr(t, "numel", None)
+    return not callable(numel) or int(numel()) > 0
