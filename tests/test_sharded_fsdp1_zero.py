@@ -194,11 +194,6 @@ def test_zero_optimizer_state_is_described_on_its_rank_only(runs: Path) -> None:
     assert all(len(r) == 1 for r in holders.values()) and {r[0] for r in holders.values()} == {0, 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frontdoors/monitor_v2/trainer.py _add_param_layouts still files another rank's param_updated as "
-    "rank_local (read before the broadcast); the monitor now reads it after step() returns: a whole copy",
-)
 def test_zero_param_updated_is_described_as_the_whole_parameter(runs: Path) -> None:
     for lay in _layouts(runs / "zero"):
         assert not [key for key, entry in lay.items() if key[0] == "param" and entry["kind"] == "rank_local"]

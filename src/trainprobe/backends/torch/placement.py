@@ -206,14 +206,14 @@ def param_layouts(
     parameter (:func:`unsharded_piece`): its ``local_shape``, ``numel`` and ``offsets`` say so.
     FSDP1's parameters (:func:`fsdp1_layouts`) are 1-D pieces of a flat shard. A parameter whose
     optimizer state a ``ZeroRedundancyOptimizer`` of ``optimizers`` keeps on one rank has that
-    rank as ``state_rank`` in its rows' layout (:func:`zero_state_ranks`)."""
+    rank (global) as ``state_rank`` in its rows' layout (:func:`zero_state_holders`)."""
     import torch.distributed as dist
 
     from trainprobe.engine.tensor_layout import RANK_LOCAL
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     fsdp, gathered, flat = _fsdp_params(chunks), fsdp_mesh_dims(chunks), fsdp1_layouts(chunks)
-    owners = zero_state_ranks(optimizers)
+    owners = zero_state_holders(optimizers)  # global ranks, as the layout file's rank
     out: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     for named in params:
         t = named.param

@@ -41,7 +41,7 @@ from trainprobe.engine.sinks.earlier_runs import (
 )
 from trainprobe.engine.sinks.parquet_sink import ParquetSink
 from trainprobe.engine.skip_log import SKIP_FILE, SkipLog, logged_watcher
-from trainprobe.engine.tensor_layout import LAYOUT_FILE, RANK_LOCAL, LayoutFile
+from trainprobe.engine.tensor_layout import LAYOUT_FILE, LayoutFile
 from trainprobe.frontdoors.monitor_v2.anomaly_watch import AnomalyWatch, skip_update_wrapper
 from trainprobe.frontdoors.monitor_v2.config import MonitorV2Config, load_monitor_v2_config
 
@@ -367,7 +367,10 @@ class TrainerMonitorV2:
         from trainprobe.backends.torch.live_stats import GlobalStatsProbe
 
         params = view.optimizer_parameters(opt) if opt is not None else view.parameters()
-        live = self._live = GlobalStatsProbe(self._clock, probes, params, backend=self._backend)
+        live = self._live = GlobalStatsProbe(
+            self._clock, probes, params, backend=self._backend, chunks=view.chunks,
+            optimizers=list(getattr(opt, "optimizers", ())) or None,
+        )
         return [live]
 
     def _set_initial_step(self, step: Any) -> None:
@@ -596,8 +599,8 @@ def _add_param_layouts(
 ) -> None:
     """The entries of parameter ``name``'s rows. Under ZeRO-style sharding (``state_rank`` in
     ``layout``) only the rank holding its optimizer state has ``optimizer`` rows (the whole
-    moments), and another rank's ``param_updated`` row is its own copy before the owner's
-    broadcast (``rank_local``)."""
+    moments); every rank's ``param_updated`` row is read after ``step()`` returns, after the
+    owner's broadcast: the whole parameter, as its other rows."""
     state_rank = layout.get("state_rank")
     layout = {k: v for k, v in layout.items() if k != "state_rank"}
     if "weight_grad" in enabled:
@@ -606,8 +609,6 @@ def _add_param_layouts(
             file.add("weight_grad", name, unreduced, scope="unreduced")
     if "param" in enabled:
         file.add("param", name, layout)
-        if state_rank is not None and state_rank != file.rank:
-            file.add("param", name, {**layout, "kind": RANK_LOCAL}, scope="param_updated")
     if "optimizer" in enabled and (state_rank is None or state_rank == file.rank):
         extra = {"state_rank": state_rank} if state_rank is not None else {}
         for moment in ("exp_avg", "exp_avg_sq"):
