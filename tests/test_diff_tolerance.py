@@ -170,7 +170,7 @@ def test_noise_and_dtype_bad_input(runs: dict[str, Path], tmp_path: Path) -> Non
     proc = cli(str(runs["base"]), str(runs["refactor"]), "--exact", "--noise", str(runs["threads"]))
     assert proc.returncode == 2 and "--exact and --noise: give one" in proc.stderr
     proc = cli(str(runs["base"]), str(runs["refactor"]), str(runs["threads"]), "--out", str(tmp_path / "o"))
-    assert proc.returncode == 2 and "--out and --html: one candidate at a time" in proc.stderr
+    assert proc.returncode == 2 and "--output and --html: one candidate at a time" in proc.stderr
 
 
 def test_v1_precision_from_its_files_and_its_6_decimal_rounding(tmp_path: Path) -> None:
