@@ -343,7 +343,7 @@ def _diagnose_rows(run: Path, rule: RunningMedian) -> set[tuple[Any, ...]]:
     import duckdb
 
     from trainprobe.tools.diagnosis.spikes import keep_spikes
-    from trainprobe.tools.engines.diagnose import DuckEngine
+    from trainprobe.tools.engines.duckdb_engine import DuckEngine
     from trainprobe.tools.runs.files import find_run_files
 
     engine = DuckEngine(run, find_run_files(run), duckdb.connect())

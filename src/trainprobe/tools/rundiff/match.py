@@ -116,7 +116,7 @@ def parse_mapping(data: Any, where: str = "mapping") -> Mapping:
 
 def check_mapping(engine: Any, mapping: Sequence[tuple[str, str]]) -> None:
     """Each pattern compiled once by the engine that will apply it (its ``fetch(sql)``: DuckDB's
-    or Spark's, :mod:`trainprobe.tools.engines.diff`), so that a bad one is a ConfigError naming it."""
+    or Spark's, :mod:`trainprobe.tools.engines.base`), so that a bad one is a ConfigError naming it."""
     for pattern, replacement in mapping:
         try:
             engine.fetch(f"SELECT regexp_replace('x', {literal(pattern)}, {literal(replacement)}, 'g')")
