@@ -3,9 +3,11 @@
 * ``unreduced`` rows are taken in backward, from the gradient autograd hands to each parameter
   (a tensor hook on the parameter, which runs before the gradient is accumulated into ``.grad``
   and, under DistributedDataParallel, before it is all-reduced). With ``monitor_mbs_grad`` each
-  micro-batch's gradient is a row with ``micro_step`` = its index; otherwise one row per step
-  holds the locally accumulated gradient (``.grad`` + the incoming gradient) after the step's
-  last backward pass, with ``micro_step`` = the number of backward passes.
+  micro-batch's gradient is a row with ``micro_step`` = its index, and each micro-batch's rows
+  are written in parameter (model) order, as every other writer of weight gradients writes them
+  (backward hands them over last layer first; see "Per-micro-batch order" below); otherwise
+  one row per step holds the locally accumulated gradient (``.grad`` + the incoming gradient)
+  after the step's last backward pass, with ``micro_step`` = the number of backward passes.
 * ``reduced`` rows are taken just before ``optimizer.step()`` from ``.grad`` (after DDP's
   all-reduce, gradient clipping, loss-scale unscaling), with ``micro_step`` = the number of
   backward passes.
@@ -53,6 +55,16 @@ the very purpose of the two scopes.
 * Otherwise (distributed runs, where DDP/FSDP reduce gradients during backward; per-micro-batch
   rows; FSDP2 shards): a tensor hook on every parameter, as described above.
 
+Per-micro-batch order (``monitor_mbs_grad``): each hook computes its row's statistics at once
+(on the gradient's device, no host sync) but holds the row aside with its parameter's index; the
+held rows go to the step's rows sorted by ``(micro_step, parameter index)`` when the backward
+pass that produced them ends (an autograd callback queued by the pass's first hook outside a
+nested backward), and at the latest before the optimizer step, at the end of the step and on
+``stop()``. So the file holds every micro-batch's rows in the model's parameter order, which the
+one execution order (:mod:`trainprobe.engine.execution_order`) reads backwards, last layer first,
+as backward computed them. On-demand reads between the end of a backward pass and the step
+(Monitor V1's ``generate_xy_metrics``, the anomaly watch, live merges) see them as before.
+
 FSDP2 (``fully_shard``): the model's parameters are sharded DTensors, but autograd computes
 gradients for the unsharded parameters FSDP swaps into the modules for forward and backward.
 A forward pre-hook on each module that owns sharded parameters hooks those unsharded
@@ -64,6 +76,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -120,6 +133,9 @@ class WeightGradProbe(Probe):
         self._captured = False
         self._had_grad: dict[int, bool] = {}  # sentinel -> whether it had a gradient after the last pass
         self._cleared = False  # this step's gradients were cleared between two passes (zero_grad)
+        self._held: list[tuple[int, int, RowKey, Any]] = []  # per-micro-batch rows not yet in self.rows
+        self._held_lock = threading.Lock()  # hooks may run on autograd's device threads
+        self._flush_queued = False  # a callback will move the held rows at the end of this backward
         self.backward_end = False  # unreduced rows read at the end of backward (else per-parameter hooks)
 
     def attach(self) -> None:
@@ -245,8 +261,7 @@ class WeightGradProbe(Probe):
             if seen > 1 and self._clear_visible and holder is named.param and self.grad_of(holder) is None:
                 self._gradients_cleared()  # it had one from the pass before, in this step: zero_grad ran
             if self.per_micro_batch:
-                key = RowKey(named.vpp_stage, named.name, "unreduced", seen - 1)
-                self.rows.add(key, self.stats.row(grad))
+                self._hold(index, seen - 1, self.stats.row(grad))
             elif seen >= self.micro_batches:
                 accumulated = self.grad_of(holder)
                 local = grad if accumulated is None else accumulated + grad
@@ -255,6 +270,38 @@ class WeightGradProbe(Probe):
                 self.rows.add(key, self.stats.row(local))
 
         return on_grad
+
+    # -- per-micro-batch rows in parameter order ----------------------------------------------
+    def _hold(self, index: int, micro_step: int, values: Any) -> None:
+        """Hold parameter ``index``'s row of micro-batch ``micro_step`` until its backward pass
+        ends (:meth:`_release_held`); the first row of a pass queues that release."""
+        key = self._key(index, "unreduced", micro_step)
+        with self._held_lock:
+            self._held.append((micro_step, index, key, values))
+        if not self._flush_queued and not _in_nested_backward():
+            self._flush_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.guard(self._backward_pass_ended))
+
+    def _backward_pass_ended(self) -> None:
+        self._flush_queued = False
+        self._release_held()
+
+    def _release_held(self) -> None:
+        """Move the held per-micro-batch rows to the step's rows, sorted by ``(micro_step,
+        parameter index)``: the model's parameter order within each micro-batch."""
+        with self._held_lock:
+            held, self._held = self._held, []
+        if held:
+            held.sort(key=_micro_then_index)
+            self.rows.extend([key for _, _, key, _ in held], [values for _, _, _, values in held])
+
+    def has_work(self) -> bool:
+        return bool(self._held) or super().has_work()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._held_lock:
+            self._held = []
+        super().fail(exc)
 
     def _gradients_cleared(self) -> None:
         """The gradients were cleared between two backward passes of this step with no step of
@@ -270,6 +317,7 @@ class WeightGradProbe(Probe):
         return not distributed_ready()
 
     def before_optimizer_step(self) -> None:
+        self._release_held()  # a pass whose callback was not queued (its rows all in a nested backward)
         self._check_capture()
         self._check_count()
         keys, values = self.reduced_rows()
@@ -335,7 +383,11 @@ class WeightGradProbe(Probe):
 
     def end_step(self) -> None:
         if self.clock.collecting and self.active:
+            self._release_held()  # a step without an optimizer step, or stop() mid-step
             self._check_count()  # a step that ended without an optimizer step (skipped by AMP)
+        with self._held_lock:
+            self._held = []
+        self._flush_queued = False
         self._seen = [0] * len(self.params)
         self._backwards = 0
         self._captured = False
@@ -363,6 +415,11 @@ def _in_nested_backward() -> bool:
 
 
 _NONE_TYPE = type(None)
+
+
+def _micro_then_index(held: tuple[int, int, RowKey, Any]) -> tuple[int, int]:
+    """Sort key of a held per-micro-batch row: its micro-step, then its parameter's index."""
+    return held[0], held[1]
 
 
 def _dot_grad(p: torch.Tensor) -> torch.Tensor | None:
