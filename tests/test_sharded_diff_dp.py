@@ -5,11 +5,9 @@ What compares: the reduced gradients, the parameters and the optimizer states ar
 at both sizes (DDP averages the ranks' gradients of a mean loss over equal batch pieces: the
 full-batch gradient). What does not: ``unreduced`` gradients (and activations) are each rank's own
 batch piece (``rank_local`` in ``tensor_layout.json``), whose statistics combine into no statistic
-of the full batch's; they are not merged, and a full-tensor diff across DP sizes finds them
-different (rank 0's piece against the whole batch) and rank 1's only in the candidate. Leaving
-``rank_local`` rows out of a diff whose two runs' ranks differ (with one note) is the diff's
-business (``tools/engines``); until it does, the exit-0 expectation is a strict xfail and the
-tests compare the tables that are comparable, plus the reduced rows through the full view."""
+of the full batch's. The default diff of runs whose ranks differ leaves those rows out, with one
+note line; ``--rank-local`` compares them as written (and finds rank 0's half batch different from
+the whole batch, rank 1's rows only in the candidate)."""
 
 from __future__ import annotations
 
@@ -86,11 +84,33 @@ def test_dp1_and_dp2_reduced_gradients_are_the_same_full_tensors(runs: Path) -> 
     assert all(r.scope == "unreduced" for r in result.only_candidate), result.only_candidate[:3]
 
 
-@pytest.mark.xfail(strict=True, reason="diff compares rank_local rows (unreduced: batch pieces) across DP sizes; "
-                   "leaving them out when the runs' ranks differ is tools/engines' (issue #32 report)")
 def test_dp1_and_dp2_of_the_same_training_exit_0(runs: Path) -> None:
     done = _cli(str(runs / "dp1"), str(runs / "dp2"))
-    assert done.returncode == 0, done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("No divergence") or lines[0].startswith("no divergence"), done.stdout
+    notes = [line for line in lines if line.startswith("note:")]
+    assert len(notes) == 1 and "weight_grad unreduced" in notes[0] and "1 rank vs 2 ranks" in notes[0], done.stdout
+    result = diff(runs / "dp1", runs / "dp2")
+    assert result.counts["compared"] > 0 and result.counts["only_baseline"] == result.counts["only_candidate"] == 0
+    assert result.tables["weight_grad"]["equal"] + result.tables["weight_grad"]["within_tolerance"] > 0
+    assert len(result.notes) == 1
+
+
+def test_rank_local_compares_the_batch_pieces_as_written(runs: Path) -> None:
+    done = _cli(str(runs / "dp1"), str(runs / "dp2"), "--rank-local")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "note:" not in done.stdout
+    result = diff(runs / "dp1", runs / "dp2", rank_local=True)
+    assert result.first is not None and result.first.scope == "unreduced", result.answer()
+    assert result.only_candidate and all(r.rank == 1 for r in result.only_candidate)  # rows as written
+
+
+def test_two_runs_of_the_same_ranks_compare_their_rank_local_rows(runs: Path) -> None:
+    result = diff(runs / "dp2", runs / "dp2_fault")
+    assert not result.notes, result.notes
+    unreduced = [d for d in result.divergences if d.scope == "unreduced"]
+    assert unreduced and unreduced[0].step == FAULT_STEP, result.answer()
 
 
 def test_a_fault_at_dp2_is_found_at_its_step_and_tensor(runs: Path) -> None:
@@ -99,3 +119,17 @@ def test_a_fault_at_dp2_is_found_at_its_step_and_tensor(runs: Path) -> None:
     first = diff(runs / "dp1", runs / "dp2_fault", tables=COMPARABLE).first
     assert first is not None
     assert (first.step, first.table, first.scope, first.name) == (FAULT_STEP, "param", "param_origin", "fc2.weight")
+
+
+def test_the_default_diff_finds_the_fault_at_its_step(runs: Path) -> None:
+    """The default diff (rank-local rows left out) names step 2; the first row of it in execution
+    order is a reduced gradient (the monitor reads ``param_origin`` at the optimizer step, after
+    the backward), and the weight itself is the first parameter row that differs, by x100."""
+    done = _cli(str(runs / "dp1"), str(runs / "dp2_fault"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    result = diff(runs / "dp1", runs / "dp2_fault", limit=1000)
+    assert result.first is not None and result.first.step == FAULT_STEP, result.answer()
+    assert all(d.step >= FAULT_STEP and d.scope != "unreduced" for d in result.divergences)
+    params = [d for d in result.divergences if d.table == "param"]
+    assert (params[0].step, params[0].scope, params[0].name) == (FAULT_STEP, "param_origin", "fc2.weight")
+    assert params[0].factor is not None and 90 < params[0].factor < 110

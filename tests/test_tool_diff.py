@@ -301,7 +301,7 @@ def test_a_key_repeated_across_files_pairs_file_order_whatever_the_folders_are_c
 
 SUMMARY_KEYS = {
     "schema", "answer", "diverged", "exit_code", "baseline", "candidate", "settings", "first", "counts", "tables",
-    "ops", "micro_step_matched", "divergences", "largest", "only_baseline", "only_candidate", "tables_only",
+    "ops", "micro_step_matched", "divergences", "largest", "only_baseline", "only_candidate", "tables_only", "notes",
 }
 ROW_KEYS = {
     "table", "step", "micro_step", "rank", "vpp_stage", "name", "scope", "op", "baseline", "candidate", "rel_diff",

@@ -213,6 +213,19 @@ class DuckEngine:
             return []
         return list(self.con.execute(f"SELECT * FROM {ident(schema)}.{ident(LAYOUT_TABLE)} ORDER BY ALL").fetchall())
 
+    def ranks(self, side: str = MAIN) -> list[int]:
+        """The ranks whose files side ``side`` holds (sorted)."""
+        return sorted({f.rank for f in self._runs[side].files})
+
+    def rank_local_entries(self, side: str = MAIN) -> list[tuple[int, str, str, str | None]]:
+        """Side ``side``'s layout entries of kind ``rank_local`` (each rank's own value: unreduced
+        gradients under data parallelism, activations of several ranks) as ``(rank, monitor,
+        name, scope)``, sorted; [] for a run without layout files."""
+        from trainprobe.engine.tensor_layout import RANK_LOCAL
+
+        return sorted({(int(r[0]), str(r[1]), str(r[2]), r[3]) for r in self.layout(side) if r[4] == RANK_LOCAL},
+                      key=lambda e: (e[0], e[1], e[2], e[3] or ""))
+
     # ---------------------------------------------------------------- queries
 
     def fetch(self, sql: str) -> list[tuple[Any, ...]]:

@@ -140,6 +140,8 @@ class DiffResult:
             other tensor by table, scope and name.
         only_baseline, only_candidate: the earliest rows present in one run only.
         tables_only: tables one run has and the other has not (``{"baseline": [...], ...}``).
+        notes: lines on what was not compared and why (one line each; printed under the answer),
+            e.g. the rank-local rows of two runs whose ranks differ.
     """
 
     baseline: str
@@ -165,6 +167,7 @@ class DiffResult:
     written: list[Path] = field(default_factory=list)
     """The files :func:`diff` wrote (``diff.csv``, ``diff_summary.json``, the page)."""
     tables_only: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
     joins: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     """Per table, the :func:`~trainprobe.tools.sql.diff.joined_sql` options its rows were compared
     with (the page's heatmaps recompute their cells with them)."""
@@ -220,6 +223,7 @@ class DiffResult:
             "only_baseline": [_json_row(d) for d in self.only_baseline],
             "only_candidate": [_json_row(d) for d in self.only_candidate],
             "tables_only": self.tables_only,
+            "notes": self.notes,
         }
 
 
@@ -284,7 +288,11 @@ def diff(
             active one or else one in local mode (:func:`~trainprobe.tools.engines.spark.local_session`).
         rank_local: compare each rank's rows as written even in a sharded run (by default a
             run with ``tensor_layout.json`` files is compared in full tensors: its shards merged,
-            :mod:`~trainprobe.tools.sql.full`; DuckDB only).
+            :mod:`~trainprobe.tools.sql.full`; DuckDB only), and compare the rows the layout
+            files mark ``rank_local`` (each rank's own batch piece: unreduced gradients under
+            DDP/FSDP, activations of several ranks) even when the runs' ranks, or their
+            rank-local rows, differ (by default those rows are then left out, with one line in
+            :attr:`DiffResult.notes`).
         dtype: the baseline's precision (``float32``, ``bfloat16``, ``float16``, ``float64``),
             whose rtol is the default (:data:`~trainprobe.tools.sql.diff.DTYPE_RTOL`); None: the
             coarsest ``dtype`` of the baseline's Monitor V1 rows (bf16 autocast: ``bfloat16``),
@@ -317,7 +325,7 @@ def diff(
         raise ConfigError(f"--engine: one of {', '.join(ENGINES)}, not {engine!r}")
     quantum = V1_QUANTUM if kind == "Monitor V1" else 0.0
     settings = _Settings(rtol, dtype, quantum, exact, ops, pairs, steps, offset, limit, out, html, tables, page,
-                         None if noise is None else str(noise))
+                         None if noise is None else str(noise), rank_local)
     if engine == "spark":
         return _diff_on_spark(baseline, candidate, settings, spark)
     if abs(int(offset)) > MAX_OFFSET:
@@ -365,6 +373,7 @@ class _Settings:
     tables: Sequence[str] | None
     page: Any
     noise: str | None
+    rank_local: bool = False
 
 
 def _diff_on_spark(baseline: str | Path, candidate: str | Path, settings: _Settings, session: Any) -> DiffResult:
@@ -394,7 +403,8 @@ def _compare(con: Engine, baseline: str | Path, candidate: str | Path, settings:
         "candidate": sorted(set(views["c"]) - set(views["b"])),
     }
     wanted = _wanted_ops(views["b"], settings.ops)
-    sources = [_compare_table(con, result, views, table, wanted, settings, tolerance, i)
+    left_out = None if settings.rank_local else _leave_out_rank_local(con, result, common, settings.pairs)
+    sources = [_compare_table(con, result, views, table, wanted, settings, tolerance, i, left_out)
                for i, table in enumerate(common)]
     if sources:
         con.view("diverged_rows", _union_by_name(con, sources))
@@ -452,7 +462,8 @@ def _wanted_ops(baseline: dict[str, list[str]], ops: Sequence[str] | None) -> se
 
 
 def _compare_table(con: Engine, result: DiffResult, views: dict[str, dict[str, list[str]]], table: str,
-                   wanted: set[str] | None, settings: _Settings, tolerance: Tolerance, index: int) -> str:
+                   wanted: set[str] | None, settings: _Settings, tolerance: Tolerance, index: int,
+                   left_out: str | None = None) -> str:
     """Join ``table`` of both runs (with the rerun's noise levels when there is a rerun), keep
     its diverged rows and rows in one run only, count its statuses into ``result``; the name of
     its ordered rows' view."""
@@ -465,9 +476,9 @@ def _compare_table(con: Engine, result: DiffResult, views: dict[str, dict[str, l
     noise = None
     if "n" in views and table in views["n"] and not tolerance.exact:
         noise = f"noise_{index}"
-        _measure_noise(con, result, table, table_ops, tolerance, settings.steps, noise)
+        _measure_noise(con, result, table, table_ops, tolerance, settings.steps, noise, left_out)
     join = {"tolerance": tolerance, "offset": settings.offset, "mapping": settings.pairs,
-            "steps": settings.steps, "micro": micro, "ref": con.ref, "noise": noise}
+            "steps": settings.steps, "micro": micro, "ref": con.ref, "noise": noise, "left_out": left_out}
     joined, counts = _join(con, table, table_ops, join, ("c", settings.offset))
     result.joins[table] = join
     con.keep(f"kept_{index}", f"SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
@@ -481,18 +492,18 @@ def _join(con: Engine, table: str, ops: list[str], join: dict[str, Any], other: 
     side ``other`` (name, step offset), with occurrences numbered when a key repeats; its counts."""
     joined = joined_sql(table, ops, other=other[0], **join)
     counts = _counts(con, joined)
-    if _repeats(con, table, counts, other, join["steps"]):
+    if _repeats(con, table, counts, other, join):
         joined = joined_sql(table, ops, other=other[0], occurrence=True, **join)
         counts = _counts(con, joined)
     return joined, counts
 
 
 def _measure_noise(con: Engine, result: DiffResult, table: str, ops: list[str], tolerance: Tolerance,
-                   steps: tuple[int, int] | None, name: str) -> None:
+                   steps: tuple[int, int] | None, name: str, left_out: str | None = None) -> None:
     """Keep the rerun's noise levels of ``table`` (:func:`~trainprobe.tools.sql.diff.noise_sql`)
     as ``name``; their largest per scope and op into ``result.noise_levels``."""
     micro = all(_has_micro(con, side, table, 0, steps) for side in ("b", "n"))
-    join = {"tolerance": tolerance, "steps": steps, "micro": micro, "ref": con.ref}
+    join = {"tolerance": tolerance, "steps": steps, "micro": micro, "ref": con.ref, "left_out": left_out}
     joined, _ = _join(con, table, ops, join, ("n", 0))
     con.keep(name, noise_sql(joined, ops))
     levels: dict[str, dict[str, float]] = {}
@@ -545,16 +556,69 @@ def _counts(con: Engine, joined: str) -> dict[int, int]:
     return {int(k): int(v) for k, v in con.fetch(f"SELECT status, count(*) FROM ({joined}) GROUP BY status")}
 
 
-def _repeats(con: Engine, table: str, counts: dict[int, int], other: tuple[str, int],
-             steps: tuple[int, int] | None) -> bool:
+def _repeats(con: Engine, table: str, counts: dict[int, int], other: tuple[str, int], join: dict[str, Any]) -> bool:
     """Whether a key repeats in the baseline or in side ``other`` (name, step offset): the join
-    then counts some of its rows twice."""
+    (its options ``join``: the steps, the rows left out) then counts some of its rows twice."""
     matched = sum(counts.get(s, 0) for s in (EQUAL, WITHIN, DIVERGED))
     for schema, only, shift in (("b", ONLY_BASELINE, 0), (other[0], ONLY_CANDIDATE, other[1])):
-        [(rows,)] = con.fetch(rows_sql(schema, table, shift, steps, ref=con.ref))
+        mapping = join.get("mapping", ()) if schema == "c" else ()
+        [(rows,)] = con.fetch(rows_sql(schema, table, shift, join["steps"], ref=con.ref, left_out=join.get("left_out"),
+                                       mapping=mapping))
         if matched + counts.get(only, 0) != rows:
             return True
     return False
+
+
+LEFT_OUT_TABLE = "rank_local_left_out"
+"""The rows a diff leaves out (:data:`~trainprobe.tools.sql.diff.LEFT_OUT_COLUMNS`), kept on the engine."""
+
+
+def _leave_out_rank_local(con: Engine, result: DiffResult, tables: Sequence[str], pairs: Mapping) -> str | None:
+    """The rows marked ``rank_local`` in either run's layout files, to leave out of the comparison
+    on several ranks of a run (each rank's own batch piece; one on a single rank, a pipeline
+    stage's activations, is the whole micro-batch's), when the runs' ranks differ or their
+    rank-local rows do (DP=1 vs DP=2: rank 0's half batch is no statistic of the whole batch's); the name of their relation, and one line in
+    ``result.notes``; None (every row compared) when the two runs have the same ranks and the
+    same rank-local rows, or on an engine without layouts (Spark)."""
+    if not isinstance(con, DuckEngine):
+        return None
+    entries = [(side, *e) for side in ("b", "c") for e in con.rank_local_entries(side) if e[1] in tables]
+    if not entries:
+        return None
+    from trainprobe.tools.rundiff.match import normalised_name_sql
+
+    con.keep_rows(f"{LEFT_OUT_TABLE}_raw", [("side", "VARCHAR"), ("rank", "BIGINT"), ("monitor", "VARCHAR"),
+                                            ("name", "VARCHAR"), ("scope", "VARCHAR")], entries)
+    named = (f"SELECT side, rank, monitor, CASE WHEN side = 'c' THEN {normalised_name_sql('name', pairs)} "
+             f"ELSE {normalised_name_sql('name')} END AS lo_name, scope FROM {LEFT_OUT_TABLE}_raw")
+    rows = con.fetch(f"SELECT DISTINCT side, rank, monitor, lo_name, scope FROM ({named})")
+    per_side = {side: {r[1:] for r in rows if r[0] == side} for side in ("b", "c")}
+    ranks = {side: con.ranks(side) for side in ("b", "c")}
+    if ranks["b"] == ranks["c"] and per_side["b"] == per_side["c"]:
+        return None
+    # a rank-local row on one rank only (a pipeline stage's activations) is the whole micro-batch's
+    shared = (f"SELECT side, monitor, lo_name, scope FROM ({named}) GROUP BY ALL "
+              "HAVING count(DISTINCT rank) > 1")
+    if not con.fetch(f"SELECT 1 FROM ({shared}) LIMIT 1"):
+        return None
+    con.keep(LEFT_OUT_TABLE, f"SELECT DISTINCT monitor AS lo_tbl, lo_name, scope AS lo_scope FROM ({shared})")
+    rows = con.fetch(f"SELECT DISTINCT side, 0, monitor, lo_name, scope FROM ({shared})")
+    why = (f"the runs' ranks differ ({_ranks_text(ranks['b'])} vs {_ranks_text(ranks['c'])})"
+           if ranks["b"] != ranks["c"] else "the runs' rank-local rows differ (another data-parallel layout)")
+    what = sorted({(r[2], r[4]) for r in rows}, key=lambda t: (t[0], t[1] or ""))
+    listed = ", ".join(f"{table} {scope}" if scope else f"{table} (every scope)" for table, scope in what)
+    result.notes.append(
+        f"note: left out {listed}: rank-local rows (each rank's own batch piece) do not compare when {why}; "
+        "--rank-local compares them as written"
+    )
+    return LEFT_OUT_TABLE
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``1 rank`` / ``2 ranks`` (``ranks 0,2`` when they are not 0..n-1)."""
+    if list(ranks) == list(range(len(ranks))):
+        return f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    return "ranks " + ",".join(map(str, ranks))
 
 
 def _has_micro(con: Engine, side: str, table: str, offset: int, steps: tuple[int, int] | None) -> bool:

@@ -1,7 +1,8 @@
 """``trainprobe diff BASELINE CANDIDATE [CANDIDATE ...] [--noise RERUN]``: the command line of
 :func:`trainprobe.tools.rundiff.answer.diff`.
 
-Prints the answer first (one line), then the earliest divergences in execution order, the
+Prints the answer first (one line; under it a ``note:`` line for rows left out, e.g. the
+rank-local rows of runs whose ranks differ), then the earliest divergences in execution order, the
 tensors that changed most (one row each, ``×N``), and the counts (with examples of rows present
 in one run only); with several candidates, that report for each in turn, under a ``== CANDIDATE``
 line. ``--noise RERUN``: a rerun of the baseline that differs only by noise; each op's tolerance
@@ -111,6 +112,8 @@ def print_result(result: Any, out: TextIO) -> None:
     from trainprobe.tools.rundiff.answer import fmt
 
     out.write(printable(result.answer()) + "\n")
+    for note in getattr(result, "notes", []):
+        out.write(printable(note) + "\n")
     c = result.counts
     if result.noise is not None:
         out.write(f"tolerance: {result.rule()}: {_noise_line(result)}\n")

@@ -99,6 +99,7 @@ def side_sql(
     micro: bool = True,
     occurrence: bool = False,
     ref: Ref = schema_ref,
+    left_out: str | None = None,
 ) -> str:
     """One run's rows of ``table`` with the match key (``k_*``), the raw name (with a ``mapping``
     only), step, the file (its hash: 8 bytes a row in the join rather than the path), file row
@@ -109,7 +110,8 @@ def side_sql(
     Occurrences are numbered in file order (the file's first step, then its path), then row
     order: the same on every engine and for both runs, so that a key repeated across files (a
     resumed run writing some steps again) pairs the baseline's earlier file with the
-    candidate's earlier file, whatever the runs' folders are called."""
+    candidate's earlier file, whatever the runs' folders are called. ``left_out``: a relation of
+    rows not compared (:func:`left_out_sql`)."""
     where = ""
     if steps is not None:
         where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}"
@@ -119,11 +121,28 @@ def side_sql(
         f"file_row{values}{', file AS path' if occurrence else ''} "
         f"FROM {ref(schema, table)} {where}"
     )
+    if left_out is not None:
+        inner = f"SELECT * FROM ({inner}) s WHERE NOT ({left_out_sql(table, left_out)})"
     if not occurrence:
         return f"SELECT *, 1 AS k_occ FROM ({inner})"
     return (
         f"SELECT *, row_number() OVER (PARTITION BY {', '.join(KEY)} ORDER BY file_first, path, file_row) AS k_occ "
         f"FROM (SELECT *, min(step) OVER (PARTITION BY path) AS file_first FROM ({inner}))"
+    )
+
+
+LEFT_OUT_COLUMNS = (("lo_tbl", "VARCHAR"), ("lo_name", "VARCHAR"), ("lo_scope", "VARCHAR"))
+"""The columns of a relation of rows left out of a comparison: table, normalised name (the match
+key's ``k_name``), scope (NULL: every scope of that name)."""
+
+
+def left_out_sql(table: str, left_out: str, alias: str = "s") -> str:
+    """SQL true for a row of ``table`` (its key columns under ``alias``) that ``left_out`` names
+    (:data:`LEFT_OUT_COLUMNS`): the rows a diff leaves out (rank-local rows of runs whose ranks
+    differ, :func:`trainprobe.tools.rundiff.answer.diff`)."""
+    return (
+        f"EXISTS (SELECT 1 FROM {left_out} lo WHERE lo.lo_tbl = {literal(table)} AND lo.lo_name = {alias}.k_name "
+        f"AND (lo.lo_scope IS NULL OR lo.lo_scope = {alias}.k_scope))"
     )
 
 
@@ -217,6 +236,7 @@ def joined_sql(
     ref: Ref = schema_ref,
     other: str = "c",
     noise: str | None = None,
+    left_out: str | None = None,
 ) -> str:
     """Every row of ``table`` in the baseline (side ``b``) or in side ``other`` (the candidate
     ``c``, or the rerun ``n`` whose noise is measured) with its status, per op both values
@@ -225,10 +245,11 @@ def joined_sql(
     tolerance; the largest difference with ``exact``), its ``rel``, ``tol`` and ``factor``.
     ``micro``: whether ``micro_step`` is part of the key (see :mod:`trainprobe.tools.rundiff.match`);
     ``occurrence``, ``ref``: see :func:`side_sql`, :data:`Ref`; ``noise``: the table of the
-    rerun's noise levels (:func:`noise_sql`) that raises each op's tolerance."""
-    b_side = side_sql("b", table, ops, steps=steps, micro=micro, occurrence=occurrence, ref=ref)
+    rerun's noise levels (:func:`noise_sql`) that raises each op's tolerance; ``left_out``: rows of
+    both sides not compared (:func:`left_out_sql`)."""
+    b_side = side_sql("b", table, ops, steps=steps, micro=micro, occurrence=occurrence, ref=ref, left_out=left_out)
     c_side = side_sql(other, table, ops, offset=offset, mapping=mapping, steps=steps, micro=micro,
-                      occurrence=occurrence, ref=ref)
+                      occurrence=occurrence, ref=ref, left_out=left_out)
     quantum = 0.0 if tolerance.exact else tolerance.quantum
     base = num(tolerance.rtol)
     noise_join = ""
@@ -288,10 +309,16 @@ def noise_sql(joined: str, ops: Sequence[str]) -> str:
 
 
 def rows_sql(
-    schema: str, table: str, offset: int = 0, steps: tuple[int, int] | None = None, ref: Ref = schema_ref
+    schema: str, table: str, offset: int = 0, steps: tuple[int, int] | None = None, ref: Ref = schema_ref,
+    *, left_out: str | None = None, mapping: Sequence[tuple[str, str]] = (), micro: bool = True,
 ) -> str:
-    """How many rows of ``table`` one run has (in ``steps``): with the join's counts, whether a
-    key repeats (a matched row counted more than once)."""
+    """How many rows of ``table`` one run has (in ``steps``; those ``left_out`` names not counted,
+    the names as ``mapping`` makes them): with the join's counts, whether a key repeats (a
+    matched row counted more than once)."""
+    if left_out is not None:
+        rows = side_sql(schema, table, [], offset=offset, mapping=mapping, steps=steps, micro=micro, ref=ref,
+                        left_out=left_out)
+        return f"SELECT count(*) FROM ({rows})"
     where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}" if steps else ""
     return f"SELECT count(*) FROM {ref(schema, table)} {where}"
 
