@@ -404,7 +404,8 @@ def _compare(con: Engine, baseline: str | Path, candidate: str | Path, settings:
     }
     wanted = _wanted_ops(views["b"], settings.ops)
     left_out = None if settings.rank_local else _leave_out_rank_local(con, result, common, settings.pairs)
-    sources = [_compare_table(con, result, views, table, wanted, settings, tolerance, i, left_out)
+    by_name = not settings.rank_local and _pipeline_splits_differ(con, result)
+    sources = [_compare_table(con, result, views, table, wanted, settings, tolerance, i, left_out, by_name)
                for i, table in enumerate(common)]
     if sources:
         con.view("diverged_rows", _union_by_name(con, sources))
@@ -463,7 +464,7 @@ def _wanted_ops(baseline: dict[str, list[str]], ops: Sequence[str] | None) -> se
 
 def _compare_table(con: Engine, result: DiffResult, views: dict[str, dict[str, list[str]]], table: str,
                    wanted: set[str] | None, settings: _Settings, tolerance: Tolerance, index: int,
-                   left_out: str | None = None) -> str:
+                   left_out: str | None = None, by_name: bool = False) -> str:
     """Join ``table`` of both runs (with the rerun's noise levels when there is a rerun), keep
     its diverged rows and rows in one run only, count its statuses into ``result``; the name of
     its ordered rows' view."""
@@ -478,7 +479,8 @@ def _compare_table(con: Engine, result: DiffResult, views: dict[str, dict[str, l
         noise = f"noise_{index}"
         _measure_noise(con, result, table, table_ops, tolerance, settings.steps, noise, left_out)
     join = {"tolerance": tolerance, "offset": settings.offset, "mapping": settings.pairs,
-            "steps": settings.steps, "micro": micro, "ref": con.ref, "noise": noise, "left_out": left_out}
+            "steps": settings.steps, "micro": micro, "ref": con.ref, "noise": noise, "left_out": left_out,
+            "by_name": by_name}
     joined, counts = _join(con, table, table_ops, join, ("c", settings.offset))
     result.joins[table] = join
     con.keep(f"kept_{index}", f"SELECT * FROM ({joined}) WHERE status >= {DIVERGED}")
@@ -563,7 +565,7 @@ def _repeats(con: Engine, table: str, counts: dict[int, int], other: tuple[str, 
     for schema, only, shift in (("b", ONLY_BASELINE, 0), (other[0], ONLY_CANDIDATE, other[1])):
         mapping = join.get("mapping", ()) if schema == "c" else ()
         [(rows,)] = con.fetch(rows_sql(schema, table, shift, join["steps"], ref=con.ref, left_out=join.get("left_out"),
-                                       mapping=mapping))
+                                       mapping=mapping, by_name=join.get("by_name", False)))
         if matched + counts.get(only, 0) != rows:
             return True
     return False
@@ -589,7 +591,7 @@ def _leave_out_rank_local(con: Engine, result: DiffResult, tables: Sequence[str]
 
     con.keep_rows(f"{LEFT_OUT_TABLE}_raw", [("side", "VARCHAR"), ("rank", "BIGINT"), ("monitor", "VARCHAR"),
                                             ("name", "VARCHAR"), ("scope", "VARCHAR")], entries)
-    named = (f"SELECT side, rank, monitor, CASE WHEN side = 'c' THEN {normalised_name_sql('name', pairs)} "
+    named = (f"SELECT side, rank, monitor, name, CASE WHEN side = 'c' THEN {normalised_name_sql('name', pairs)} "
              f"ELSE {normalised_name_sql('name')} END AS lo_name, scope FROM {LEFT_OUT_TABLE}_raw")
     rows = con.fetch(f"SELECT DISTINCT side, rank, monitor, lo_name, scope FROM ({named})")
     per_side = {side: {r[1:] for r in rows if r[0] == side} for side in ("b", "c")}
@@ -597,7 +599,7 @@ def _leave_out_rank_local(con: Engine, result: DiffResult, tables: Sequence[str]
     if ranks["b"] == ranks["c"] and per_side["b"] == per_side["c"]:
         return None
     # a rank-local row on one rank only (a pipeline stage's activations) is the whole micro-batch's
-    shared = (f"SELECT side, monitor, lo_name, scope FROM ({named}) GROUP BY ALL "
+    shared = (f"SELECT side, monitor, name, lo_name, scope FROM ({named}) GROUP BY ALL "
               "HAVING count(DISTINCT rank) > 1")
     if not con.fetch(f"SELECT 1 FROM ({shared}) LIMIT 1"):
         return None
@@ -612,6 +614,29 @@ def _leave_out_rank_local(con: Engine, result: DiffResult, tables: Sequence[str]
         "--rank-local compares them as written"
     )
     return LEFT_OUT_TABLE
+
+
+def _pipeline_splits_differ(con: Engine, result: DiffResult) -> bool:
+    """Whether the two runs hold their pipeline stages differently (which rank holds which
+    global stage, read from the ``<stage>:`` prefixes of their layout entries): then tensors
+    are matched by their global name, not by rank and stage, with one line in ``result.notes``."""
+    if not isinstance(con, DuckEngine):
+        return False
+    import re
+
+    stages = {side: sorted({(int(e[0]), int(m[1])) for e in con.layout(side) if (m := re.match(r"(\d+):", str(e[2])))})
+              for side in ("b", "c")}
+    if stages["b"] == stages["c"] or not (stages["b"] or stages["c"]):
+        return False
+
+    def held(pairs: list[tuple[int, int]]) -> str:
+        return ", ".join(f"stage {s} on rank {r}" for r, s in pairs) or "no layout files: one process"
+
+    result.notes.append(
+        f"note: the pipeline splits differ ({held(stages['b'])} vs {held(stages['c'])}): tensors matched by their "
+        "global name, not by rank and stage; the chunks' own input/output rows (<stage>:.input.0) left out"
+    )
+    return True
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

@@ -47,13 +47,17 @@ def normalised_name_sql(column: str = "name", mapping: Sequence[tuple[str, str]]
     return expr
 
 
-def key_sql(step_offset: int = 0, mapping: Sequence[tuple[str, str]] = (), micro: bool = True) -> str:
+def key_sql(step_offset: int = 0, mapping: Sequence[tuple[str, str]] = (), micro: bool = True,
+            by_name: bool = False) -> str:
     """The SELECT list of the match key over a view's columns (``k_*`` columns); without
-    ``micro``, ``micro_step`` is left out of the key (-1 for every row)."""
+    ``micro``, ``micro_step`` is left out of the key (-1 for every row); with ``by_name`` (two
+    pipeline splits) rank and stage are not (0 for every row): a tensor is matched by its
+    global name alone."""
     step = f"step + {int(step_offset)}" if step_offset else "step"
+    rank, vpp = ("0", "0") if by_name else ("rank", "greatest(COALESCE(vpp_stage, 0), 0)")
     return (
-        f"rank AS k_rank, {step} AS k_step, {'COALESCE(micro_step, -1)' if micro else '-1'} AS k_micro, "
-        f"greatest(COALESCE(vpp_stage, 0), 0) AS k_vpp, {normalised_name_sql('name', mapping)} AS k_name, "
+        f"{rank} AS k_rank, {step} AS k_step, {'COALESCE(micro_step, -1)' if micro else '-1'} AS k_micro, "
+        f"{vpp} AS k_vpp, {normalised_name_sql('name', mapping)} AS k_name, "
         "scope AS k_scope"
     )
 

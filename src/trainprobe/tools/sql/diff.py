@@ -100,6 +100,7 @@ def side_sql(
     occurrence: bool = False,
     ref: Ref = schema_ref,
     left_out: str | None = None,
+    by_name: bool = False,
 ) -> str:
     """One run's rows of ``table`` with the match key (``k_*``), the raw name (with a ``mapping``
     only), step, the file (its hash: 8 bytes a row in the join rather than the path), file row
@@ -111,18 +112,22 @@ def side_sql(
     order: the same on every engine and for both runs, so that a key repeated across files (a
     resumed run writing some steps again) pairs the baseline's earlier file with the
     candidate's earlier file, whatever the runs' folders are called. ``left_out``: a relation of
-    rows not compared (:func:`left_out_sql`)."""
+    rows not compared (:func:`left_out_sql`); ``by_name``: matched by global name, not rank and
+    stage (:func:`~trainprobe.tools.rundiff.match.key_sql`), a pipeline chunk's own rows (``<stage>:.input.0``:
+    a stage boundary, no tensor of the other split) left out."""
     where = ""
     if steps is not None:
         where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}"
     values = "".join(f", {quote(o)}" for o in ops)
     inner = (
-        f"SELECT {key_sql(offset, mapping, micro)}, {'name, ' if mapping else ''}step, hash(file) AS file, "
+        f"SELECT {key_sql(offset, mapping, micro, by_name)}, {'name, ' if mapping else ''}step, hash(file) AS file, "
         f"file_row{values}{', file AS path' if occurrence else ''} "
         f"FROM {ref(schema, table)} {where}"
     )
     if left_out is not None:
         inner = f"SELECT * FROM ({inner}) s WHERE NOT ({left_out_sql(table, left_out)})"
+    if by_name:
+        inner = f"SELECT * FROM ({inner}) WHERE k_name NOT LIKE '.%'"
     if not occurrence:
         return f"SELECT *, 1 AS k_occ FROM ({inner})"
     return (
@@ -237,6 +242,7 @@ def joined_sql(
     other: str = "c",
     noise: str | None = None,
     left_out: str | None = None,
+    by_name: bool = False,
 ) -> str:
     """Every row of ``table`` in the baseline (side ``b``) or in side ``other`` (the candidate
     ``c``, or the rerun ``n`` whose noise is measured) with its status, per op both values
@@ -247,9 +253,9 @@ def joined_sql(
     ``occurrence``, ``ref``: see :func:`side_sql`, :data:`Ref`; ``noise``: the table of the
     rerun's noise levels (:func:`noise_sql`) that raises each op's tolerance; ``left_out``: rows of
     both sides not compared (:func:`left_out_sql`)."""
-    b_side = side_sql("b", table, ops, steps=steps, micro=micro, occurrence=occurrence, ref=ref, left_out=left_out)
+    b_side = side_sql("b", table, ops, steps=steps, micro=micro, occurrence=occurrence, ref=ref, left_out=left_out, by_name=by_name)
     c_side = side_sql(other, table, ops, offset=offset, mapping=mapping, steps=steps, micro=micro,
-                      occurrence=occurrence, ref=ref, left_out=left_out)
+                      occurrence=occurrence, ref=ref, left_out=left_out, by_name=by_name)
     quantum = 0.0 if tolerance.exact else tolerance.quantum
     base = num(tolerance.rtol)
     noise_join = ""
@@ -310,14 +316,14 @@ def noise_sql(joined: str, ops: Sequence[str]) -> str:
 
 def rows_sql(
     schema: str, table: str, offset: int = 0, steps: tuple[int, int] | None = None, ref: Ref = schema_ref,
-    *, left_out: str | None = None, mapping: Sequence[tuple[str, str]] = (), micro: bool = True,
+    *, left_out: str | None = None, mapping: Sequence[tuple[str, str]] = (), micro: bool = True, by_name: bool = False,
 ) -> str:
     """How many rows of ``table`` one run has (in ``steps``; those ``left_out`` names not counted,
     the names as ``mapping`` makes them): with the join's counts, whether a key repeats (a
     matched row counted more than once)."""
-    if left_out is not None:
+    if left_out is not None or by_name:
         rows = side_sql(schema, table, [], offset=offset, mapping=mapping, steps=steps, micro=micro, ref=ref,
-                        left_out=left_out)
+                        left_out=left_out, by_name=by_name)
         return f"SELECT count(*) FROM ({rows})"
     where = f"WHERE step + {int(offset)} BETWEEN {int(steps[0])} AND {int(steps[1])}" if steps else ""
     return f"SELECT count(*) FROM {ref(schema, table)} {where}"
