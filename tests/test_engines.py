@@ -71,6 +71,8 @@ def test_every_method_of_the_duckdb_engine_works(runs: tuple[Path, Path], tmp_pa
     called |= {"keep", "keep_rows", "view"}
     assert engine.layout() == [] and engine.merged(MAIN) == []
     called |= {"layout", "merged"}
+    assert engine.ranks() == [0] and engine.rank_local_entries() == []  # one rank, no layout file
+    called |= {"ranks", "rank_local_entries"}
     engine.seal()
     called.add("seal")
     with pytest.raises(Exception, match="disabled by configuration"):
