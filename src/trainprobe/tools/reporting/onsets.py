@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainprobe.engine.execution_order import in_backward_order
 from trainprobe.tools.anomalies.analyser import ANOMALY_FILE, ANOMALY_FOLDER, AnomalyEvent, load_anomalies
 from trainprobe.tools.reporting.events import COUNT_OPS, describe_values
 from trainprobe.tools.reporting.rows import Rows, table_phase
@@ -33,7 +34,8 @@ def first_onsets(
     of every such target.
 
     Within one group and rank the execution key is (step, micro-step, pipeline stage: ascending
-    in the forward phase, descending after, position = row among its step's in its file), so the rows are sorted
+    in the forward phase, descending after, position = row among its step's in its file, counted
+    from the last row for weight gradients: :func:`~trainprobe.engine.execution_order.place`), so the rows are sorted
     by it with numpy and only the kept ones become events."""
     bad = np.flatnonzero(nonfinite_row_mask(rows.values, rows.known, group.ops))
     if not bad.size:
@@ -41,7 +43,8 @@ def first_onsets(
     phase, once = table_phase(group.table)
     stage = rows.vpp[bad] if phase == "forward" else -rows.vpp[bad]
     micro = np.zeros(bad.size, dtype=np.int64) if once else rows.micro[bad]
-    order = bad[np.lexsort((rows.pos[bad], stage, micro, rows.steps[bad]))]
+    pos = -rows.pos[bad] if in_backward_order(group.table) else rows.pos[bad]  # execution_order.place
+    order = bad[np.lexsort((pos, stage, micro, rows.steps[bad]))]
     ids, first = np.unique(rows.targets[order], return_index=True)  # each target's first row in that order
     new = ~np.isin(ids, np.fromiter(seen, dtype=np.int64, count=len(seen)))
     firsts = order[np.sort(first[new])][:MAX_ONSETS]
