@@ -262,7 +262,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help=f"steps per value table (default {DEFAULT_STEP_PARTITION})",
     )
-    add_engine_argument(parser, "duckdb (default) or spark: read the files through Apache Spark (Parquet runs)")
+    add_engine_argument(parser)
     parser.set_defaults(handler=run)
     return parser
 

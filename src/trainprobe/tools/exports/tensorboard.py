@@ -289,7 +289,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "tags vp<vpp>:<name>[:micro<m>]/<op>, x axis = step.",
     )
     add_selection_arguments(parser)
-    add_engine_argument(parser, "duckdb (default) or spark: read the files through Apache Spark (Parquet runs)")
+    add_engine_argument(parser)
     parser.set_defaults(handler=run)
     return parser
 

@@ -97,7 +97,11 @@ def add_tables_argument(parser: argparse.ArgumentParser, help: str, dest: str = 
     )
 
 
-def add_engine_argument(parser: argparse.ArgumentParser, help: str) -> None:
+READ_ENGINE_HELP = "duckdb (default) or spark: read the files through Apache Spark (Parquet runs)"
+"""``--engine``'s help for the commands that read a run's rows (csv2db, csv2tb)."""
+
+
+def add_engine_argument(parser: argparse.ArgumentParser, help: str = READ_ENGINE_HELP) -> None:
     """``--engine duckdb|spark`` (default duckdb) to ``args.engine``."""
     parser.add_argument("--engine", choices=ENGINES, default="duckdb", help=help)
 
